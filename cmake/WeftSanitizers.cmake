@@ -1,0 +1,10 @@
+# Applies WEFT_SANITIZE to every target defined after this point.
+if(WEFT_SANITIZE)
+  string(REPLACE ";" "," _weft_san "${WEFT_SANITIZE}")
+  add_compile_options(-fsanitize=${_weft_san} -fno-omit-frame-pointer -g)
+  add_link_options(-fsanitize=${_weft_san})
+  if("undefined" IN_LIST WEFT_SANITIZE)
+    add_compile_options(-fno-sanitize-recover=undefined)
+  endif()
+  message(STATUS "weft: sanitizers ${_weft_san}")
+endif()

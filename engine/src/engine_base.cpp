@@ -1,0 +1,158 @@
+#include "engine_base.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace weft::detail {
+
+namespace {
+std::uint32_t next_engine_id() {
+  static std::atomic<std::uint32_t> counter{0};
+  return counter.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+std::string op_label(const std::string& name) { return name.empty() ? std::string("(unnamed)") : name; }
+}  // namespace
+
+EngineBase::EngineBase(ResolvedConfig config)
+    : config_(std::move(config)), engine_id_(next_engine_id()), vars_(engine_id_) {
+  if (!config_.profile_path.empty()) profiler_->start();
+}
+
+EngineBase::~EngineBase() = default;
+
+std::uint64_t EngineBase::version(Var var) const {
+  return vars_.resolve(var, "version")->version.load(std::memory_order_acquire);
+}
+
+std::vector<Device> EngineBase::devices() const {
+  std::vector<Device> out;
+  for (int i = 0; i < config_.cpu_devices; ++i) out.push_back(Device::cpu(i));
+  return out;
+}
+
+int EngineBase::workers(Device device) const {
+  if (device.is_cpu() && device.index() < config_.cpu_devices) return config_.workers_per_cpu_device;
+  throw Error("weft: unknown device " + device.str() + " (this engine has cpu(0).." +
+              Device::cpu(config_.cpu_devices - 1).str() + ")");
+}
+
+OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options) {
+  if (!device.is_cpu() || device.index() >= config_.cpu_devices) {
+    throw Error("push (op '" + op_label(options.name) + "'): unknown device " + device.str() + "; this " +
+                config_.kind + " engine runs ops on cpu(0).." + Device::cpu(config_.cpu_devices - 1).str() +
+                (device.is_gpu() ? " and has no GPU" : ""));
+  }
+  OpBlock* op = ops_.acquire();
+  op->reserve_entries(reads.size() + writes.size());
+  try {
+    std::string_view what = kind == OpKind::user ? std::string_view("push") : std::string_view("wait");
+    auto add = [&](const Var& var, bool write) {
+      VarSlot* slot;
+      if (kind == OpKind::user) {
+        try {
+          slot = vars_.resolve(var, what);
+        } catch (const Error& e) {
+          throw Error(std::string(e.what()) + " (op '" + op_label(options.name) + "', in its " +
+                      (write ? "writes" : "reads") + ")");
+        }
+      } else {
+        slot = vars_.resolve(var, options.name);
+      }
+      VarEntry& e = op->entries[op->entry_count++];
+      e.slot = slot;
+      e.generation = VarAccess::generation(var);
+      e.write = write;
+      e.read = !write;
+      e.next = nullptr;
+      e.op = op;
+    };
+    for (const Var& v : writes) add(v, true);
+    for (const Var& v : reads) add(v, false);
+  } catch (...) {
+    recycle(op);
+    throw;
+  }
+  // Sort by variable (the order push takes their locks in) and merge
+  // duplicates: a variable read and written is written (and read).
+  VarEntry* first = op->entries;
+  VarEntry* last = first + op->entry_count;
+  if (op->entry_count > 1) {
+    std::sort(first, last, [](const VarEntry& a, const VarEntry& b) {
+      return a.slot != b.slot ? std::less<>()(a.slot, b.slot) : a.write > b.write;
+    });
+    VarEntry* out = first;
+    for (VarEntry* in = first + 1; in != last; ++in) {
+      if (in->slot == out->slot) {
+        out->write |= in->write;
+        out->read |= in->read;
+      } else {
+        *++out = *in;
+      }
+    }
+    op->entry_count = static_cast<std::uint32_t>(out - first + 1);
+  }
+  op->name = std::move(options.name);
+  op->priority = options.priority;
+  op->device = device;
+  op->kind = kind;
+  op->async = false;
+  op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+  op->pending.store(static_cast<std::int32_t>(op->entry_count) + 1, std::memory_order_relaxed);
+  return op;
+}
+
+void EngineBase::recycle(OpBlock* op) noexcept {
+  op->clear();
+  ops_.release(op);
+}
+
+void EngineBase::refuse_wait_inside_op(std::string_view call, const Var* var) const {
+  if (const OpScope* scope = running_op_of(this)) {
+    throw Error(std::string(call) + (var ? "(" + vars_.describe(*var) + ")" : std::string("()")) +
+                " called from inside op '" + op_label(*scope->op_name) + "' running on " + scope->device.str() +
+                ": an op must not wait on the engine (it would deadlock); push a follow-up op that reads the "
+                "variable instead");
+  }
+}
+
+ErrorRef EngineBase::inherited_error(OpBlock& op) noexcept {
+  for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e)
+    if (e->read && e->slot->pending_error()) return e->slot->error;
+  return nullptr;
+}
+
+void EngineBase::fail(OpBlock& op, std::exception_ptr error) { op.error = errors_.add(std::move(error), op.name); }
+
+void EngineBase::apply_write(VarSlot& slot, const OpBlock& op) noexcept {
+  if (op.kind != OpKind::user) return;  // barriers and deletions order, they do not write
+  slot.version.fetch_add(1, std::memory_order_release);
+  slot.error = op.error;
+}
+
+void EngineBase::rethrow_pending_error(VarSlot& slot) {
+  ErrorRef error;
+  {
+    tbb::spin_mutex::scoped_lock lock(slot.lock);
+    error = slot.error;
+  }
+  if (error && error->claim()) std::rethrow_exception(error->error);
+}
+
+void EngineBase::at_shutdown() noexcept {
+  try {
+    if (!config_.profile_path.empty()) {
+      profiler_->stop();
+      profiler_->dump(config_.profile_path);
+      if (config_.profile_summary) std::fprintf(stderr, "%s", profiler_->summary_table().c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: could not write the profile: %s\n", e.what());
+  }
+  if (std::size_t n = errors_.pending()) {
+    std::fprintf(stderr, "weft: engine destroyed with %zu op error(s) nobody waited for; first: %s\n", n,
+                 errors_.first_pending_message().c_str());
+  }
+}
+
+}  // namespace weft::detail

@@ -1,0 +1,63 @@
+// What the threaded and naive engines share: variables, validation of pushed
+// ops, the error rules and the profiler hookup. The engines differ only in
+// when and where an op runs.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "engine_config.h"
+#include "error_log.h"
+#include "object_pool.h"
+#include "op_block.h"
+#include "var_table.h"
+#include "weft/engine.h"
+
+namespace weft::detail {
+
+class EngineBase : public Engine {
+ public:
+  Var new_var(std::string_view name) override { return vars_.create(name); }
+  std::uint64_t version(Var var) const override;
+  std::string_view kind() const noexcept override { return config_.kind; }
+  std::vector<Device> devices() const override;
+  int workers(Device device) const override;
+  std::size_t max_inflight() const noexcept override { return config_.max_inflight; }
+
+ protected:
+  explicit EngineBase(ResolvedConfig config);
+  ~EngineBase() override;
+
+  // A filled op block with deduplicated accesses sorted by variable (the lock
+  // order). Throws weft::Error naming the op and the culprit on bad input.
+  OpBlock* prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options);
+  void recycle(OpBlock* op) noexcept;
+
+  // Waiting from inside an op of this engine would deadlock (the op holds its
+  // variables, maybe the last worker): refuse it, naming the op.
+  void refuse_wait_inside_op(std::string_view call, const Var* var) const;
+  // The error an op must inherit from a variable it reads, if any.
+  static ErrorRef inherited_error(OpBlock& op) noexcept;
+  // Records the exception the op threw (or was completed with).
+  void fail(OpBlock& op, std::exception_ptr error);
+  // A write completed: count it and store (or clear) the op's error on the
+  // variable. Caller holds the variable's lock.
+  static void apply_write(VarSlot& slot, const OpBlock& op) noexcept;
+  // Rethrows the variable's error if it was not reported yet.
+  static void rethrow_pending_error(VarSlot& slot);
+
+  // Dumps the trace and prints the summary when the config asked; warns about
+  // errors nobody waited for. Engines call it once drained.
+  void at_shutdown() noexcept;
+
+  ResolvedConfig config_;
+  const std::uint32_t engine_id_;
+  VarTable vars_;
+  ErrorLog errors_;
+  ObjectPool<OpBlock> ops_;
+  std::atomic<std::uint64_t> next_op_id_{0};
+};
+
+}  // namespace weft::detail

@@ -1,0 +1,63 @@
+#include "engine_config.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <string_view>
+#include <thread>
+
+#include "weft/error.h"
+
+namespace weft::detail {
+
+namespace {
+
+const char* env(const char* name) {
+  const char* value = std::getenv(name);
+  return value && *value ? value : nullptr;
+}
+
+long long env_number(const char* name, long long min, long long max) {
+  std::string_view text = env(name);
+  long long value = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || end != text.data() + text.size() || value < min || value > max)
+    throw Error(std::string("weft: environment variable ") + name + "='" + std::string(text) +
+                "' is not a number in [" + std::to_string(min) + ", " + std::to_string(max) + "]");
+  return value;
+}
+
+int setting(int field, const char* field_name, const char* env_name, int fallback, int max) {
+  if (field < 0 || field > max)
+    throw Error(std::string("weft::EngineConfig::") + field_name + " = " + std::to_string(field) +
+                " is out of range [0, " + std::to_string(max) + "] (0 means: from " + env_name + ")");
+  if (field > 0) return field;
+  if (env(env_name)) return static_cast<int>(env_number(env_name, 1, max));
+  return fallback;
+}
+
+}  // namespace
+
+ResolvedConfig resolve(const EngineConfig& config) {
+  ResolvedConfig out;
+  out.kind = config.kind;
+  if (out.kind.empty()) out.kind = env("WEFT_ENGINE") ? env("WEFT_ENGINE") : "threaded";
+  if (out.kind != "threaded" && out.kind != "naive")
+    throw Error("weft: engine kind '" + out.kind + "' (from " +
+                (config.kind.empty() ? "WEFT_ENGINE" : "EngineConfig::kind") +
+                ") is not one of: threaded, naive");
+
+  int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  out.cpu_devices = setting(config.cpu_devices, "cpu_devices", "WEFT_CPU_DEVICES", 1, 1024);
+  out.workers_per_cpu_device = setting(config.workers_per_cpu_device, "workers_per_cpu_device",
+                                       "WEFT_CPU_WORKERS", hardware > 0 ? hardware : 1, 4096);
+  if (config.max_inflight > 0)
+    out.max_inflight = config.max_inflight;
+  else if (env("WEFT_MAX_INFLIGHT"))
+    out.max_inflight = static_cast<std::size_t>(env_number("WEFT_MAX_INFLIGHT", 1, 1LL << 40));
+  out.profile_path = config.profile_path;
+  if (out.profile_path.empty() && env("WEFT_PROFILE")) out.profile_path = env("WEFT_PROFILE");
+  if (const char* summary = env("WEFT_PROFILE_SUMMARY")) out.profile_summary = std::string_view(summary) != "0";
+  return out;
+}
+
+}  // namespace weft::detail

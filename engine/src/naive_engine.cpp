@@ -1,0 +1,109 @@
+#include "naive_engine.h"
+
+namespace weft::detail {
+
+NaiveEngine::NaiveEngine(ResolvedConfig config) : EngineBase(std::move(config)) {}
+
+NaiveEngine::~NaiveEngine() { at_shutdown(); }
+
+Profiler::Track* NaiveEngine::thread_track(Device device) {
+  std::lock_guard lock(tracks_mutex_);
+  auto [it, fresh] = thread_index_.emplace(std::this_thread::get_id(), static_cast<int>(thread_index_.size()));
+  return profiler_->track(device, it->second, "pushing thread " + std::to_string(it->second));
+}
+
+void NaiveEngine::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+  if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
+  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
+  op->fn = std::move(fn);
+  run(op);
+}
+
+void NaiveEngine::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
+                             OpOptions options) {
+  if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
+  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
+  op->async_fn = std::move(fn);
+  op->async = true;
+  run(op);
+}
+
+void NaiveEngine::run(OpBlock* op) {
+  std::lock_guard run_lock(run_mutex_);
+  inflight_.fetch_add(1, std::memory_order_relaxed);
+  if (ErrorRef inherited = inherited_error(*op)) {
+    op->error = std::move(inherited);
+  } else {
+    RunContext ctx{op->device, 0, op->name, this};
+    const bool profiling = profiler_->running();
+    std::int64_t start = profiling ? Profiler::now_ns() : 0;
+    {
+      OpScopeGuard scope(this, &op->name, op->device);
+      if (!op->async) {
+        try {
+          op->fn(ctx);
+        } catch (...) {
+          fail(*op, std::current_exception());
+        }
+      } else {
+        // Synchronous even for async ops: wait here until the Completion is
+        // called, from this thread or any other.
+        WaitSignal signal;
+        op->signal = &signal;
+        auto* state = new AsyncCompletion(op, this);
+        try {
+          op->async_fn(ctx, Completion(state));
+        } catch (...) {
+          if (state->claim()) complete_async(op, std::current_exception());
+          else errors_.add(std::current_exception(), "(async op that threw after completing)");
+        }
+        state->release_executor();
+        std::unique_lock lock(async_mutex_);
+        async_cv_.wait(lock, [&] { return signal.done; });
+      }
+    }
+    if (profiling)
+      profiler_->record(thread_track(op->device), profiler_->intern(op->name), op->id, start, Profiler::now_ns());
+  }
+  for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
+    if (!e->write) continue;
+    tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+    apply_write(*e->slot, *op);
+  }
+  recycle(op);
+  inflight_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void NaiveEngine::complete_async(OpBlock* op, std::exception_ptr error) {
+  if (error) fail(*op, std::move(error));
+  std::lock_guard lock(async_mutex_);
+  op->signal->done = true;
+  async_cv_.notify_all();
+}
+
+void NaiveEngine::wait_to_read(Var var) {
+  refuse_wait_inside_op("wait_to_read", &var);
+  VarSlot* slot = vars_.resolve(var, "wait_to_read");
+  std::lock_guard run_lock(run_mutex_);  // ops pushed by other threads finish first
+  rethrow_pending_error(*slot);
+}
+
+void NaiveEngine::wait_to_write(Var var) {
+  refuse_wait_inside_op("wait_to_write", &var);
+  VarSlot* slot = vars_.resolve(var, "wait_to_write");
+  std::lock_guard run_lock(run_mutex_);
+  rethrow_pending_error(*slot);
+}
+
+void NaiveEngine::wait_all() {
+  refuse_wait_inside_op("wait_all", nullptr);
+  std::lock_guard run_lock(run_mutex_);
+  errors_.report_all();
+}
+
+void NaiveEngine::delete_var(Var var) {
+  std::lock_guard run_lock(run_mutex_);
+  vars_.recycle(vars_.retire(var));
+}
+
+}  // namespace weft::detail

@@ -1,0 +1,44 @@
+// The naive engine runs every op synchronously, in the pushing thread, one at a
+// time. It shares validation and the error rules with the threaded engine, so
+// it is both the debugging engine (a stack trace points at the push) and the
+// oracle the threaded engine is tested against.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine_base.h"
+
+namespace weft::detail {
+
+class NaiveEngine final : public EngineBase, private AsyncOwner {
+ public:
+  explicit NaiveEngine(ResolvedConfig config);
+  ~NaiveEngine() override;
+
+  void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) override;
+  void push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) override;
+  void wait_to_read(Var var) override;
+  void wait_to_write(Var var) override;
+  void wait_all() override;
+  void delete_var(Var var) override;
+  std::size_t inflight() const noexcept override { return inflight_.load(std::memory_order_relaxed); }
+
+ private:
+  void complete_async(OpBlock* op, std::exception_ptr error) override;
+  void run(OpBlock* op);
+  Profiler::Track* thread_track(Device device);
+
+  // Ops run one at a time even when several threads push; recursive so an op
+  // may push follow-up ops, which run at once, nested.
+  std::recursive_mutex run_mutex_;
+  std::mutex async_mutex_;
+  std::condition_variable async_cv_;
+  std::atomic<std::size_t> inflight_{0};
+  std::mutex tracks_mutex_;
+  std::map<std::thread::id, int> thread_index_;
+};
+
+}  // namespace weft::detail

@@ -1,0 +1,137 @@
+// The op block: everything the engine keeps about one pushed op. Blocks are
+// pooled per engine; a block is reused only when the op has finished and no
+// Completion copy refers to it any more (refs == 0).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "error_log.h"
+#include "var_table.h"
+#include "weft/engine.h"
+
+namespace weft::detail {
+
+// Set by the engine when a barrier op (or a naive async op) completes.
+struct WaitSignal {
+  bool done = false;  // guarded by the engine's wait mutex
+};
+
+enum class OpKind : std::uint8_t {
+  user,        // pushed with push / push_async
+  wait,        // wait_to_read / wait_to_write barrier: completes its waiter, changes nothing
+  delete_var,  // recycles its variable's slot
+};
+
+class ThreadedEngine;
+
+struct OpBlock {
+  // Filled at push.
+  OpFunction fn;
+  AsyncOpFunction async_fn;
+  std::string name;
+  Device device;
+  int priority = 0;
+  OpKind kind = OpKind::user;
+  bool async = false;
+  std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
+  ThreadedEngine* engine = nullptr;
+  // Accesses, deduplicated; the first kInline live in the block itself.
+  static constexpr std::size_t kInline = 4;
+  VarEntry inline_entries[kInline];
+  std::vector<VarEntry> more_entries;  // capacity is kept across reuse
+  VarEntry* entries = inline_entries;
+  std::uint32_t entry_count = 0;
+
+  // Run state.
+  std::atomic<std::int32_t> pending{0};  // accesses not yet granted, plus one held by push
+  ErrorRef error;                        // set when the op failed or was skipped
+  struct WaitSignal* signal = nullptr;   // kind == wait (and naive async ops)
+  OpBlock* ready_next = nullptr;         // links ops made ready by one completion
+
+  VarEntry* begin_entries() noexcept { return entries; }
+  VarEntry* end_entries() noexcept { return entries + entry_count; }
+
+  // Sizes the entry array for n accesses (entries never move once linked).
+  void reserve_entries(std::size_t n) {
+    if (n <= kInline) {
+      entries = inline_entries;
+    } else {
+      more_entries.resize(n);
+      entries = more_entries.data();
+    }
+    entry_count = 0;
+  }
+
+  // Forget the op (captures are destroyed now: they may hold resources).
+  void clear() noexcept {
+    fn.reset();
+    async_fn.reset();
+    name.clear();
+    error.reset();
+    signal = nullptr;
+    ready_next = nullptr;
+    entry_count = 0;
+    entries = inline_entries;
+  }
+};
+
+// Whoever runs async ops: told when an op's Completion is called.
+class AsyncOwner {
+ public:
+  virtual void complete_async(OpBlock* op, std::exception_ptr error) = 0;
+
+ protected:
+  ~AsyncOwner() = default;
+};
+
+// The shared state behind the Completion copies of one async op. It lives on
+// the heap, apart from the op block, so a copy destroyed after the op finished
+// (even after the engine is gone) touches only this state.
+class AsyncCompletion final : public CompletionTarget {
+ public:
+  // Starts with two references: the Completion handed to the op and the
+  // executing thread's, which it gives up with release_executor().
+  AsyncCompletion(OpBlock* op, AsyncOwner* owner) : op_(op), owner_(owner), name_(op->name) {}
+
+  // The executing thread claims the completion when the op body threw.
+  bool claim() noexcept { return !called_.exchange(true, std::memory_order_acq_rel); }
+  void release_executor() noexcept { completion_release(); }
+
+  void completion_retain() noexcept override { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void completion_release() noexcept override;
+  void completion_call(std::exception_ptr error) override;
+
+ private:
+  std::atomic<std::int32_t> refs_{2};
+  std::atomic<bool> called_{false};
+  OpBlock* op_;
+  AsyncOwner* owner_;
+  std::string name_;
+};
+
+// Set while a thread runs an op body: pushes from inside ops skip the in-flight
+// bound, and waits from inside ops are refused instead of deadlocking.
+struct OpScope {
+  const void* engine;
+  const std::string* op_name;
+  Device device;
+  const OpScope* outer;
+};
+const OpScope* current_op_scope() noexcept;
+class OpScopeGuard {
+ public:
+  OpScopeGuard(const void* engine, const std::string* name, Device device) noexcept;
+  ~OpScopeGuard();
+  OpScopeGuard(const OpScopeGuard&) = delete;
+  OpScopeGuard& operator=(const OpScopeGuard&) = delete;
+
+ private:
+  OpScope scope_;
+};
+// The innermost op of `engine` running on this thread, or nullptr.
+const OpScope* running_op_of(const void* engine) noexcept;
+
+}  // namespace weft::detail

@@ -1,0 +1,279 @@
+#include "threaded_engine.h"
+
+#include <cassert>
+#include <thread>
+
+namespace weft::detail {
+
+namespace {
+
+// Grants `e` at once when its variable's queue is empty and the access is
+// compatible with what runs; otherwise queues it. Caller holds the lock.
+// Returns 1 when granted.
+int link(VarEntry& e) noexcept {
+  VarSlot& s = *e.slot;
+  e.next = nullptr;
+  if (s.tail) {  // the head is blocked (invariant), so is everything behind it
+    s.tail->next = &e;
+    s.tail = &e;
+    return 0;
+  }
+  if (e.write ? (!s.write_running && s.running_reads == 0) : !s.write_running) {
+    if (e.write)
+      s.write_running = true;
+    else
+      ++s.running_reads;
+    return 1;
+  }
+  s.head = s.tail = &e;
+  return 0;
+}
+
+// Releases one access and grants, in queue order, what can run next: a run of
+// reads or one write. Ops whose last access is granted are pushed onto
+// `ready`. Caller holds the lock.
+void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
+  VarSlot& s = *e.slot;
+  if (e.write) {
+    assert(s.write_running && s.running_reads == 0);
+    s.write_running = false;
+  } else {
+    assert(!s.write_running && s.running_reads > 0);
+    --s.running_reads;
+  }
+  while (VarEntry* h = s.head) {
+    if (h->write) {
+      if (s.write_running || s.running_reads != 0) break;
+      s.write_running = true;
+    } else {
+      if (s.write_running) break;
+      ++s.running_reads;
+    }
+    s.head = h->next;
+    if (!s.head) s.tail = nullptr;
+    if (h->op->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      h->op->ready_next = ready;
+      ready = h->op;
+    }
+    if (h->write) break;
+  }
+}
+
+}  // namespace
+
+ThreadedEngine::ThreadedEngine(ResolvedConfig config)
+    : EngineBase(std::move(config)),
+      resume_below_(config_.max_inflight - config_.max_inflight / 4) {
+  tracks_.resize(static_cast<std::size_t>(config_.cpu_devices));
+  for (int d = 0; d < config_.cpu_devices; ++d)
+    for (int w = 0; w < config_.workers_per_cpu_device; ++w)
+      tracks_[d].push_back(profiler_->track(Device::cpu(d), w, "worker " + std::to_string(w)));
+  for (int d = 0; d < config_.cpu_devices; ++d)
+    pools_.push_back(std::make_unique<WorkerPool>(Device::cpu(d), config_.workers_per_cpu_device,
+                                                  static_cast<OpExecutor&>(*this)));
+}
+
+ThreadedEngine::~ThreadedEngine() {
+  drain();
+  pools_.clear();  // joins the workers
+  at_shutdown();
+}
+
+void ThreadedEngine::drain() noexcept {
+  {
+    std::unique_lock lock(wait_mutex_);
+    waiters_.fetch_add(1, std::memory_order_seq_cst);
+    inflight_cv_.wait(lock, [&] { return inflight_.load(std::memory_order_seq_cst) == 0; });
+    waiters_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // A thread that completed the last async op may still be leaving
+  // complete_async; it touches the engine until it decrements this.
+  while (external_finishers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
+
+void ThreadedEngine::on_worker_start(Device, int) {}
+
+void ThreadedEngine::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+  if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
+  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
+  op->fn = std::move(fn);
+  enter_inflight(running_op_of(this) == nullptr);
+  submit(op);
+}
+
+void ThreadedEngine::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
+                                OpOptions options) {
+  if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
+  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
+  op->async_fn = std::move(fn);
+  op->async = true;
+  enter_inflight(running_op_of(this) == nullptr);
+  submit(op);
+}
+
+void ThreadedEngine::enter_inflight(bool may_block) {
+  if (may_block && inflight_.load(std::memory_order_relaxed) >= config_.max_inflight) {
+    // Wait for the backlog to fall well below the bound, so the frontend and
+    // the workers do not hand the last slot back and forth.
+    std::unique_lock lock(wait_mutex_);
+    waiters_.fetch_add(1, std::memory_order_seq_cst);
+    inflight_cv_.wait(lock, [&] { return inflight_.load(std::memory_order_seq_cst) < resume_below_; });
+    waiters_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  inflight_.fetch_add(1, std::memory_order_seq_cst);
+}
+
+void ThreadedEngine::leave_inflight() noexcept {
+  std::size_t left = inflight_.fetch_sub(1, std::memory_order_seq_cst) - 1;
+  if ((left == 0 || left + 1 == resume_below_) && waiters_.load(std::memory_order_seq_cst) > 0) {
+    std::lock_guard lock(wait_mutex_);
+    inflight_cv_.notify_all();
+  }
+}
+
+void ThreadedEngine::submit(OpBlock* op) {
+  VarEntry* first = op->begin_entries();
+  VarEntry* last = op->end_entries();
+  for (VarEntry* e = first; e != last; ++e) e->slot->lock.lock();
+  // Rechecked under the locks: a delete_var racing with this push either
+  // queues behind it or makes it fail here, never in between.
+  for (VarEntry* e = first; e != last; ++e) {
+    if (e->slot->generation.load(std::memory_order_relaxed) != e->generation) {
+      std::uint32_t id = e->slot->id;
+      for (VarEntry* u = first; u != last; ++u) u->slot->lock.unlock();
+      std::string name = op->name;
+      recycle(op);
+      leave_inflight();
+      throw Error("push (op '" + name + "'): var #" + std::to_string(id) + " was deleted");
+    }
+  }
+  if (op->kind == OpKind::delete_var) first->slot->generation.fetch_add(1, std::memory_order_release);
+  int granted = 0;
+  for (VarEntry* e = first; e != last; ++e) granted += link(*e);
+  for (VarEntry* e = first; e != last; ++e) e->slot->lock.unlock();
+  if (op->pending.fetch_sub(granted + 1, std::memory_order_acq_rel) == granted + 1) dispatch(op);
+}
+
+void ThreadedEngine::dispatch(OpBlock* op) {
+  if (op->kind != OpKind::user) {
+    finish(op);  // barriers and deletions have no body
+    return;
+  }
+  pools_[static_cast<std::size_t>(op->device.index())]->enqueue(op);
+}
+
+void ThreadedEngine::execute(OpBlock* op, int worker) {
+  if (ErrorRef inherited = inherited_error(*op)) {
+    op->error = std::move(inherited);  // skipped: the failure passes on to what it writes
+    finish(op);
+    return;
+  }
+  RunContext ctx{op->device, worker, op->name, this};
+  const bool profiling = profiler_->running();
+  std::string_view traced_name;
+  std::int64_t start = 0;
+  if (profiling) {
+    traced_name = profiler_->intern(op->name);
+    start = Profiler::now_ns();
+  }
+  const Device device = op->device;
+  const std::uint64_t id = op->id;
+  if (!op->async) {
+    {
+      OpScopeGuard scope(this, &op->name, device);
+      try {
+        op->fn(ctx);
+      } catch (...) {
+        fail(*op, std::current_exception());
+      }
+    }
+    if (profiling) profiler_->record(tracks_[device.index()][worker], traced_name, id, start, Profiler::now_ns());
+    finish(op);
+    return;
+  }
+  // The op may complete (and its block be reused) before the body returns:
+  // after the call only `state` and the copies above may be touched.
+  auto* state = new AsyncCompletion(op, this);
+  std::string name_copy;
+  {
+    OpScopeGuard scope(this, &op->name, device);
+    try {
+      op->async_fn(ctx, Completion(state));
+    } catch (...) {
+      if (state->claim()) {
+        fail(*op, std::current_exception());
+        finish(op);
+      } else {
+        errors_.add(std::current_exception(), "(async op that threw after completing)");
+      }
+    }
+  }
+  if (profiling) profiler_->record(tracks_[device.index()][worker], traced_name, id, start, Profiler::now_ns());
+  state->release_executor();
+}
+
+void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
+  external_finishers_.fetch_add(1, std::memory_order_acq_rel);
+  if (error) fail(*op, std::move(error));
+  finish(op);
+  external_finishers_.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void ThreadedEngine::finish(OpBlock* op) {
+  OpBlock* ready = nullptr;
+  for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
+    tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+    if (e->write) apply_write(*e->slot, *op);
+    release_and_grant(*e, ready);
+  }
+  if (op->kind == OpKind::wait) {
+    std::lock_guard lock(wait_mutex_);
+    op->signal->done = true;
+    signal_cv_.notify_all();
+  } else if (op->kind == OpKind::delete_var) {
+    vars_.recycle(op->entries[0].slot);
+  }
+  recycle(op);
+  while (ready) {
+    OpBlock* next = ready->ready_next;
+    dispatch(ready);
+    ready = next;
+  }
+  leave_inflight();
+}
+
+void ThreadedEngine::wait_for(Var var, bool write) {
+  const char* call = write ? "wait_to_write" : "wait_to_read";
+  refuse_wait_inside_op(call, &var);
+  WaitSignal signal;
+  OpBlock* op = write ? prepare(OpKind::wait, Device::cpu(0), {}, var, OpOptions{0, call})
+                      : prepare(OpKind::wait, Device::cpu(0), var, {}, OpOptions{0, call});
+  op->signal = &signal;
+  VarSlot* slot = op->entries[0].slot;
+  enter_inflight(false);
+  submit(op);
+  {
+    std::unique_lock lock(wait_mutex_);
+    signal_cv_.wait(lock, [&] { return signal.done; });
+  }
+  rethrow_pending_error(*slot);
+}
+
+void ThreadedEngine::wait_all() {
+  refuse_wait_inside_op("wait_all", nullptr);
+  {
+    std::unique_lock lock(wait_mutex_);
+    waiters_.fetch_add(1, std::memory_order_seq_cst);
+    inflight_cv_.wait(lock, [&] { return inflight_.load(std::memory_order_seq_cst) == 0; });
+    waiters_.fetch_sub(1, std::memory_order_relaxed);
+  }
+  errors_.report_all();
+}
+
+void ThreadedEngine::delete_var(Var var) {
+  OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});
+  enter_inflight(false);
+  submit(op);
+}
+
+}  // namespace weft::detail

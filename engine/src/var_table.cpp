@@ -1,0 +1,68 @@
+#include "var_table.h"
+
+#include <cassert>
+
+#include "weft/error.h"
+
+namespace weft::detail {
+
+VarTable::~VarTable() = default;
+
+Var VarTable::create(std::string_view name) {
+  std::lock_guard lock(mutex_);
+  VarSlot* slot;
+  if (free_) {
+    slot = free_;
+    free_ = slot->next_free;
+    slot->next_free = nullptr;
+  } else {
+    if (used_in_last_chunk_ == kChunk) {
+      chunks_.push_back(std::make_unique<VarSlot[]>(kChunk));
+      used_in_last_chunk_ = 0;
+    }
+    slot = &chunks_.back()[used_in_last_chunk_++];
+  }
+  slot->id = ++next_id_;
+  if (!name.empty()) names_.emplace(slot->id, std::string(name));
+  live_.fetch_add(1, std::memory_order_relaxed);
+  return VarAccess::make(slot, slot->id, slot->generation.load(std::memory_order_relaxed), engine_id_);
+}
+
+VarSlot* VarTable::resolve(const Var& var, std::string_view what) const {
+  VarSlot* slot = VarAccess::slot(var);
+  if (!slot) throw Error(std::string(what) + ": null weft::Var (default-constructed, never returned by new_var)");
+  if (VarAccess::engine_id(var) != engine_id_)
+    throw Error(std::string(what) + ": " + describe(var) + " belongs to another engine");
+  if (slot->generation.load(std::memory_order_acquire) != VarAccess::generation(var))
+    throw Error(std::string(what) + ": " + describe(var) + " was deleted");
+  return slot;
+}
+
+VarSlot* VarTable::retire(const Var& var) {
+  VarSlot* slot = resolve(var, "delete_var");
+  std::uint32_t expected = VarAccess::generation(var);
+  if (!slot->generation.compare_exchange_strong(expected, expected + 1, std::memory_order_acq_rel))
+    throw Error("delete_var: " + describe(var) + " was deleted");
+  return slot;
+}
+
+void VarTable::recycle(VarSlot* slot) {
+  assert(!slot->head && !slot->write_running && slot->running_reads == 0);
+  slot->version.store(0, std::memory_order_relaxed);
+  slot->error.reset();
+  std::lock_guard lock(mutex_);
+  names_.erase(slot->id);
+  slot->next_free = free_;
+  free_ = slot;
+  live_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+std::string VarTable::describe(const Var& var) const {
+  std::string text = "var #" + std::to_string(var.id());
+  if (VarAccess::engine_id(var) != engine_id_) return text;
+  std::lock_guard lock(mutex_);
+  if (auto it = names_.find(var.id()); it != names_.end()) text += " '" + it->second + "'";
+  return text;
+}
+
+}  // namespace weft::detail

@@ -1,0 +1,106 @@
+// Variable slots and the handles that name them.
+//
+// Slots live in chunks that are never freed while the engine lives, so reading
+// a stale handle's generation is always safe: a Var is valid iff its engine id
+// matches and its generation equals the slot's. delete_var bumps the
+// generation at once (so later pushes fail) and the slot is recycled only when
+// the deletion op has run behind everything pending on it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include <oneapi/tbb/spin_mutex.h>
+
+#include "error_log.h"
+#include "weft/var.h"
+
+namespace weft::detail {
+
+struct OpBlock;
+
+// One access of one op to one variable; queued on the variable until granted.
+struct VarEntry {
+  VarSlot* slot = nullptr;
+  VarEntry* next = nullptr;
+  OpBlock* op = nullptr;
+  std::uint32_t generation = 0;  // of the handle pushed; rechecked under the lock
+  bool write = false;  // exclusive access
+  bool read = false;   // the op reads the value (a read, or a variable in both lists)
+};
+
+// Dependency state of one variable. Invariants (checked in debug builds):
+//   write_running implies running_reads == 0;
+//   the head of the queue is blocked: a read only while a write runs, a write
+//   while anything runs. Grants happen strictly in queue (= push) order.
+struct alignas(64) VarSlot {
+  tbb::spin_mutex lock;
+  bool write_running = false;
+  std::uint32_t running_reads = 0;
+  std::atomic<std::uint32_t> generation{1};
+  std::uint32_t id = 0;
+  VarEntry* head = nullptr;
+  VarEntry* tail = nullptr;
+  std::atomic<std::uint64_t> version{0};
+  ErrorRef error;  // guarded by lock; set by the last completed write
+  VarSlot* next_free = nullptr;
+
+  // The error an op reading this variable must inherit, if any. Safe without
+  // the lock while the caller holds a granted access (no writer can run).
+  ErrorRecord* pending_error() const noexcept {
+    return error && error->pending() ? error.get() : nullptr;
+  }
+};
+
+struct VarAccess {
+  static Var make(VarSlot* slot, std::uint32_t id, std::uint32_t generation, std::uint32_t engine_id) noexcept {
+    Var v;
+    v.slot_ = slot;
+    v.id_ = id;
+    v.generation_ = generation;
+    v.engine_id_ = engine_id;
+    return v;
+  }
+  static VarSlot* slot(const Var& v) noexcept { return v.slot_; }
+  static std::uint32_t generation(const Var& v) noexcept { return v.generation_; }
+  static std::uint32_t engine_id(const Var& v) noexcept { return v.engine_id_; }
+};
+
+class VarTable {
+ public:
+  explicit VarTable(std::uint32_t engine_id) : engine_id_(engine_id) {}
+  ~VarTable();
+  VarTable(const VarTable&) = delete;
+  VarTable& operator=(const VarTable&) = delete;
+
+  Var create(std::string_view name);
+  // The live slot of `var`; throws weft::Error naming the var and `what` (the
+  // call that used it) for a null, deleted or foreign handle.
+  VarSlot* resolve(const Var& var, std::string_view what) const;
+  // Invalidates the handle now (a second delete is an error).
+  VarSlot* retire(const Var& var);
+  // Returns a slot whose deletion op has run to the free list.
+  void recycle(VarSlot* slot);
+
+  std::string describe(const Var& var) const;  // "var #12 'weights'"
+  std::size_t live() const noexcept { return live_.load(std::memory_order_relaxed); }
+
+ private:
+  static constexpr std::size_t kChunk = 1024;
+  std::uint32_t engine_id_;
+  mutable std::mutex mutex_;  // guards chunks_, free_, names_, next_id_
+  std::vector<std::unique_ptr<VarSlot[]>> chunks_;
+  std::size_t used_in_last_chunk_ = kChunk;
+  VarSlot* free_ = nullptr;
+  std::uint32_t next_id_ = 0;
+  std::unordered_map<std::uint32_t, std::string> names_;
+  std::atomic<std::size_t> live_{0};
+};
+
+}  // namespace weft::detail
