@@ -59,7 +59,7 @@ void NaiveEngine::run(OpBlock* op) {
         }
         state->release_executor();
         std::unique_lock lock(async_mutex_);
-        async_cv_.wait(lock, [&] { return signal.done; });
+        async_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
       }
     }
     if (profiling)
@@ -77,7 +77,7 @@ void NaiveEngine::run(OpBlock* op) {
 void NaiveEngine::complete_async(OpBlock* op, std::exception_ptr error) {
   if (error) fail(*op, std::move(error));
   std::lock_guard lock(async_mutex_);
-  op->signal->done = true;
+  op->signal->done.store(true, std::memory_order_release);
   async_cv_.notify_all();
 }
 

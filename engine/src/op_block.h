@@ -16,7 +16,7 @@ namespace weft::detail {
 
 // Set by the engine when a barrier op (or a naive async op) completes.
 struct WaitSignal {
-  bool done = false;  // guarded by the engine's wait mutex
+  std::atomic<bool> done{false};  // stored under the engine's wait mutex
 };
 
 enum class OpKind : std::uint8_t {

@@ -228,7 +228,7 @@ void ThreadedEngine::finish(OpBlock* op) {
   }
   if (op->kind == OpKind::wait) {
     std::lock_guard lock(wait_mutex_);
-    op->signal->done = true;
+    op->signal->done.store(true, std::memory_order_release);  // the waiter may return now
     signal_cv_.notify_all();
   } else if (op->kind == OpKind::delete_var) {
     vars_.recycle(op->entries[0].slot);
@@ -252,9 +252,12 @@ void ThreadedEngine::wait_for(Var var, bool write) {
   VarSlot* slot = op->entries[0].slot;
   enter_inflight(false);
   submit(op);
-  {
+  // Short waits are the common case (a frontend reading back one result):
+  // spin a little before paying for a sleep and a wake-up.
+  for (int i = 0; i < 2000 && !signal.done.load(std::memory_order_acquire); ++i) std::this_thread::yield();
+  if (!signal.done.load(std::memory_order_acquire)) {
     std::unique_lock lock(wait_mutex_);
-    signal_cv_.wait(lock, [&] { return signal.done; });
+    signal_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
   }
   rethrow_pending_error(*slot);
 }

@@ -1,0 +1,111 @@
+#include "options.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string_view>
+
+namespace weft_bench {
+namespace {
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "usage: weft-bench-engine [--json] [--quick] [--reps N] [--body empty|1us|10us]\n"
+               "                         [--shape independent|chain|wavefront|tree] [--engines a,b,...]\n"
+               "\n"
+               "Runs the same dependency shapes on Weft and peer runtimes, checks every run's\n"
+               "result against the sequential loop and prints one JSON line per\n"
+               "(engine, shape, body), then a table (unless --json).\n"
+               "\n"
+               "  --json       JSON lines only on stdout (the header goes to stderr)\n"
+               "  --quick      1/16 of the nominal sizes and 3 repetitions\n"
+               "  --reps N     timed repetitions per peer (default 5; one warm-up run is extra)\n"
+               "  --body B     one body (default: all three); may be repeated\n"
+               "  --shape S    one shape (default: all four); may be repeated\n"
+               "  --engines L  comma-separated subset of the engines below; 'sequential' is\n"
+               "               always run, as the reference result and the speedup baseline\n"
+               "\n"
+               "engines in this build:");
+  for (const std::string& e : available_engines()) std::fprintf(out, " %s", e.c_str());
+  std::fprintf(out, "\n");
+}
+
+[[noreturn]] void fail(const std::string& msg) {
+  std::fprintf(stderr, "weft-bench-engine: %s (see --help)\n", msg.c_str());
+  std::exit(2);
+}
+
+std::vector<std::string> split_commas(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    const std::size_t c = s.find(',');
+    if (c != 0) out.emplace_back(s.substr(0, c));
+    if (c == std::string_view::npos) break;
+    s.remove_prefix(c + 1);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> available_engines() {
+  std::vector<std::string> e{"sequential"};
+#ifndef WEFT_BENCH_NO_WEFT
+  e.push_back("weft");
+#endif
+  e.push_back("tbb_flow_graph");
+#ifdef WEFT_BENCH_HAVE_OMP
+  e.push_back("omp_depend");
+#endif
+#ifdef WEFT_BENCH_HAVE_STARPU
+  e.push_back("starpu");
+#endif
+  return e;
+}
+
+Options parse_options(int argc, char** argv) {
+  Options o;
+  const std::vector<std::string> known = available_engines();
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) fail(std::string(a) + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      usage(stdout);
+      std::exit(0);
+    } else if (a == "--json") {
+      o.json_only = true;
+    } else if (a == "--quick") {
+      o.quick = true;
+    } else if (a == "--reps") {
+      const std::string v(value());
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000) fail("--reps wants a number from 1 to 1000, not '" + v + "'");
+      o.reps = static_cast<int>(n);
+    } else if (a == "--body") {
+      const std::string v(value());
+      if (v != "empty" && v != "1us" && v != "10us") fail("unknown body '" + v + "'");
+      o.bodies.push_back(v);
+    } else if (a == "--shape") {
+      const std::string_view v = value();
+      const auto k = parse_shape(v);
+      if (!k) fail("unknown shape '" + std::string(v) + "'");
+      o.shapes.push_back(*k);
+    } else if (a == "--engines") {
+      for (const std::string& e : split_commas(value())) {
+        if (std::find(known.begin(), known.end(), e) == known.end())
+          fail("engine '" + e + "' is not in this build");
+        o.engines.push_back(e);
+      }
+    } else {
+      fail("unknown argument '" + std::string(a) + "'");
+    }
+  }
+  if (o.reps == 0) o.reps = o.quick ? 3 : 5;
+  return o;
+}
+
+}  // namespace weft_bench

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs what is missing, then builds and runs the whole test suite:
+#   1. AddressSanitizer + UBSan build, all tests;
+#   2. ThreadSanitizer build against a TSan-built oneTBB, the engine tests;
+#   3. Release build, all tests (its ctest summary closes the output).
+# Usage: scripts/test.sh [--fast]   (--fast: the Release suite only)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+jobs=$(nproc)
+bash scripts/setup-debian.sh
+
+if [[ "${1:-}" != "--fast" ]]; then
+  echo "== ASan + UBSan =="
+  cmake --preset asan > /dev/null
+  cmake --build --preset asan -j "$jobs"
+  ctest --preset asan -j "$jobs"
+
+  echo "== TSan =="
+  bash scripts/build-tsan-tbb.sh
+  cmake --preset tsan > /dev/null
+  cmake --build --preset tsan -j "$jobs" --target weft-tests-engine
+  ctest --preset tsan -j "$jobs" -R '^engine\.'
+fi
+
+echo "== Release =="
+cmake --preset release > /dev/null
+cmake --build --preset release -j "$jobs"
+ctest --preset release -j "$jobs"
