@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -62,6 +63,10 @@ struct CheckFailed {
 double checked_run(Peer& p, const ShapeSpec& s, const Body& b, std::uint64_t* items, std::uint64_t& reference,
                    bool is_reference) {
   reset_items(items, s.items);
+  // Let the previous peer's threads finish spinning and go to sleep (oneTBB,
+  // libgomp and Weft all spin a while after their work ends), so that no run
+  // shares the cores with the previous runtime's idle loop.
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
   const double seconds = p.run(s, b, items);
   const std::uint64_t sum = checksum_items(items, s.items);
   if (is_reference) {

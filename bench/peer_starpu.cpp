@@ -3,9 +3,8 @@
 // the same sequential-consistency model as Weft's reads/writes.
 #include <starpu.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "measure.h"

@@ -1,6 +1,7 @@
 // oneTBB flow_graph: one continue_node per op, one edge per dependency, built
 // and run inside the timed region (a flow graph has no "push into a running
 // graph" mode, so building it is the price of expressing the dependencies).
+#include <algorithm>
 #include <deque>
 #include <memory>
 #include <vector>

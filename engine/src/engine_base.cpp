@@ -108,7 +108,7 @@ void EngineBase::recycle(OpBlock* op) noexcept {
 }
 
 void EngineBase::refuse_wait_inside_op(std::string_view call, const Var* var) const {
-  if (const OpScope* scope = running_op_of(this)) {
+  if (const OpScope* scope = running_op_of(scope_key())) {
     throw Error(std::string(call) + (var ? "(" + vars_.describe(*var) + ")" : std::string("()")) +
                 " called from inside op '" + op_label(*scope->op_name) + "' running on " + scope->device.str() +
                 ": an op must not wait on the engine (it would deadlock); push a follow-up op that reads the "
@@ -116,7 +116,8 @@ void EngineBase::refuse_wait_inside_op(std::string_view call, const Var* var) co
   }
 }
 
-ErrorRef EngineBase::inherited_error(OpBlock& op) noexcept {
+ErrorRef EngineBase::inherited_error(OpBlock& op) const noexcept {
+  if (!errors_.maybe_pending()) return nullptr;
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e)
     if (e->read && e->slot->pending_error()) return e->slot->error;
   return nullptr;

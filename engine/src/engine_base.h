@@ -35,11 +35,13 @@ class EngineBase : public Engine {
   OpBlock* prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options);
   void recycle(OpBlock* op) noexcept;
 
+  // The key op scopes are tagged with: the same pointer from every subclass.
+  const void* scope_key() const noexcept { return static_cast<const EngineBase*>(this); }
   // Waiting from inside an op of this engine would deadlock (the op holds its
   // variables, maybe the last worker): refuse it, naming the op.
   void refuse_wait_inside_op(std::string_view call, const Var* var) const;
   // The error an op must inherit from a variable it reads, if any.
-  static ErrorRef inherited_error(OpBlock& op) noexcept;
+  ErrorRef inherited_error(OpBlock& op) const noexcept;
   // Records the exception the op threw (or was completed with).
   void fail(OpBlock& op, std::exception_ptr error);
   // A write completed: count it and store (or clear) the op's error on the

@@ -8,6 +8,7 @@ ErrorRef ErrorLog::add(std::exception_ptr error, std::string op_name) {
   record->op_name = std::move(op_name);
   std::lock_guard lock(mutex_);
   records_.push_back(record);
+  held_.store(records_.size(), std::memory_order_release);
   return record;
 }
 
@@ -16,6 +17,9 @@ void ErrorLog::report_all() {
   {
     std::lock_guard lock(mutex_);
     records.swap(records_);
+    // Every record swapped out is claimed below: an op that races with this
+    // wait_all and skips its failure check behaves as if it ran after it.
+    held_.store(0, std::memory_order_release);
   }
   std::exception_ptr first;
   for (auto& record : records)

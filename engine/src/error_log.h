@@ -33,11 +33,15 @@ class ErrorLog {
   void report_all();
   // Count of records not yet reported (for the exit warning).
   std::size_t pending() const;
+  // False while no record could be pending: lets ops skip looking for
+  // inherited failures (a load of one rarely written line).
+  bool maybe_pending() const noexcept { return held_.load(std::memory_order_acquire) != 0; }
   std::string first_pending_message() const;
 
  private:
   mutable std::mutex mutex_;
   std::vector<ErrorRef> records_;
+  std::atomic<std::size_t> held_{0};  // records_.size()
 };
 
 std::string describe_exception(const std::exception_ptr& error);

@@ -31,6 +31,19 @@ void NaiveEngine::push_async(AsyncOpFunction fn, Device device, VarList reads, V
 void NaiveEngine::run(OpBlock* op) {
   std::lock_guard run_lock(run_mutex_);
   inflight_.fetch_add(1, std::memory_order_relaxed);
+  if (running_op_of(scope_key())) {
+    deferred_.push_back(op);
+    return;
+  }
+  run_now(op);
+  while (!deferred_.empty()) {
+    OpBlock* next = deferred_.front();
+    deferred_.pop_front();
+    run_now(next);
+  }
+}
+
+void NaiveEngine::run_now(OpBlock* op) {
   if (ErrorRef inherited = inherited_error(*op)) {
     op->error = std::move(inherited);
   } else {
@@ -38,7 +51,7 @@ void NaiveEngine::run(OpBlock* op) {
     const bool profiling = profiler_->running();
     std::int64_t start = profiling ? Profiler::now_ns() : 0;
     {
-      OpScopeGuard scope(this, &op->name, op->device);
+      OpScopeGuard scope(scope_key(), &op->name, op->device);
       if (!op->async) {
         try {
           op->fn(ctx);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -28,12 +29,16 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
 
  private:
   void complete_async(OpBlock* op, std::exception_ptr error) override;
+  // Runs the op now, or, when pushed from inside an op, once the outermost
+  // running op has finished: push order says a follow-up runs after its parent.
   void run(OpBlock* op);
+  void run_now(OpBlock* op);
   Profiler::Track* thread_track(Device device);
 
   // Ops run one at a time even when several threads push; recursive so an op
   // may push follow-up ops, which run at once, nested.
   std::recursive_mutex run_mutex_;
+  std::deque<OpBlock*> deferred_;  // guarded by run_mutex_
   std::mutex async_mutex_;
   std::condition_variable async_cv_;
   std::atomic<std::size_t> inflight_{0};

@@ -7,6 +7,13 @@ namespace weft::detail {
 
 namespace {
 
+// The completion counter of the worker running on this thread.
+struct WorkerCounter {
+  const void* engine = nullptr;
+  std::atomic<std::uint64_t>* counter = nullptr;
+};
+thread_local WorkerCounter tls_counter;
+
 // Grants `e` at once when its variable's queue is empty and the access is
 // compatible with what runs; otherwise queues it. Caller holds the lock.
 // Returns 1 when granted.
@@ -63,7 +70,9 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
 
 ThreadedEngine::ThreadedEngine(ResolvedConfig config)
     : EngineBase(std::move(config)),
-      resume_below_(config_.max_inflight - config_.max_inflight / 4) {
+      resume_below_(std::max<std::size_t>(1, config_.max_inflight / 4)) {
+  counter_slots_ = static_cast<std::size_t>(config_.cpu_devices) * config_.workers_per_cpu_device + 1;
+  completed_ = std::make_unique<Counter[]>(counter_slots_);
   tracks_.resize(static_cast<std::size_t>(config_.cpu_devices));
   for (int d = 0; d < config_.cpu_devices; ++d)
     for (int w = 0; w < config_.workers_per_cpu_device; ++w)
@@ -80,24 +89,22 @@ ThreadedEngine::~ThreadedEngine() {
 }
 
 void ThreadedEngine::drain() noexcept {
-  {
-    std::unique_lock lock(wait_mutex_);
-    waiters_.fetch_add(1, std::memory_order_seq_cst);
-    inflight_cv_.wait(lock, [&] { return inflight_.load(std::memory_order_seq_cst) == 0; });
-    waiters_.fetch_sub(1, std::memory_order_relaxed);
-  }
+  wait_until(drain_cv_, draining_, 1);
   // A thread that completed the last async op may still be leaving
   // complete_async; it touches the engine until it decrements this.
   while (external_finishers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
-void ThreadedEngine::on_worker_start(Device, int) {}
+void ThreadedEngine::on_worker_start(Device device, int worker) {
+  std::size_t slot = static_cast<std::size_t>(device.index()) * config_.workers_per_cpu_device + worker;
+  tls_counter = {this, &completed_[slot].value};
+}
 
 void ThreadedEngine::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
   if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
-  enter_inflight(running_op_of(this) == nullptr);
+  enter_inflight(running_op_of(scope_key()) == nullptr);
   submit(op);
 }
 
@@ -107,27 +114,57 @@ void ThreadedEngine::push_async(AsyncOpFunction fn, Device device, VarList reads
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
   op->async = true;
-  enter_inflight(running_op_of(this) == nullptr);
+  enter_inflight(running_op_of(scope_key()) == nullptr);
   submit(op);
 }
 
+std::uint64_t ThreadedEngine::completed_total() const noexcept {
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < counter_slots_; ++i) sum += completed_[i].value.load(std::memory_order_seq_cst);
+  return sum;
+}
+
+std::size_t ThreadedEngine::inflight() const noexcept {
+  // Completions first: a completed op was pushed before, so this never
+  // underflows and reads zero only when everything pushed so far is done.
+  std::uint64_t completed = completed_total();
+  return static_cast<std::size_t>(pushed_.load(std::memory_order_seq_cst) - completed);
+}
+
+void ThreadedEngine::wait_until(std::condition_variable& cv, std::atomic<std::int32_t>& waiters, std::size_t below) {
+  std::unique_lock lock(wait_mutex_);
+  waiters.fetch_add(1, std::memory_order_seq_cst);
+  cv.wait(lock, [&] { return inflight() < below; });
+  waiters.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void ThreadedEngine::enter_inflight(bool may_block) {
-  if (may_block && inflight_.load(std::memory_order_relaxed) >= config_.max_inflight) {
-    // Wait for the backlog to fall well below the bound, so the frontend and
-    // the workers do not hand the last slot back and forth.
-    std::unique_lock lock(wait_mutex_);
-    waiters_.fetch_add(1, std::memory_order_seq_cst);
-    inflight_cv_.wait(lock, [&] { return inflight_.load(std::memory_order_seq_cst) < resume_below_; });
-    waiters_.fetch_sub(1, std::memory_order_relaxed);
+  if (may_block) {
+    const std::uint64_t pushed = pushed_.load(std::memory_order_relaxed);
+    if (pushed - completed_seen_.load(std::memory_order_relaxed) >= config_.max_inflight) {
+      const std::uint64_t completed = completed_total();
+      completed_seen_.store(completed, std::memory_order_relaxed);
+      // Wait for the backlog to fall well below the bound, so the frontend
+      // and the workers do not hand the last slot back and forth.
+      if (pushed - completed >= config_.max_inflight) wait_until(throttle_cv_, throttled_, resume_below_);
+    }
   }
-  inflight_.fetch_add(1, std::memory_order_seq_cst);
+  pushed_.fetch_add(1, std::memory_order_seq_cst);
 }
 
 void ThreadedEngine::leave_inflight() noexcept {
-  std::size_t left = inflight_.fetch_sub(1, std::memory_order_seq_cst) - 1;
-  if ((left == 0 || left + 1 == resume_below_) && waiters_.load(std::memory_order_seq_cst) > 0) {
+  std::atomic<std::uint64_t>* counter =
+      tls_counter.engine == this ? tls_counter.counter : &completed_[counter_slots_ - 1].value;
+  counter->fetch_add(1, std::memory_order_seq_cst);
+  // Pairs with wait_until's increment-then-check: it sees our count or we see it.
+  const bool throttled = throttled_.load(std::memory_order_seq_cst) > 0;
+  const bool draining = draining_.load(std::memory_order_seq_cst) > 0;
+  if (!throttled && !draining) return;
+  const std::size_t left = inflight();
+  if ((throttled && left < resume_below_) || (draining && left == 0)) {
     std::lock_guard lock(wait_mutex_);
-    inflight_cv_.notify_all();
+    if (throttled && left < resume_below_) throttle_cv_.notify_all();
+    if (draining && left == 0) drain_cv_.notify_all();
   }
 }
 
@@ -165,7 +202,7 @@ void ThreadedEngine::dispatch(OpBlock* op) {
 void ThreadedEngine::execute(OpBlock* op, int worker) {
   if (ErrorRef inherited = inherited_error(*op)) {
     op->error = std::move(inherited);  // skipped: the failure passes on to what it writes
-    finish(op);
+    finish(op, true);
     return;
   }
   RunContext ctx{op->device, worker, op->name, this};
@@ -180,7 +217,7 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
   const std::uint64_t id = op->id;
   if (!op->async) {
     {
-      OpScopeGuard scope(this, &op->name, device);
+      OpScopeGuard scope(scope_key(), &op->name, device);
       try {
         op->fn(ctx);
       } catch (...) {
@@ -188,17 +225,21 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
       }
     }
     if (profiling) profiler_->record(tracks_[device.index()][worker], traced_name, id, start, Profiler::now_ns());
-    finish(op);
+    finish(op, true);
     return;
   }
   // The op may complete (and its block be reused) before the body returns:
   // after the call only `state` and the copies above may be touched.
   auto* state = new AsyncCompletion(op, this);
-  std::string name_copy;
+  // The body may call done() and go on running: its captures must outlive
+  // the op block's reuse, so the function moves out of the block first.
+  AsyncOpFunction fn = std::move(op->async_fn);
+  const std::string name = op->name;  // ctx.op_name must stay valid too
+  ctx.op_name = name;
   {
-    OpScopeGuard scope(this, &op->name, device);
+    OpScopeGuard scope(scope_key(), &name, device);
     try {
-      op->async_fn(ctx, Completion(state));
+      fn(ctx, Completion(state));
     } catch (...) {
       if (state->claim()) {
         fail(*op, std::current_exception());
@@ -219,7 +260,7 @@ void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
   external_finishers_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
-void ThreadedEngine::finish(OpBlock* op) {
+void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
   OpBlock* ready = nullptr;
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
     tbb::spin_mutex::scoped_lock lock(e->slot->lock);
@@ -234,10 +275,26 @@ void ThreadedEngine::finish(OpBlock* op) {
     vars_.recycle(op->entries[0].slot);
   }
   recycle(op);
-  while (ready) {
-    OpBlock* next = ready->ready_next;
-    dispatch(ready);
-    ready = next;
+  // A single op made ready (a chain) may run next on this worker. Several go
+  // through the queues, in grant order (the list was built newest first), so
+  // that priorities and FIFO order decide among them.
+  if (ready && !ready->ready_next) {
+    if (!worker_is_done || ready->kind != OpKind::user ||
+        !pools_[static_cast<std::size_t>(ready->device.index())]->run_next_here(ready))
+      dispatch(ready);
+  } else {
+    OpBlock* ordered = nullptr;
+    while (ready) {
+      OpBlock* next = ready->ready_next;
+      ready->ready_next = ordered;
+      ordered = ready;
+      ready = next;
+    }
+    while (ordered) {
+      OpBlock* next = ordered->ready_next;
+      dispatch(ordered);
+      ordered = next;
+    }
   }
   leave_inflight();
 }
@@ -264,12 +321,7 @@ void ThreadedEngine::wait_for(Var var, bool write) {
 
 void ThreadedEngine::wait_all() {
   refuse_wait_inside_op("wait_all", nullptr);
-  {
-    std::unique_lock lock(wait_mutex_);
-    waiters_.fetch_add(1, std::memory_order_seq_cst);
-    inflight_cv_.wait(lock, [&] { return inflight_.load(std::memory_order_seq_cst) == 0; });
-    waiters_.fetch_sub(1, std::memory_order_relaxed);
-  }
+  wait_until(drain_cv_, draining_, 1);
   errors_.report_all();
 }
 

@@ -31,7 +31,7 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   void wait_to_write(Var var) override { wait_for(var, true); }
   void wait_all() override;
   void delete_var(Var var) override;
-  std::size_t inflight() const noexcept override { return inflight_.load(std::memory_order_relaxed); }
+  std::size_t inflight() const noexcept override;
 
  private:
   void execute(OpBlock* op, int worker) override;
@@ -41,22 +41,37 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   // Counts the op in flight; a frontend thread blocks while the bound is reached.
   void enter_inflight(bool may_block);
   void leave_inflight() noexcept;
+  std::uint64_t completed_total() const noexcept;
+  void wait_until(std::condition_variable& cv, std::atomic<std::int32_t>& waiters, std::size_t below);
   // Links the op's accesses; runs or queues it when nothing blocks it.
   void submit(OpBlock* op);
   void dispatch(OpBlock* op);
-  void finish(OpBlock* op);
+  // worker_is_done: called by a worker whose op body has returned, so the
+  // first op this makes ready on its device may run next on it.
+  void finish(OpBlock* op, bool worker_is_done = false);
   void wait_for(Var var, bool write);
   void drain() noexcept;
 
   std::vector<std::unique_ptr<WorkerPool>> pools_;  // index = cpu device index
   std::vector<std::vector<Profiler::Track*>> tracks_;
 
-  alignas(64) std::atomic<std::size_t> inflight_{0};
-  alignas(64) std::atomic<std::int32_t> waiters_{0};  // threads blocked on inflight_
-  std::atomic<std::int32_t> external_finishers_{0};   // non-worker threads inside complete_async
-  const std::size_t resume_below_;                    // a blocked frontend resumes below this
+  // Ops in flight = pushed_ - completed. Completions are counted per worker,
+  // each on its own cache line, so the frontend and the workers do not bounce
+  // one counter per op; the frontend re-reads them only near the bound.
+  struct alignas(64) Counter {
+    std::atomic<std::uint64_t> value{0};
+  };
+  alignas(64) std::atomic<std::uint64_t> pushed_{0};
+  alignas(64) std::atomic<std::uint64_t> completed_seen_{0};  // a frontend's last sum of the counters
+  std::unique_ptr<Counter[]> completed_;                      // [worker slot]; the last slot: other threads
+  std::size_t counter_slots_ = 0;
+  alignas(64) std::atomic<std::int32_t> throttled_{0};  // frontends blocked on the bound
+  std::atomic<std::int32_t> draining_{0};              // threads in wait_all / the destructor
+  std::atomic<std::int32_t> external_finishers_{0};    // non-worker threads inside complete_async
+  const std::size_t resume_below_;                     // a blocked frontend resumes below this (bound / 4)
   std::mutex wait_mutex_;
-  std::condition_variable inflight_cv_;  // inflight_ fell to resume_below_ - 1 or to 0
+  std::condition_variable throttle_cv_;  // in flight fell below resume_below_
+  std::condition_variable drain_cv_;     // nothing in flight
   std::condition_variable signal_cv_;    // a barrier op completed
 };
 

@@ -1,6 +1,7 @@
 #include "worker_pool.h"
 
 #include <cassert>
+#include <utility>
 
 #include "op_block.h"
 
@@ -15,12 +16,13 @@ namespace weft::detail {
 
 namespace {
 thread_local const WorkerPool* tls_pool = nullptr;
+thread_local OpBlock* tls_next = nullptr;  // run_next_here's op, for the worker on this thread
 
 // Spinning before sleeping keeps a busy pool from paying a futex wake per op;
 // yielding in the second phase leaves the core to the frontend on small
 // machines where workers and the pushing thread share cores.
-constexpr int kPauseSpins = 64;
-constexpr int kYieldSpins = 64;
+constexpr int kPauseSpins = 32;
+constexpr int kYieldSpins = 256;
 }  // namespace
 
 WorkerPool::WorkerPool(Device device, int workers, OpExecutor& executor) : device_(device), executor_(executor) {
@@ -33,25 +35,59 @@ WorkerPool::~WorkerPool() {
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   epoch_.notify_all();
   for (auto& t : threads_) t.join();
-  assert(fifo_.empty() && prioritized_.empty());
+  assert(fifo_empty() && prioritized_.empty());
 }
 
 bool WorkerPool::owns_current_thread() const noexcept { return tls_pool == this; }
 
+bool WorkerPool::run_next_here(OpBlock* op) noexcept {
+  if (tls_pool != this || tls_next || op->priority != 0) return false;
+  if (prioritized_count_.load(std::memory_order_relaxed) != 0 || !fifo_empty()) return false;
+  tls_next = op;
+  return true;
+}
+
+bool WorkerPool::fifo_push(OpBlock* op) {
+  if (spilled_.load(std::memory_order_acquire) == 0 && ring_.try_push(op)) return true;
+  spill_.push(op);
+  spilled_.fetch_add(1, std::memory_order_seq_cst);
+  return true;
+}
+
+OpBlock* WorkerPool::fifo_pop() {
+  if (OpBlock* op = ring_.try_pop()) return op;
+  OpBlock* op = nullptr;
+  if (spilled_.load(std::memory_order_acquire) > 0 && spill_.try_pop(op)) {
+    spilled_.fetch_sub(1, std::memory_order_seq_cst);
+    return op;
+  }
+  return nullptr;
+}
+
+bool WorkerPool::fifo_empty() const noexcept {
+  return ring_.empty() && spilled_.load(std::memory_order_seq_cst) == 0;
+}
+
 void WorkerPool::enqueue(OpBlock* op) {
   if (op->priority == 0) {
-    fifo_.push(op);
+    fifo_push(op);
   } else {
     prioritized_.push(Prioritized{op->priority, op->id, op});
     prioritized_count_.fetch_add(1, std::memory_order_seq_cst);
   }
-  // Pairs with the sleeper's increment-then-recheck: either it sees our op or
-  // we see it sleeping.
+  // Pairs with a worker's "stop spinning, then recheck" in take_or_sleep:
+  // either it sees our op or we see that nobody is searching.
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (sleepers_.load(std::memory_order_relaxed) > 0) {
-    epoch_.fetch_add(1, std::memory_order_seq_cst);
-    epoch_.notify_one();
-  }
+  if (spinning_.load(std::memory_order_seq_cst) == 0 && sleepers_.load(std::memory_order_seq_cst) > 0) wake_one();
+}
+
+void WorkerPool::wake_one() noexcept {
+  epoch_.fetch_add(1, std::memory_order_seq_cst);
+  epoch_.notify_one();
+}
+
+bool WorkerPool::has_work() const noexcept {
+  return prioritized_count_.load(std::memory_order_seq_cst) != 0 || !fifo_empty();
 }
 
 OpBlock* WorkerPool::try_take() {
@@ -60,47 +96,67 @@ OpBlock* WorkerPool::try_take() {
     Prioritized top;
     if (prioritized_.try_pop(top)) {
       prioritized_count_.fetch_sub(1, std::memory_order_relaxed);
-      if (top.priority > 0 || !fifo_.try_pop(op)) return top.op;
+      if (top.priority > 0 || !(op = fifo_pop())) return top.op;
       // A negative priority yields to the FIFO; put it back, same place in line.
       prioritized_.push(top);
       prioritized_count_.fetch_add(1, std::memory_order_relaxed);
       return op;
     }
   }
-  if (fifo_.try_pop(op)) return op;
-  return nullptr;
+  return fifo_pop();
 }
 
+// A worker out of work becomes a searcher (spinning_), then a sleeper. Pushes
+// wake a sleeper only when nobody searches, and a searcher that finds work
+// wakes the next one if more is queued (the scheme Go's scheduler uses): a
+// busy frontend pays no wake-up per push, and idle workers join as work grows.
 OpBlock* WorkerPool::take_or_sleep() {
-  for (int i = 0; i < kPauseSpins; ++i) {
-    if (OpBlock* op = try_take()) return op;
-    WEFT_CPU_RELAX();
-  }
-  for (int i = 0; i < kYieldSpins; ++i) {
-    if (OpBlock* op = try_take()) return op;
-    std::this_thread::yield();
-  }
+  if (OpBlock* op = try_take()) return op;
+  spinning_.fetch_add(1, std::memory_order_seq_cst);
+  auto found = [this](OpBlock* op) {
+    if (spinning_.fetch_sub(1, std::memory_order_seq_cst) == 1 && sleepers_.load(std::memory_order_seq_cst) > 0 &&
+        has_work())
+      wake_one();
+    return op;
+  };
   while (true) {
+    // Poll with growing pauses: an empty queue polled in a tight loop pulls
+    // its cache lines away from the thread that is about to push.
+    for (int i = 0, pauses = 1; i < kPauseSpins; ++i, pauses = pauses < 64 ? pauses * 2 : 64) {
+      if (OpBlock* op = try_take()) return found(op);
+      for (int p = 0; p < pauses; ++p) WEFT_CPU_RELAX();
+    }
+    for (int i = 0; i < kYieldSpins; ++i) {
+      if (OpBlock* op = try_take()) return found(op);
+      std::this_thread::yield();
+    }
     std::uint32_t epoch = epoch_.load(std::memory_order_seq_cst);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    spinning_.fetch_sub(1, std::memory_order_seq_cst);
     if (OpBlock* op = try_take()) {
-      sleepers_.fetch_sub(1, std::memory_order_relaxed);
-      return op;
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
+      spinning_.fetch_add(1, std::memory_order_seq_cst);
+      return found(op);
     }
     if (stopping_.load(std::memory_order_seq_cst)) {
-      sleepers_.fetch_sub(1, std::memory_order_relaxed);
+      sleepers_.fetch_sub(1, std::memory_order_seq_cst);
       return nullptr;
     }
     epoch_.wait(epoch, std::memory_order_seq_cst);
-    sleepers_.fetch_sub(1, std::memory_order_relaxed);
-    if (OpBlock* op = try_take()) return op;
+    spinning_.fetch_add(1, std::memory_order_seq_cst);  // woken: search again
+    sleepers_.fetch_sub(1, std::memory_order_seq_cst);
   }
 }
 
 void WorkerPool::run(int worker) {
   tls_pool = this;
   executor_.on_worker_start(device_, worker);
-  while (OpBlock* op = take_or_sleep()) executor_.execute(op, worker);
+  while (OpBlock* op = take_or_sleep()) {
+    do {
+      executor_.execute(op, worker);
+      op = std::exchange(tls_next, nullptr);
+    } while (op);
+  }
   tls_pool = nullptr;
 }
 

@@ -1,8 +1,9 @@
 // One device's workers and their ready queue.
 //
-// Ready ops wait in two oneTBB queues: a FIFO for priority 0 (the common case,
-// no ordering cost) and a concurrent priority queue ordered by (priority,
-// push sequence) for the rest. A worker takes a positive-priority op first,
+// Ready ops of priority 0 (the common case) wait in a FIFO: a bounded ring,
+// spilling into a oneTBB concurrent_queue when full (new ops keep spilling
+// until the spill drains, so FIFO order holds). The rest wait in a oneTBB
+// concurrent priority queue ordered by (priority, push sequence). A worker takes a positive-priority op first,
 // then the FIFO, then negative priorities. Idle workers spin briefly, then
 // sleep on an event count; a push wakes one only when someone sleeps, so a
 // busy pool costs one load per push.
@@ -17,6 +18,7 @@
 #include <oneapi/tbb/concurrent_priority_queue.h>
 #include <oneapi/tbb/concurrent_queue.h>
 
+#include "ready_ring.h"
 #include "weft/device.h"
 
 namespace weft::detail {
@@ -40,6 +42,11 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void enqueue(OpBlock* op);
+  // Called by a worker of this pool for an op its own completion made ready:
+  // when nothing else is queued the op runs next on this worker, skipping the
+  // queue and any wake-up (a dependency chain stays on one warm thread).
+  // Returns false (and does nothing) otherwise.
+  bool run_next_here(OpBlock* op) noexcept;
   Device device() const noexcept { return device_; }
   int size() const noexcept { return static_cast<int>(threads_.size()); }
   bool owns_current_thread() const noexcept;
@@ -58,16 +65,26 @@ class WorkerPool {
   };
 
   OpBlock* try_take();
+  void wake_one() noexcept;
+  bool has_work() const noexcept;
   OpBlock* take_or_sleep();
   void run(int worker);
 
   Device device_;
   OpExecutor& executor_;
-  tbb::concurrent_queue<OpBlock*> fifo_;
+  bool fifo_push(OpBlock* op);
+  OpBlock* fifo_pop();
+  bool fifo_empty() const noexcept;
+
+  static constexpr std::size_t kRingCapacity = 1024;
+  ReadyRing<OpBlock> ring_{kRingCapacity};
+  tbb::concurrent_queue<OpBlock*> spill_;
+  alignas(64) std::atomic<std::int64_t> spilled_{0};
   tbb::concurrent_priority_queue<Prioritized, ByPriority> prioritized_;
   alignas(64) std::atomic<std::int64_t> prioritized_count_{0};
   alignas(64) std::atomic<std::uint32_t> epoch_{0};
   alignas(64) std::atomic<std::int32_t> sleepers_{0};
+  std::atomic<std::int32_t> spinning_{0};  // workers searching for work
   std::atomic<bool> stopping_{false};
   std::vector<std::thread> threads_;
 };

@@ -52,15 +52,17 @@ struct EngineConfig {
   int cpu_devices = 0;             // 0: $WEFT_CPU_DEVICES, else 1
   int workers_per_cpu_device = 0;  // 0: $WEFT_CPU_WORKERS, else the hardware threads
   // Bound on ops pushed and not yet completed; push blocks the frontend when it
-  // is reached (pushes from inside ops never block). 0: $WEFT_MAX_INFLIGHT, else
+  // is reached, until fewer than a quarter remain (pushes from inside ops never
+  // block). 0: $WEFT_MAX_INFLIGHT, else
   // kDefaultMaxInflight.
   std::size_t max_inflight = 0;
   std::string profile_path;  // empty: $WEFT_PROFILE; when set, profile from creation and dump at destruction
 
   // Small enough that a frontend pushing minibatches without a barrier holds
-  // only ~10 minibatches of a typical model in flight, large enough to keep 16
-  // workers busy with microsecond ops. See docs/design/engine-invariants.md.
-  static constexpr std::size_t kDefaultMaxInflight = 256;
+  // only ~20 minibatches of a small model in flight however many it pushes,
+  // large enough that the throttled frontend sleeps once per ~400 ops. See
+  // docs/design/engine-invariants.md.
+  static constexpr std::size_t kDefaultMaxInflight = 512;
 };
 
 class Engine {

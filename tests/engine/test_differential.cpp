@@ -1,0 +1,235 @@
+// Differential tests in the style of MXNet's engine tests: random workloads of
+// 100,000 ops over 100 uint64 variables, each op reading 0-8 variables and
+// writing one, the written value a strong hash of what it read and its index,
+// so any reordering of conflicting ops changes the final values. A plain loop
+// is the oracle; naive and threaded engines (1, 2, 4, 8 workers; 1 and 3 CPU
+// devices; random priorities; some async ops) must agree with it exactly, and
+// every variable's version must equal the number of ops that wrote it.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <latch>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_test_util.h"
+#include "weft/engine.h"
+
+namespace {
+
+using namespace weft_test;
+using weft::Completion;
+using weft::Device;
+using weft::RunContext;
+using weft::Var;
+
+constexpr int kVars = 100;
+constexpr int kOps = 100'000;
+constexpr int kMaxReads = 8;
+
+struct OpSpec {
+  std::uint32_t index;  // global op number, mixed into the result
+  std::uint8_t write;
+  std::uint8_t nreads;
+  std::uint8_t device;  // taken modulo the engine's CPU devices
+  std::int8_t priority;
+  bool async;
+  std::array<std::uint8_t, kMaxReads> reads;
+};
+
+// The op body: cheap, and sensitive to the exact values it reads.
+inline void apply(const OpSpec& op, std::uint64_t* values) {
+  std::uint64_t h = mix64(op.index * 0x2545F4914F6CDD1Dull);
+  for (int i = 0; i < op.nreads; ++i) h = mix64(h ^ (values[op.reads[i]] + static_cast<std::uint64_t>(i)));
+  values[op.write] = h;
+}
+
+// Ops writing one of `writable`, reading from `readable` (with duplicates and,
+// often, the written variable itself).
+std::vector<OpSpec> make_ops(std::uint64_t seed, int n, std::uint32_t first_index, const std::vector<int>& writable,
+                             const std::vector<int>& readable) {
+  SplitMix rng(seed);
+  std::vector<OpSpec> ops(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    OpSpec& op = ops[static_cast<std::size_t>(i)];
+    op.index = first_index + static_cast<std::uint32_t>(i);
+    op.write = static_cast<std::uint8_t>(writable[rng.below(static_cast<std::uint32_t>(writable.size()))]);
+    op.nreads = static_cast<std::uint8_t>(rng.below(kMaxReads + 1));
+    for (int r = 0; r < op.nreads; ++r) {
+      op.reads[r] = rng.below(4) == 0 ? op.write
+                                      : static_cast<std::uint8_t>(
+                                            readable[rng.below(static_cast<std::uint32_t>(readable.size()))]);
+    }
+    op.device = static_cast<std::uint8_t>(rng.below(3));
+    op.priority = static_cast<std::int8_t>(static_cast<int>(rng.below(5)) - 2);
+    op.async = rng.below(16) == 0;
+  }
+  return ops;
+}
+
+std::vector<std::uint64_t> initial_values(std::uint64_t seed) {
+  std::vector<std::uint64_t> v(kVars);
+  for (int i = 0; i < kVars; ++i) v[static_cast<std::size_t>(i)] = mix64(seed * 1000 + static_cast<std::uint64_t>(i));
+  return v;
+}
+
+void run_serial(const std::vector<OpSpec>& ops, std::vector<std::uint64_t>& values, std::vector<std::uint64_t>& writes) {
+  for (const OpSpec& op : ops) {
+    apply(op, values.data());
+    ++writes[op.write];
+  }
+}
+
+void push_ops(weft::Engine& e, const Config& cfg, const std::vector<OpSpec>& ops, const std::vector<Var>& vars,
+              std::uint64_t* values) {
+  for (const OpSpec& op : ops) {
+    std::array<Var, kMaxReads> reads;
+    const std::size_t n = std::min<std::size_t>(op.nreads, kMaxReads);
+    for (std::size_t r = 0; r < n; ++r) reads[r] = vars[op.reads[r]];
+    const Device device = Device::cpu(op.device % cfg.cpu_devices);
+    const std::span<const Var> read_list(reads.data(), n);
+    const weft::OpOptions options{.priority = op.priority};
+    if (op.async) {
+      e.push_async(
+          [spec = &op, values](RunContext&, Completion done) {
+            apply(*spec, values);
+            done();
+          },
+          device, read_list, vars[op.write], options);
+    } else {
+      e.push([spec = &op, values](RunContext&) { apply(*spec, values); }, device, read_list, vars[op.write],
+             options);
+    }
+  }
+}
+
+std::vector<Config> differential_configs() {
+  std::vector<Config> out;
+  out.push_back(Config{"naive", 1, 1, 0});
+  for (int devices : {1, 3})
+    for (int w : kWorkerCounts) out.push_back(Config{"threaded", w, devices, 0});
+  return out;
+}
+
+std::vector<int> range(int first, int count) {
+  std::vector<int> v;
+  for (int i = 0; i < count; ++i) v.push_back(first + i);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("differential: random workloads from one thread match the serial oracle" * doctest::timeout(300)) {
+  const std::vector<std::uint64_t> seeds = kSanitized ? std::vector<std::uint64_t>{1}
+                                                      : std::vector<std::uint64_t>{1, 2, 3};
+  for (std::uint64_t seed : seeds) {
+    CAPTURE(seed);
+    const std::vector<OpSpec> ops = make_ops(seed, kOps, 0, range(0, kVars), range(0, kVars));
+    std::vector<std::uint64_t> expected = initial_values(seed);
+    std::vector<std::uint64_t> expected_writes(kVars, 0);
+    run_serial(ops, expected, expected_writes);
+
+    for (const Config& cfg : differential_configs()) {
+      INFO("engine config: " << cfg.str());
+      std::vector<std::uint64_t> values = initial_values(seed);
+      std::vector<std::uint64_t> versions(kVars, 0);
+      {
+        auto e = make_engine(cfg);
+        std::vector<Var> vars;
+        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        push_ops(*e, cfg, ops, vars, values.data());
+        // Half the variables read back one by one, then everything.
+        for (int i = 0; i < kVars; i += 2) e->wait_to_read(vars[static_cast<std::size_t>(i)]);
+        e->wait_all();
+        CHECK(e->inflight() == 0);
+        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+      }
+      int value_mismatches = 0, version_mismatches = 0;
+      for (int i = 0; i < kVars; ++i) {
+        value_mismatches += values[static_cast<std::size_t>(i)] != expected[static_cast<std::size_t>(i)];
+        version_mismatches += versions[static_cast<std::size_t>(i)] != expected_writes[static_cast<std::size_t>(i)];
+      }
+      CHECK(value_mismatches == 0);
+      CHECK(version_mismatches == 0);
+    }
+  }
+}
+
+TEST_CASE("differential: four pushing threads with disjoint writes match the serial oracle" * doctest::timeout(300)) {
+  constexpr int kThreads = 4;
+  constexpr int kOwned = 20;                    // vars [t*20, t*20+20) belong to thread t
+  constexpr int kShared = kVars - kThreads * kOwned;  // vars [80, 100): read-only, initialised by ops
+  constexpr int kOpsPerThread = kOps / kThreads;
+  const std::vector<std::uint64_t> seeds = kSanitized ? std::vector<std::uint64_t>{7}
+                                                      : std::vector<std::uint64_t>{7, 8};
+  std::vector<Config> configs = all_configs();
+  configs.push_back(Config{"threaded", 2, 3, 0});
+  configs.push_back(Config{"threaded", 4, 1, 64});  // pushing threads block on a small bound
+
+  for (std::uint64_t seed : seeds) {
+    CAPTURE(seed);
+    const std::vector<int> shared = range(kThreads * kOwned, kShared);
+    std::vector<std::vector<OpSpec>> per_thread;
+    for (int t = 0; t < kThreads; ++t) {
+      std::vector<int> readable = range(t * kOwned, kOwned);
+      readable.insert(readable.end(), shared.begin(), shared.end());
+      per_thread.push_back(make_ops(seed * 31 + static_cast<std::uint64_t>(t), kOpsPerThread,
+                                    static_cast<std::uint32_t>(t * kOpsPerThread), range(t * kOwned, kOwned),
+                                    readable));
+    }
+    auto shared_value = [&](int i) { return mix64(seed ^ (0xABCDull << 20) ^ static_cast<std::uint64_t>(i)); };
+    // Oracle: the shared vars get their values, then each thread's ops run in
+    // order (threads write disjoint vars, so their interleaving is irrelevant).
+    std::vector<std::uint64_t> expected = initial_values(seed);
+    std::vector<std::uint64_t> expected_writes(kVars, 0);
+    for (int i : shared) {
+      expected[static_cast<std::size_t>(i)] = shared_value(i);
+      expected_writes[static_cast<std::size_t>(i)] = 1;
+    }
+    for (int t = 0; t < kThreads; ++t) run_serial(per_thread[static_cast<std::size_t>(t)], expected, expected_writes);
+
+    for (const Config& cfg : configs) {
+      INFO("engine config: " << cfg.str());
+      std::vector<std::uint64_t> values = initial_values(seed);
+      std::vector<std::uint64_t> versions(kVars, 0);
+      std::atomic<int> pushed_threads{0};
+      {
+        auto e = make_engine(cfg);
+        std::vector<Var> vars;
+        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        std::uint64_t* data = values.data();
+        for (int i : shared) {
+          e->push([data, i, v = shared_value(i)](RunContext&) { data[i] = v; }, Device::cpu(0), {},
+                  vars[static_cast<std::size_t>(i)]);
+        }
+        std::latch start(kThreads);
+        std::vector<std::thread> threads;
+        for (int t = 0; t < kThreads; ++t) {
+          threads.emplace_back([&, t] {
+            start.arrive_and_wait();
+            push_ops(*e, cfg, per_thread[static_cast<std::size_t>(t)], vars, data);
+            // Each thread also reads back one of its own variables.
+            e->wait_to_read(vars[static_cast<std::size_t>(t * kOwned)]);
+            pushed_threads.fetch_add(1);
+          });
+        }
+        for (auto& th : threads) th.join();
+        e->wait_all();
+        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+      }
+      CHECK(pushed_threads.load() == kThreads);
+      int value_mismatches = 0, version_mismatches = 0;
+      for (int i = 0; i < kVars; ++i) {
+        value_mismatches += values[static_cast<std::size_t>(i)] != expected[static_cast<std::size_t>(i)];
+        version_mismatches += versions[static_cast<std::size_t>(i)] != expected_writes[static_cast<std::size_t>(i)];
+      }
+      CHECK(value_mismatches == 0);
+      CHECK(version_mismatches == 0);
+    }
+  }
+}

@@ -1,0 +1,334 @@
+// Engine lifecycle: the in-flight bound keeps memory bounded (a frontend
+// blocks, nested pushes never do), destruction drains pending work (queued
+// ops, slow chains, async ops completed later), and the environment picks the
+// engine kind and settings when the config leaves them empty.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine_test_util.h"
+#include "weft/engine.h"
+
+namespace {
+
+using namespace weft_test;
+using weft::Completion;
+using weft::Device;
+using weft::RunContext;
+using weft::Var;
+
+const Device cpu0 = Device::cpu(0);
+
+std::uint64_t spin_work(int n) {
+  std::uint64_t h = 1;
+  for (int i = 0; i < n; ++i) h = mix64(h + static_cast<std::uint64_t>(i));
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("max_inflight blocks a frontend at the bound and memory stays bounded" * doctest::timeout(120)) {
+  constexpr std::size_t K = 64;
+  constexpr int kOps = 10 * static_cast<int>(K);
+  for_each_threaded(
+      [&](const Config& cfg) {
+        LiveCounter live;
+        std::atomic<int> ran{0};
+        std::atomic<int> pushed{0};
+        std::atomic<bool> frontend_done{false};
+        std::atomic<std::size_t> max_inflight_seen{0};
+        auto e = make_engine(cfg);
+        REQUIRE(e->max_inflight() == K);
+        std::thread frontend;
+        {
+          Gate gate;
+          Var g = e->new_var("gate");
+          e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
+          REQUIRE(gate.wait_entered());
+          frontend = std::thread([&] {
+            for (int i = 0; i < kOps; ++i) {
+              // Every op reads the gate's variable: none can run before it opens.
+              e->push([token = LiveToken(live), &ran](RunContext&) { ran.fetch_add(1); }, cpu0, {g}, {});
+              pushed.fetch_add(1);
+              atomic_max(max_inflight_seen, e->inflight());
+            }
+            frontend_done = true;
+          });
+          // The frontend fills the bound (the gate counts as one op) ...
+          CHECK(eventually([&] { return pushed.load() >= static_cast<int>(K) - 1; }, 30s));
+          // ... and then stays blocked while nothing completes.
+          CHECK(holds_for([&] { return !frontend_done.load() && pushed.load() <= static_cast<int>(K); }, 100ms));
+          CHECK(pushed.load() == static_cast<int>(K) - 1);
+          CHECK(e->inflight() <= K);
+          CHECK(live.live.load() <= static_cast<long>(K) + 1);  // + the op being pushed
+          CHECK_FALSE(frontend_done.load());
+          gate.open();
+          frontend.join();
+        }
+        e->wait_all();
+        CHECK(frontend_done.load());
+        CHECK(ran.load() == kOps);
+        CHECK(max_inflight_seen.load() <= K);
+        CHECK(live.peak.load() <= static_cast<long>(K) + 1);
+        CHECK(live.live.load() == 0);
+        CHECK(live.created.load() == kOps);
+        CHECK(e->inflight() == 0);
+      },
+      1, 1, K);
+}
+
+TEST_CASE("minibatches pushed without waiting keep a bounded number of buffers alive" * doctest::timeout(120)) {
+  // The seeds' scenario: 150 minibatches of 25 ops, each op holding a 1 MiB
+  // buffer, pushed with no barrier. Default settings.
+  constexpr int kBatches = 150;
+  constexpr int kLayers = 25;
+  constexpr std::size_t kBuffer = 1 << 20;
+  EnvGuard no_bound("WEFT_MAX_INFLIGHT", nullptr);
+  struct Buffer {
+    LiveToken token;
+    std::vector<char> bytes;
+  };
+  LiveCounter live;
+  std::atomic<std::uint64_t> checksum{0};
+  std::atomic<int> ran{0};
+  auto e = weft::Engine::create({.kind = "threaded"});
+  CHECK(e->max_inflight() == weft::EngineConfig::kDefaultMaxInflight);
+  std::vector<Var> layers;
+  for (int l = 0; l <= kLayers; ++l) layers.push_back(e->new_var("layer " + std::to_string(l)));
+  for (int b = 0; b < kBatches; ++b) {
+    for (int l = 0; l < kLayers; ++l) {
+      Buffer buf{LiveToken(live), std::vector<char>(kBuffer, static_cast<char>(b + l))};
+      e->push(
+          [buf = std::move(buf), &checksum, &ran](RunContext&) {
+            checksum.fetch_add(static_cast<unsigned char>(buf.bytes[buf.bytes.size() / 2]));
+            ran.fetch_add(1);
+          },
+          cpu0, {layers[static_cast<std::size_t>(l)]}, {layers[static_cast<std::size_t>(l) + 1]});
+    }
+  }
+  e->wait_all();
+  std::uint64_t expected = 0;
+  for (int b = 0; b < kBatches; ++b)
+    for (int l = 0; l < kLayers; ++l) expected += static_cast<unsigned char>(static_cast<char>(b + l));
+  CHECK(ran.load() == kBatches * kLayers);
+  CHECK(checksum.load() == expected);
+  CHECK(live.created.load() == kBatches * kLayers);
+  CHECK(live.live.load() == 0);
+  // Memory bounded by the in-flight bound, far below everything pushed.
+  CHECK(live.peak.load() <= static_cast<long>(e->max_inflight()) + 2);
+  CHECK(live.peak.load() < kBatches * kLayers / 4);
+}
+
+TEST_CASE("pushes from inside ops never block on the bound" * doctest::timeout(120)) {
+  constexpr std::size_t K = 16;
+  constexpr int kFollowUps = 10 * static_cast<int>(K);
+  for_each_config(
+      [&](const Config& cfg) {
+        std::atomic<int> ran{0};
+        std::atomic<std::size_t> inflight_after_pushes{0};
+        auto e = make_engine(cfg);
+        REQUIRE(e->max_inflight() == K);
+        Var parent_out = e->new_var("parent out");
+        Var async_out = e->new_var("async out");
+        e->push(
+            [&](RunContext& ctx) {
+              for (int i = 0; i < kFollowUps; ++i)
+                // Each follow-up reads the parent's output: none can complete
+                // before the parent, so the bound is passed for real.
+                ctx.engine->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {parent_out}, {});
+              inflight_after_pushes = ctx.engine->inflight();
+            },
+            cpu0, {}, {parent_out}, {.name = "parent"});
+        e->push_async(
+            [&](RunContext& ctx, Completion done) {
+              for (int i = 0; i < kFollowUps; ++i)
+                ctx.engine->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {async_out}, {});
+              done();
+            },
+            cpu0, {}, {async_out}, {.name = "async parent"});
+        e->wait_all();
+        CHECK(ran.load() == 2 * kFollowUps);
+        if (cfg.threaded()) CHECK(inflight_after_pushes.load() >= static_cast<std::size_t>(kFollowUps) + 1);
+        CHECK(e->inflight() == 0);
+        // The frontend still works (and blocks no more than it should).
+        for (int i = 0; i < 4 * static_cast<int>(K); ++i)
+          e->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {}, {parent_out});
+        e->wait_to_read(parent_out);
+        CHECK(ran.load() == 2 * kFollowUps + 4 * static_cast<int>(K));
+      },
+      1, K);
+}
+
+TEST_CASE("destroying an engine with pending work drains it" * doctest::timeout(120)) {
+  const int kQueued = kSanitized ? 2000 : 5000;
+  const int kChain = 200;
+  for_each_config([&](const Config& cfg) {
+    std::atomic<int> ran{0};
+    std::atomic<int> chain_errors{0};
+    long chain_value = 0;
+    std::atomic<std::uint64_t> sink{0};
+    std::thread opener;
+    {
+      Config big = cfg;
+      big.max_inflight = 1'000'000;  // everything queues; nothing blocks the frontend
+      std::unique_ptr<weft::Engine> e = make_engine(big);
+      Gate gate;
+      Var gv = e->new_var("gate");
+      Var slow = e->new_var("slow chain");
+      if (cfg.threaded()) e->push(gate.body(), cpu0, {}, {gv}, {.name = "gate"});
+      for (int i = 0; i < kChain; ++i) {
+        e->push(
+            [&, i](RunContext&) {
+              if (chain_value != i) chain_errors.fetch_add(1);
+              sink.fetch_add(spin_work(2000));
+              chain_value = i + 1;
+              ran.fetch_add(1);
+            },
+            cpu0, {gv}, {slow}, {.name = "slow"});
+      }
+      std::vector<Var> others;
+      for (int i = 0; i < 16; ++i) others.push_back(e->new_var());
+      for (int i = 0; i < kQueued; ++i) {
+        Var w = others[static_cast<std::size_t>(i % 16)];
+        if (i % 3 == 0)
+          e->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {slow}, {w});
+        else
+          e->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {gv}, {w});
+      }
+      // Ops that push more work while the engine is being destroyed.
+      for (int i = 0; i < 10; ++i) {
+        e->push(
+            [&](RunContext& ctx) {
+              ran.fetch_add(1);
+              for (int j = 0; j < 10; ++j) ctx.engine->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {}, {slow});
+            },
+            cpu0, {slow}, {});
+      }
+      if (cfg.threaded()) {
+        CHECK(e->inflight() > static_cast<std::size_t>(kQueued));
+        opener = std::thread([&gate] { gate.open(); });
+      }
+      e.reset();  // no wait: the destructor must drain everything
+      if (opener.joinable()) opener.join();
+    }
+    CHECK(ran.load() == kChain + kQueued + 10 + 100);
+    CHECK(chain_value == kChain);
+    CHECK(chain_errors.load() == 0);
+  });
+}
+
+TEST_CASE("destroying an engine waits for an async op completed later by another thread" * doctest::timeout(120)) {
+  const int kRounds = kSanitized ? 10 : 40;
+  for_each_config([&](const Config& cfg) {
+    for (int round = 0; round < kRounds; ++round) {
+      CAPTURE(round);
+      std::atomic<int> ran{0};
+      std::atomic<bool> completed{false};
+      std::promise<void> go;
+      std::shared_future<void> go_f = go.get_future().share();
+      // The naive engine's push_async returns only once the op completed.
+      if (!cfg.threaded()) go.set_value();
+      std::thread completer;
+      {
+        auto e = make_engine(cfg);
+        Var v = e->new_var("async out");
+        e->push_async(
+            [&completer, &completed, go_f](RunContext&, Completion done) {
+              auto* slot = &completer;
+              auto* flag = &completed;
+              *slot = std::thread([done = std::move(done), go_f, flag] {
+                go_f.wait();
+                flag->store(true);
+                done();
+              });
+            },
+            cpu0, {}, {v}, {.name = "completed later"});
+        for (int i = 0; i < 20; ++i)
+          e->push(
+              [&](RunContext&) {
+                if (completed.load()) ran.fetch_add(1);
+              },
+              cpu0, {v}, {});
+        if (cfg.threaded()) {
+          CHECK(e->inflight() >= 21);
+          go.set_value();
+        }
+      }  // destroyed: waits for done() and the readers
+      completer.join();
+      CHECK(ran.load() == 20);
+    }
+  });
+}
+
+TEST_CASE("a naive engine destroyed after pushes from several threads" * doctest::timeout(60)) {
+  std::atomic<int> ran{0};
+  long counter = 0;
+  {
+    auto e = weft::Engine::create({.kind = "naive", .cpu_devices = 2, .workers_per_cpu_device = 1});
+    CHECK(e->kind() == "naive");
+    Var v = e->new_var("v");
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 500; ++i) {
+          e->push(
+              [&](RunContext& ctx) {
+                ++counter;
+                ran.fetch_add(1);
+                ctx.engine->push([&](RunContext&) { ran.fetch_add(1); }, Device::cpu(1), {}, {});
+              },
+              Device::cpu(t % 2), {}, {v});
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+  }
+  CHECK(counter == 2000);
+  CHECK(ran.load() == 4000);
+}
+
+TEST_CASE("the environment picks the engine kind and settings when the config leaves them empty" *
+          doctest::timeout(60)) {
+  {
+    EnvGuard kind("WEFT_ENGINE", "naive");
+    auto e = weft::Engine::create({});
+    CHECK(e->kind() == "naive");
+    Var v = e->new_var();
+    std::atomic<int> ran{0};
+    e->push([&](RunContext&) { ran.fetch_add(1); }, cpu0, {}, {v});
+    e->wait_all();
+    CHECK(ran.load() == 1);
+    // An explicit kind wins.
+    auto t = weft::Engine::create({.kind = "threaded", .workers_per_cpu_device = 1});
+    CHECK(t->kind() == "threaded");
+  }
+  {
+    EnvGuard kind("WEFT_ENGINE", "threaded");
+    EnvGuard devices("WEFT_CPU_DEVICES", "3");
+    EnvGuard workers("WEFT_CPU_WORKERS", "2");
+    EnvGuard inflight("WEFT_MAX_INFLIGHT", "17");
+    auto e = weft::Engine::create({});
+    CHECK(e->kind() == "threaded");
+    CHECK(e->devices().size() == 3);
+    CHECK(e->workers(Device::cpu(2)) == 2);
+    CHECK(e->max_inflight() == 17);
+    // Config fields win over the environment.
+    auto f = weft::Engine::create({.kind = "naive", .cpu_devices = 1, .workers_per_cpu_device = 1, .max_inflight = 5});
+    CHECK(f->kind() == "naive");
+    CHECK(f->devices().size() == 1);
+    CHECK(f->max_inflight() == 5);
+  }
+  {
+    EnvGuard kind("WEFT_ENGINE", nullptr);
+    EnvGuard inflight("WEFT_MAX_INFLIGHT", nullptr);
+    auto e = weft::Engine::create({.workers_per_cpu_device = 1});
+    CHECK(e->kind() == "threaded");
+    CHECK(e->max_inflight() == weft::EngineConfig::kDefaultMaxInflight);
+  }
+}
