@@ -87,7 +87,7 @@ int run_bench(const Options& o) {
 
   Plan plan;
   plan.shapes = o.shapes.empty() ? std::vector<ShapeKind>(std::begin(kAllShapes), std::end(kAllShapes)) : o.shapes;
-  plan.quick_divisor = o.quick ? kQuickDivisor : 1;
+  plan.quick_divisor = o.smoke ? 256 : o.quick ? kQuickDivisor : 1;
 
   // One items array for the whole process: StarPU registers its addresses.
   std::size_t capacity = kCalibrationItems;
@@ -108,7 +108,7 @@ int run_bench(const Options& o) {
   }
 
   std::fprintf(info, "weft-bench-engine: %d hardware threads, %d timed reps + 1 warm-up per peer, %s sizes\n", threads,
-               o.reps, o.quick ? "--quick (1/16)" : "full");
+               o.reps, o.smoke ? "--smoke (1/256)" : o.quick ? "--quick (1/16)" : "full");
   std::fprintf(info,
                "calibration: 1us = %" PRIu64 " spin iterations; sequential independent loop measures empty %.1f ns/op, "
                "1us %.1f ns/op, 10us %.1f ns/op\n",

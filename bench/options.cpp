@@ -19,6 +19,8 @@ void usage(std::FILE* out) {
                "\n"
                "  --json       JSON lines only on stdout (the header goes to stderr)\n"
                "  --quick      1/16 of the nominal sizes and 3 repetitions\n"
+               "  --smoke      1/256 of the nominal sizes, 1 repetition: checks every peer's\n"
+               "               results in seconds (the test suite runs this)\n"
                "  --reps N     timed repetitions per peer (default 5; one warm-up run is extra)\n"
                "  --body B     one body (default: all three); may be repeated\n"
                "  --shape S    one shape (default: all four); may be repeated\n"
@@ -79,6 +81,8 @@ Options parse_options(int argc, char** argv) {
       o.json_only = true;
     } else if (a == "--quick") {
       o.quick = true;
+    } else if (a == "--smoke") {
+      o.smoke = true;
     } else if (a == "--reps") {
       const std::string v(value());
       char* end = nullptr;
@@ -104,7 +108,7 @@ Options parse_options(int argc, char** argv) {
       fail("unknown argument '" + std::string(a) + "'");
     }
   }
-  if (o.reps == 0) o.reps = o.quick ? 3 : 5;
+  if (o.reps == 0) o.reps = o.smoke ? 1 : o.quick ? 3 : 5;
   return o;
 }
 

@@ -12,6 +12,7 @@ namespace weft_bench {
 struct Options {
   bool json_only = false;
   bool quick = false;
+  bool smoke = false;  // tiny sizes, one repetition: the test suite's correctness run
   int reps = 0;                          // 0: 5, or 3 with --quick
   std::vector<std::string> bodies;       // empty: all
   std::vector<ShapeKind> shapes;         // empty: all

@@ -44,6 +44,12 @@ void NaiveEngine::run(OpBlock* op) {
 }
 
 void NaiveEngine::run_now(OpBlock* op) {
+  if (op->kind == OpKind::delete_var) {
+    vars_.recycle(op->entries[0].slot);
+    recycle(op);
+    inflight_.fetch_sub(1, std::memory_order_relaxed);
+    return;
+  }
   if (ErrorRef inherited = inherited_error(*op)) {
     op->error = std::move(inherited);
   } else {
@@ -115,8 +121,16 @@ void NaiveEngine::wait_all() {
 }
 
 void NaiveEngine::delete_var(Var var) {
-  std::lock_guard run_lock(run_mutex_);
-  vars_.recycle(vars_.retire(var));
+  // The handle dies now; the slot is recycled when the deletion runs, which
+  // from inside an op is after the follow-ups pushed before it.
+  OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});
+  try {
+    vars_.retire(var);
+  } catch (...) {
+    recycle(op);
+    throw;
+  }
+  run(op);
 }
 
 }  // namespace weft::detail
