@@ -8,7 +8,9 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <future>
 #include <latch>
+#include <memory>
 #include <map>
 #include <mutex>
 #include <set>
@@ -319,6 +321,46 @@ TEST_CASE("many ready ops run in a stable priority order (one worker)" * doctest
   CHECK(order == want);
 }
 
+TEST_CASE("thousands of ready ops of one priority run in push order (one worker)" * doctest::timeout(60)) {
+  Config cfg{"threaded", 1, 1, 100000};
+  INFO("engine config: " << cfg.str());
+  constexpr int kOps = 5000;  // more than any fixed-size ready ring
+  std::vector<int> order;
+  std::vector<int> released_order;
+  std::mutex m;
+  auto e = make_engine(cfg);
+  Gate gate;
+  Var g = e->new_var("gate");
+  e->push(gate.body(), cpu0, {}, {g});
+  REQUIRE(gate.wait_entered());
+  for (int i = 0; i < kOps; ++i) {
+    // Ready at push: they queue while the gate holds the only worker.
+    e->push(
+        [&, i](RunContext&) {
+          std::lock_guard lock(m);
+          order.push_back(i);
+        },
+        cpu0, {}, {});
+  }
+  for (int i = 0; i < kOps; ++i) {
+    // Ready all at once when the gate's write completes.
+    e->push(
+        [&, i](RunContext&) {
+          std::lock_guard lock(m);
+          released_order.push_back(i);
+        },
+        cpu0, {g}, {});
+  }
+  gate.open();
+  e->wait_all();
+  std::vector<int> want(kOps);
+  for (int i = 0; i < kOps; ++i) want[static_cast<std::size_t>(i)] = i;
+  CHECK(order.size() == want.size());
+  CHECK(order == want);
+  CHECK(released_order.size() == want.size());
+  CHECK(released_order == want);
+}
+
 // Ops that become ready at the same moment (all released by one completion)
 // must still run in push order among equal priorities.
 TEST_CASE("ops released together run by priority, FIFO among equals (one worker)" * doctest::timeout(60)) {
@@ -420,6 +462,42 @@ TEST_CASE("delete_var many times interleaved with ops recycles slots safely" * d
   });
 }
 
+// delete_var called from inside an op, after the op pushed a follow-up that
+// writes the variable: the deletion is ordered after the follow-up, and the
+// recycled slot must not carry the follow-up's write into a new variable.
+TEST_CASE("delete_var from inside an op runs after the follow-ups it pushed before" * doctest::timeout(60)) {
+  for_each_config([](const Config& cfg) {
+    std::atomic<bool> follow_up_ran{false};
+    std::atomic<bool> inner_var_ok{false};
+    std::atomic<std::uint64_t> inner_version{99};
+    auto e = make_engine(cfg);
+    Var v = e->new_var("v");
+    Var out = e->new_var("out");
+    Var inner{};
+    e->push(
+        [&](RunContext& ctx) {
+          ctx.engine->push([&](RunContext&) { follow_up_ran = true; }, cpu0, {}, {v}, {.name = "writes v"});
+          ctx.engine->delete_var(v);
+          inner = ctx.engine->new_var("created after the delete");
+          inner_version = ctx.engine->version(inner);
+          inner_var_ok = true;
+        },
+        cpu0, {}, {out}, {.name = "parent"});
+    e->wait_all();
+    REQUIRE(inner_var_ok.load());
+    CHECK(follow_up_ran.load());
+    CHECK(inner_version.load() == 0);
+    CHECK(e->version(inner) == 0);  // nothing ever wrote it
+    Var fresh = e->new_var("fresh");
+    CHECK(e->version(fresh) == 0);
+    CHECK_THROWS_AS((void)e->version(v), weft::Error);
+    e->push([](RunContext&) {}, cpu0, {}, {fresh});
+    e->wait_to_read(fresh);
+    CHECK(e->version(fresh) == 1);
+    CHECK(e->version(inner) == 0);
+  });
+}
+
 TEST_CASE("waiting on a fresh variable returns at once" * doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     auto e = make_engine(cfg);
@@ -495,6 +573,51 @@ TEST_CASE("wait_to_write waits for pending readers, wait_to_read does not" * doc
   });
 }
 
+// wait_all's contract is "every op pushed before": another thread that keeps
+// pushing must not keep it waiting forever. The pusher keeps a backlog of a
+// few hundred ops (~30 ms of work on one worker), so the engine is never
+// empty while it runs, yet everything pushed before wait_all is done quickly.
+TEST_CASE("wait_all returns once the ops pushed before it are done, while another thread keeps pushing" *
+          doctest::timeout(120)) {
+  for_each_config([](const Config& base) {
+    Config cfg = base;
+    cfg.max_inflight = 100'000;  // the pusher throttles itself, never blocks
+    std::atomic<bool> stop{false};
+    std::atomic<long> pushed{0};
+    std::atomic<bool> before_done{false};
+    std::atomic<std::uint64_t> sink{0};
+    std::promise<bool> waited;  // the value: the op pushed before had run
+    std::future<bool> waited_f = waited.get_future();
+    auto e = make_engine(cfg);
+    Var mine = e->new_var("mine");
+    std::vector<Var> theirs;
+    for (int i = 0; i < 8; ++i) theirs.push_back(e->new_var());
+    std::thread pusher([&] {
+      for (long i = 0; !stop.load();) {
+        if (e->inflight() >= 500) {
+          std::this_thread::yield();
+          continue;
+        }
+        e->push([&](RunContext&) { sink.fetch_add(spin_work(20000)); }, cpu0, {}, {theirs[i % 8]});
+        pushed = ++i;
+      }
+    });
+    CHECK(eventually([&] { return pushed.load() > 100; }, 20s));  // a backlog exists
+    e->push([&](RunContext&) { before_done = true; }, cpu0, {}, {mine});
+    std::thread waiter([&] {
+      e->wait_all();
+      waited.set_value(before_done.load());
+    });
+    const bool returned = waited_f.wait_for(3s) == std::future_status::ready;  // bounded: detects starvation
+    stop = true;  // lets a starved wait_all finish either way
+    waiter.join();
+    pusher.join();
+    CHECK(returned);
+    CHECK(waited_f.get());
+    e->wait_all();
+  });
+}
+
 TEST_CASE("async ops completed from another thread" * doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     const int n = 20;
@@ -554,9 +677,54 @@ TEST_CASE("async op: captures stay alive while the body runs after done()" * doc
           o->store(d->load() ? 1 : 2);
         },
         cpu0, {}, {v}, {.name = "async body continues after done"});
-    e->wait_all();
+    e->wait_all();  // returns once done() was called: the body may still be running
+    REQUIRE(eventually([&] { return observed.load() != 0; }, 20s));
     CHECK(observed.load() == 2);
-    CHECK(destroyed.load());  // freed once the op finished
+    CHECK(eventually([&] { return destroyed.load(); }, 20s));  // freed once the body returned
+  });
+}
+
+// "The op (or any thread it hands the Completion to) calls done()": handing it
+// to a follow-up op the async op pushes (one that does not depend on it) is
+// such a hand-off. The scenario runs on its own thread so that an engine that
+// deadlocks here fails the test instead of hanging the binary (the stuck
+// thread and its engine are then abandoned).
+TEST_CASE("an async op may hand its Completion to a follow-up op it pushes" * doctest::timeout(60)) {
+  for_each_config([](const Config& cfg) {
+    struct State {
+      std::atomic<bool> follow_up_ran{false};
+      std::atomic<bool> reader_ran{false};
+      std::promise<void> finished;
+    };
+    auto state = std::make_shared<State>();
+    std::future<void> finished = state->finished.get_future();
+    std::shared_ptr<weft::Engine> e = make_engine(cfg);
+    std::thread runner([e, state] {
+      Var v = e->new_var("async out");
+      Var other = e->new_var("follow-up out");
+      e->push_async(
+          [state, other](RunContext& ctx, Completion done) {
+            ctx.engine->push(
+                [state, done](RunContext&) {
+                  state->follow_up_ran = true;
+                  done();
+                },
+                cpu0, {}, {other}, {.name = "completes its parent"});
+          },
+          cpu0, {}, {v}, {.name = "completed by its follow-up"});
+      e->push([state](RunContext&) { state->reader_ran = true; }, cpu0, {v}, {}, {.name = "reader"});
+      e->wait_all();
+      state->finished.set_value();
+    });
+    const bool completed = finished.wait_for(5s) == std::future_status::ready;
+    CHECK(completed);
+    if (completed) {
+      runner.join();
+      CHECK(state->follow_up_ran.load());
+      CHECK(state->reader_ran.load());
+    } else {
+      runner.detach();  // deadlocked: abandon it (it keeps its engine alive)
+    }
   });
 }
 
@@ -659,7 +827,8 @@ TEST_CASE("reads and writes accept braced lists, vectors, arrays, spans and a lo
         cpu0, reads, writes);
     std::array<Var, 2> arr{vb, vc};
     e->push([&](RunContext&) { d = b * 10 + c; }, cpu0, arr, vd);
-    std::span<const Var> sp(writes);
+    std::vector<Var> bcd{vb, vc, vd};
+    std::span<const Var> sp(bcd);
     e->push([&](RunContext&) { a = b + c + d; }, cpu0, sp, std::vector<Var>{va});
     e->wait_all();
     CHECK(b == 2);

@@ -11,8 +11,10 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <exception>
 #include <latch>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -230,6 +232,161 @@ TEST_CASE("differential: four pushing threads with disjoint writes match the ser
       }
       CHECK(value_mismatches == 0);
       CHECK(version_mismatches == 0);
+    }
+  }
+}
+
+namespace {
+
+// An op of the failing workload: throws (or completes with an error) instead
+// of writing when `fails` is set.
+struct FailingOp {
+  OpSpec spec;
+  bool fails;
+};
+
+struct OpFailure : std::runtime_error {
+  std::uint32_t index;
+  explicit OpFailure(std::uint32_t i) : std::runtime_error("op " + std::to_string(i) + " failed"), index(i) {}
+};
+
+std::vector<FailingOp> make_failing_ops(std::uint64_t seed, int n) {
+  SplitMix rng(seed ^ 0xFA11);
+  std::vector<FailingOp> ops;
+  const std::vector<OpSpec> specs = make_ops(seed, n, 0, range(0, kVars), range(0, kVars));
+  for (const OpSpec& s : specs) {
+    // More failures near the end, so that some are still there at the end.
+    const bool late = s.index + 1000 >= static_cast<std::uint32_t>(n);
+    FailingOp op{s, rng.below(late ? 25 : 150) == 0};
+    // Few reads, many write-only ops: failures spread, and get cleared.
+    op.spec.nreads = static_cast<std::uint8_t>(rng.below(3) == 0 ? 0 : std::min<int>(op.spec.nreads, 2));
+    ops.push_back(op);
+  }
+  return ops;
+}
+
+}  // namespace
+
+// The error rules, differentially: ops that read a failed variable are
+// skipped (their writes keep the failure), a failing op leaves its output's
+// value alone, a successful write clears the failure. The serial oracle knows
+// which variables end up failed and every value; the naive engine and the
+// threaded engines must also agree on which failure each wait reports.
+TEST_CASE("differential: random workloads with failing ops agree on values, versions and errors" *
+          doctest::timeout(300)) {
+  constexpr int kFailOps = 30'000;
+  const std::vector<std::uint64_t> seeds = kSanitized ? std::vector<std::uint64_t>{11}
+                                                      : std::vector<std::uint64_t>{11, 12};
+  for (std::uint64_t seed : seeds) {
+    CAPTURE(seed);
+    const std::vector<FailingOp> ops = make_failing_ops(seed, kFailOps);
+    // Oracle.
+    std::vector<std::uint64_t> expected = initial_values(seed);
+    std::vector<std::uint64_t> expected_writes(kVars, 0);
+    std::vector<bool> failed(kVars, false);
+    int skipped = 0, failures = 0;
+    for (const FailingOp& op : ops) {
+      bool reads_failed = false;
+      for (int r = 0; r < op.spec.nreads; ++r) reads_failed |= failed[op.spec.reads[r]];
+      ++expected_writes[op.spec.write];
+      if (reads_failed) {
+        failed[op.spec.write] = true;
+        ++skipped;
+      } else if (op.fails) {
+        failed[op.spec.write] = true;
+        ++failures;
+      } else {
+        apply(op.spec, expected.data());
+        failed[op.spec.write] = false;
+      }
+    }
+    const int failed_vars = static_cast<int>(std::count(failed.begin(), failed.end(), true));
+    INFO("oracle: " << failures << " failing ops, " << skipped << " skipped, " << failed_vars << " vars failed");
+    REQUIRE(failures > 0);
+    REQUIRE(failed_vars > 0);
+    REQUIRE(failed_vars < kVars);
+
+    std::vector<long> reference_outcomes;  // the naive engine's, per var: -1 no throw, else failing op index
+    for (const Config& cfg : differential_configs()) {
+      INFO("engine config: " << cfg.str());
+      std::vector<std::uint64_t> values = initial_values(seed);
+      std::vector<std::uint64_t> versions(kVars, 0);
+      std::vector<long> outcomes(kVars, -2);
+      {
+        auto e = make_engine(cfg);
+        std::vector<Var> vars;
+        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        std::uint64_t* data = values.data();
+        for (const FailingOp& op : ops) {
+          std::array<Var, kMaxReads> reads;
+          const std::size_t n = std::min<std::size_t>(op.spec.nreads, kMaxReads);
+          for (std::size_t r = 0; r < n; ++r) reads[r] = vars[op.spec.reads[r]];
+          const Device device = Device::cpu(op.spec.device % cfg.cpu_devices);
+          const std::span<const Var> read_list(reads.data(), n);
+          const weft::OpOptions options{.priority = op.spec.priority};
+          if (op.spec.async) {
+            e->push_async(
+                [o = &op, data](RunContext&, Completion done) {
+                  if (o->fails) {
+                    done(std::make_exception_ptr(OpFailure(o->spec.index)));
+                    return;
+                  }
+                  apply(o->spec, data);
+                  done();
+                },
+                device, read_list, vars[op.spec.write], options);
+          } else {
+            e->push(
+                [o = &op, data](RunContext&) {
+                  if (o->fails) throw OpFailure(o->spec.index);
+                  apply(o->spec, data);
+                },
+                device, read_list, vars[op.spec.write], options);
+          }
+        }
+        // Drain without reporting anything: a wait would mark a failure
+        // reported while ops reading it are still queued, and those would
+        // then run instead of being skipped (timing-dependent by design).
+        REQUIRE(eventually([&] { return e->inflight() == 0; }, 120s));
+        for (int i = 0; i < kVars; ++i) {
+          try {
+            e->wait_to_read(vars[static_cast<std::size_t>(i)]);
+            outcomes[static_cast<std::size_t>(i)] = -1;
+          } catch (const OpFailure& f) {
+            outcomes[static_cast<std::size_t>(i)] = f.index;
+          } catch (...) {
+            outcomes[static_cast<std::size_t>(i)] = -3;  // wrong type
+          }
+        }
+        try {
+          e->wait_all();  // failures not carried by any variable any more
+        } catch (const OpFailure&) {
+        }
+        CHECK_NOTHROW(e->wait_all());
+        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+      }
+      int value_mismatches = 0, version_mismatches = 0, clean_but_threw = 0, wrong_type = 0;
+      for (int i = 0; i < kVars; ++i) {
+        const auto u = static_cast<std::size_t>(i);
+        value_mismatches += values[u] != expected[u];
+        version_mismatches += versions[u] != expected_writes[u];
+        clean_but_threw += !failed[u] && outcomes[u] != -1;
+        wrong_type += outcomes[u] == -3;
+      }
+      CHECK(value_mismatches == 0);
+      CHECK(version_mismatches == 0);
+      CHECK(clean_but_threw == 0);
+      CHECK(wrong_type == 0);
+      // The first failed variable's wait reports a failure.
+      const auto first_failed = static_cast<std::size_t>(std::find(failed.begin(), failed.end(), true) - failed.begin());
+      CHECK(outcomes[first_failed] >= 0);
+      if (reference_outcomes.empty()) {
+        reference_outcomes = outcomes;  // the naive engine
+      } else {
+        int differing = 0;
+        for (int i = 0; i < kVars; ++i) differing += outcomes[static_cast<std::size_t>(i)] != reference_outcomes[static_cast<std::size_t>(i)];
+        CHECK(differing == 0);
+      }
     }
   }
 }
