@@ -37,8 +37,8 @@ thread_local const OpScope* tls_scope = nullptr;
 
 const OpScope* current_op_scope() noexcept { return tls_scope; }
 
-OpScopeGuard::OpScopeGuard(const void* engine, const std::string* name, Device device) noexcept
-    : scope_{engine, name, device, tls_scope} {
+OpScopeGuard::OpScopeGuard(const void* engine, const std::string* name, Device device, std::uint8_t epoch) noexcept
+    : scope_{engine, name, device, epoch, tls_scope} {
   tls_scope = &scope_;
 }
 

@@ -117,9 +117,9 @@ void EngineBase::refuse_wait_inside_op(std::string_view call, const Var* var) co
 }
 
 ErrorRef EngineBase::inherited_error(OpBlock& op) const noexcept {
-  if (!errors_.maybe_pending()) return nullptr;
+  if (!errors_.may_reach(op.id)) return nullptr;
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e)
-    if (e->read && e->slot->pending_error()) return e->slot->error;
+    if (e->read && e->slot->fails(op.id)) return e->slot->error;
   return nullptr;
 }
 
@@ -131,14 +131,16 @@ void EngineBase::apply_write(VarSlot& slot, const OpBlock& op) noexcept {
   slot.error = op.error;
 }
 
-void EngineBase::rethrow_pending_error(VarSlot& slot) {
-  ErrorRef error;
-  {
-    tbb::spin_mutex::scoped_lock lock(slot.lock);
-    error = slot.error;
-  }
-  if (error && error->claim()) std::rethrow_exception(error->error);
+void EngineBase::report(const ErrorRef& error) {
+  if (error && error->claim(next_op_id_.load(std::memory_order_acquire))) std::rethrow_exception(error->error);
 }
+
+ErrorRef EngineBase::error_of(VarSlot& slot) {
+  tbb::spin_mutex::scoped_lock lock(slot.lock);
+  return slot.error;
+}
+
+void EngineBase::report_all_errors() { errors_.report_all(next_op_id_.load(std::memory_order_acquire)); }
 
 void EngineBase::at_shutdown() noexcept {
   try {

@@ -47,8 +47,11 @@ class EngineBase : public Engine {
   // A write completed: count it and store (or clear) the op's error on the
   // variable. Caller holds the variable's lock.
   static void apply_write(VarSlot& slot, const OpBlock& op) noexcept;
-  // Rethrows the variable's error if it was not reported yet.
-  static void rethrow_pending_error(VarSlot& slot);
+  // Rethrows the failure if nobody reported it yet (the first report wins).
+  void report(const ErrorRef& error);
+  static ErrorRef error_of(VarSlot& slot);  // under the variable's lock
+  // wait_all's report: rethrows the first unreported failure, forgets all.
+  void report_all_errors();
 
   // Dumps the trace and prints the summary when the config asked; warns about
   // errors nobody waited for. Engines call it once drained.

@@ -1,5 +1,7 @@
 #include "error_log.h"
 
+#include <algorithm>
+
 namespace weft::detail {
 
 ErrorRef ErrorLog::add(std::exception_ptr error, std::string op_name) {
@@ -12,18 +14,19 @@ ErrorRef ErrorLog::add(std::exception_ptr error, std::string op_name) {
   return record;
 }
 
-void ErrorLog::report_all() {
+void ErrorLog::report_all(std::uint64_t next_op_id) {
   std::vector<ErrorRef> records;
   {
     std::lock_guard lock(mutex_);
     records.swap(records_);
-    // Every record swapped out is claimed below: an op that races with this
-    // wait_all and skips its failure check behaves as if it ran after it.
+    // Ops pushed before this report still inherit the failures it forgets.
+    std::uint64_t before = forgotten_before_.load(std::memory_order_relaxed);
+    forgotten_before_.store(std::max(before, next_op_id), std::memory_order_release);
     held_.store(0, std::memory_order_release);
   }
   std::exception_ptr first;
   for (auto& record : records)
-    if (record->claim() && !first) first = record->error;
+    if (record->claim(next_op_id) && !first) first = record->error;
   if (first) std::rethrow_exception(first);
 }
 

@@ -2,6 +2,16 @@
 
 namespace weft::detail {
 
+namespace {
+// Two ops conflict when they share a variable that either writes.
+bool conflict(const OpBlock& a, const OpBlock& b) {
+  for (const VarEntry* x = a.entries; x != a.entries + a.entry_count; ++x)
+    for (const VarEntry* y = b.entries; y != b.entries + b.entry_count; ++y)
+      if (x->slot == y->slot && (x->write || y->write)) return true;
+  return false;
+}
+}  // namespace
+
 NaiveEngine::NaiveEngine(ResolvedConfig config) : EngineBase(std::move(config)) {}
 
 NaiveEngine::~NaiveEngine() { at_shutdown(); }
@@ -77,8 +87,23 @@ void NaiveEngine::run_now(OpBlock* op) {
           else errors_.add(std::current_exception(), "(async op that threw after completing)");
         }
         state->release_executor();
+        // Follow-ups the body pushed may run while it is pending (one of them
+        // may be what completes it), in push order, up to the first one that
+        // touches the op's variables: that one waits for the op in any engine.
         std::unique_lock lock(async_mutex_);
-        async_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
+        while (!signal.done.load(std::memory_order_acquire)) {
+          if (!deferred_.empty() && !conflict(*deferred_.front(), *op)) {
+            OpBlock* next = deferred_.front();
+            deferred_.pop_front();
+            lock.unlock();
+            run_now(next);
+            lock.lock();
+            continue;
+          }
+          // Only this thread adds to deferred_ (others wait for run_mutex_),
+          // so nothing but the completion can change what we wait for.
+          async_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
+        }
       }
     }
     if (profiling)
@@ -104,20 +129,20 @@ void NaiveEngine::wait_to_read(Var var) {
   refuse_wait_inside_op("wait_to_read", &var);
   VarSlot* slot = vars_.resolve(var, "wait_to_read");
   std::lock_guard run_lock(run_mutex_);  // ops pushed by other threads finish first
-  rethrow_pending_error(*slot);
+  report(error_of(*slot));
 }
 
 void NaiveEngine::wait_to_write(Var var) {
   refuse_wait_inside_op("wait_to_write", &var);
   VarSlot* slot = vars_.resolve(var, "wait_to_write");
   std::lock_guard run_lock(run_mutex_);
-  rethrow_pending_error(*slot);
+  report(error_of(*slot));
 }
 
 void NaiveEngine::wait_all() {
   refuse_wait_inside_op("wait_all", nullptr);
   std::lock_guard run_lock(run_mutex_);
-  errors_.report_all();
+  report_all_errors();
 }
 
 void NaiveEngine::delete_var(Var var) {

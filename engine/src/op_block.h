@@ -17,6 +17,7 @@ namespace weft::detail {
 // Set by the engine when a barrier op (or a naive async op) completes.
 struct WaitSignal {
   std::atomic<bool> done{false};  // stored under the engine's wait mutex
+  ErrorRef error;                 // the variable's failure when the barrier ran
 };
 
 enum class OpKind : std::uint8_t {
@@ -36,6 +37,7 @@ struct OpBlock {
   int priority = 0;
   OpKind kind = OpKind::user;
   bool async = false;
+  std::uint8_t epoch = 0;  // push epoch (InflightCounts)
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
   ThreadedEngine* engine = nullptr;
   // Accesses, deduplicated; the first kInline live in the block itself.
@@ -118,12 +120,13 @@ struct OpScope {
   const void* engine;
   const std::string* op_name;
   Device device;
+  std::uint8_t epoch;  // pushes from inside the op join it
   const OpScope* outer;
 };
 const OpScope* current_op_scope() noexcept;
 class OpScopeGuard {
  public:
-  OpScopeGuard(const void* engine, const std::string* name, Device device) noexcept;
+  OpScopeGuard(const void* engine, const std::string* name, Device device, std::uint8_t epoch = 0) noexcept;
   ~OpScopeGuard();
   OpScopeGuard(const OpScopeGuard&) = delete;
   OpScopeGuard& operator=(const OpScopeGuard&) = delete;

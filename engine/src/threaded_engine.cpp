@@ -10,7 +10,7 @@ namespace {
 // The completion counter of the worker running on this thread.
 struct WorkerCounter {
   const void* engine = nullptr;
-  std::atomic<std::uint64_t>* counter = nullptr;
+  InflightCounts::Completions* counter = nullptr;
 };
 thread_local WorkerCounter tls_counter;
 
@@ -70,9 +70,8 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
 
 ThreadedEngine::ThreadedEngine(ResolvedConfig config)
     : EngineBase(std::move(config)),
+      counts_(static_cast<std::size_t>(config_.cpu_devices) * static_cast<std::size_t>(config_.workers_per_cpu_device)),
       resume_below_(std::max<std::size_t>(1, config_.max_inflight / 4)) {
-  counter_slots_ = static_cast<std::size_t>(config_.cpu_devices) * config_.workers_per_cpu_device + 1;
-  completed_ = std::make_unique<Counter[]>(counter_slots_);
   tracks_.resize(static_cast<std::size_t>(config_.cpu_devices));
   for (int d = 0; d < config_.cpu_devices; ++d)
     for (int w = 0; w < config_.workers_per_cpu_device; ++w)
@@ -89,7 +88,8 @@ ThreadedEngine::~ThreadedEngine() {
 }
 
 void ThreadedEngine::drain() noexcept {
-  wait_until(drain_cv_, draining_, 1);
+  closing_.store(true, std::memory_order_seq_cst);
+  wait_until(drain_cv_, draining_, [&] { return counts_.total() == 0; });
   // A thread that completed the last async op may still be leaving
   // complete_async; it touches the engine until it decrements this.
   while (external_finishers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
@@ -97,14 +97,14 @@ void ThreadedEngine::drain() noexcept {
 
 void ThreadedEngine::on_worker_start(Device device, int worker) {
   std::size_t slot = static_cast<std::size_t>(device.index()) * config_.workers_per_cpu_device + worker;
-  tls_counter = {this, &completed_[slot].value};
+  tls_counter = {this, counts_.completions_of(slot)};
 }
 
 void ThreadedEngine::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
   if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
-  enter_inflight(running_op_of(scope_key()) == nullptr);
+  enter_inflight(op);
   submit(op);
 }
 
@@ -114,58 +114,59 @@ void ThreadedEngine::push_async(AsyncOpFunction fn, Device device, VarList reads
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
   op->async = true;
-  enter_inflight(running_op_of(scope_key()) == nullptr);
+  enter_inflight(op);
   submit(op);
 }
 
-std::uint64_t ThreadedEngine::completed_total() const noexcept {
-  std::uint64_t sum = 0;
-  for (std::size_t i = 0; i < counter_slots_; ++i) sum += completed_[i].value.load(std::memory_order_seq_cst);
-  return sum;
-}
-
-std::size_t ThreadedEngine::inflight() const noexcept {
-  // Completions first: a completed op was pushed before, so this never
-  // underflows and reads zero only when everything pushed so far is done.
-  std::uint64_t completed = completed_total();
-  return static_cast<std::size_t>(pushed_.load(std::memory_order_seq_cst) - completed);
-}
-
-void ThreadedEngine::wait_until(std::condition_variable& cv, std::atomic<std::int32_t>& waiters, std::size_t below) {
+template <class Pred>
+void ThreadedEngine::wait_until(std::condition_variable& cv, std::atomic<std::int32_t>& waiters, Pred done) {
   std::unique_lock lock(wait_mutex_);
   waiters.fetch_add(1, std::memory_order_seq_cst);
-  cv.wait(lock, [&] { return inflight() < below; });
+  cv.wait(lock, done);
   waiters.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void ThreadedEngine::enter_inflight(bool may_block) {
-  if (may_block) {
-    const std::uint64_t pushed = pushed_.load(std::memory_order_relaxed);
-    if (pushed - completed_seen_.load(std::memory_order_relaxed) >= config_.max_inflight) {
-      const std::uint64_t completed = completed_total();
-      completed_seen_.store(completed, std::memory_order_relaxed);
-      // Wait for the backlog to fall well below the bound, so the frontend
-      // and the workers do not hand the last slot back and forth.
-      if (pushed - completed >= config_.max_inflight) wait_until(throttle_cv_, throttled_, resume_below_);
+void ThreadedEngine::enter_inflight(OpBlock* op) {
+  const OpScope* parent = running_op_of(scope_key());
+  if (parent) {
+    // A follow-up joins its parent's epoch and never blocks: the worker that
+    // would have to drain the backlog is the one pushing.
+    op->epoch = parent->epoch;
+  } else {
+    if (op->kind == OpKind::user) {
+      const std::uint64_t pushed = counts_.pushed_total();
+      if (pushed - completed_seen_.load(std::memory_order_relaxed) >= config_.max_inflight) {
+        const std::uint64_t completed = counts_.completed_total();
+        completed_seen_.store(completed, std::memory_order_relaxed);
+        // Wait for the backlog to fall well below the bound, so the frontend
+        // sleeps once per many ops instead of trading the last slot back and
+        // forth with the workers.
+        if (pushed - completed >= config_.max_inflight)
+          wait_until(throttle_cv_, throttled_, [&] { return counts_.total() < resume_below_; });
+      }
     }
+    op->epoch = static_cast<std::uint8_t>(counts_.current_epoch());
   }
-  pushed_.fetch_add(1, std::memory_order_seq_cst);
+  counts_.add_pushed(op->epoch);
 }
 
-void ThreadedEngine::leave_inflight() noexcept {
-  std::atomic<std::uint64_t>* counter =
-      tls_counter.engine == this ? tls_counter.counter : &completed_[counter_slots_ - 1].value;
-  counter->fetch_add(1, std::memory_order_seq_cst);
+bool ThreadedEngine::drained() const noexcept {
+  return closing_.load(std::memory_order_acquire) ? counts_.total() == 0
+                                                 : counts_.pending(draining_epoch_.load(std::memory_order_acquire)) == 0;
+}
+
+void ThreadedEngine::leave_inflight(unsigned epoch) noexcept {
+  InflightCounts::add_completed(tls_counter.engine == this ? tls_counter.counter : counts_.shared_completions(), epoch);
   // Pairs with wait_until's increment-then-check: it sees our count or we see it.
   const bool throttled = throttled_.load(std::memory_order_seq_cst) > 0;
   const bool draining = draining_.load(std::memory_order_seq_cst) > 0;
   if (!throttled && !draining) return;
-  const std::size_t left = inflight();
-  if ((throttled && left < resume_below_) || (draining && left == 0)) {
-    std::lock_guard lock(wait_mutex_);
-    if (throttled && left < resume_below_) throttle_cv_.notify_all();
-    if (draining && left == 0) drain_cv_.notify_all();
-  }
+  const bool wake_throttled = throttled && counts_.total() < resume_below_;
+  const bool wake_draining = draining && drained();
+  if (!wake_throttled && !wake_draining) return;
+  std::lock_guard lock(wait_mutex_);
+  if (wake_throttled) throttle_cv_.notify_all();
+  if (wake_draining) drain_cv_.notify_all();
 }
 
 void ThreadedEngine::submit(OpBlock* op) {
@@ -179,8 +180,9 @@ void ThreadedEngine::submit(OpBlock* op) {
       std::uint32_t id = e->slot->id;
       for (VarEntry* u = first; u != last; ++u) u->slot->lock.unlock();
       std::string name = op->name;
+      const unsigned epoch = op->epoch;
       recycle(op);
-      leave_inflight();
+      leave_inflight(epoch);
       throw Error("push (op '" + name + "'): var #" + std::to_string(id) + " was deleted");
     }
   }
@@ -217,7 +219,7 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
   const std::uint64_t id = op->id;
   if (!op->async) {
     {
-      OpScopeGuard scope(scope_key(), &op->name, device);
+      OpScopeGuard scope(scope_key(), &op->name, device, op->epoch);
       try {
         op->fn(ctx);
       } catch (...) {
@@ -235,9 +237,10 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
   // the op block's reuse, so the function moves out of the block first.
   AsyncOpFunction fn = std::move(op->async_fn);
   const std::string name = op->name;  // ctx.op_name must stay valid too
+  const std::uint8_t epoch = op->epoch;
   ctx.op_name = name;
   {
-    OpScopeGuard scope(scope_key(), &name, device);
+    OpScopeGuard scope(scope_key(), &name, device, epoch);
     try {
       fn(ctx, Completion(state));
     } catch (...) {
@@ -261,10 +264,14 @@ void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
 }
 
 void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
+  const unsigned epoch = op->epoch;
   OpBlock* ready = nullptr;
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
     tbb::spin_mutex::scoped_lock lock(e->slot->lock);
     if (e->write) apply_write(*e->slot, *op);
+    // A barrier reports the variable's state at its place in push order, not
+    // whatever a later write left when the waiting thread wakes up.
+    if (op->kind == OpKind::wait) op->signal->error = e->slot->error;
     release_and_grant(*e, ready);
   }
   if (op->kind == OpKind::wait) {
@@ -296,7 +303,7 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
       ordered = next;
     }
   }
-  leave_inflight();
+  leave_inflight(epoch);
 }
 
 void ThreadedEngine::wait_for(Var var, bool write) {
@@ -306,8 +313,7 @@ void ThreadedEngine::wait_for(Var var, bool write) {
   OpBlock* op = write ? prepare(OpKind::wait, Device::cpu(0), {}, var, OpOptions{0, call})
                       : prepare(OpKind::wait, Device::cpu(0), var, {}, OpOptions{0, call});
   op->signal = &signal;
-  VarSlot* slot = op->entries[0].slot;
-  enter_inflight(false);
+  enter_inflight(op);
   submit(op);
   // Short waits are the common case (a frontend reading back one result):
   // spin a little before paying for a sleep and a wake-up.
@@ -316,18 +322,29 @@ void ThreadedEngine::wait_for(Var var, bool write) {
     std::unique_lock lock(wait_mutex_);
     signal_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
   }
-  rethrow_pending_error(*slot);
+  report(signal.error);
 }
 
 void ThreadedEngine::wait_all() {
   refuse_wait_inside_op("wait_all", nullptr);
-  wait_until(drain_cv_, draining_, 1);
-  errors_.report_all();
+  {
+    // Close the epoch of everything pushed so far; later pushes (from other
+    // threads) go to the next one and are not waited for.
+    std::lock_guard serial(wait_all_mutex_);
+    unsigned closed;
+    {
+      std::lock_guard lock(wait_mutex_);
+      closed = counts_.close_epoch();
+      draining_epoch_.store(closed, std::memory_order_release);
+    }
+    wait_until(drain_cv_, draining_, [&] { return counts_.pending(closed) == 0; });
+  }
+  report_all_errors();
 }
 
 void ThreadedEngine::delete_var(Var var) {
   OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});
-  enter_inflight(false);
+  enter_inflight(op);
   submit(op);
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine_base.h"
+#include "inflight_counts.h"
 #include "worker_pool.h"
 
 namespace weft::detail {
@@ -31,18 +32,20 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   void wait_to_write(Var var) override { wait_for(var, true); }
   void wait_all() override;
   void delete_var(Var var) override;
-  std::size_t inflight() const noexcept override;
+  std::size_t inflight() const noexcept override { return static_cast<std::size_t>(counts_.total()); }
 
  private:
   void execute(OpBlock* op, int worker) override;
   void on_worker_start(Device device, int worker) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;
 
-  // Counts the op in flight; a frontend thread blocks while the bound is reached.
-  void enter_inflight(bool may_block);
-  void leave_inflight() noexcept;
-  std::uint64_t completed_total() const noexcept;
-  void wait_until(std::condition_variable& cv, std::atomic<std::int32_t>& waiters, std::size_t below);
+  // Counts the op in flight in its push epoch; a frontend thread blocks while
+  // the bound is reached.
+  void enter_inflight(OpBlock* op);
+  void leave_inflight(unsigned epoch) noexcept;
+  bool drained() const noexcept;
+  template <class Pred>
+  void wait_until(std::condition_variable& cv, std::atomic<std::int32_t>& waiters, Pred done);
   // Links the op's accesses; runs or queues it when nothing blocks it.
   void submit(OpBlock* op);
   void dispatch(OpBlock* op);
@@ -55,18 +58,13 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   std::vector<std::unique_ptr<WorkerPool>> pools_;  // index = cpu device index
   std::vector<std::vector<Profiler::Track*>> tracks_;
 
-  // Ops in flight = pushed_ - completed. Completions are counted per worker,
-  // each on its own cache line, so the frontend and the workers do not bounce
-  // one counter per op; the frontend re-reads them only near the bound.
-  struct alignas(64) Counter {
-    std::atomic<std::uint64_t> value{0};
-  };
-  alignas(64) std::atomic<std::uint64_t> pushed_{0};
-  alignas(64) std::atomic<std::uint64_t> completed_seen_{0};  // a frontend's last sum of the counters
-  std::unique_ptr<Counter[]> completed_;                      // [worker slot]; the last slot: other threads
-  std::size_t counter_slots_ = 0;
+  InflightCounts counts_;
+  alignas(64) std::atomic<std::uint64_t> completed_seen_{0};  // a frontend's last sum of the completions
+  std::mutex wait_all_mutex_;                                 // one wait_all closes an epoch at a time
+  std::atomic<unsigned> draining_epoch_{0};
   alignas(64) std::atomic<std::int32_t> throttled_{0};  // frontends blocked on the bound
   std::atomic<std::int32_t> draining_{0};              // threads in wait_all / the destructor
+  std::atomic<bool> closing_{false};                   // the destructor drains everything
   std::atomic<std::int32_t> external_finishers_{0};    // non-worker threads inside complete_async
   const std::size_t resume_below_;                     // a blocked frontend resumes below this (bound / 4)
   std::mutex wait_mutex_;

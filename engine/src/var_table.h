@@ -51,11 +51,10 @@ struct alignas(64) VarSlot {
   ErrorRef error;  // guarded by lock; set by the last completed write
   VarSlot* next_free = nullptr;
 
-  // The error an op reading this variable must inherit, if any. Safe without
-  // the lock while the caller holds a granted access (no writer can run).
-  ErrorRecord* pending_error() const noexcept {
-    return error && error->pending() ? error.get() : nullptr;
-  }
+  // Whether the op with this push id, reading the variable, inherits its
+  // failure. Safe without the lock while the caller holds a granted access
+  // (no writer can run).
+  bool fails(std::uint64_t op_id) const noexcept { return error && error->reaches(op_id); }
 };
 
 struct VarAccess {
