@@ -102,6 +102,21 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   return op;
 }
 
+void EngineBase::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+  if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
+  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
+  op->fn = std::move(fn);
+  launch(op);
+}
+
+void EngineBase::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+  if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
+  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
+  op->async_fn = std::move(fn);
+  op->async = true;
+  launch(op);
+}
+
 void EngineBase::recycle(OpBlock* op) noexcept {
   op->clear();
   ops_.release(op);

@@ -26,6 +26,10 @@ class EngineBase : public Engine {
   int workers(Device device) const override;
   std::size_t max_inflight() const noexcept override { return config_.max_inflight; }
 
+  // Validation is shared; what happens to a valid op is the engine's launch().
+  void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
+  void push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
+
  protected:
   explicit EngineBase(ResolvedConfig config);
   ~EngineBase() override;
@@ -34,6 +38,8 @@ class EngineBase : public Engine {
   // order). Throws weft::Error naming the op and the culprit on bad input.
   OpBlock* prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options);
   void recycle(OpBlock* op) noexcept;
+  // Takes a valid, prepared user op: run it, or queue it behind its variables.
+  virtual void launch(OpBlock* op) = 0;
 
   // The key op scopes are tagged with: the same pointer from every subclass.
   const void* scope_key() const noexcept { return static_cast<const EngineBase*>(this); }

@@ -22,21 +22,7 @@ Profiler::Track* NaiveEngine::thread_track(Device device) {
   return profiler_->track(device, it->second, "pushing thread " + std::to_string(it->second));
 }
 
-void NaiveEngine::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
-  if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
-  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
-  op->fn = std::move(fn);
-  run(op);
-}
-
-void NaiveEngine::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
-                             OpOptions options) {
-  if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
-  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
-  op->async_fn = std::move(fn);
-  op->async = true;
-  run(op);
-}
+void NaiveEngine::launch(OpBlock* op) { run(op); }
 
 void NaiveEngine::run(OpBlock* op) {
   std::lock_guard run_lock(run_mutex_);

@@ -19,8 +19,6 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   explicit NaiveEngine(ResolvedConfig config);
   ~NaiveEngine() override;
 
-  void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) override;
-  void push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) override;
   void wait_to_read(Var var) override;
   void wait_to_write(Var var) override;
   void wait_all() override;
@@ -28,6 +26,7 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   std::size_t inflight() const noexcept override { return inflight_.load(std::memory_order_relaxed); }
 
  private:
+  void launch(OpBlock* op) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;
   // Runs the op now, or, when pushed from inside an op, once the outermost
   // running op has finished: push order says a follow-up runs after its parent.

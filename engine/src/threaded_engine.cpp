@@ -100,20 +100,7 @@ void ThreadedEngine::on_worker_start(Device device, int worker) {
   tls_counter = {this, counts_.completions_of(slot)};
 }
 
-void ThreadedEngine::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
-  if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
-  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
-  op->fn = std::move(fn);
-  enter_inflight(op);
-  submit(op);
-}
-
-void ThreadedEngine::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
-                                OpOptions options) {
-  if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
-  OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
-  op->async_fn = std::move(fn);
-  op->async = true;
+void ThreadedEngine::launch(OpBlock* op) {
   enter_inflight(op);
   submit(op);
 }

@@ -26,8 +26,6 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   explicit ThreadedEngine(ResolvedConfig config);
   ~ThreadedEngine() override;
 
-  void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) override;
-  void push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) override;
   void wait_to_read(Var var) override { wait_for(var, false); }
   void wait_to_write(Var var) override { wait_for(var, true); }
   void wait_all() override;
@@ -35,6 +33,7 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   std::size_t inflight() const noexcept override { return static_cast<std::size_t>(counts_.total()); }
 
  private:
+  void launch(OpBlock* op) override;
   void execute(OpBlock* op, int worker) override;
   void on_worker_start(Device device, int worker) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;

@@ -26,6 +26,10 @@
 namespace weft_test {
 
 using namespace std::chrono_literals;
+using weft::Completion;
+using weft::Device;
+using weft::RunContext;
+using weft::Var;
 
 // Sanitized builds run the same scenarios, some with smaller loops.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -59,6 +63,8 @@ struct Config {
     return s;
   }
 };
+
+inline const weft::Device cpu0 = weft::Device::cpu(0);
 
 inline const int kWorkerCounts[] = {1, 2, 4, 8};
 
@@ -246,6 +252,13 @@ inline std::uint64_t mix64(std::uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+// A little work, so that overlapping ops really overlap in time.
+inline std::uint64_t spin_work(int n) {
+  std::uint64_t h = 1;
+  for (int i = 0; i < n; ++i) h = mix64(h + static_cast<std::uint64_t>(i));
+  return h;
 }
 
 // Tiny deterministic PRNG for workload generation.

@@ -22,24 +22,7 @@
 #include "engine/engine_test_util.h"
 #include "weft/engine.h"
 
-namespace {
-
 using namespace weft_test;
-using weft::Completion;
-using weft::Device;
-using weft::RunContext;
-using weft::Var;
-
-const Device cpu0 = Device::cpu(0);
-
-// A little work so that overlapping ops really overlap in time.
-std::uint64_t spin_work(int n) {
-  std::uint64_t h = 1;
-  for (int i = 0; i < n; ++i) h = mix64(h + static_cast<std::uint64_t>(i));
-  return h;
-}
-
-}  // namespace
 
 TEST_CASE("reads of one version run concurrently" * doctest::timeout(120)) {
   for_each_threaded(
@@ -262,9 +245,18 @@ TEST_CASE("versions count completed writes only" * doctest::timeout(60)) {
   });
 }
 
-TEST_CASE("ready ops run by priority, FIFO among equals (one worker)" * doctest::timeout(60)) {
+struct Prioritized {
+  int priority;
+  const char* label;
+};
+
+// One worker held by a gate; the ops are pushed while it is held, either
+// ready at once (each writes its own variable) or all released together by
+// the gate's completion (each reads the gate's variable). Returns the order
+// they ran in.
+std::vector<std::string> run_order_behind_gate(std::initializer_list<Prioritized> ops, bool released_together) {
   Config cfg{"threaded", 1, 1, 0};
-  INFO("engine config: " << cfg.str());
+  INFO("engine config: " << cfg.str() << (released_together ? ", released together" : ", ready at push"));
   std::mutex m;
   std::vector<std::string> order;
   auto e = make_engine(cfg);
@@ -272,23 +264,31 @@ TEST_CASE("ready ops run by priority, FIFO among equals (one worker)" * doctest:
   Var g = e->new_var("gate");
   e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
   REQUIRE(gate.wait_entered());
-  struct P {
-    int priority;
-    const char* label;
-  };
-  const P ps[] = {{-1, "m1"}, {0, "z1"}, {5, "f1"}, {5, "f2"}, {3, "t1"}, {0, "z2"}};
-  for (const P& p : ps) {
-    Var v = e->new_var(p.label);
-    e->push(
-        [&, label = p.label](RunContext&) {
-          std::lock_guard lock(m);
-          order.emplace_back(label);
-        },
-        cpu0, {}, {v}, {.priority = p.priority, .name = p.label});
+  for (const Prioritized& p : ops) {
+    auto record = [&, label = p.label](RunContext&) {
+      std::lock_guard lock(m);
+      order.emplace_back(label);
+    };
+    if (released_together)
+      e->push(record, cpu0, {g}, {}, {.priority = p.priority, .name = p.label});
+    else
+      e->push(record, cpu0, {}, {e->new_var(p.label)}, {.priority = p.priority, .name = p.label});
   }
   gate.open();
   e->wait_all();
-  CHECK(order == std::vector<std::string>{"f1", "f2", "t1", "z1", "z2", "m1"});
+  return order;
+}
+
+TEST_CASE("ready ops run by priority, FIFO among equals (one worker)" * doctest::timeout(60)) {
+  CHECK(run_order_behind_gate({{-1, "m1"}, {0, "z1"}, {5, "f1"}, {5, "f2"}, {3, "t1"}, {0, "z2"}}, false) ==
+        std::vector<std::string>{"f1", "f2", "t1", "z1", "z2", "m1"});
+}
+
+// Ops that become ready at the same moment (all released by one completion)
+// must still run in push order among equal priorities.
+TEST_CASE("ops released together run by priority, FIFO among equals (one worker)" * doctest::timeout(60)) {
+  CHECK(run_order_behind_gate({{0, "z1"}, {0, "z2"}, {5, "f1"}, {0, "z3"}, {5, "f2"}, {-1, "m1"}, {0, "z4"}, {-1, "m2"}},
+                              true) == std::vector<std::string>{"f1", "f2", "z1", "z2", "z3", "z4", "m1", "m2"});
 }
 
 TEST_CASE("many ready ops run in a stable priority order (one worker)" * doctest::timeout(60)) {
@@ -359,36 +359,6 @@ TEST_CASE("thousands of ready ops of one priority run in push order (one worker)
   CHECK(order == want);
   CHECK(released_order.size() == want.size());
   CHECK(released_order == want);
-}
-
-// Ops that become ready at the same moment (all released by one completion)
-// must still run in push order among equal priorities.
-TEST_CASE("ops released together run by priority, FIFO among equals (one worker)" * doctest::timeout(60)) {
-  Config cfg{"threaded", 1, 1, 0};
-  INFO("engine config: " << cfg.str());
-  std::mutex m;
-  std::vector<std::string> order;
-  auto e = make_engine(cfg);
-  Gate gate;
-  Var g = e->new_var("gate");
-  e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
-  REQUIRE(gate.wait_entered());
-  struct P {
-    int priority;
-    const char* label;
-  };
-  const P ps[] = {{0, "z1"}, {0, "z2"}, {5, "f1"}, {0, "z3"}, {5, "f2"}, {-1, "m1"}, {0, "z4"}, {-1, "m2"}};
-  for (const P& p : ps) {
-    e->push(
-        [&, label = p.label](RunContext&) {
-          std::lock_guard lock(m);
-          order.emplace_back(label);
-        },
-        cpu0, {g}, {}, {.priority = p.priority, .name = p.label});  // all wait on the gate's write
-  }
-  gate.open();
-  e->wait_all();
-  CHECK(order == std::vector<std::string>{"f1", "f2", "z1", "z2", "z3", "z4", "m1", "m2"});
 }
 
 TEST_CASE("delete_var runs after pending ops; the handle is invalid at once" * doctest::timeout(60)) {

@@ -22,13 +22,9 @@
 #include "engine/engine_test_util.h"
 #include "weft/engine.h"
 
-namespace {
-
 using namespace weft_test;
-using weft::Completion;
-using weft::Device;
-using weft::RunContext;
-using weft::Var;
+
+namespace {
 
 constexpr int kVars = 100;
 constexpr int kOps = 100'000;

@@ -16,9 +16,6 @@
 #include "engine_test_util.h"
 
 using namespace weft_test;
-using weft::Device;
-using weft::RunContext;
-using weft::Var;
 
 namespace {
 

@@ -18,15 +18,9 @@
 #include "engine/engine_test_util.h"
 #include "weft/engine.h"
 
-namespace {
-
 using namespace weft_test;
-using weft::Completion;
-using weft::Device;
-using weft::RunContext;
-using weft::Var;
 
-const Device cpu0 = Device::cpu(0);
+namespace {
 
 // A user exception type the engine knows nothing about.
 struct TestError : std::runtime_error {

@@ -18,23 +18,7 @@
 #include "engine/engine_test_util.h"
 #include "weft/engine.h"
 
-namespace {
-
 using namespace weft_test;
-using weft::Completion;
-using weft::Device;
-using weft::RunContext;
-using weft::Var;
-
-const Device cpu0 = Device::cpu(0);
-
-std::uint64_t spin_work(int n) {
-  std::uint64_t h = 1;
-  for (int i = 0; i < n; ++i) h = mix64(h + static_cast<std::uint64_t>(i));
-  return h;
-}
-
-}  // namespace
 
 TEST_CASE("max_inflight blocks a frontend at the bound and memory stays bounded" * doctest::timeout(120)) {
   constexpr std::size_t K = 64;
