@@ -3,6 +3,7 @@
 #include <cblas.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <vector>
@@ -52,8 +53,11 @@ MatmulResult async_matmuls(Engine& engine, int products, int n) {
     auto p = std::make_unique<Product>();
     p->a.resize(size);
     p->c.resize(size);
-    p->va = engine.new_var("A" + std::to_string(i));
-    p->vc = engine.new_var("C" + std::to_string(i));
+    char name[32];
+    std::snprintf(name, sizeof name, "A%d", i);
+    p->va = engine.new_var(name);
+    std::snprintf(name, sizeof name, "C%d", i);
+    p->vc = engine.new_var(name);
     work.push_back(std::move(p));
   }
   MatmulResult r;
