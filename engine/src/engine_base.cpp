@@ -62,6 +62,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
       VarEntry& e = op->entries[op->entry_count++];
       e.slot = slot;
       e.generation = VarAccess::generation(var);
+      e.var_id = var.id();
       e.write = write;
       e.read = !write;
       e.next = nullptr;

@@ -75,10 +75,17 @@ void NaiveEngine::run_now(OpBlock* op) {
         state->release_executor();
         // Follow-ups the body pushed may run while it is pending (one of them
         // may be what completes it), in push order, up to the first one that
-        // touches the op's variables: that one waits for the op in any engine.
+        // touches the variables of this or any enclosing pending async op:
+        // that one waits for the op in any engine.
+        pending_async_.push_back(op);
+        auto conflicts_with_pending = [&](const OpBlock& next) {
+          for (const OpBlock* pending : pending_async_)
+            if (conflict(next, *pending)) return true;
+          return false;
+        };
         std::unique_lock lock(async_mutex_);
         while (!signal.done.load(std::memory_order_acquire)) {
-          if (!deferred_.empty() && !conflict(*deferred_.front(), *op)) {
+          if (!deferred_.empty() && !conflicts_with_pending(*deferred_.front())) {
             OpBlock* next = deferred_.front();
             deferred_.pop_front();
             lock.unlock();
@@ -90,6 +97,7 @@ void NaiveEngine::run_now(OpBlock* op) {
           // so nothing but the completion can change what we wait for.
           async_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
         }
+        pending_async_.pop_back();
       }
     }
     if (profiling)

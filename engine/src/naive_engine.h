@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "engine_base.h"
 
@@ -37,7 +38,8 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   // Ops run one at a time even when several threads push; recursive so an op
   // may push follow-up ops, which run at once, nested.
   std::recursive_mutex run_mutex_;
-  std::deque<OpBlock*> deferred_;  // guarded by run_mutex_
+  std::deque<OpBlock*> deferred_;        // guarded by run_mutex_
+  std::vector<OpBlock*> pending_async_;  // async ops waiting for done(), outermost first
   std::mutex async_mutex_;
   std::condition_variable async_cv_;
   std::atomic<std::size_t> inflight_{0};

@@ -120,15 +120,20 @@ void ThreadedEngine::enter_inflight(OpBlock* op) {
     // would have to drain the backlog is the one pushing.
     op->epoch = parent->epoch;
   } else {
-    if (op->kind == OpKind::user) {
+    // Workers never block on the bound either, even outside an op body (a
+    // capture's destructor may push).
+    if (op->kind == OpKind::user && tls_counter.engine != this) {
+      // Counts read by other threads may be newer than `pushed`: differences
+      // saturate at zero instead of wrapping into "over the bound".
       const std::uint64_t pushed = counts_.pushed_total();
-      if (pushed - completed_seen_.load(std::memory_order_relaxed) >= config_.max_inflight) {
+      const std::uint64_t seen = completed_seen_.load(std::memory_order_relaxed);
+      if (pushed > seen && pushed - seen >= config_.max_inflight) {
         const std::uint64_t completed = counts_.completed_total();
         completed_seen_.store(completed, std::memory_order_relaxed);
         // Wait for the backlog to fall well below the bound, so the frontend
         // sleeps once per many ops instead of trading the last slot back and
         // forth with the workers.
-        if (pushed - completed >= config_.max_inflight)
+        if (pushed > completed && pushed - completed >= config_.max_inflight)
           wait_until(throttle_cv_, throttled_, [&] { return counts_.total() < resume_below_; });
       }
     }
@@ -164,7 +169,7 @@ void ThreadedEngine::submit(OpBlock* op) {
   // queues behind it or makes it fail here, never in between.
   for (VarEntry* e = first; e != last; ++e) {
     if (e->slot->generation.load(std::memory_order_relaxed) != e->generation) {
-      std::uint32_t id = e->slot->id;
+      const std::uint32_t id = e->var_id;  // the slot's own id may already name a new variable
       for (VarEntry* u = first; u != last; ++u) u->slot->lock.unlock();
       std::string name = op->name;
       const unsigned epoch = op->epoch;
@@ -226,6 +231,10 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
   const std::string name = op->name;  // ctx.op_name must stay valid too
   const std::uint8_t epoch = op->epoch;
   ctx.op_name = name;
+  // The body counts as in flight until it returns, even after done(): what it
+  // pushes then belongs to this op's epoch, and neither wait_all nor the
+  // destructor may miss it.
+  counts_.add_pushed(epoch);
   {
     OpScopeGuard scope(scope_key(), &name, device, epoch);
     try {
@@ -241,13 +250,17 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
   }
   if (profiling) profiler_->record(tracks_[device.index()][worker], traced_name, id, start, Profiler::now_ns());
   state->release_executor();
+  leave_inflight(epoch);
 }
 
 void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
-  external_finishers_.fetch_add(1, std::memory_order_acq_rel);
+  struct Finisher {  // the destructor waits for this thread to leave the engine
+    std::atomic<std::int32_t>& count;
+    explicit Finisher(std::atomic<std::int32_t>& c) : count(c) { count.fetch_add(1, std::memory_order_acq_rel); }
+    ~Finisher() { count.fetch_sub(1, std::memory_order_acq_rel); }
+  } finisher(external_finishers_);
   if (error) fail(*op, std::move(error));
   finish(op);
-  external_finishers_.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {

@@ -31,6 +31,7 @@ struct VarEntry {
   VarEntry* next = nullptr;
   OpBlock* op = nullptr;
   std::uint32_t generation = 0;  // of the handle pushed; rechecked under the lock
+  std::uint32_t var_id = 0;      // of the handle pushed, for messages
   bool write = false;  // exclusive access
   bool read = false;   // the op reads the value (a read, or a variable in both lists)
 };

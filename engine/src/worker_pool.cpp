@@ -97,9 +97,12 @@ OpBlock* WorkerPool::try_take() {
     if (prioritized_.try_pop(top)) {
       prioritized_count_.fetch_sub(1, std::memory_order_relaxed);
       if (top.priority > 0 || !(op = fifo_pop())) return top.op;
-      // A negative priority yields to the FIFO; put it back, same place in line.
+      // A negative priority yields to the FIFO; put it back, same place in
+      // line, and make sure somebody will look for it.
       prioritized_.push(top);
-      prioritized_count_.fetch_add(1, std::memory_order_relaxed);
+      prioritized_count_.fetch_add(1, std::memory_order_seq_cst);
+      std::atomic_thread_fence(std::memory_order_seq_cst);
+      if (spinning_.load(std::memory_order_seq_cst) == 0 && sleepers_.load(std::memory_order_seq_cst) > 0) wake_one();
       return op;
     }
   }
@@ -133,6 +136,9 @@ OpBlock* WorkerPool::take_or_sleep() {
     std::uint32_t epoch = epoch_.load(std::memory_order_seq_cst);
     sleepers_.fetch_add(1, std::memory_order_seq_cst);
     spinning_.fetch_sub(1, std::memory_order_seq_cst);
+    // Pairs with enqueue's fence: either our recheck sees its op, or it sees
+    // that nobody is searching and wakes a sleeper.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     if (OpBlock* op = try_take()) {
       sleepers_.fetch_sub(1, std::memory_order_seq_cst);
       spinning_.fetch_add(1, std::memory_order_seq_cst);
