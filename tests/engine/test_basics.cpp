@@ -145,7 +145,7 @@ TEST_CASE("read-after-write and write-after-read follow push order" * doctest::t
   });
 }
 
-TEST_CASE("a blocked writer holds back later readers; a blocked reader holds back later writers" *
+TEST_CASE("a blocked writer holds back later readers, and a blocked reader later writers" *
           doctest::timeout(120)) {
   for_each_threaded(
       [](const Config& cfg) {
@@ -361,7 +361,7 @@ TEST_CASE("thousands of ready ops of one priority run in push order (one worker)
   CHECK(released_order == want);
 }
 
-TEST_CASE("delete_var runs after pending ops; the handle is invalid at once" * doctest::timeout(60)) {
+TEST_CASE("delete_var runs after pending ops, and the handle is invalid at once" * doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     std::mutex m;
     std::vector<int> ran;

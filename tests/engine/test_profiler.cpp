@@ -103,7 +103,7 @@ std::vector<Json> check_schema(const Json& doc) {
 
 }  // namespace
 
-TEST_CASE("profiler: running() toggles with start/stop; clear keeps the state" * doctest::timeout(30)) {
+TEST_CASE("profiler: running() toggles with start/stop, and clear keeps the state" * doctest::timeout(30)) {
   Profiler p;
   CHECK_FALSE(p.running());
   p.start();
