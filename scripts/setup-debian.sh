@@ -8,7 +8,7 @@ if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
 fi
 packages=(g++ cmake ninja-build pkg-config git
           libtbb-dev libboost-fiber-dev doctest-dev libopenblas-dev
-          libopenmpi-dev openmpi-bin nlohmann-json3-dev zlib1g-dev)
+          libopenmpi-dev openmpi-bin nlohmann-json3-dev zlib1g-dev dataset-fashion-mnist)
 [[ "${1:-}" == "--with-starpu" ]] && packages+=(libstarpu-dev)
 
 missing=()

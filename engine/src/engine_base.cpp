@@ -11,12 +11,35 @@ std::uint32_t next_engine_id() {
   return counter.fetch_add(1, std::memory_order_relaxed) + 1;
 }
 
+constexpr int kCpuPrioritized = 1 << 20;
+
 std::string op_label(const std::string& name) { return name.empty() ? std::string("(unnamed)") : name; }
 }  // namespace
 
 EngineBase::EngineBase(ResolvedConfig config)
     : config_(std::move(config)), engine_id_(next_engine_id()), vars_(engine_id_) {
+  for (int i = 0; i < config_.cpu_devices; ++i) cpu_allocators_.push_back(make_caching_allocator(Device::cpu(i)));
+  for (int i = 0; i < config_.gpu_devices; ++i) gpu_allocators_.push_back(make_caching_allocator(Device::gpu(i)));
+  pinned_allocator_ = make_caching_allocator(Device::cpu_pinned(0));
   if (!config_.profile_path.empty()) profiler_->start();
+}
+
+std::string EngineBase::device_list() const {
+  std::string text = "cpu(0).." + Device::cpu(config_.cpu_devices - 1).str();
+  if (config_.gpu_devices > 0)
+    text += " and gpu(0).." + Device::gpu(config_.gpu_devices - 1).str();
+  else
+    text += " (no GPU" + std::string(gpu::built_with_cuda() ? " answers" : ": built without CUDA") + ")";
+  return text;
+}
+
+Allocator& EngineBase::allocator(Device device) {
+  const auto i = static_cast<std::size_t>(device.index());
+  if (device.is_cpu() && i < cpu_allocators_.size()) return *cpu_allocators_[i];
+  if (device.is_gpu() && i < gpu_allocators_.size()) return *gpu_allocators_[i];
+  if (device.kind() == DeviceKind::cpu_pinned && i == 0) return *pinned_allocator_;
+  throw Error("allocator: unknown device " + device.str() + "; this engine has " + device_list() +
+              " and cpu_pinned(0)");
 }
 
 EngineBase::~EngineBase() = default;
@@ -28,20 +51,27 @@ std::uint64_t EngineBase::version(Var var) const {
 std::vector<Device> EngineBase::devices() const {
   std::vector<Device> out;
   for (int i = 0; i < config_.cpu_devices; ++i) out.push_back(Device::cpu(i));
+  for (int i = 0; i < config_.gpu_devices; ++i) out.push_back(Device::gpu(i));
   return out;
 }
 
+bool EngineBase::has_device(Device device) const noexcept {
+  return (device.is_cpu() && device.index() < config_.cpu_devices) ||
+         (device.is_gpu() && device.index() < config_.gpu_devices);
+}
+
 int EngineBase::workers(Device device) const {
-  if (device.is_cpu() && device.index() < config_.cpu_devices) return config_.workers_per_cpu_device;
-  throw Error("weft: unknown device " + device.str() + " (this engine has cpu(0).." +
-              Device::cpu(config_.cpu_devices - 1).str() + ")");
+  if (device.is_cpu() && has_device(device)) return config_.workers_per_cpu_device;
+  if (device.is_gpu() && has_device(device)) return config_.compute_streams_per_gpu;
+  throw Error("weft: unknown device " + device.str() + " (this engine has " + device_list() + ")");
 }
 
 OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options) {
-  if (!device.is_cpu() || device.index() >= config_.cpu_devices) {
+  if (!has_device(device)) {
     throw Error("push (op '" + op_label(options.name) + "'): unknown device " + device.str() + "; this " +
-                config_.kind + " engine runs ops on cpu(0).." + Device::cpu(config_.cpu_devices - 1).str() +
-                (device.is_gpu() ? " and has no GPU" : ""));
+                config_.kind + " engine runs ops on " + device_list() +
+                (device.kind() == DeviceKind::cpu_pinned ? " (cpu_pinned is memory: run host ops on a cpu device)"
+                                                          : ""));
   }
   OpBlock* op = ops_.acquire();
   op->reserve_entries(reads.size() + writes.size());
@@ -95,6 +125,10 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   }
   op->name = std::move(options.name);
   op->priority = options.priority;
+  op->property = options.property;
+  // On a CPU device a prioritized op goes ahead of every ordinary ready op.
+  if (device.is_cpu() && options.property == OpProperty::prioritized)
+    op->priority = std::max(op->priority, kCpuPrioritized);
   op->device = device;
   op->kind = kind;
   op->async = false;
@@ -112,10 +146,24 @@ void EngineBase::push(OpFunction fn, Device device, VarList reads, VarList write
 
 void EngineBase::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
   if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
+  if (device.is_gpu())
+    throw Error("push_async (op '" + options.name + "') on " + device.str() +
+                ": GPU ops complete by an event on their stream; push them with push()");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
   op->async = true;
   launch(op);
+}
+
+std::string_view to_string_impl(OpProperty p) noexcept {
+  switch (p) {
+    case OpProperty::normal: return "normal";
+    case OpProperty::copy_to_device: return "copy_to_device";
+    case OpProperty::copy_from_device: return "copy_from_device";
+    case OpProperty::copy_peer: return "copy_peer";
+    case OpProperty::prioritized: return "prioritized";
+  }
+  return "?";
 }
 
 void EngineBase::recycle(OpBlock* op) noexcept {
@@ -175,3 +223,7 @@ void EngineBase::at_shutdown() noexcept {
 }
 
 }  // namespace weft::detail
+
+namespace weft {
+std::string_view to_string(OpProperty property) noexcept { return detail::to_string_impl(property); }
+}  // namespace weft

@@ -25,6 +25,7 @@ class EngineBase : public Engine {
   std::vector<Device> devices() const override;
   int workers(Device device) const override;
   std::size_t max_inflight() const noexcept override { return config_.max_inflight; }
+  Allocator& allocator(Device device) override;
 
   // Validation is shared; what happens to a valid op is the engine's launch().
   void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
@@ -59,11 +60,18 @@ class EngineBase : public Engine {
   // wait_all's report: rethrows the first unreported failure, forgets all.
   void report_all_errors();
 
+  bool has_device(Device device) const noexcept;
+  std::string device_list() const;  // "cpu(0)..cpu(1) and gpu(0)..gpu(0)"
+
   // Dumps the trace and prints the summary when the config asked; warns about
   // errors nobody waited for. Engines call it once drained.
   void at_shutdown() noexcept;
 
   ResolvedConfig config_;
+  // Before the variables and ops: tensors' storage may be freed while the
+  // engine drains.
+  std::vector<std::unique_ptr<Allocator>> cpu_allocators_, gpu_allocators_;
+  std::unique_ptr<Allocator> pinned_allocator_;
   const std::uint32_t engine_id_;
   VarTable vars_;
   ErrorLog errors_;

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "weft/error.h"
+#include "weft/gpu.h"
 
 namespace weft::detail {
 
@@ -57,6 +58,21 @@ ResolvedConfig resolve(const EngineConfig& config) {
   out.profile_path = config.profile_path;
   if (out.profile_path.empty() && env("WEFT_PROFILE")) out.profile_path = env("WEFT_PROFILE");
   if (const char* summary = env("WEFT_PROFILE_SUMMARY")) out.profile_summary = std::string_view(summary) != "0";
+
+  const int available = gpu::device_count();
+  if (config.gpu_devices < -1)
+    throw Error("weft::EngineConfig::gpu_devices = " + std::to_string(config.gpu_devices) +
+                " is out of range (-1: from WEFT_GPU_DEVICES or every GPU)");
+  int wanted = config.gpu_devices;
+  if (wanted < 0) wanted = env("WEFT_GPU_DEVICES") ? static_cast<int>(env_number("WEFT_GPU_DEVICES", 0, 1024)) : available;
+  if (wanted > available)
+    throw Error("weft: " + std::to_string(wanted) + " GPU(s) asked for (EngineConfig::gpu_devices or " +
+                "WEFT_GPU_DEVICES) but " + std::to_string(available) + " answer" +
+                (gpu::built_with_cuda() ? "" : " (this build has no CUDA)"));
+  out.gpu_devices = wanted;
+  out.compute_streams_per_gpu =
+      setting(config.compute_streams_per_gpu, "compute_streams_per_gpu", "WEFT_GPU_STREAMS", 2, 64);
+  out.gpu_workspace_bytes = config.gpu_workspace_bytes;
   return out;
 }
 

@@ -1,5 +1,7 @@
 #include "naive_engine.h"
 
+#include "weft/cuda_check.h"
+
 namespace weft::detail {
 
 namespace {
@@ -12,7 +14,11 @@ bool conflict(const OpBlock& a, const OpBlock& b) {
 }
 }  // namespace
 
-NaiveEngine::NaiveEngine(ResolvedConfig config) : EngineBase(std::move(config)) {}
+NaiveEngine::NaiveEngine(ResolvedConfig config) : EngineBase(std::move(config)) {
+  for (int g = 0; g < config_.gpu_devices; ++g)
+    gpu_streams_.push_back(
+        std::make_unique<gpu::StreamResources>(g, gpu::StreamRole::compute, config_.gpu_workspace_bytes));
+}
 
 NaiveEngine::~NaiveEngine() { at_shutdown(); }
 
@@ -56,7 +62,18 @@ void NaiveEngine::run_now(OpBlock* op) {
       OpScopeGuard scope(scope_key(), &op->name, op->device);
       if (!op->async) {
         try {
-          op->fn(ctx);
+          CheckContextGuard check(op->name, op->device);
+          if (op->device.is_gpu()) {
+            // Synchronous, as everything here: one stream per GPU, drained
+            // after each op, so an op's outputs are final when push returns.
+            const gpu::StreamResources& stream = *gpu_streams_[static_cast<std::size_t>(op->device.index())];
+            gpu::set_device(op->device.index());
+            ctx.gpu = &stream.handles();
+            op->fn(ctx);
+            stream.synchronize();
+          } else {
+            op->fn(ctx);
+          }
         } catch (...) {
           fail(*op, std::current_exception());
         }

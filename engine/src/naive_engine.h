@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine_base.h"
+#include "weft/gpu_streams.h"
 
 namespace weft::detail {
 
@@ -45,6 +46,7 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   std::atomic<std::size_t> inflight_{0};
   std::mutex tracks_mutex_;
   std::map<std::thread::id, int> thread_index_;
+  std::vector<std::unique_ptr<gpu::StreamResources>> gpu_streams_;  // one per GPU
 };
 
 }  // namespace weft::detail

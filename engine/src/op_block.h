@@ -10,6 +10,7 @@
 
 #include "error_log.h"
 #include "var_table.h"
+#include "weft/gpu_streams.h"
 #include "weft/engine.h"
 
 namespace weft::detail {
@@ -18,6 +19,7 @@ namespace weft::detail {
 struct WaitSignal {
   std::atomic<bool> done{false};  // stored under the engine's wait mutex
   ErrorRef error;                 // the variable's failure when the barrier ran
+  std::vector<gpu::EventRef> events;  // GPU work the waiter must wait for on the host
 };
 
 enum class OpKind : std::uint8_t {
@@ -36,6 +38,7 @@ struct OpBlock {
   Device device;
   int priority = 0;
   OpKind kind = OpKind::user;
+  OpProperty property = OpProperty::normal;
   bool async = false;
   std::uint8_t epoch = 0;  // push epoch (InflightCounts)
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities

@@ -1,7 +1,11 @@
 #include "threaded_engine.h"
 
 #include <cassert>
+#include <cstdio>
 #include <thread>
+
+#include "gpu_sync.h"
+#include "weft/cuda_check.h"
 
 namespace weft::detail {
 
@@ -68,23 +72,84 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
 
 }  // namespace
 
+namespace {
+std::size_t worker_slots(const ResolvedConfig& c) {
+  return static_cast<std::size_t>(c.cpu_devices) * static_cast<std::size_t>(c.workers_per_cpu_device) +
+         static_cast<std::size_t>(c.gpu_devices) * static_cast<std::size_t>(c.compute_streams_per_gpu + 4);
+}
+}  // namespace
+
 ThreadedEngine::ThreadedEngine(ResolvedConfig config)
     : EngineBase(std::move(config)),
-      counts_(static_cast<std::size_t>(config_.cpu_devices) * static_cast<std::size_t>(config_.workers_per_cpu_device)),
+      counts_(worker_slots(config_)),
       resume_below_(std::max<std::size_t>(1, config_.max_inflight / 4)) {
-  tracks_.resize(static_cast<std::size_t>(config_.cpu_devices));
+  std::size_t slot = 0;
+  auto add_lane = [&](Device device, gpu::StreamRole role, int workers) {
+    Lane& lane = lanes_.emplace_back();
+    lane.device = device;
+    lane.role = role;
+    lane.first_slot = slot;
+    slot += static_cast<std::size_t>(workers);
+    for (int w = 0; w < workers; ++w) {
+      std::string label = device.is_gpu() ? std::string(gpu::to_string(role)) + " stream " + std::to_string(w)
+                                          : "worker " + std::to_string(w);
+      // One trace track per worker: CPU workers by index, GPU streams grouped by role.
+      const int index = device.is_gpu() ? static_cast<int>(role) * 100 + w : w;
+      lane.tracks.push_back(profiler_->track(device, index, std::move(label)));
+      if (device.is_gpu())
+        lane.streams.push_back(std::make_unique<gpu::StreamResources>(
+            device.index(), role,
+            role == gpu::StreamRole::compute || role == gpu::StreamRole::priority ? config_.gpu_workspace_bytes : 0));
+    }
+  };
+  lanes_.reserve(static_cast<std::size_t>(config_.cpu_devices + config_.gpu_devices * kLanesPerGpu));
   for (int d = 0; d < config_.cpu_devices; ++d)
-    for (int w = 0; w < config_.workers_per_cpu_device; ++w)
-      tracks_[d].push_back(profiler_->track(Device::cpu(d), w, "worker " + std::to_string(w)));
-  for (int d = 0; d < config_.cpu_devices; ++d)
-    pools_.push_back(std::make_unique<WorkerPool>(Device::cpu(d), config_.workers_per_cpu_device,
-                                                  static_cast<OpExecutor&>(*this)));
+    add_lane(Device::cpu(d), gpu::StreamRole::compute, config_.workers_per_cpu_device);
+  for (int g = 0; g < config_.gpu_devices; ++g) {
+    add_lane(Device::gpu(g), gpu::StreamRole::compute, config_.compute_streams_per_gpu);
+    add_lane(Device::gpu(g), gpu::StreamRole::h2d, 1);
+    add_lane(Device::gpu(g), gpu::StreamRole::d2h, 1);
+    add_lane(Device::gpu(g), gpu::StreamRole::peer, 1);
+    add_lane(Device::gpu(g), gpu::StreamRole::priority, 1);
+  }
+  for (std::size_t i = 0; i < lanes_.size(); ++i)
+    lanes_[i].pool = std::make_unique<WorkerPool>(lanes_[i].device, static_cast<int>(i),
+                                                  static_cast<int>(lanes_[i].tracks.size()),
+                                                  static_cast<OpExecutor&>(*this));
 }
 
 ThreadedEngine::~ThreadedEngine() {
   drain();
-  pools_.clear();  // joins the workers
+  for (Lane& lane : lanes_) lane.pool.reset();  // joins the workers
+  synchronize_gpus();
+  lanes_.clear();
   at_shutdown();
+}
+
+std::size_t ThreadedEngine::lane_of(const OpBlock& op) const noexcept {
+  const auto index = static_cast<std::size_t>(op.device.index());
+  if (!op.device.is_gpu()) return index;
+  std::size_t role = 0;
+  switch (op.property) {
+    case OpProperty::normal: role = 0; break;
+    case OpProperty::copy_to_device: role = 1; break;
+    case OpProperty::copy_from_device: role = 2; break;
+    case OpProperty::copy_peer: role = 3; break;
+    case OpProperty::prioritized: role = 4; break;
+  }
+  return static_cast<std::size_t>(config_.cpu_devices) + index * kLanesPerGpu + role;
+}
+
+void ThreadedEngine::synchronize_gpus() noexcept {
+  for (Lane& lane : lanes_) {
+    for (auto& stream : lane.streams) {
+      try {
+        stream->synchronize();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "weft: %s\n", e.what());
+      }
+    }
+  }
 }
 
 void ThreadedEngine::drain() noexcept {
@@ -95,9 +160,10 @@ void ThreadedEngine::drain() noexcept {
   while (external_finishers_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
-void ThreadedEngine::on_worker_start(Device device, int worker) {
-  std::size_t slot = static_cast<std::size_t>(device.index()) * config_.workers_per_cpu_device + worker;
-  tls_counter = {this, counts_.completions_of(slot)};
+void ThreadedEngine::on_worker_start(int lane, int worker) {
+  Lane& l = lanes_[static_cast<std::size_t>(lane)];
+  tls_counter = {this, counts_.completions_of(l.first_slot + static_cast<std::size_t>(worker))};
+  if (l.device.is_gpu()) gpu::set_device(l.device.index());
 }
 
 void ThreadedEngine::launch(OpBlock* op) {
@@ -190,15 +256,41 @@ void ThreadedEngine::dispatch(OpBlock* op) {
     finish(op);  // barriers and deletions have no body
     return;
   }
-  pools_[static_cast<std::size_t>(op->device.index())]->enqueue(op);
+  lanes_[lane_of(*op)].pool->enqueue(op);
 }
 
-void ThreadedEngine::execute(OpBlock* op, int worker) {
+void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx) {
+  CheckContextGuard check(op->name, op->device);
+  if (!op->device.is_gpu()) {
+    if (config_.gpu_devices > 0) {
+      host_op_wait(*op);     // GPU producers of what it reads (and, writing, its GPU readers)
+      host_op_publish(*op);  // its writes supersede that history
+    }
+    op->fn(ctx);
+    return;
+  }
+  const gpu::WorkerHandles& h = lane.streams[static_cast<std::size_t>(worker)]->handles();
+  ctx.gpu = &h;
+  gpu_op_wait(*op, h.stream);
+  try {
+    op->fn(ctx);
+  } catch (...) {
+    // Whatever the body enqueued before failing still runs on the stream:
+    // later users of the buffers must order after it all the same.
+    gpu_op_publish(*op, op->device.index(), h.stream);
+    throw;
+  }
+  gpu_op_publish(*op, op->device.index(), h.stream);
+}
+
+void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   if (ErrorRef inherited = inherited_error(*op)) {
     op->error = std::move(inherited);  // skipped: the failure passes on to what it writes
     finish(op, true);
     return;
   }
+  Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
+  Profiler::Track* track = lane.tracks[static_cast<std::size_t>(worker)];
   RunContext ctx{op->device, worker, op->name, this};
   const bool profiling = profiler_->running();
   std::string_view traced_name;
@@ -213,14 +305,26 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
     {
       OpScopeGuard scope(scope_key(), &op->name, device, op->epoch);
       try {
-        op->fn(ctx);
+        run_body(op, lane, worker, ctx);
       } catch (...) {
         fail(*op, std::current_exception());
       }
     }
-    if (profiling) profiler_->record(tracks_[device.index()][worker], traced_name, id, start, Profiler::now_ns());
+    if (profiling) profiler_->record(track, traced_name, id, start, Profiler::now_ns());
     finish(op, true);
     return;
+  }
+  // Async ops run on CPU devices only (push_async refuses GPUs): settle the
+  // GPU history of their variables before the body may complete them.
+  if (config_.gpu_devices > 0) {
+    try {
+      host_op_wait(*op);
+      host_op_publish(*op);
+    } catch (...) {
+      fail(*op, std::current_exception());
+      finish(op, true);
+      return;
+    }
   }
   // The op may complete (and its block be reused) before the body returns:
   // after the call only `state` and the copies above may be touched.
@@ -237,6 +341,7 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
   counts_.add_pushed(epoch);
   {
     OpScopeGuard scope(scope_key(), &name, device, epoch);
+    CheckContextGuard check(name, device);
     try {
       fn(ctx, Completion(state));
     } catch (...) {
@@ -248,7 +353,7 @@ void ThreadedEngine::execute(OpBlock* op, int worker) {
       }
     }
   }
-  if (profiling) profiler_->record(tracks_[device.index()][worker], traced_name, id, start, Profiler::now_ns());
+  if (profiling) profiler_->record(track, traced_name, id, start, Profiler::now_ns());
   state->release_executor();
   leave_inflight(epoch);
 }
@@ -271,7 +376,10 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
     if (e->write) apply_write(*e->slot, *op);
     // A barrier reports the variable's state at its place in push order, not
     // whatever a later write left when the waiting thread wakes up.
-    if (op->kind == OpKind::wait) op->signal->error = e->slot->error;
+    if (op->kind == OpKind::wait) {
+      op->signal->error = e->slot->error;
+      if (config_.gpu_devices > 0) collect_events(*e->slot, e->write, op->signal->events);
+    }
     release_and_grant(*e, ready);
   }
   if (op->kind == OpKind::wait) {
@@ -287,7 +395,7 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
   // that priorities and FIFO order decide among them.
   if (ready && !ready->ready_next) {
     if (!worker_is_done || ready->kind != OpKind::user ||
-        !pools_[static_cast<std::size_t>(ready->device.index())]->run_next_here(ready))
+        !lanes_[lane_of(*ready)].pool->run_next_here(ready))
       dispatch(ready);
   } else {
     OpBlock* ordered = nullptr;
@@ -323,6 +431,9 @@ void ThreadedEngine::wait_for(Var var, bool write) {
     signal_cv_.wait(lock, [&] { return signal.done.load(std::memory_order_acquire); });
   }
   report(signal.error);
+  // The last GPU writer (and, for a write, the GPU readers) completed in the
+  // engine's sense when they enqueued their work; wait for the work itself.
+  for (const gpu::EventRef& event : signal.events) event->host_wait();
 }
 
 void ThreadedEngine::wait_all() {
@@ -340,6 +451,8 @@ void ThreadedEngine::wait_all() {
     wait_until(drain_cv_, draining_, [&] { return counts_.pending(closed) == 0; });
   }
   report_all_errors();
+  for (Lane& lane : lanes_)
+    for (auto& stream : lane.streams) stream->synchronize();
 }
 
 void ThreadedEngine::delete_var(Var var) {

@@ -34,8 +34,8 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
 
  private:
   void launch(OpBlock* op) override;
-  void execute(OpBlock* op, int worker) override;
-  void on_worker_start(Device device, int worker) override;
+  void execute(OpBlock* op, int lane, int worker) override;
+  void on_worker_start(int lane, int worker) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;
 
   // Counts the op in flight in its push epoch; a frontend thread blocks while
@@ -54,8 +54,22 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   void wait_for(Var var, bool write);
   void drain() noexcept;
 
-  std::vector<std::unique_ptr<WorkerPool>> pools_;  // index = cpu device index
-  std::vector<std::vector<Profiler::Track*>> tracks_;
+  // One worker pool with what its workers own: lanes 0..cpu_devices-1 are the
+  // CPU devices; then, per GPU, compute, h2d, d2h, peer and priority lanes,
+  // each GPU worker with its own stream.
+  struct Lane {
+    Device device;
+    gpu::StreamRole role = gpu::StreamRole::compute;
+    std::size_t first_slot = 0;  // of its workers' completion counters
+    std::vector<Profiler::Track*> tracks;
+    std::vector<std::unique_ptr<gpu::StreamResources>> streams;
+    std::unique_ptr<WorkerPool> pool;
+  };
+  static constexpr int kLanesPerGpu = 5;
+  std::size_t lane_of(const OpBlock& op) const noexcept;
+  void run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx);
+  void synchronize_gpus() noexcept;
+  std::vector<Lane> lanes_;
 
   InflightCounts counts_;
   alignas(64) std::atomic<std::uint64_t> completed_seen_{0};  // a frontend's last sum of the completions

@@ -2,11 +2,15 @@
 
 #include <cassert>
 
+#include "gpu_sync.h"
 #include "weft/error.h"
 
 namespace weft::detail {
 
-VarTable::~VarTable() = default;
+VarTable::~VarTable() {
+  for (auto& chunk : chunks_)
+    for (std::size_t i = 0; i < kChunk; ++i) destroy_gpu_state(chunk[i]);
+}
 
 Var VarTable::create(std::string_view name) {
   std::lock_guard lock(mutex_);
@@ -50,6 +54,7 @@ void VarTable::recycle(VarSlot* slot) {
   assert(!slot->head && !slot->write_running && slot->running_reads == 0);
   slot->version.store(0, std::memory_order_relaxed);
   slot->error.reset();
+  destroy_gpu_state(*slot);
   std::lock_guard lock(mutex_);
   names_.erase(slot->id);
   slot->next_free = free_;

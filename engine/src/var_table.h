@@ -24,6 +24,7 @@
 namespace weft::detail {
 
 struct OpBlock;
+struct GpuVarState;
 
 // One access of one op to one variable; queued on the variable until granted.
 struct VarEntry {
@@ -50,6 +51,7 @@ struct alignas(64) VarSlot {
   VarEntry* tail = nullptr;
   std::atomic<std::uint64_t> version{0};
   ErrorRef error;  // guarded by lock; set by the last completed write
+  std::atomic<GpuVarState*> gpu{nullptr};  // created by the first GPU op on it (gpu_sync.h)
   VarSlot* next_free = nullptr;
 
   // Whether the op with this push id, reading the variable, inherits its

@@ -25,7 +25,8 @@ constexpr int kPauseSpins = 32;
 constexpr int kYieldSpins = 256;
 }  // namespace
 
-WorkerPool::WorkerPool(Device device, int workers, OpExecutor& executor) : device_(device), executor_(executor) {
+WorkerPool::WorkerPool(Device device, int lane, int workers, OpExecutor& executor)
+    : device_(device), lane_(lane), executor_(executor) {
   threads_.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { run(i); });
 }
@@ -156,10 +157,10 @@ OpBlock* WorkerPool::take_or_sleep() {
 
 void WorkerPool::run(int worker) {
   tls_pool = this;
-  executor_.on_worker_start(device_, worker);
+  executor_.on_worker_start(lane_, worker);
   while (OpBlock* op = take_or_sleep()) {
     do {
-      executor_.execute(op, worker);
+      executor_.execute(op, lane_, worker);
       op = std::exchange(tls_next, nullptr);
     } while (op);
   }

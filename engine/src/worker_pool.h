@@ -27,8 +27,10 @@ struct OpBlock;
 
 class OpExecutor {
  public:
-  virtual void execute(OpBlock* op, int worker) = 0;
-  virtual void on_worker_start(Device device, int worker) = 0;
+  // `lane` is the pool's index in its engine (one pool per CPU device, several
+  // per GPU), `worker` the thread's index in the pool.
+  virtual void execute(OpBlock* op, int lane, int worker) = 0;
+  virtual void on_worker_start(int lane, int worker) = 0;
 
  protected:
   ~OpExecutor() = default;
@@ -36,7 +38,7 @@ class OpExecutor {
 
 class WorkerPool {
  public:
-  WorkerPool(Device device, int workers, OpExecutor& executor);
+  WorkerPool(Device device, int lane, int workers, OpExecutor& executor);
   ~WorkerPool();  // stops and joins; the queue must be empty
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -71,6 +73,7 @@ class WorkerPool {
   void run(int worker);
 
   Device device_;
+  int lane_;
   OpExecutor& executor_;
   bool fifo_push(OpBlock* op);
   OpBlock* fifo_pop();

@@ -20,9 +20,11 @@
 #include <string_view>
 #include <vector>
 
+#include "weft/allocator.h"
 #include "weft/completion.h"
 #include "weft/device.h"
 #include "weft/error.h"
+#include "weft/gpu.h"
 #include "weft/profiler.h"
 #include "weft/unique_function.h"
 #include "weft/var.h"
@@ -34,10 +36,29 @@ class Engine;
 // What a running op learns about where it runs.
 struct RunContext {
   Device device;
-  int worker = 0;            // index of the worker within its device's pool
+  int worker = 0;            // index of the worker within its pool
   std::string_view op_name;  // as pushed (may be empty)
   Engine* engine = nullptr;  // for pushing follow-up ops from inside an op
+  // GPU ops only: the stream to enqueue on (never synchronize it) and this
+  // worker's own cuBLAS/cuDNN handles. The engine has already made the stream
+  // wait for every GPU producer of the op's inputs; once the body returns it
+  // records an event there and the op's outputs count as ready.
+  const gpu::WorkerHandles* gpu = nullptr;
 };
+
+// Which kind of worker an op needs (MXNet's FnProperty). On a GPU: compute
+// workers (a pool of streams), one copy worker per direction with its own
+// stream, and a worker on the device's highest-priority stream. On a CPU
+// device copies run on the normal workers and `prioritized` ops go ahead of
+// every other ready op.
+enum class OpProperty : std::uint8_t {
+  normal,
+  copy_to_device,    // host -> GPU (the op's device is the GPU)
+  copy_from_device,  // GPU -> host (the op's device is the GPU)
+  copy_peer,         // GPU -> GPU (the op's device is the destination)
+  prioritized,
+};
+std::string_view to_string(OpProperty property) noexcept;
 
 using OpFunction = UniqueFunction<void(RunContext&)>;
 using AsyncOpFunction = UniqueFunction<void(RunContext&, Completion)>;
@@ -45,6 +66,7 @@ using AsyncOpFunction = UniqueFunction<void(RunContext&, Completion)>;
 struct OpOptions {
   int priority = 0;  // higher runs first among ready ops of one device
   std::string name;  // shown in errors, traces and the profiler's table
+  OpProperty property = OpProperty::normal;
 };
 
 struct EngineConfig {
@@ -57,6 +79,9 @@ struct EngineConfig {
   // kDefaultMaxInflight.
   std::size_t max_inflight = 0;
   std::string profile_path;  // empty: $WEFT_PROFILE; when set, profile from creation and dump at destruction
+  int gpu_devices = -1;              // -1: $WEFT_GPU_DEVICES, else every GPU that answers (0 on CPU machines)
+  int compute_streams_per_gpu = 0;   // 0: $WEFT_GPU_STREAMS, else 2
+  std::size_t gpu_workspace_bytes = std::size_t{64} << 20;  // per compute stream, for cuDNN/cuBLAS
 
   // Small enough that a frontend pushing minibatches without a barrier holds
   // only ~20 minibatches of a small model in flight however many it pushes,
@@ -103,7 +128,10 @@ class Engine {
 
   virtual std::string_view kind() const noexcept = 0;
   virtual std::vector<Device> devices() const = 0;
-  virtual int workers(Device device) const = 0;  // size of the device's pool (throws for unknown devices)
+  virtual int workers(Device device) const = 0;  // size of the device's (compute) pool (throws for unknown devices)
+  // The device's caching allocator: cpu(i), cpu_pinned(0) and gpu(i) of this
+  // engine. Tensors allocate inside the op that first writes them.
+  virtual Allocator& allocator(Device device) = 0;
   virtual std::size_t max_inflight() const noexcept = 0;
   virtual std::size_t inflight() const noexcept = 0;  // ops pushed and not completed, now
 

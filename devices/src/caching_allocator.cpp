@@ -1,0 +1,306 @@
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <new>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "weft/allocator.h"
+#include "weft/error.h"
+
+#if WEFT_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "weft/cuda_check.h"
+#endif
+
+namespace weft {
+
+namespace detail {
+struct BlockRecord {
+  void* ptr = nullptr;
+  std::size_t size = 0;          // the size class: what the system gave us
+  CUstream_st* stream = nullptr;  // allocating stream: may reuse at once after free
+  std::vector<CUstream_st*> uses;  // other streams that touched it
+  std::vector<CUevent_st*> pending;  // recorded on `uses` at free time
+};
+}  // namespace detail
+
+namespace {
+
+using detail::BlockRecord;
+
+constexpr std::size_t kAlign = 64;
+
+// Size classes: 512-byte steps below 1 MiB, then four classes per power of
+// two, so a cached block wastes at most a quarter of itself and batches of
+// slightly different sizes (the last minibatch) still hit the cache.
+std::size_t size_class(std::size_t bytes) {
+  if (bytes <= (std::size_t{1} << 20)) return (bytes + 511) & ~std::size_t{511};
+  std::size_t p = std::size_t{1} << (63 - __builtin_clzll(bytes - 1));  // largest power of two below bytes
+  std::size_t step = p / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+std::string human(std::size_t bytes) {
+  char buf[64];
+  if (bytes >= (std::size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  else if (bytes >= (std::size_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  return buf;
+}
+
+// Where the memory comes from.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual void* raw_alloc(std::size_t bytes) noexcept = 0;
+  virtual void raw_free(void* ptr) noexcept = 0;
+  virtual std::string kind() const = 0;
+  // Stream events; only GPU-touched blocks ever get here.
+  virtual CUevent_st* record_event(CUstream_st* stream) = 0;
+  virtual bool event_done(CUevent_st* event) noexcept = 0;
+  virtual void destroy_event(CUevent_st* event) noexcept = 0;
+};
+
+class HostBackend : public Backend {
+ public:
+  void* raw_alloc(std::size_t bytes) noexcept override { return std::aligned_alloc(kAlign, bytes); }
+  void raw_free(void* ptr) noexcept override { std::free(ptr); }
+  std::string kind() const override { return "pageable"; }
+#if WEFT_HAVE_CUDA
+  CUevent_st* record_event(CUstream_st* stream) override {
+    cudaEvent_t e;
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    WEFT_CUDA_CHECK(cudaEventRecord(e, stream));
+    return e;
+  }
+  bool event_done(CUevent_st* event) noexcept override { return cudaEventQuery(event) != cudaErrorNotReady; }
+  void destroy_event(CUevent_st* event) noexcept override { cudaEventDestroy(event); }
+#else
+  CUevent_st* record_event(CUstream_st*) override { throw Error("weft: built without CUDA: no stream events"); }
+  bool event_done(CUevent_st*) noexcept override { return true; }
+  void destroy_event(CUevent_st*) noexcept override {}
+#endif
+};
+
+#if WEFT_HAVE_CUDA
+class PinnedBackend final : public HostBackend {
+ public:
+  void* raw_alloc(std::size_t bytes) noexcept override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void raw_free(void* ptr) noexcept override { cudaFreeHost(ptr); }
+  std::string kind() const override { return "pinned"; }
+};
+
+class GpuBackend final : public HostBackend {
+ public:
+  explicit GpuBackend(int device) : device_(device) {}
+  void* raw_alloc(std::size_t bytes) noexcept override {
+    void* p = nullptr;
+    if (cudaSetDevice(device_) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // out of memory is not sticky; clear it
+      return nullptr;
+    }
+    return p;
+  }
+  void raw_free(void* ptr) noexcept override {
+    cudaSetDevice(device_);
+    cudaFree(ptr);
+  }
+  std::string kind() const override { return "device"; }
+
+ private:
+  int device_;
+};
+#endif
+
+class CachingAllocator final : public Allocator {
+ public:
+  CachingAllocator(Device device, std::unique_ptr<Backend> backend, std::string kind_note)
+      : device_(device), backend_(std::move(backend)), kind_note_(std::move(kind_note)) {}
+
+  ~CachingAllocator() override {
+    std::lock_guard lock(mutex_);
+    for (BlockRecord* r : pending_) settle(r, /*wait=*/true);
+    pending_.clear();
+    for (auto& [key, list] : free_)
+      for (BlockRecord* r : list) drop(r);
+    free_.clear();
+    // Blocks still handed out are leaked on purpose: their owners may free
+    // them later, and the engine that owns this allocator is already gone.
+  }
+
+  Block allocate(std::size_t bytes, CUstream_st* stream) override {
+    if (bytes == 0) return {};
+    const std::size_t size = size_class(bytes);
+    std::lock_guard lock(mutex_);
+    ++stats_.allocations;
+    BlockRecord* r = take_cached(size, stream);
+    if (r) {
+      ++stats_.cache_hits;
+    } else {
+      void* p = backend_->raw_alloc(size);
+      if (!p) {
+        release_cached_locked();
+        p = backend_->raw_alloc(size);
+      }
+      if (!p) {
+        throw Error("out of memory on " + device_.str() + ": requested " + human(bytes) + " (" + human(size) +
+                    " size class); " + human(stats_.in_use) + " in use, " + human(stats_.reserved) +
+                    " reserved after releasing the cache");
+      }
+      r = new BlockRecord{p, size, stream, {}, {}};
+      stats_.reserved += size;
+    }
+    r->stream = stream;
+    stats_.in_use += size;
+    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    return Block{r->ptr, bytes, r};
+  }
+
+  void record_use(const Block& block, CUstream_st* stream) override {
+    if (!block.record || stream == block.record->stream) return;
+    std::lock_guard lock(mutex_);
+    auto& uses = block.record->uses;
+    if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  }
+
+  void free(Block block) noexcept override {
+    BlockRecord* r = block.record;
+    if (!r) return;
+    std::lock_guard lock(mutex_);
+    stats_.in_use -= r->size;
+    if (r->uses.empty()) {
+      free_[key(r->size, r->stream)].push_back(r);
+      return;
+    }
+    try {
+      for (CUstream_st* s : r->uses) r->pending.push_back(backend_->record_event(s));
+      r->uses.clear();
+      pending_.push_back(r);
+    } catch (...) {
+      // No event means no proof the other streams are done: never reuse it.
+      stats_.reserved -= r->size;
+      delete r;
+    }
+  }
+
+  void release_cached() noexcept override {
+    std::lock_guard lock(mutex_);
+    release_cached_locked();
+  }
+
+  MemoryStats stats() const override {
+    std::lock_guard lock(mutex_);
+    return stats_;
+  }
+  void reset_peak() noexcept override {
+    std::lock_guard lock(mutex_);
+    stats_.peak_in_use = stats_.in_use;
+  }
+  Device device() const noexcept override { return device_; }
+  std::string memory_kind() const override { return kind_note_.empty() ? backend_->kind() : kind_note_; }
+
+ private:
+  struct Key {
+    std::size_t size;
+    CUstream_st* stream;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const noexcept {
+      return std::hash<std::size_t>()(k.size) ^ (std::hash<const void*>()(k.stream) << 1);
+    }
+  };
+  static Key key(std::size_t size, CUstream_st* stream) { return Key{size, stream}; }
+
+  BlockRecord* take_cached(std::size_t size, CUstream_st* stream) {
+    auto it = free_.find(key(size, stream));
+    if (it == free_.end() || it->second.empty()) {
+      poll_pending();
+      it = free_.find(key(size, stream));
+      if (it == free_.end() || it->second.empty()) return nullptr;
+    }
+    BlockRecord* r = it->second.back();
+    it->second.pop_back();
+    return r;
+  }
+
+  // Blocks whose other-stream events have completed go back to the cache.
+  void poll_pending() {
+    auto done = [&](BlockRecord* r) {
+      if (!settle(r, false)) return false;
+      free_[key(r->size, r->stream)].push_back(r);
+      return true;
+    };
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), done), pending_.end());
+  }
+
+  bool settle(BlockRecord* r, bool wait) {
+    for (CUevent_st* e : r->pending)
+      if (!wait && !backend_->event_done(e)) return false;
+    for (CUevent_st* e : r->pending) backend_->destroy_event(e);
+    r->pending.clear();
+    return true;
+  }
+
+  void drop(BlockRecord* r) noexcept {
+    backend_->raw_free(r->ptr);
+    stats_.reserved -= r->size;
+    delete r;
+  }
+
+  void release_cached_locked() noexcept {
+    poll_pending();
+    for (auto& [k, list] : free_) {
+      for (BlockRecord* r : list) drop(r);
+      list.clear();
+    }
+  }
+
+  Device device_;
+  std::unique_ptr<Backend> backend_;
+  std::string kind_note_;
+  mutable std::mutex mutex_;
+  std::unordered_map<Key, std::vector<BlockRecord*>, KeyHash> free_;
+  std::vector<BlockRecord*> pending_;
+  MemoryStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<Allocator> make_caching_allocator(Device device) {
+  switch (device.kind()) {
+    case DeviceKind::cpu:
+      return std::make_unique<CachingAllocator>(device, std::make_unique<HostBackend>(), "");
+    case DeviceKind::cpu_pinned:
+#if WEFT_HAVE_CUDA
+      if (gpu::device_count() > 0)
+        return std::make_unique<CachingAllocator>(device, std::make_unique<PinnedBackend>(), "");
+#endif
+      return std::make_unique<CachingAllocator>(device, std::make_unique<HostBackend>(),
+                                                "pageable (no GPU answers: pinned memory unavailable)");
+    case DeviceKind::gpu:
+#if WEFT_HAVE_CUDA
+      if (device.index() < gpu::device_count())
+        return std::make_unique<CachingAllocator>(device, std::make_unique<GpuBackend>(device.index()), "");
+#endif
+      throw Error("no allocator for " + device.str() + ": " + std::to_string(gpu::device_count()) +
+                  " GPU(s) available");
+  }
+  throw Error("no allocator for " + device.str());
+}
+
+}  // namespace weft

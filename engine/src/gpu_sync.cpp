@@ -1,0 +1,89 @@
+#include "gpu_sync.h"
+
+#include <algorithm>
+
+#include "op_block.h"
+#include "var_table.h"
+
+namespace weft::detail {
+
+namespace {
+
+GpuVarState* state_of(VarSlot& slot) noexcept { return slot.gpu.load(std::memory_order_acquire); }
+
+GpuVarState& ensure_state(VarSlot& slot) {
+  GpuVarState* s = state_of(slot);
+  if (s) return *s;
+  // Concurrent readers may race to create it; one wins.
+  auto* fresh = new GpuVarState;
+  if (slot.gpu.compare_exchange_strong(s, fresh, std::memory_order_acq_rel)) return *fresh;
+  delete fresh;
+  return *s;
+}
+
+}  // namespace
+
+void gpu_op_wait(OpBlock& op, CUstream_st* stream) {
+  for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+    GpuVarState* s = state_of(*e->slot);
+    if (!s) continue;
+    tbb::spin_mutex::scoped_lock lock(s->lock);
+    // A pure write must still follow the previous writer: two streams writing
+    // one buffer would otherwise race.
+    if (s->writer) s->writer->stream_wait(stream);
+    if (e->write)
+      for (const gpu::EventRef& r : s->readers) r->stream_wait(stream);
+  }
+}
+
+void gpu_op_publish(OpBlock& op, int device, CUstream_st* stream) {
+  gpu::EventRef done(gpu::Event::record(device, stream));
+  for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+    GpuVarState& s = ensure_state(*e->slot);
+    tbb::spin_mutex::scoped_lock lock(s.lock);
+    if (e->write) {
+      s.writer = done;
+      s.readers.clear();
+    } else {
+      auto same = std::find_if(s.readers.begin(), s.readers.end(),
+                               [&](const gpu::EventRef& r) { return r->stream() == stream; });
+      if (same != s.readers.end())
+        *same = done;  // later on the same stream: covers the earlier read
+      else
+        s.readers.push_back(done);
+    }
+  }
+}
+
+void host_op_wait(OpBlock& op) {
+  for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+    GpuVarState* s = state_of(*e->slot);
+    if (!s) continue;
+    EventList events;
+    collect_events(*e->slot, e->write, events);
+    for (const gpu::EventRef& ev : events) ev->host_wait();
+  }
+}
+
+void host_op_publish(OpBlock& op) {
+  for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+    if (!e->write) continue;
+    GpuVarState* s = state_of(*e->slot);
+    if (!s) continue;
+    tbb::spin_mutex::scoped_lock lock(s->lock);
+    s->writer.reset();
+    s->readers.clear();
+  }
+}
+
+void collect_events(VarSlot& slot, bool write, EventList& out) {
+  GpuVarState* s = state_of(slot);
+  if (!s) return;
+  tbb::spin_mutex::scoped_lock lock(s->lock);
+  if (s->writer) out.push_back(s->writer);
+  if (write) out.insert(out.end(), s->readers.begin(), s->readers.end());
+}
+
+void destroy_gpu_state(VarSlot& slot) noexcept { delete slot.gpu.exchange(nullptr, std::memory_order_acq_rel); }
+
+}  // namespace weft::detail

@@ -1,0 +1,30 @@
+// Tensor ops. Each checks its arguments at push time and throws weft::Error
+// naming the op and the offending shapes/devices/dtypes; then pushes one
+// engine op on the inputs' device and returns the output at once. All inputs
+// of an op must be on one device (copy_to moves data between devices).
+// float32 only for now.
+#pragma once
+
+#include "weft/tensor.h"
+
+namespace weft::ops {
+
+// Elementwise, same shapes.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor add_scalar(const Tensor& x, float s);
+Tensor mul_scalar(const Tensor& x, float s);
+void axpy(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place (writes y)
+Tensor relu(const Tensor& x);
+Tensor relu_grad(const Tensor& x, const Tensor& dy);  // dy where x > 0
+
+// Reductions.
+Tensor sum(const Tensor& x);   // scalar (shape [])
+Tensor mean(const Tensor& x);  // scalar; NaN for an empty tensor
+Tensor argmax(const Tensor& x);  // x: [rows, cols] -> [rows], indices as float
+
+// a: [m, k] (or [k, m] with trans_a), b: [k, n] (or [n, k] with trans_b) -> [m, n].
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+
+}  // namespace weft::ops

@@ -1,0 +1,101 @@
+// weft::Tensor — an n-d array on a device whose every operation is an engine op.
+//
+// A Tensor is a handle (cheap to copy; copies share the data). It holds a
+// shape, a dtype, the device its memory lives on, and shared storage guarded
+// by one engine Var. Methods and the functions in weft/ops.h check shapes,
+// devices and dtypes at push time (a weft::Error naming the op, the shapes and
+// the devices), push one op and return at once; only to_host(), item() and
+// wait_to_read() block. The storage is allocated by the op that first writes
+// it, on its worker and stream, from the engine's caching allocator of the
+// device, and freed when the last Tensor and the last op using it are gone.
+//
+// Devices: cpu(i) and gpu(i) run the ops on their own workers; a
+// cpu_pinned(0) tensor is page-locked host memory (the staging area for GPU
+// copies) whose host ops run on cpu(0). A Tensor must not outlive its engine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weft/device.h"
+#include "weft/dtype.h"
+#include "weft/engine.h"
+#include "weft/shape.h"
+
+namespace weft {
+
+namespace detail {
+struct Storage;
+}
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: every use but defined() throws
+
+  // ---- creation (each pushes one op) ----------------------------------
+  static Tensor empty(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
+  static Tensor zeros(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
+  static Tensor ones(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
+  static Tensor full(Engine& engine, Shape shape, float value, Device device = {});
+  // Counter-based: element i is a function of (seed, i), equal on every device.
+  static Tensor uniform(Engine& engine, Shape shape, float lo, float hi, std::uint64_t seed, Device device = {});
+  static Tensor normal(Engine& engine, Shape shape, float mean, float stddev, std::uint64_t seed,
+                       Device device = {});
+  // Copies `data` at push time (it may be freed when this returns).
+  static Tensor from_host(Engine& engine, Shape shape, std::span<const float> data, Device device = {});
+
+  // ---- what it is -----------------------------------------------------
+  bool defined() const noexcept { return storage_ != nullptr; }
+  const Shape& shape() const;
+  DType dtype() const;
+  Device device() const;
+  std::int64_t numel() const { return shape().numel(); }
+  std::size_t nbytes() const;
+  Var var() const;  // the engine variable guarding the storage
+  Engine& engine() const;
+  std::string name() const;  // the Var's name, e.g. "conv1.weight"
+  Tensor& set_name(std::string name);  // for messages and traces (before first use)
+  std::string str() const;   // "Tensor 'x' [256, 10] float32 on cpu(0)"
+
+  // ---- blocking reads ---------------------------------------------------
+  std::vector<float> to_host() const;  // waits for the data, copies it out
+  float item() const;                  // numel() must be 1
+  void wait_to_read() const;
+
+  // ---- views and copies -------------------------------------------------
+  // Same storage and Var, another shape with as many elements.
+  Tensor reshape(Shape shape) const;
+  // A new tensor on `device` with the same values. GPU copies run on the
+  // copy workers (host<->GPU through pinned staging, GPU<->GPU peer).
+  Tensor copy_to(Device device) const;
+  // Writes `src`'s values into this tensor (same shape; any two devices).
+  void copy_from(const Tensor& src);
+
+  // ---- arithmetic (see weft/ops.h) -------------------------------------
+  Tensor operator+(const Tensor& other) const;
+  Tensor operator-(const Tensor& other) const;
+  Tensor operator*(const Tensor& other) const;
+  Tensor operator+(float s) const;
+  Tensor operator*(float s) const;
+  Tensor matmul(const Tensor& other) const;
+  Tensor relu() const;
+  Tensor sum() const;
+  Tensor mean() const;
+
+  // For the op layer: the shared storage.
+  const std::shared_ptr<detail::Storage>& storage() const noexcept { return storage_; }
+  static Tensor wrap(std::shared_ptr<detail::Storage> storage, Shape shape);
+
+ private:
+  const detail::Storage& checked() const;
+  std::shared_ptr<detail::Storage> storage_;
+  Shape shape_;
+};
+
+// Memory of a device's allocator, for demos and benchmarks.
+MemoryStats memory_stats(Engine& engine, Device device);
+
+}  // namespace weft

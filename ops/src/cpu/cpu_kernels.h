@@ -1,0 +1,77 @@
+// CPU kernels on raw float32 buffers (row-major, contiguous). The op layer
+// checks shapes and devices at push time and calls these from an engine
+// worker; each kernel parallelizes inside itself with oneTBB (through
+// intra_op_arena(), so ops running on several engine workers never put more
+// busy threads on the machine than it has), and never reads out of bounds
+// for the sizes it is given. Sizes may be 0.
+#pragma once
+
+#include <cstdint>
+
+#include "../conv_geometry.h"
+
+namespace weft::kernels::cpu {
+
+// ---- creation -------------------------------------------------------------
+void fill(float* y, std::int64_t n, float value);
+// Counter-based (seed, index) generators: the same values on every device and
+// for every split of the work (see ../random.h).
+void uniform(float* y, std::int64_t n, float lo, float hi, std::uint64_t seed);
+void normal(float* y, std::int64_t n, float mean, float stddev, std::uint64_t seed);
+void copy(float* y, const float* x, std::int64_t n);
+
+// ---- elementwise ----------------------------------------------------------
+void add(float* y, const float* a, const float* b, std::int64_t n);
+void sub(float* y, const float* a, const float* b, std::int64_t n);
+void mul(float* y, const float* a, const float* b, std::int64_t n);
+void add_scalar(float* y, const float* x, float s, std::int64_t n);
+void mul_scalar(float* y, const float* x, float s, std::int64_t n);
+void axpy(float* y, float alpha, const float* x, std::int64_t n);  // y += alpha * x
+void relu(float* y, const float* x, std::int64_t n);
+void relu_grad(float* dx, const float* x, const float* dy, std::int64_t n);  // dy where x > 0, else 0
+
+// ---- reductions -----------------------------------------------------------
+void sum(float* y, const float* x, std::int64_t n);  // *y = sum, accumulated in double
+// Index of the largest element of each row of a rows x cols matrix, as float;
+// ties go to the lowest index.
+void argmax_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols);
+
+// ---- BLAS -----------------------------------------------------------------
+// C[m x n] = alpha * op(A) * op(B) + beta * C, row-major; op(A) is m x k.
+// lda/ldb/ldc are the row strides of A, B, C as stored.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
+          std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+// ---- layers ---------------------------------------------------------------
+// y[N, out] = x[N, in] * w[out, in]^T + b[out]   (b may be null)
+void dense_forward(float* y, const float* x, const float* w, const float* b, std::int64_t batch, std::int64_t in,
+                   std::int64_t out);
+// dx[N, in] = dy * w;  dw[out, in] = dy^T * x;  db[out] = column sums of dy.
+// Any of dx, dw, db may be null (not wanted).
+void dense_backward(float* dx, float* dw, float* db, const float* x, const float* w, const float* dy,
+                    std::int64_t batch, std::int64_t in, std::int64_t out);
+
+// y[N, O, OH, OW] = conv(x[N, C, H, W], w[O, C, KH, KW]) + b[O]  (b may be null)
+void conv2d_forward(float* y, const float* x, const float* w, const float* b, const ConvGeometry& g);
+// dx = gradient with respect to the input, given dy and w.
+void conv2d_backward_data(float* dx, const float* dy, const float* w, const ConvGeometry& g);
+// dw (and db when not null) = gradient with respect to the filter and bias.
+void conv2d_backward_filter(float* dw, float* db, const float* x, const float* dy, const ConvGeometry& g);
+
+void avg_pool2d_forward(float* y, const float* x, const PoolGeometry& g);
+void avg_pool2d_backward(float* dx, const float* dy, const PoolGeometry& g);  // overwrites dx
+void max_pool2d_forward(float* y, const float* x, const PoolGeometry& g);
+// Routes dy to the first maximum of each window (the one forward picked).
+void max_pool2d_backward(float* dx, const float* x, const float* dy, const PoolGeometry& g);  // overwrites dx
+
+// Mean softmax cross-entropy over a batch of `rows` logits rows (`cols`
+// classes); labels hold class indices as floats. Writes the mean loss to
+// *loss and, when dlogits is not null, (softmax - onehot) / rows.
+// A label outside [0, cols) is a weft::Error naming the row and the label.
+void softmax_cross_entropy(float* loss, float* dlogits, const float* logits, const float* labels, std::int64_t rows,
+                           std::int64_t cols);
+
+// w -= lr * (g + weight_decay * w)
+void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay);
+
+}  // namespace weft::kernels::cpu

@@ -1,0 +1,178 @@
+// Elementwise ops, reductions and matmul: checks at push time, then one op.
+#include <limits>
+
+#include "cpu/cpu_kernels.h"
+#include "launch.h"
+#include "weft/ops.h"
+
+namespace weft::ops {
+
+using detail::launch;
+using detail::OpIO;
+namespace cpu = kernels::cpu;
+
+namespace {
+
+template <class Cpu, class Gpu>
+Tensor binary(const char* op, const Tensor& a, const Tensor& b, Cpu cpu_kernel, Gpu gpu_kernel) {
+  detail::check_float32(op, a, "a");
+  detail::check_float32(op, b, "b");
+  detail::check_same_device(op, a, b);
+  detail::check_same_shape(op, a, b);
+  Tensor y = detail::make_like(a, a.shape());
+  const std::int64_t n = a.numel();
+  launch(op, detail::exec_device(a.device()), {&a, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      gpu_kernel(*ctx.gpu, io.o(0), io.i(0), io.i(1), n);
+    else
+      cpu_kernel(io.o(0), io.i(0), io.i(1), n);
+  });
+  return y;
+}
+
+template <class Cpu, class Gpu>
+Tensor unary(const char* op, const Tensor& x, Cpu cpu_kernel, Gpu gpu_kernel) {
+  detail::check_float32(op, x, "x");
+  Tensor y = detail::make_like(x, x.shape());
+  const std::int64_t n = x.numel();
+  launch(op, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      gpu_kernel(*ctx.gpu, io.o(0), io.i(0), n);
+    else
+      cpu_kernel(io.o(0), io.i(0), n);
+  });
+  return y;
+}
+
+}  // namespace
+
+#define WEFT_BINARY(name)                                                                              \
+  Tensor name(const Tensor& a, const Tensor& b) {                                                      \
+    return binary(                                                                                     \
+        #name, a, b, [](float* y, const float* p, const float* q, std::int64_t n) { cpu::name(y, p, q, n); }, \
+        [](const gpu::WorkerHandles& h, float* y, const float* p, const float* q, std::int64_t n) {    \
+          (void)h, (void)y, (void)p, (void)q, (void)n;                                                 \
+          WEFT_GPU_KERNEL(#name, name(h, y, p, q, n));                                                 \
+        });                                                                                            \
+  }
+WEFT_BINARY(add)
+WEFT_BINARY(sub)
+WEFT_BINARY(mul)
+#undef WEFT_BINARY
+
+Tensor add_scalar(const Tensor& x, float s) {
+  return unary(
+      "add_scalar", x, [s](float* y, const float* p, std::int64_t n) { cpu::add_scalar(y, p, s, n); },
+      [s](const gpu::WorkerHandles& h, float* y, const float* p, std::int64_t n) {
+        (void)h, (void)y, (void)p, (void)n, (void)s;
+        WEFT_GPU_KERNEL("add_scalar", add_scalar(h, y, p, s, n));
+      });
+}
+
+Tensor mul_scalar(const Tensor& x, float s) {
+  return unary(
+      "mul_scalar", x, [s](float* y, const float* p, std::int64_t n) { cpu::mul_scalar(y, p, s, n); },
+      [s](const gpu::WorkerHandles& h, float* y, const float* p, std::int64_t n) {
+        (void)h, (void)y, (void)p, (void)n, (void)s;
+        WEFT_GPU_KERNEL("mul_scalar", mul_scalar(h, y, p, s, n));
+      });
+}
+
+Tensor relu(const Tensor& x) {
+  return unary(
+      "relu", x, [](float* y, const float* p, std::int64_t n) { cpu::relu(y, p, n); },
+      [](const gpu::WorkerHandles& h, float* y, const float* p, std::int64_t n) {
+        (void)h, (void)y, (void)p, (void)n;
+        WEFT_GPU_KERNEL("relu", relu(h, y, p, n));
+      });
+}
+
+Tensor relu_grad(const Tensor& x, const Tensor& dy) {
+  return binary(
+      "relu_grad", x, dy, [](float* dx, const float* p, const float* q, std::int64_t n) { cpu::relu_grad(dx, p, q, n); },
+      [](const gpu::WorkerHandles& h, float* dx, const float* p, const float* q, std::int64_t n) {
+        (void)h, (void)dx, (void)p, (void)q, (void)n;
+        WEFT_GPU_KERNEL("relu_grad", relu_grad(h, dx, p, q, n));
+      });
+}
+
+void axpy(float alpha, const Tensor& x, Tensor& y) {
+  detail::check_float32("axpy", x, "x");
+  detail::check_float32("axpy", y, "y");
+  detail::check_same_device("axpy", x, y);
+  detail::check_same_shape("axpy", x, y);
+  const std::int64_t n = x.numel();
+  launch("axpy", detail::exec_device(y.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("axpy", axpy(*ctx.gpu, io.o(0), alpha, io.i(0), n));
+    else
+      cpu::axpy(io.o(0), alpha, io.i(0), n);
+  });
+}
+
+namespace {
+Tensor reduce_sum(const char* op, const Tensor& x, float scale) {
+  detail::check_float32(op, x, "x");
+  Tensor y = detail::make_like(x, Shape{});
+  const std::int64_t n = x.numel();
+  launch(op, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu) {
+      WEFT_GPU_KERNEL(op, sum(*ctx.gpu, io.o(0), io.i(0), n));
+      if (scale != 1.0f) WEFT_GPU_KERNEL(op, mul_scalar(*ctx.gpu, io.o(0), io.o(0), scale, 1));
+    } else {
+      cpu::sum(io.o(0), io.i(0), n);
+      *io.o(0) *= scale;
+    }
+  });
+  return y;
+}
+}  // namespace
+
+Tensor sum(const Tensor& x) { return reduce_sum("sum", x, 1.0f); }
+
+Tensor mean(const Tensor& x) {
+  const std::int64_t n = x.defined() ? x.numel() : 1;
+  return reduce_sum("mean", x, n ? 1.0f / static_cast<float>(n) : std::numeric_limits<float>::quiet_NaN());
+}
+
+Tensor argmax(const Tensor& x) {
+  detail::check_float32("argmax", x, "x");
+  detail::check_rank("argmax", x, 2, "x");
+  const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
+  if (cols == 0 && rows > 0) throw Error("argmax: " + x.str() + " has rows with no columns");
+  Tensor y = detail::make_like(x, Shape{rows});
+  launch("argmax", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("argmax", argmax_rows(*ctx.gpu, io.o(0), io.i(0), rows, cols));
+    else
+      cpu::argmax_rows(io.o(0), io.i(0), rows, cols);
+  });
+  return y;
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  detail::check_float32("matmul", a, "a");
+  detail::check_float32("matmul", b, "b");
+  detail::check_same_device("matmul", a, b);
+  detail::check_rank("matmul", a, 2, "a");
+  detail::check_rank("matmul", b, 2, "b");
+  const std::int64_t m = trans_a ? a.shape()[1] : a.shape()[0];
+  const std::int64_t k = trans_a ? a.shape()[0] : a.shape()[1];
+  const std::int64_t kb = trans_b ? b.shape()[1] : b.shape()[0];
+  const std::int64_t n = trans_b ? b.shape()[0] : b.shape()[1];
+  if (k != kb)
+    throw Error("matmul: inner dimensions differ: " + a.shape().str() + (trans_a ? "^T" : "") + " x " +
+                b.shape().str() + (trans_b ? "^T" : "") + " (" + std::to_string(k) + " vs " + std::to_string(kb) + ")");
+  Tensor c = detail::make_like(a, Shape{m, n});
+  const std::int64_t lda = a.shape()[1], ldb = b.shape()[1];
+  launch("matmul", detail::exec_device(a.device()), {&a, &b}, {&c}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("matmul", gemm(*ctx.gpu, trans_a, trans_b, m, n, k, 1.0f, io.i(0), lda, io.i(1), ldb, 0.0f,
+                                     io.o(0), n));
+    else
+      cpu::gemm(trans_a, trans_b, m, n, k, 1.0f, io.i(0), lda, io.i(1), ldb, 0.0f, io.o(0), n);
+  });
+  return c;
+}
+
+}  // namespace weft::ops

@@ -1,0 +1,50 @@
+// Owning wrappers for cuDNN's legacy descriptors (host-side objects: creating
+// and destroying them never touches the GPU or a stream).
+#pragma once
+
+#include <cudnn.h>
+
+#include <utility>
+
+#include "weft/cuda_check.h"
+
+namespace weft::kernels::gpu::detail {
+
+template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class CudnnDescriptor {
+ public:
+  CudnnDescriptor() { WEFT_CUDNN_CHECK(Create(&d_)); }
+  ~CudnnDescriptor() {
+    // A destructor must not throw, and a failed destroy only leaks host memory.
+    if (d_ != nullptr) (void)Destroy(d_);
+  }
+  CudnnDescriptor(CudnnDescriptor&& other) noexcept : d_(std::exchange(other.d_, nullptr)) {}
+  CudnnDescriptor& operator=(CudnnDescriptor&& other) noexcept {
+    std::swap(d_, other.d_);
+    return *this;
+  }
+  CudnnDescriptor(const CudnnDescriptor&) = delete;
+  CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
+
+  T get() const noexcept { return d_; }
+  operator T() const noexcept { return d_; }  // NOLINT: pass straight to cuDNN calls
+
+ private:
+  T d_ = nullptr;
+};
+
+using TensorDescriptor =
+    CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
+using FilterDescriptor =
+    CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
+using ConvolutionDescriptor = CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                                              cudnnDestroyConvolutionDescriptor>;
+
+// A dense NCHW float32 tensor.
+inline TensorDescriptor nchw_tensor(int n, int c, int h, int w) {
+  TensorDescriptor d;
+  WEFT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  return d;
+}
+
+}  // namespace weft::kernels::gpu::detail

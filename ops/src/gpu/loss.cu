@@ -1,0 +1,102 @@
+// Mean softmax cross-entropy: one warp per row (max, sum of exponentials,
+// gradient), row losses summed in double per block, then the per-block
+// partials (in h.workspace) finished in one block, the same deterministic
+// two-pass scheme as sum().
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "gpu_internal.h"
+#include "gpu_kernels.h"
+#include "launch.cuh"
+
+namespace weft::kernels::gpu {
+namespace {
+
+using detail::kMaxReduceBlocks;
+using detail::kThreads;
+
+constexpr int kWarp = 32;
+constexpr int kWarpsPerBlock = kThreads / kWarp;
+
+__device__ inline float warp_max(float v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+__device__ inline double warp_sum(double v) {
+  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Rows are split across all warps of the grid; each block leaves the sum of
+// its rows' losses in partials[blockIdx.x], or, launched as a single block
+// without partials, the final mean in *loss. The arithmetic follows the CPU
+// kernel (shift by the row max, exponentials, log and gradient in double) so
+// the two agree to float rounding.
+__global__ void softmax_ce_kernel(float* loss, double* partials, float* dlogits, const float* logits,
+                                  const float* labels, std::int64_t rows, std::int64_t cols) {
+  __shared__ double warp_loss[kWarpsPerBlock];
+  const int lane = threadIdx.x % kWarp;
+  const int warp_in_block = threadIdx.x / kWarp;
+  const std::int64_t warp = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * blockDim.x / kWarp;
+  const double inv_rows = 1.0 / static_cast<double>(rows);
+  double acc = 0.0;  // meaningful in lane 0 only
+  for (std::int64_t r = warp; r < rows; r += warps) {
+    const float* x = logits + r * cols;
+    const float l = labels[r];
+    // The CPU's test, written so a NaN label also fails it; the CPU throws,
+    // here the row's loss (and gradient) become NaN.
+    const bool valid = l >= 0.0f && static_cast<double>(l) < static_cast<double>(cols) && floorf(l) == l;
+    const std::int64_t label = valid ? static_cast<std::int64_t>(l) : -1;
+
+    float m = -INFINITY;
+    for (std::int64_t j = lane; j < cols; j += kWarp) m = fmaxf(m, x[j]);
+    const double zmax = warp_max(m);
+    double denom = 0.0;
+    for (std::int64_t j = lane; j < cols; j += kWarp) denom += exp(static_cast<double>(x[j]) - zmax);
+    const double log_denom = log(warp_sum(denom));
+
+    if (dlogits != nullptr) {
+      float* d = dlogits + r * cols;
+      for (std::int64_t j = lane; j < cols; j += kWarp) {
+        const double p = exp(static_cast<double>(x[j]) - zmax - log_denom);
+        d[j] = valid ? static_cast<float>((j == label ? p - 1.0 : p) * inv_rows) : NAN;
+      }
+    }
+    if (lane == 0) acc += valid ? log_denom - (static_cast<double>(x[label]) - zmax) : static_cast<double>(NAN);
+  }
+  if (lane == 0) warp_loss[warp_in_block] = acc;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) total += warp_loss[w];
+    if (partials != nullptr)
+      partials[blockIdx.x] = total;
+    else
+      *loss = static_cast<float>(total * inv_rows);
+  }
+}
+
+}  // namespace
+
+void softmax_cross_entropy(const WorkerHandles& h, float* loss, float* dlogits, const float* logits,
+                           const float* labels, std::int64_t rows, std::int64_t cols) {
+  // The mean over no rows is 0 (not 0/0), as on the CPU.
+  if (rows <= 0) return detail::zero(h, loss, 1);
+  const std::int64_t blocks = std::min<std::int64_t>(
+      std::min<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxReduceBlocks), detail::partial_slots(h));
+  if (blocks <= 1) {
+    softmax_ce_kernel<<<1, kThreads, 0, h.stream>>>(loss, nullptr, dlogits, logits, labels, rows, cols);
+    WEFT_LAUNCH_CHECK();
+    return;
+  }
+  auto* partials = static_cast<double*>(h.workspace);
+  softmax_ce_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, h.stream>>>(loss, partials, dlogits, logits, labels,
+                                                                              rows, cols);
+  WEFT_LAUNCH_CHECK();
+  detail::finish_partials(h, partials, blocks, 1.0 / static_cast<double>(rows), loss);
+}
+
+}  // namespace weft::kernels::gpu

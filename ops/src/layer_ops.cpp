@@ -1,0 +1,223 @@
+// Layer ops (dense, convolution, pooling, loss, SGD): shape checks at push
+// time, then one engine op calling the CPU or GPU kernel.
+#include "cpu/cpu_kernels.h"
+#include "launch.h"
+#include "weft/nn_ops.h"
+
+namespace weft::ops {
+
+using detail::launch;
+using detail::OpIO;
+namespace cpu = kernels::cpu;
+
+namespace {
+
+std::string dims(const Tensor& t) { return t.defined() ? t.shape().str() : std::string("(none)"); }
+
+void check_all(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
+  const Tensor* first = nullptr;
+  for (auto [t, what] : tensors) {
+    if (!t->defined()) continue;
+    detail::check_float32(op, *t, what);
+    if (first) detail::check_same_device(op, *first, *t);
+    else first = t;
+  }
+}
+
+kernels::ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, Conv2dParams p) {
+  if (x.rank() != 4 || w.rank() != 4)
+    throw Error(std::string(op) + ": input must be [N, C, H, W] and filter [O, C, KH, KW]; got " + x.str() + " and " +
+                w.str());
+  if (x[1] != w[1])
+    throw Error(std::string(op) + ": input " + x.str() + " has " + std::to_string(x[1]) + " channels, filter " +
+                w.str() + " expects " + std::to_string(w[1]));
+  if (p.stride < 1 || p.pad < 0)
+    throw Error(std::string(op) + ": stride " + std::to_string(p.stride) + " / pad " + std::to_string(p.pad) +
+                " invalid");
+  kernels::ConvGeometry g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], p.stride, p.pad};
+  if (g.h + 2 * g.pad < g.kh || g.w + 2 * g.pad < g.kw || g.kh < 1 || g.kw < 1)
+    throw Error(std::string(op) + ": filter " + w.str() + " does not fit input " + x.str() + " with pad " +
+                std::to_string(p.pad));
+  return g;
+}
+
+kernels::PoolGeometry pool_geometry(const char* op, const Shape& x, Pool2dParams p) {
+  if (x.rank() != 4) throw Error(std::string(op) + ": input must be [N, C, H, W], got " + x.str());
+  if (p.kernel < 1 || p.stride < 1 || p.kernel > x[2] || p.kernel > x[3])
+    throw Error(std::string(op) + ": window " + std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
+                " does not fit input " + x.str());
+  return kernels::PoolGeometry{x[0], x[1], x[2], x[3], p.kernel, p.stride};
+}
+
+}  // namespace
+
+Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b) {
+  check_all("dense", {{&x, "x"}, {&w, "w"}, {&b, "b"}});
+  detail::check_rank("dense", x, 2, "x");
+  detail::check_rank("dense", w, 2, "w");
+  const std::int64_t batch = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+  if (w.shape()[1] != in || (b.defined() && b.shape() != Shape{out}))
+    throw Error("dense: x " + dims(x) + ", w " + dims(w) + ", b " + dims(b) + " do not fit (want w [out, " +
+                std::to_string(in) + "], b [out])");
+  Tensor y = detail::make_like(x, Shape{batch, out});
+  const bool has_b = b.defined();
+  launch("dense", detail::exec_device(x.device()), {&x, &w, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    const float* bias = has_b ? io.i(2) : nullptr;
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("dense", dense_forward(*ctx.gpu, io.o(0), io.i(0), io.i(1), bias, batch, in, out));
+    else
+      cpu::dense_forward(io.o(0), io.i(0), io.i(1), bias, batch, in, out);
+  });
+  return y;
+}
+
+DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy) {
+  check_all("dense_backward", {{&x, "x"}, {&w, "w"}, {&dy, "dy"}});
+  detail::check_rank("dense_backward", x, 2, "x");
+  detail::check_rank("dense_backward", w, 2, "w");
+  const std::int64_t batch = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
+  if (w.shape()[1] != in || dy.shape() != Shape{batch, out})
+    throw Error("dense_backward: x " + dims(x) + ", w " + dims(w) + ", dy " + dims(dy) + " do not fit");
+  DenseGrads g{detail::make_like(x, x.shape()), detail::make_like(w, w.shape()), detail::make_like(w, Shape{out})};
+  launch("dense_backward", detail::exec_device(x.device()), {&x, &w, &dy}, {&g.dx, &g.dw, &g.db},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("dense_backward", dense_backward(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.i(0), io.i(1),
+                                                              io.i(2), batch, in, out));
+           else
+             cpu::dense_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), batch, in, out);
+         });
+  return g;
+}
+
+Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p) {
+  check_all("conv2d", {{&x, "x"}, {&w, "w"}, {&b, "b"}});
+  const kernels::ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);
+  if (b.defined() && b.shape() != Shape{g.o})
+    throw Error("conv2d: bias " + dims(b) + " does not match " + std::to_string(g.o) + " output channels");
+  Tensor y = detail::make_like(x, Shape{g.n, g.o, g.out_h(), g.out_w()});
+  const bool has_b = b.defined();
+  launch("conv2d", detail::exec_device(x.device()), {&x, &w, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    const float* bias = has_b ? io.i(2) : nullptr;
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("conv2d", conv2d_forward(*ctx.gpu, io.o(0), io.i(0), io.i(1), bias, g));
+    else
+      cpu::conv2d_forward(io.o(0), io.i(0), io.i(1), bias, g);
+  });
+  return y;
+}
+
+Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, Conv2dParams p) {
+  check_all("conv2d_backward_data", {{&dy, "dy"}, {&w, "w"}});
+  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_data", x_shape, w.shape(), p);
+  if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
+    throw Error("conv2d_backward_data: dy " + dims(dy) + " does not match the output of input " + x_shape.str() +
+                " and filter " + w.shape().str());
+  Tensor dx = detail::make_like(dy, x_shape);
+  launch("conv2d_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("conv2d_backward_data", conv2d_backward_data(*ctx.gpu, io.o(0), io.i(0), io.i(1), g));
+    else
+      cpu::conv2d_backward_data(io.o(0), io.i(0), io.i(1), g);
+  });
+  return dx;
+}
+
+ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape, Conv2dParams p) {
+  check_all("conv2d_backward_filter", {{&x, "x"}, {&dy, "dy"}});
+  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_filter", x.shape(), w_shape, p);
+  if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
+    throw Error("conv2d_backward_filter: dy " + dims(dy) + " does not match the output of input " + x.shape().str() +
+                " and filter " + w_shape.str());
+  ConvFilterGrads out{detail::make_like(x, w_shape), detail::make_like(x, Shape{g.o})};
+  launch("conv2d_backward_filter", detail::exec_device(x.device()), {&x, &dy}, {&out.dw, &out.db},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("conv2d_backward_filter",
+                             conv2d_backward_filter(*ctx.gpu, io.o(0), io.o(1), io.i(0), io.i(1), g));
+           else
+             cpu::conv2d_backward_filter(io.o(0), io.o(1), io.i(0), io.i(1), g);
+         });
+  return out;
+}
+
+#define WEFT_POOL_FORWARD(name, kernel)                                                                      \
+  Tensor name(const Tensor& x, Pool2dParams p) {                                                             \
+    check_all(#name, {{&x, "x"}});                                                                           \
+    const kernels::PoolGeometry g = pool_geometry(#name, x.shape(), p);                                      \
+    Tensor y = detail::make_like(x, Shape{g.n, g.c, g.out_h(), g.out_w()});                                  \
+    launch(#name, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {              \
+      if (ctx.gpu)                                                                                           \
+        WEFT_GPU_KERNEL(#name, kernel(*ctx.gpu, io.o(0), io.i(0), g));                                       \
+      else                                                                                                   \
+        cpu::kernel(io.o(0), io.i(0), g);                                                                    \
+    });                                                                                                      \
+    return y;                                                                                                \
+  }
+WEFT_POOL_FORWARD(avg_pool2d, avg_pool2d_forward)
+WEFT_POOL_FORWARD(max_pool2d, max_pool2d_forward)
+#undef WEFT_POOL_FORWARD
+
+Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams p) {
+  check_all("avg_pool2d_backward", {{&dy, "dy"}});
+  const kernels::PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, p);
+  if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
+    throw Error("avg_pool2d_backward: dy " + dims(dy) + " does not match input " + x_shape.str());
+  Tensor dx = detail::make_like(dy, x_shape);
+  launch("avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("avg_pool2d_backward", avg_pool2d_backward(*ctx.gpu, io.o(0), io.i(0), g));
+    else
+      cpu::avg_pool2d_backward(io.o(0), io.i(0), g);
+  });
+  return dx;
+}
+
+Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p) {
+  check_all("max_pool2d_backward", {{&x, "x"}, {&dy, "dy"}});
+  const kernels::PoolGeometry g = pool_geometry("max_pool2d_backward", x.shape(), p);
+  if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
+    throw Error("max_pool2d_backward: dy " + dims(dy) + " does not match input " + x.shape().str());
+  Tensor dx = detail::make_like(x, x.shape());
+  launch("max_pool2d_backward", detail::exec_device(x.device()), {&x, &dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("max_pool2d_backward", max_pool2d_backward(*ctx.gpu, io.o(0), io.i(0), io.i(1), g));
+    else
+      cpu::max_pool2d_backward(io.o(0), io.i(0), io.i(1), g);
+  });
+  return dx;
+}
+
+SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
+  check_all("softmax_cross_entropy", {{&logits, "logits"}, {&labels, "labels"}});
+  detail::check_rank("softmax_cross_entropy", logits, 2, "logits");
+  const std::int64_t rows = logits.shape()[0], cols = logits.shape()[1];
+  if (labels.shape() != Shape{rows})
+    throw Error("softmax_cross_entropy: labels " + dims(labels) + " do not match logits " + dims(logits) +
+                " (want [" + std::to_string(rows) + "])");
+  if (cols == 0) throw Error("softmax_cross_entropy: logits " + dims(logits) + " have no classes");
+  SoftmaxCrossEntropy out{detail::make_like(logits, Shape{}), detail::make_like(logits, logits.shape())};
+  launch("softmax_cross_entropy", detail::exec_device(logits.device()), {&logits, &labels}, {&out.loss, &out.dlogits},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("softmax_cross_entropy",
+                             softmax_cross_entropy(*ctx.gpu, io.o(0), io.o(1), io.i(0), io.i(1), rows, cols));
+           else
+             cpu::softmax_cross_entropy(io.o(0), io.o(1), io.i(0), io.i(1), rows, cols);
+         });
+  return out;
+}
+
+void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay) {
+  check_all("sgd_update", {{&w, "w"}, {&g, "grad"}});
+  detail::check_same_shape("sgd_update", w, g);
+  const std::int64_t n = w.numel();
+  launch("sgd_update", detail::exec_device(w.device()), {&g}, {&w}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("sgd_update", sgd_update(*ctx.gpu, io.o(0), io.i(0), n, lr, weight_decay));
+    else
+      cpu::sgd_update(io.o(0), io.i(0), n, lr, weight_decay);
+  });
+}
+
+}  // namespace weft::ops

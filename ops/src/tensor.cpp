@@ -1,0 +1,295 @@
+#include "weft/tensor.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "cpu/cpu_kernels.h"
+#include "gpu_copy.h"
+#include "launch.h"
+#include "weft/ops.h"
+
+namespace weft {
+
+using detail::exec_device;
+using detail::launch;
+using detail::OpIO;
+using detail::Storage;
+using detail::StoragePtr;
+
+namespace detail {
+
+Storage::~Storage() {
+  if (block) allocator->free(block);
+  try {
+    engine->delete_var(var);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: freeing a tensor: %s\n", e.what());
+  }
+}
+
+void check_defined(const char* op, const Tensor& t, const char* what) {
+  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an undefined Tensor");
+}
+
+void check_float32(const char* op, const Tensor& t, const char* what) {
+  check_defined(op, t, what);
+  if (t.dtype() != DType::float32)
+    throw Error(std::string(op) + ": " + what + " " + t.str() + " has dtype " + std::string(to_string(t.dtype())) +
+                "; this op supports float32 only");
+}
+
+void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.device() != b.device())
+    throw Error(std::string(op) + ": operands on different devices: " + a.str() + " and " + b.str() +
+                " (copy_to one of them first)");
+  if (&a.engine() != &b.engine()) throw Error(std::string(op) + ": operands belong to different engines");
+}
+
+void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape())
+    throw Error(std::string(op) + ": shapes differ: " + a.shape().str() + " vs " + b.shape().str() + " (" + a.str() +
+                ", " + b.str() + ")");
+}
+
+void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* what) {
+  if (t.shape().rank() != rank)
+    throw Error(std::string(op) + ": " + what + " must have rank " + std::to_string(rank) + ", got " + t.str());
+}
+
+Tensor make_like(const Tensor& x, Shape shape) { return Tensor::empty(x.engine(), std::move(shape), x.device()); }
+
+void no_gpu_kernels(const char* op) {
+  throw Error(std::string(op) + ": this Weft was built without CUDA, it has no GPU kernels");
+}
+
+}  // namespace detail
+
+namespace {
+
+void check_device(Engine& engine, Device device, const char* op) {
+  if (device.kind() == DeviceKind::cpu_pinned) {
+    if (device.index() != 0) throw Error(std::string(op) + ": only cpu_pinned(0) exists, not " + device.str());
+    return;
+  }
+  for (Device d : engine.devices())
+    if (d == device) return;
+  std::string have;
+  for (Device d : engine.devices()) have += (have.empty() ? "" : ", ") + d.str();
+  throw Error(std::string(op) + ": device " + device.str() + " is not one of this engine's (" + have +
+              ", cpu_pinned(0))");
+}
+
+// A fresh tensor whose creating op is `kernel` (it writes the whole tensor).
+template <class CpuFill, class GpuFill>
+Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const char* op, CpuFill cpu, GpuFill gpu) {
+  check_device(engine, device, op);
+  if (dtype != DType::float32 && op != std::string_view("empty"))
+    throw Error(std::string(op) + ": dtype " + std::string(to_string(dtype)) + " has no kernels yet (float32 only)");
+  auto storage = std::make_shared<Storage>(engine, device, dtype,
+                                           static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), "");
+  Tensor t = Tensor::wrap(std::move(storage), std::move(shape));
+  const std::int64_t n = t.numel();
+  launch(op, exec_device(device), {}, {&t}, [n, cpu, gpu](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      gpu(*ctx.gpu, io.o(0), n);
+    else
+      cpu(io.o(0), n);
+  });
+  return t;
+}
+
+template <class F>
+auto gpu_only(const char* op, F f) {
+#if WEFT_HAVE_CUDA
+  (void)op;
+  return f;
+#else
+  return [op](const gpu::WorkerHandles&, float*, std::int64_t) { detail::no_gpu_kernels(op); };
+#endif
+}
+
+}  // namespace
+
+Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape) {
+  Tensor t;
+  t.storage_ = std::move(storage);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::empty(Engine& engine, Shape shape, Device device, DType dtype) {
+  return create(engine, std::move(shape), device, dtype, "empty", [](float*, std::int64_t) {},
+                [](const gpu::WorkerHandles&, float*, std::int64_t) {});
+}
+
+Tensor Tensor::full(Engine& engine, Shape shape, float value, Device device) {
+  return create(
+      engine, std::move(shape), device, DType::float32, "full",
+      [value](float* y, std::int64_t n) { kernels::cpu::fill(y, n, value); },
+      gpu_only("full", [value](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+        WEFT_GPU_KERNEL("full", fill(h, y, n, value));
+      }));
+}
+
+Tensor Tensor::zeros(Engine& engine, Shape shape, Device device, DType dtype) {
+  if (dtype != DType::float32) throw Error("zeros: dtype " + std::string(to_string(dtype)) + " has no kernels yet");
+  return full(engine, std::move(shape), 0.0f, device);
+}
+
+Tensor Tensor::ones(Engine& engine, Shape shape, Device device, DType dtype) {
+  if (dtype != DType::float32) throw Error("ones: dtype " + std::string(to_string(dtype)) + " has no kernels yet");
+  return full(engine, std::move(shape), 1.0f, device);
+}
+
+Tensor Tensor::uniform(Engine& engine, Shape shape, float lo, float hi, std::uint64_t seed, Device device) {
+  if (!(lo <= hi)) throw Error("uniform: lo " + std::to_string(lo) + " > hi " + std::to_string(hi));
+  return create(
+      engine, std::move(shape), device, DType::float32, "uniform",
+      [=](float* y, std::int64_t n) { kernels::cpu::uniform(y, n, lo, hi, seed); },
+      gpu_only("uniform", [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+        WEFT_GPU_KERNEL("uniform", uniform(h, y, n, lo, hi, seed));
+      }));
+}
+
+Tensor Tensor::normal(Engine& engine, Shape shape, float mean, float stddev, std::uint64_t seed, Device device) {
+  if (!(stddev >= 0)) throw Error("normal: stddev " + std::to_string(stddev) + " is negative");
+  return create(
+      engine, std::move(shape), device, DType::float32, "normal",
+      [=](float* y, std::int64_t n) { kernels::cpu::normal(y, n, mean, stddev, seed); },
+      gpu_only("normal", [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+        WEFT_GPU_KERNEL("normal", normal(h, y, n, mean, stddev, seed));
+      }));
+}
+
+Tensor Tensor::from_host(Engine& engine, Shape shape, std::span<const float> data, Device device) {
+  if (static_cast<std::int64_t>(data.size()) != shape.numel())
+    throw Error("from_host: " + std::to_string(data.size()) + " values given for shape " + shape.str() + " (" +
+                std::to_string(shape.numel()) + " elements)");
+  if (device.is_gpu()) return from_host(engine, std::move(shape), data, Device::cpu_pinned(0)).copy_to(device);
+  check_device(engine, device, "from_host");
+  std::vector<float> copy(data.begin(), data.end());
+  auto storage = std::make_shared<Storage>(engine, device, DType::float32, copy.size() * sizeof(float), "");
+  Tensor t = wrap(std::move(storage), std::move(shape));
+  launch("from_host", exec_device(device), {}, {&t}, [copy = std::move(copy)](RunContext&, OpIO& io) {
+    if (!copy.empty()) std::memcpy(io.o(0), copy.data(), copy.size() * sizeof(float));
+  });
+  return t;
+}
+
+const Storage& Tensor::checked() const {
+  if (!storage_) throw Error("use of an undefined weft::Tensor");
+  return *storage_;
+}
+const Shape& Tensor::shape() const {
+  checked();
+  return shape_;
+}
+DType Tensor::dtype() const { return checked().dtype; }
+Device Tensor::device() const { return checked().device; }
+std::size_t Tensor::nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+Var Tensor::var() const { return checked().var; }
+Engine& Tensor::engine() const { return *checked().engine; }
+std::string Tensor::name() const { return storage_ ? storage_->name : std::string(); }
+
+Tensor& Tensor::set_name(std::string name) {
+  checked();
+  storage_->name = std::move(name);
+  return *this;
+}
+
+std::string Tensor::str() const {
+  if (!storage_) return "Tensor (undefined)";
+  std::string n = storage_->name;
+  return "Tensor " + (n.empty() ? std::string() : "'" + n + "' ") + shape_.str() + " " +
+         std::string(to_string(storage_->dtype)) + " on " + storage_->device.str();
+}
+
+void Tensor::wait_to_read() const { engine().wait_to_read(var()); }
+
+std::vector<float> Tensor::to_host() const {
+  detail::check_float32("to_host", *this, "tensor");
+  if (device().is_gpu()) return copy_to(Device::cpu_pinned(0)).to_host();
+  wait_to_read();
+  std::vector<float> out(static_cast<std::size_t>(numel()));
+  if (!out.empty()) std::memcpy(out.data(), storage_->data(), out.size() * sizeof(float));
+  return out;
+}
+
+float Tensor::item() const {
+  if (numel() != 1) throw Error("item: " + str() + " has " + std::to_string(numel()) + " elements, not 1");
+  return to_host()[0];
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  if (shape.numel() != numel())
+    throw Error("reshape: " + str() + " cannot become " + shape.str() + " (" + std::to_string(numel()) + " vs " +
+                std::to_string(shape.numel()) + " elements)");
+  return wrap(storage_, std::move(shape));
+}
+
+Tensor Tensor::copy_to(Device device) const {
+  detail::check_float32("copy_to", *this, "source");
+  check_device(engine(), device, "copy_to");
+  Tensor dst = Tensor::wrap(std::make_shared<Storage>(engine(), device, dtype(), nbytes(), ""), shape_);
+  dst.copy_from(*this);
+  return dst;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  detail::check_float32("copy_from", *this, "destination");
+  detail::check_float32("copy_from", src, "source");
+  detail::check_same_shape("copy_from", *this, src);
+  if (&src.engine() != &engine()) throw Error("copy_from: tensors belong to different engines");
+  const Device from = src.device(), to = device();
+  const std::size_t bytes = nbytes();
+  using detail::CopyKind;
+  const bool host_from = !from.is_gpu(), host_to = !to.is_gpu();
+  if (host_from && host_to) {
+    launch("copy " + from.str() + "->" + to.str(), exec_device(to), {&src}, {this}, [bytes](RunContext&, OpIO& io) {
+      if (bytes) std::memcpy(io.o(0), io.i(0), bytes);
+    });
+    return;
+  }
+  // Pageable host memory cannot be copied asynchronously: stage through a
+  // pinned tensor (a CPU op fills or drains it; the GPU op copies it).
+  if (host_from && from.kind() != DeviceKind::cpu_pinned) {
+    copy_from(src.copy_to(Device::cpu_pinned(0)));
+    return;
+  }
+  if (host_to && to.kind() != DeviceKind::cpu_pinned) {
+    copy_from(src.copy_to(Device::cpu_pinned(0)));
+    return;
+  }
+  const std::string name = "copy " + from.str() + "->" + to.str();
+  if (host_from) {  // pinned -> gpu
+    launch(name, to, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
+      detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::host_to_device, ctx.gpu->stream);
+    }, OpProperty::copy_to_device);
+  } else if (host_to) {  // gpu -> pinned
+    launch(name, from, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
+      detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::device_to_host, ctx.gpu->stream);
+    }, OpProperty::copy_from_device);
+  } else if (from == to) {
+    launch(name, to, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
+      detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::device_to_device, ctx.gpu->stream);
+    });
+  } else {
+    launch(name, to, {&src}, {this}, [bytes, from, to](RunContext& ctx, OpIO& io) {
+      detail::gpu_memcpy_peer_async(io.o(0), to.index(), io.i(0), from.index(), bytes, ctx.gpu->stream);
+    }, OpProperty::copy_peer);
+  }
+}
+
+Tensor Tensor::operator+(const Tensor& o) const { return ops::add(*this, o); }
+Tensor Tensor::operator-(const Tensor& o) const { return ops::sub(*this, o); }
+Tensor Tensor::operator*(const Tensor& o) const { return ops::mul(*this, o); }
+Tensor Tensor::operator+(float s) const { return ops::add_scalar(*this, s); }
+Tensor Tensor::operator*(float s) const { return ops::mul_scalar(*this, s); }
+Tensor Tensor::matmul(const Tensor& o) const { return ops::matmul(*this, o); }
+Tensor Tensor::relu() const { return ops::relu(*this); }
+Tensor Tensor::sum() const { return ops::sum(*this); }
+Tensor Tensor::mean() const { return ops::mean(*this); }
+
+MemoryStats memory_stats(Engine& engine, Device device) { return engine.allocator(device).stats(); }
+
+}  // namespace weft
