@@ -2,7 +2,9 @@
 // query answers "no GPU" and constructors throw: nothing can ask for a GPU
 // that discovery did not report.
 #include <cstdio>
+#include <mutex>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "weft/error.h"
@@ -99,16 +101,55 @@ StreamResources::~StreamResources() {
 
 void StreamResources::synchronize() const { WEFT_CUDA_CHECK(cudaStreamSynchronize(handles_.stream)); }
 
+namespace {
+// Recycled CUDA events, one list per device: creating and destroying an event
+// per GPU op would cost a driver call each. Never shrinks; events are tiny.
+class EventPool {
+ public:
+  cudaEvent_t acquire(int device) {
+    {
+      std::lock_guard lock(mutex_);
+      if (device < static_cast<int>(free_.size()) && !free_[static_cast<std::size_t>(device)].empty()) {
+        cudaEvent_t e = free_[static_cast<std::size_t>(device)].back();
+        free_[static_cast<std::size_t>(device)].pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  // Re-recording a returned event later is safe: waits already enqueued on
+  // it captured the recording they saw.
+  void release(int device, cudaEvent_t e) noexcept {
+    std::lock_guard lock(mutex_);
+    if (device >= static_cast<int>(free_.size())) free_.resize(static_cast<std::size_t>(device) + 1);
+    free_[static_cast<std::size_t>(device)].push_back(e);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::vector<cudaEvent_t>> free_;
+};
+
+EventPool& event_pool() {
+  static EventPool* pool = new EventPool;  // never destroyed: events may be released during exit
+  return *pool;
+}
+}  // namespace
+
 Event* Event::record(int device, CUstream_st* stream) {
-  // Events are cheap to create without timing; a pool would save ~1 us per
-  // GPU op and is future work if traces show it.
-  cudaEvent_t e = nullptr;
-  WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  WEFT_CUDA_CHECK(cudaEventRecord(e, stream));
+  cudaEvent_t e = event_pool().acquire(device);
+  try {
+    WEFT_CUDA_CHECK(cudaEventRecord(e, stream));
+  } catch (...) {
+    event_pool().release(device, e);
+    throw;
+  }
   return new Event(e, stream, device);
 }
 
-Event::~Event() { cudaEventDestroy(event_); }
+Event::~Event() { event_pool().release(device_, event_); }
 
 void Event::release() noexcept {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;

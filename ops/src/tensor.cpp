@@ -240,6 +240,7 @@ void Tensor::copy_from(const Tensor& src) {
   detail::check_float32("copy_from", src, "source");
   detail::check_same_shape("copy_from", *this, src);
   if (&src.engine() != &engine()) throw Error("copy_from: tensors belong to different engines");
+  if (src.storage_ == storage_) return;  // same memory: nothing to copy
   const Device from = src.device(), to = device();
   const std::size_t bytes = nbytes();
   using detail::CopyKind;

@@ -65,6 +65,11 @@ PoolGeometry pool(i64 n, i64 c, i64 h, i64 w, i64 kernel, i64 stride) {
   return g;
 }
 
+// Same bits (NaN included), which operator== on floats would not say.
+bool bitwise_equal(const std::vector<float>& x, const std::vector<float>& y) {
+  return x.size() == y.size() && (x.empty() || std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0);
+}
+
 std::vector<float> nan_vec(i64 n) { return std::vector<float>(static_cast<std::size_t>(n), kNaN); }
 
 // Distinct values (a shuffled ramp): no ties, so a small finite-difference
@@ -345,7 +350,7 @@ TEST_CASE("dense forward and backward match references and finite differences" *
     // Outputs not wanted are null and left alone.
     std::vector<float> only_db = nan_vec(s.out);
     k::dense_backward(nullptr, nullptr, only_db.data(), x.data(), w.data(), dy.data(), s.batch, s.in, s.out);
-    CHECK(std::memcmp(only_db.data(), db.data(), db.size() * sizeof(float)) == 0);
+    CHECK(bitwise_equal(only_db, db));
 
     if (s.batch * s.in * s.out > 0 && s.batch * s.in * s.out < 1000) {
       Vec xs = dxv, ws = dwv, bs = dbv;
@@ -381,7 +386,7 @@ TEST_CASE("conv2d forward and backward match references over many shapes" * doct
     check_close(db, conv_backward_bias(ddy, g), kTol, "conv backward bias");
     std::vector<float> dw_only = nan_vec(ws);
     k::conv2d_backward_filter(dw_only.data(), nullptr, x.data(), dy.data(), g);
-    CHECK(std::memcmp(dw_only.data(), dw.data(), dw.size() * sizeof(float)) == 0);
+    CHECK(bitwise_equal(dw_only, dw));
   }
 }
 
@@ -693,10 +698,6 @@ std::vector<std::vector<float>> run_every_kernel() {
   out.push_back(nan_vec(1));
   take(512 * 100, [&](float* y) { k::softmax_cross_entropy(out.back().data(), y, a.data(), labels.data(), 512, 100); });
   return out;
-}
-
-bool bitwise_equal(const std::vector<float>& x, const std::vector<float>& y) {
-  return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0;
 }
 
 }  // namespace

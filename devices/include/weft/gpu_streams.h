@@ -38,7 +38,7 @@ class StreamResources {
 // A recorded CUDA event shared by every variable an op wrote or read.
 class Event {
  public:
-  // Records a fresh event on `stream` (of device `device`).
+  // Records an event (recycled from a per-device pool) on `stream` of `device`.
   static Event* record(int device, CUstream_st* stream);
   void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept;

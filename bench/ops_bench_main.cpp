@@ -1,0 +1,225 @@
+// weft-bench-ops: what running a kernel as an engine op costs, against calling
+// the same kernel (or the library) directly, in the same process, interleaved.
+//
+//   small ops  : per-op dispatch cost (push, dependency tracking, output
+//                allocation from the caching allocator, completion) for tiny
+//                elementwise ops: engine_ns - direct_ns is the overhead;
+//   matmul N^2 : throughput through the engine (our kernel: OpenBLAS split
+//                over the intra-op arena) against cblas_sgemm called directly
+//                with OpenBLAS's own threads; ratio = direct_ns / engine_ns
+//                (target >= 0.97 from 1024^2 up).
+// GPU cases run when a GPU answers: kernel-launch cost through the engine vs
+// launching on a stream directly, and cuBLAS GEMM through the engine vs direct.
+//
+// Output: a table, or with --json one line per case:
+//   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
+#include <cblas.h>
+
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/cpu_kernels.h"
+#include "cpu/intra_op.h"
+#include "measure.h"
+#include "weft/gpu.h"
+#include "weft/gpu_streams.h"
+#include "weft/ops.h"
+#include "weft/tensor.h"
+
+#if WEFT_HAVE_CUDA
+#include "gpu/gpu_kernels.h"
+#endif
+
+extern "C" void openblas_set_num_threads(int);
+
+namespace {
+
+using weft_bench::Stopwatch;
+using weft_bench::summarize;
+
+struct Options {
+  bool json = false;
+  bool quick = false;
+  int reps = 5;
+};
+
+struct Row {
+  std::string name, device;
+  std::int64_t ops = 0;
+  weft_bench::Summary engine, direct;
+};
+
+// Runs engine and direct alternately (A B A B ...) and keeps per-op medians.
+Row measure(std::string name, std::string device, std::int64_t ops, int reps, const std::function<void()>& engine_run,
+            const std::function<void()>& direct_run) {
+  engine_run();  // warm-up: caches, allocator, library handles
+  direct_run();
+  std::vector<double> e, d;
+  for (int r = 0; r < reps; ++r) {
+    Stopwatch a;
+    engine_run();
+    e.push_back(a.seconds() * 1e9 / static_cast<double>(ops));
+    Stopwatch b;
+    direct_run();
+    d.push_back(b.seconds() * 1e9 / static_cast<double>(ops));
+  }
+  return Row{std::move(name), std::move(device), ops, summarize(e), summarize(d)};
+}
+
+void print(const Options& o, const std::vector<Row>& rows) {
+  if (!o.json) {
+    std::printf("%-16s %-8s %10s %12s %12s %8s\n", "case", "device", "ops", "engine_ns", "direct_ns", "ratio");
+  }
+  for (const Row& r : rows) {
+    const double ratio = r.direct.median / r.engine.median;
+    if (o.json)
+      std::printf(
+          "{\"case\":\"%s\",\"device\":\"%s\",\"ops\":%lld,\"engine_ns\":%.1f,\"direct_ns\":%.1f,\"ratio\":%.4f,"
+          "\"engine_ns_min\":%.1f,\"engine_ns_max\":%.1f,\"direct_ns_min\":%.1f,\"direct_ns_max\":%.1f,\"reps\":%d}\n",
+          r.name.c_str(), r.device.c_str(), static_cast<long long>(r.ops), r.engine.median, r.direct.median, ratio,
+          r.engine.min, r.engine.max, r.direct.min, r.direct.max, o.reps);
+    else
+      std::printf("%-16s %-8s %10lld %12.1f %12.1f %8.3f\n", r.name.c_str(), r.device.c_str(),
+                  static_cast<long long>(r.ops), r.engine.median, r.direct.median, ratio);
+  }
+}
+
+void cpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
+  const weft::Device cpu = weft::Device::cpu(0);
+  for (std::int64_t n : {std::int64_t{1}, std::int64_t{65536}}) {
+    const std::int64_t ops = o.quick ? 200 : (n == 1 ? 20000 : 2000);
+    auto x = weft::Tensor::ones(engine, {n}, cpu);
+    std::vector<float> a(static_cast<std::size_t>(n), 1.0f), y(static_cast<std::size_t>(n));
+    rows.push_back(measure(
+        "add_" + std::to_string(n), "cpu", ops, o.reps,
+        [&] {
+          for (std::int64_t i = 0; i < ops; ++i) weft::ops::add(x, x);
+          engine.wait_all();
+        },
+        [&] {
+          for (std::int64_t i = 0; i < ops; ++i) weft::kernels::cpu::add(y.data(), a.data(), a.data(), n);
+        }));
+  }
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  for (std::int64_t n : {256, 512, 1024, 2048}) {
+    if (o.quick && n > 256) break;
+    const std::int64_t ops = n <= 512 ? 16 : (n == 1024 ? 8 : 4);
+    auto a = weft::Tensor::uniform(engine, {n, n}, -1, 1, 1, cpu);
+    auto b = weft::Tensor::uniform(engine, {n, n}, -1, 1, 2, cpu);
+    std::vector<float> ha = a.to_host(), hb = b.to_host(), hc(static_cast<std::size_t>(n * n));
+    const int fn = static_cast<int>(n);
+    rows.push_back(measure(
+        "matmul_" + std::to_string(n), "cpu", ops, o.reps,
+        [&] {
+          openblas_set_num_threads(1);  // the engine's kernels split GEMMs themselves
+          for (std::int64_t i = 0; i < ops; ++i) weft::ops::matmul(a, b);
+          engine.wait_all();
+        },
+        [&] {
+          openblas_set_num_threads(threads);  // the library on its own, with its threads
+          for (std::int64_t i = 0; i < ops; ++i)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, fn, fn, fn, 1.0f, ha.data(), fn, hb.data(), fn,
+                        0.0f, hc.data(), fn);
+          openblas_set_num_threads(1);
+        }));
+  }
+}
+
+#if WEFT_HAVE_CUDA
+void gpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
+  const weft::Device gpu = weft::Device::gpu(0);
+  weft::gpu::StreamResources direct(0, weft::gpu::StreamRole::compute, std::size_t{64} << 20);
+  const auto& h = direct.handles();
+  weft::Allocator& alloc = engine.allocator(gpu);
+  {
+    const std::int64_t ops = o.quick ? 200 : 20000;
+    auto x = weft::Tensor::ones(engine, {1}, gpu);
+    weft::Block a = alloc.allocate(4, h.stream), y = alloc.allocate(4, h.stream);
+    rows.push_back(measure(
+        "add_1", "gpu", ops, o.reps,
+        [&] {
+          for (std::int64_t i = 0; i < ops; ++i) weft::ops::add(x, x);
+          engine.wait_all();
+        },
+        [&] {
+          for (std::int64_t i = 0; i < ops; ++i)
+            weft::kernels::gpu::add(h, static_cast<float*>(y.ptr), static_cast<float*>(a.ptr),
+                                    static_cast<float*>(a.ptr), 1);
+          direct.synchronize();
+        }));
+    alloc.free(a);
+    alloc.free(y);
+  }
+  for (std::int64_t n : {1024, 4096, 8192}) {
+    const std::int64_t ops = o.quick ? 2 : 10;
+    auto a = weft::Tensor::uniform(engine, {n, n}, -1, 1, 1, gpu);
+    auto b = weft::Tensor::uniform(engine, {n, n}, -1, 1, 2, gpu);
+    engine.wait_all();
+    // The direct run has its own copies of the same inputs on its own stream.
+    weft::Block c = alloc.allocate(static_cast<std::size_t>(n * n) * 4, h.stream);
+    weft::Block da = alloc.allocate(static_cast<std::size_t>(n * n) * 4, h.stream);
+    weft::Block db = alloc.allocate(static_cast<std::size_t>(n * n) * 4, h.stream);
+    weft::kernels::gpu::uniform(h, static_cast<float*>(da.ptr), n * n, -1, 1, 1);
+    weft::kernels::gpu::uniform(h, static_cast<float*>(db.ptr), n * n, -1, 1, 2);
+    rows.push_back(measure(
+        "matmul_" + std::to_string(n), "gpu", ops, o.reps,
+        [&] {
+          for (std::int64_t i = 0; i < ops; ++i) weft::ops::matmul(a, b);
+          engine.wait_all();
+        },
+        [&] {
+          for (std::int64_t i = 0; i < ops; ++i)
+            weft::kernels::gpu::gemm(h, false, false, n, n, n, 1.0f, static_cast<const float*>(da.ptr), n,
+                                     static_cast<const float*>(db.ptr), n, 0.0f, static_cast<float*>(c.ptr), n);
+          direct.synchronize();
+        }));
+    direct.synchronize();
+    alloc.free(c);
+    alloc.free(da);
+    alloc.free(db);
+  }
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json") o.json = true;
+    else if (a == "--quick") o.quick = true, o.reps = 3;
+    else if (a == "--reps" && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--help" || a == "-h") {
+      std::printf(
+          "weft-bench-ops [--json] [--quick] [--reps N]\n"
+          "  Per-op dispatch cost of small ops through the engine vs calling the kernel directly, and\n"
+          "  matmul through the engine vs the BLAS library called directly (ratio = direct/engine).\n"
+          "  GPU cases (kernel launch, cuBLAS GEMM) run when a GPU answers.\n");
+      return 0;
+    } else {
+      std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    auto engine = weft::Engine::create(weft::EngineConfig{.kind = "threaded"});
+    std::vector<Row> rows;
+    cpu_cases(o, *engine, rows);
+#if WEFT_HAVE_CUDA
+    if (weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
+#endif
+    if (!o.json)
+      std::printf("weft-bench-ops: %u hardware threads, %d GPU(s); medians of %d, interleaved\n",
+                  std::thread::hardware_concurrency(), weft::gpu::device_count(), o.reps);
+    print(o, rows);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-bench-ops: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

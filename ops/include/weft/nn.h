@@ -1,0 +1,232 @@
+// weft::nn — layers for training small networks, layer by layer (no autograd
+// tape): each Layer's forward() remembers what its backward() needs, backward()
+// sets the gradients of its parameters and returns the gradient of its input.
+//
+// Everything pushes engine ops (weft/ops.h, weft/nn_ops.h) and returns at
+// once: nothing here waits for data. A layer in training mode (the default)
+// keeps the tensors its backward needs from forward() until backward() (which
+// drops them) or the next forward() (which replaces them); in evaluation mode
+// (train(false)) forward() keeps nothing.
+//
+// Parameters are initialized with Tensor::uniform from per-layer seeds, so a
+// model built with the same seed has the same weights on every device and
+// engine. Biases start at zero.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weft/nn_ops.h"
+#include "weft/ops.h"
+#include "weft/tensor.h"
+
+namespace weft::nn {
+
+using ops::Conv2dParams;
+using ops::Pool2dParams;
+
+// A trainable tensor and its latest gradient (undefined until the first
+// backward; each backward replaces it with a new tensor).
+struct Parameter {
+  std::string name;
+  Tensor value, grad;
+};
+
+// Weight initialization, both uniform and symmetric around zero:
+//   kaiming_uniform: U(-a, a), a = sqrt(6 / fan_in) (He et al. 2015). Keeps the
+//     activations' second moment constant through layers followed by a ReLU
+//     (the ReLU zeroes half of each input's distribution, the factor 2 in
+//     Var(w) = 2 / fan_in makes up for it).
+//   xavier_uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) (Glorot and
+//     Bengio 2010). For a layer with no ReLU after it (the classifier), where
+//     it keeps the initial logits small, so the first loss is near ln(classes).
+// fan_in = in (dense) or in_channels * kernel^2 (conv); fan_out likewise.
+enum class Init : std::uint8_t { kaiming_uniform, xavier_uniform };
+
+// A seed for the index-th layer of a model built from `seed` (SplitMix64 of
+// both), so neighbouring seeds and layers get unrelated streams.
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t index) noexcept;
+
+class Layer {
+ public:
+  Layer() = default;
+  virtual ~Layer();
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  // Pushes the forward ops; in training mode remembers what backward needs.
+  virtual Tensor forward(const Tensor& x) = 0;
+  // Pushes the backward ops for the last forward: sets the grads of the
+  // parameters and returns dx (same shape as that forward's input). Drops
+  // what forward remembered. Throws weft::Error when there was no training
+  // forward since the last backward, or dy's shape is not the output's.
+  virtual Tensor backward(const Tensor& dy) = 0;
+  // The layer's parameters (pointers stay valid as long as the layer).
+  virtual std::vector<Parameter*> parameters();
+  // The output shape for an input shape, without pushing anything; throws
+  // weft::Error when the input does not fit the layer.
+  virtual Shape output_shape(const Shape& input) const = 0;
+  // One line, e.g. "Conv2d(1 -> 20, kernel 3, stride 1, pad 0)".
+  virtual std::string describe() const = 0;
+
+  // Training mode (default true): forward() keeps what backward() needs.
+  // Evaluation mode: forward() keeps nothing and backward() throws.
+  virtual void train(bool on) { training_ = on; }
+  bool training() const noexcept { return training_; }
+
+ protected:
+  bool training_ = true;
+};
+
+// y = x w^T + b; x [N, in], w [out, in], b [out].
+class Dense : public Layer {
+ public:
+  Dense(Engine& engine, std::int64_t in, std::int64_t out, Device device = {}, std::uint64_t seed = 0,
+        Init init = Init::kaiming_uniform, std::string name = "dense");
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;
+
+  Parameter& weight() noexcept { return weight_; }
+  Parameter& bias() noexcept { return bias_; }
+
+ private:
+  std::int64_t in_, out_;
+  Parameter weight_, bias_;
+  Tensor x_;  // forward's input, until backward
+};
+
+// 2-D convolution, NCHW input, OIHW square filter [out, in, kernel, kernel], bias [out].
+class Conv2d : public Layer {
+ public:
+  Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
+         Conv2dParams params = {}, Device device = {}, std::uint64_t seed = 0, Init init = Init::kaiming_uniform,
+         std::string name = "conv");
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;
+
+  Parameter& weight() noexcept { return weight_; }
+  Parameter& bias() noexcept { return bias_; }
+
+ private:
+  std::int64_t in_, out_, kernel_;
+  Conv2dParams params_;
+  Parameter weight_, bias_;
+  Tensor x_;
+};
+
+class ReLU : public Layer {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Shape output_shape(const Shape& input) const override { return input; }
+  std::string describe() const override { return "ReLU"; }
+
+ private:
+  Tensor x_;
+};
+
+class AvgPool2d : public Layer {
+ public:
+  explicit AvgPool2d(Pool2dParams params = {}) : params_(params) {}
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;
+
+ private:
+  Pool2dParams params_;
+  Shape x_shape_;  // only the shape: avg pooling's backward needs no data
+  bool have_x_ = false;
+};
+
+class MaxPool2d : public Layer {
+ public:
+  explicit MaxPool2d(Pool2dParams params = {}) : params_(params) {}
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;
+
+ private:
+  Pool2dParams params_;
+  Tensor x_;
+};
+
+// [N, d1, d2, ...] -> [N, d1 * d2 * ...] (a reshape: shares the storage).
+class Flatten : public Layer {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override { return "Flatten"; }
+
+ private:
+  Shape x_shape_;
+  bool have_x_ = false;
+};
+
+// Layers in order; backward runs them in reverse.
+class Sequential : public Layer {
+ public:
+  Sequential() = default;
+  Sequential& add(std::unique_ptr<Layer> layer);  // throws weft::Error for null
+  template <class L, class... Args>
+  L& emplace(Args&&... args) {
+    auto layer = std::make_unique<L>(std::forward<Args>(args)...);
+    L& ref = *layer;
+    add(std::move(layer));
+    return ref;
+  }
+
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::vector<Parameter*> parameters() override;
+  Shape output_shape(const Shape& input) const override;
+  // One line per layer, numbered, with its output shape when known (from the
+  // last forward's input, or set_input_shape's if later), the batch extent
+  // printed as N, and its parameter count. Ends with the total.
+  std::string describe() const override;
+  void train(bool on) override;
+
+  // The input shape describe() assumes (the batch extent is ignored), e.g.
+  // {1, 1, 28, 28}; forward() sets it too.
+  void set_input_shape(Shape shape) { input_shape_ = std::move(shape); have_input_shape_ = true; }
+
+  std::size_t size() const noexcept { return layers_.size(); }
+  Layer& operator[](std::size_t i) const { return *layers_.at(i); }
+
+ private:
+  std::vector<std::unique_ptr<Layer>> layers_;
+  Shape input_shape_;  // set_input_shape's, or the last forward's input
+  bool have_input_shape_ = false;
+};
+
+// Number of elements of all parameters.
+std::int64_t parameter_count(const std::vector<Parameter*>& params);
+
+// w -= lr * (grad + weight_decay * w) for every parameter (one ops::sgd_update
+// each; weight decay applies to biases too). Throws weft::Error naming a
+// parameter without a gradient.
+void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay = 0.0f);
+
+// D2L's LeNet with ReLU: conv 20x3x3 -> ReLU -> avgpool 2 -> conv 50x5x5 ->
+// ReLU -> avgpool 2 -> flatten -> dense 800->128 -> ReLU -> dense 128->10.
+// Input [N, 1, 28, 28], output logits [N, 10]. Kaiming init for the layers
+// followed by a ReLU, Xavier for the last; layer i's seed is derive_seed(seed, i).
+std::unique_ptr<Sequential> lenet(Engine& engine, Device device = {}, std::uint64_t seed = 0);
+
+// Dense layers sizes[0] -> sizes[1] -> ... with a ReLU between consecutive
+// ones and none after the last (sizes.size() >= 2, all positive). Init as lenet.
+std::unique_ptr<Sequential> mlp(Engine& engine, std::vector<std::int64_t> sizes, Device device = {},
+                                std::uint64_t seed = 0);
+
+}  // namespace weft::nn

@@ -1,0 +1,246 @@
+// The nn layers: each forward/backward pushes the matching op(s) of
+// weft/nn_ops.h and returns at once.
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "weft/error.h"
+#include "weft/nn.h"
+
+namespace weft::nn {
+
+namespace {
+
+std::string num(std::int64_t v) { return std::to_string(v); }
+
+// The bound a of U(-a, a) for a layer with these fans.
+float init_bound(Init init, std::int64_t fan_in, std::int64_t fan_out) {
+  switch (init) {
+    case Init::kaiming_uniform:
+      return static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in)));
+    case Init::xavier_uniform:
+      return static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+  }
+  throw Error("nn: unknown Init");
+}
+
+Parameter make_weight(Engine& engine, const std::string& name, Shape shape, Init init, std::int64_t fan_in,
+                      std::int64_t fan_out, Device device, std::uint64_t seed) {
+  const float a = init_bound(init, fan_in, fan_out);
+  Tensor w = Tensor::uniform(engine, std::move(shape), -a, a, seed, device);
+  w.set_name(name + ".weight");
+  return Parameter{name + ".weight", std::move(w), Tensor()};
+}
+
+Parameter make_bias(Engine& engine, const std::string& name, std::int64_t n, Device device) {
+  Tensor b = Tensor::zeros(engine, Shape{n}, device);
+  b.set_name(name + ".bias");
+  return Parameter{name + ".bias", std::move(b), Tensor()};
+}
+
+void check_positive(const char* layer, const char* what, std::int64_t v) {
+  if (v < 1) throw Error(std::string(layer) + ": " + what + " must be positive, got " + num(v));
+}
+
+[[noreturn]] void no_forward(const std::string& layer) {
+  throw Error(layer + ": backward without a training-mode forward before it (backward consumes what forward "
+                      "kept; evaluation mode keeps nothing)");
+}
+
+void check_dy(const std::string& layer, const Tensor& dy, const Shape& want) {
+  if (!dy.defined()) throw Error(layer + ": backward got an undefined dy");
+  if (dy.shape() != want)
+    throw Error(layer + ": backward got dy " + dy.shape().str() + ", the last forward's output is " + want.str());
+}
+
+Shape pool_output(const char* layer, const Shape& x, Pool2dParams p) {
+  if (x.rank() != 4) throw Error(std::string(layer) + ": input must be [N, C, H, W], got " + x.str());
+  if (p.kernel < 1 || p.stride < 1 || p.kernel > x[2] || p.kernel > x[3])
+    throw Error(std::string(layer) + ": window " + num(p.kernel) + " stride " + num(p.stride) +
+                " does not fit input " + x.str());
+  return Shape{x[0], x[1], (x[2] - p.kernel) / p.stride + 1, (x[3] - p.kernel) / p.stride + 1};
+}
+
+}  // namespace
+
+std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t index) noexcept {
+  // SplitMix64 over seed and index, two rounds so (seed, index) and
+  // (seed + 1, index - 1) differ.
+  auto mix = [](std::uint64_t z) {
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+  };
+  return mix(mix(seed) ^ (index * 0xd1b54a32d192ed03ULL + 1));
+}
+
+Layer::~Layer() = default;
+
+std::vector<Parameter*> Layer::parameters() { return {}; }
+
+// ---- Dense --------------------------------------------------------------
+
+Dense::Dense(Engine& engine, std::int64_t in, std::int64_t out, Device device, std::uint64_t seed, Init init,
+             std::string name)
+    : in_(in), out_(out) {
+  check_positive("Dense", "in", in);
+  check_positive("Dense", "out", out);
+  weight_ = make_weight(engine, name, Shape{out, in}, init, in, out, device, seed);
+  bias_ = make_bias(engine, name, out, device);
+}
+
+Shape Dense::output_shape(const Shape& x) const {
+  if (x.rank() != 2 || x[1] != in_)
+    throw Error("Dense(" + num(in_) + " -> " + num(out_) + "): input must be [N, " + num(in_) + "], got " + x.str());
+  return Shape{x[0], out_};
+}
+
+Tensor Dense::forward(const Tensor& x) {
+  output_shape(x.shape());
+  Tensor y = ops::dense(x, weight_.value, bias_.value);
+  x_ = training_ ? x : Tensor();
+  return y;
+}
+
+Tensor Dense::backward(const Tensor& dy) {
+  if (!x_.defined()) no_forward("Dense");
+  check_dy("Dense", dy, output_shape(x_.shape()));
+  ops::DenseGrads g = ops::dense_backward(x_, weight_.value, dy);
+  x_ = Tensor();
+  weight_.grad = std::move(g.dw);
+  bias_.grad = std::move(g.db);
+  return std::move(g.dx);
+}
+
+std::string Dense::describe() const { return "Dense(" + num(in_) + " -> " + num(out_) + ")"; }
+
+// ---- Conv2d -------------------------------------------------------------
+
+Conv2d::Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
+               Conv2dParams params, Device device, std::uint64_t seed, Init init, std::string name)
+    : in_(in_channels), out_(out_channels), kernel_(kernel), params_(params) {
+  check_positive("Conv2d", "in_channels", in_channels);
+  check_positive("Conv2d", "out_channels", out_channels);
+  check_positive("Conv2d", "kernel", kernel);
+  check_positive("Conv2d", "stride", params.stride);
+  if (params.pad < 0) throw Error("Conv2d: pad must not be negative, got " + num(params.pad));
+  const std::int64_t k2 = kernel * kernel;
+  weight_ = make_weight(engine, name, Shape{out_channels, in_channels, kernel, kernel}, init, in_channels * k2,
+                        out_channels * k2, device, seed);
+  bias_ = make_bias(engine, name, out_channels, device);
+}
+
+Shape Conv2d::output_shape(const Shape& x) const {
+  if (x.rank() != 4 || x[1] != in_)
+    throw Error(describe() + ": input must be [N, " + num(in_) + ", H, W], got " + x.str());
+  const std::int64_t h = x[2] + 2 * params_.pad, w = x[3] + 2 * params_.pad;
+  if (h < kernel_ || w < kernel_) throw Error(describe() + ": input " + x.str() + " is smaller than the filter");
+  return Shape{x[0], out_, (h - kernel_) / params_.stride + 1, (w - kernel_) / params_.stride + 1};
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  output_shape(x.shape());
+  Tensor y = ops::conv2d(x, weight_.value, bias_.value, params_);
+  x_ = training_ ? x : Tensor();
+  return y;
+}
+
+Tensor Conv2d::backward(const Tensor& dy) {
+  if (!x_.defined()) no_forward("Conv2d");
+  check_dy("Conv2d", dy, output_shape(x_.shape()));
+  Tensor dx = ops::conv2d_backward_data(dy, weight_.value, x_.shape(), params_);
+  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy, weight_.value.shape(), params_);
+  x_ = Tensor();
+  weight_.grad = std::move(g.dw);
+  bias_.grad = std::move(g.db);
+  return dx;
+}
+
+std::string Conv2d::describe() const {
+  return "Conv2d(" + num(in_) + " -> " + num(out_) + ", kernel " + num(kernel_) + ", stride " + num(params_.stride) +
+         ", pad " + num(params_.pad) + ")";
+}
+
+// ---- ReLU ---------------------------------------------------------------
+
+Tensor ReLU::forward(const Tensor& x) {
+  Tensor y = ops::relu(x);
+  x_ = training_ ? x : Tensor();
+  return y;
+}
+
+Tensor ReLU::backward(const Tensor& dy) {
+  if (!x_.defined()) no_forward("ReLU");
+  check_dy("ReLU", dy, x_.shape());
+  Tensor dx = ops::relu_grad(x_, dy);
+  x_ = Tensor();
+  return dx;
+}
+
+// ---- pooling ------------------------------------------------------------
+
+Shape AvgPool2d::output_shape(const Shape& x) const { return pool_output("AvgPool2d", x, params_); }
+
+Tensor AvgPool2d::forward(const Tensor& x) {
+  Tensor y = ops::avg_pool2d(x, params_);
+  x_shape_ = x.shape();
+  have_x_ = training_;
+  return y;
+}
+
+Tensor AvgPool2d::backward(const Tensor& dy) {
+  if (!have_x_) no_forward("AvgPool2d");
+  check_dy("AvgPool2d", dy, output_shape(x_shape_));
+  have_x_ = false;
+  return ops::avg_pool2d_backward(dy, x_shape_, params_);
+}
+
+std::string AvgPool2d::describe() const {
+  return "AvgPool2d(kernel " + num(params_.kernel) + ", stride " + num(params_.stride) + ")";
+}
+
+Shape MaxPool2d::output_shape(const Shape& x) const { return pool_output("MaxPool2d", x, params_); }
+
+Tensor MaxPool2d::forward(const Tensor& x) {
+  Tensor y = ops::max_pool2d(x, params_);
+  x_ = training_ ? x : Tensor();
+  return y;
+}
+
+Tensor MaxPool2d::backward(const Tensor& dy) {
+  if (!x_.defined()) no_forward("MaxPool2d");
+  check_dy("MaxPool2d", dy, output_shape(x_.shape()));
+  Tensor dx = ops::max_pool2d_backward(x_, dy, params_);
+  x_ = Tensor();
+  return dx;
+}
+
+std::string MaxPool2d::describe() const {
+  return "MaxPool2d(kernel " + num(params_.kernel) + ", stride " + num(params_.stride) + ")";
+}
+
+// ---- Flatten ------------------------------------------------------------
+
+Shape Flatten::output_shape(const Shape& x) const {
+  if (x.rank() < 1) throw Error("Flatten: input must have a batch axis, got a scalar");
+  std::int64_t rest = 1;
+  for (std::size_t i = 1; i < x.rank(); ++i) rest *= x[i];
+  return Shape{x[0], rest};
+}
+
+Tensor Flatten::forward(const Tensor& x) {
+  Tensor y = x.reshape(output_shape(x.shape()));
+  x_shape_ = x.shape();
+  have_x_ = training_;
+  return y;
+}
+
+Tensor Flatten::backward(const Tensor& dy) {
+  if (!have_x_) no_forward("Flatten");
+  check_dy("Flatten", dy, output_shape(x_shape_));
+  have_x_ = false;
+  return dy.reshape(x_shape_);
+}
+
+}  // namespace weft::nn

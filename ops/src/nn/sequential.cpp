@@ -1,0 +1,139 @@
+// Sequential, SGD and the ready-made models (LeNet, MLP).
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "weft/error.h"
+#include "weft/nn.h"
+
+namespace weft::nn {
+
+namespace {
+
+// "[N, 20, 26, 26]": the batch extent as N.
+std::string batch_shape(const Shape& s) {
+  if (s.rank() == 0) return "[]";
+  std::string out = "[N";
+  for (std::size_t i = 1; i < s.rank(); ++i) out += ", " + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+Sequential& Sequential::add(std::unique_ptr<Layer> layer) {
+  if (!layer) throw Error("Sequential::add: null layer");
+  layer->train(training_);
+  layers_.push_back(std::move(layer));
+  return *this;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  if (!x.defined()) throw Error("Sequential::forward: undefined input");
+  input_shape_ = x.shape();
+  have_input_shape_ = true;
+  Tensor y = x;
+  for (auto& layer : layers_) y = layer->forward(y);
+  return y;
+}
+
+Tensor Sequential::backward(const Tensor& dy) {
+  Tensor d = dy;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) d = (*it)->backward(d);
+  return d;
+}
+
+std::vector<Parameter*> Sequential::parameters() {
+  std::vector<Parameter*> out;
+  for (auto& layer : layers_) {
+    std::vector<Parameter*> p = layer->parameters();
+    out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+Shape Sequential::output_shape(const Shape& input) const {
+  Shape s = input;
+  for (const auto& layer : layers_) s = layer->output_shape(s);
+  return s;
+}
+
+std::string Sequential::describe() const {
+  std::ostringstream os;
+  os << "Sequential (" << layers_.size() << " layers)";
+  bool shapes = have_input_shape_;
+  Shape s = input_shape_;
+  if (shapes) os << ", input " << batch_shape(s);
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    Layer& layer = *layers_[i];
+    os << "\n  " << (i + 1) << ". " << layer.describe();
+    if (shapes) {
+      try {
+        s = layer.output_shape(s);
+        os << " -> " << batch_shape(s);
+      } catch (const Error&) {
+        shapes = false;  // the assumed input does not fit: no shapes from here on
+      }
+    }
+    const std::int64_t n = parameter_count(layer.parameters());
+    total += n;
+    if (n) os << "  (" << n << " parameters)";
+  }
+  os << "\n  total: " << total << " parameters";
+  return os.str();
+}
+
+void Sequential::train(bool on) {
+  training_ = on;
+  for (auto& layer : layers_) layer->train(on);
+}
+
+std::int64_t parameter_count(const std::vector<Parameter*>& params) {
+  std::int64_t n = 0;
+  for (const Parameter* p : params) n += p->value.numel();
+  return n;
+}
+
+void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay) {
+  for (Parameter* p : params) {
+    if (!p->grad.defined())
+      throw Error("sgd_step: parameter '" + p->name + "' has no gradient (run backward first)");
+    ops::sgd_update(p->value, p->grad, lr, weight_decay);
+  }
+}
+
+std::unique_ptr<Sequential> lenet(Engine& engine, Device device, std::uint64_t seed) {
+  // Kaiming for the layers a ReLU follows (keeps the activation scale through
+  // the ReLUs), Xavier for the classifier (small initial logits). See Init.
+  auto net = std::make_unique<Sequential>();
+  std::uint64_t i = 0;
+  net->emplace<Conv2d>(engine, 1, 20, 3, Conv2dParams{}, device, derive_seed(seed, i++), Init::kaiming_uniform,
+                       "conv1");
+  net->emplace<ReLU>();
+  net->emplace<AvgPool2d>(Pool2dParams{2, 2});
+  net->emplace<Conv2d>(engine, 20, 50, 5, Conv2dParams{}, device, derive_seed(seed, i++), Init::kaiming_uniform,
+                       "conv2");
+  net->emplace<ReLU>();
+  net->emplace<AvgPool2d>(Pool2dParams{2, 2});
+  net->emplace<Flatten>();
+  net->emplace<Dense>(engine, 50 * 4 * 4, 128, device, derive_seed(seed, i++), Init::kaiming_uniform, "fc1");
+  net->emplace<ReLU>();
+  net->emplace<Dense>(engine, 128, 10, device, derive_seed(seed, i++), Init::xavier_uniform, "fc2");
+  net->set_input_shape(Shape{1, 1, 28, 28});
+  return net;
+}
+
+std::unique_ptr<Sequential> mlp(Engine& engine, std::vector<std::int64_t> sizes, Device device, std::uint64_t seed) {
+  if (sizes.size() < 2) throw Error("mlp: need at least two sizes (input and output), got " + std::to_string(sizes.size()));
+  auto net = std::make_unique<Sequential>();
+  for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
+    const bool last = i + 2 == sizes.size();
+    net->emplace<Dense>(engine, sizes[i], sizes[i + 1], device, derive_seed(seed, i),
+                        last ? Init::xavier_uniform : Init::kaiming_uniform, "fc" + std::to_string(i + 1));
+    if (!last) net->emplace<ReLU>();
+  }
+  net->set_input_shape(Shape{1, sizes.front()});
+  return net;
+}
+
+}  // namespace weft::nn
