@@ -65,6 +65,7 @@ class Backend {
   // Stream events; only GPU-touched blocks ever get here.
   virtual CUevent_st* record_event(CUstream_st* stream) = 0;
   virtual bool event_done(CUevent_st* event) noexcept = 0;
+  virtual void wait_event(CUevent_st* event) noexcept = 0;
   virtual void destroy_event(CUevent_st* event) noexcept = 0;
 };
 
@@ -75,16 +76,27 @@ class HostBackend : public Backend {
   std::string kind() const override { return "pageable"; }
 #if WEFT_HAVE_CUDA
   CUevent_st* record_event(CUstream_st* stream) override {
-    cudaEvent_t e;
-    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    WEFT_CUDA_CHECK(cudaEventRecord(e, stream));
+    // An event must be created on its stream's device; the freeing thread may
+    // have any device current (a peer copy's source, gpu(1)'s copy streams).
+    int stream_device = 0, previous = 0;
+    WEFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
+    WEFT_CUDA_CHECK(cudaGetDevice(&previous));
+    WEFT_CUDA_CHECK(cudaSetDevice(stream_device));
+    cudaEvent_t e = nullptr;
+    cudaError_t status = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (status == cudaSuccess) status = cudaEventRecord(e, stream);
+    cudaSetDevice(previous);
+    if (status != cudaSuccess && e) cudaEventDestroy(e);
+    WEFT_CUDA_CHECK(status);
     return e;
   }
   bool event_done(CUevent_st* event) noexcept override { return cudaEventQuery(event) != cudaErrorNotReady; }
+  void wait_event(CUevent_st* event) noexcept override { cudaEventSynchronize(event); }
   void destroy_event(CUevent_st* event) noexcept override { cudaEventDestroy(event); }
 #else
   CUevent_st* record_event(CUstream_st*) override { throw Error("weft: built without CUDA: no stream events"); }
   bool event_done(CUevent_st*) noexcept override { return true; }
+  void wait_event(CUevent_st*) noexcept override {}
   void destroy_event(CUevent_st*) noexcept override {}
 #endif
 };
@@ -153,6 +165,12 @@ class CachingAllocator final : public Allocator {
     } else {
       void* p = backend_->raw_alloc(size);
       if (!p) {
+        // Before giving up: blocks waiting for other streams will be free
+        // once those streams catch up (GPU ops complete when enqueued, so
+        // the frontend may be far ahead); wait for them, then drop the cache.
+        for (BlockRecord* pending : pending_) settle(pending, /*wait=*/true);
+        for (BlockRecord* pending : pending_) free_[key(pending->size, pending->stream)].push_back(pending);
+        pending_.clear();
         release_cached_locked();
         p = backend_->raw_alloc(size);
       }
@@ -248,9 +266,15 @@ class CachingAllocator final : public Allocator {
     pending_.erase(std::remove_if(pending_.begin(), pending_.end(), done), pending_.end());
   }
 
+  // Whether the other streams' events of `r` completed (waiting for them when
+  // `wait`); if so, forgets them.
   bool settle(BlockRecord* r, bool wait) {
-    for (CUevent_st* e : r->pending)
-      if (!wait && !backend_->event_done(e)) return false;
+    for (CUevent_st* e : r->pending) {
+      if (wait)
+        backend_->wait_event(e);
+      else if (!backend_->event_done(e))
+        return false;
+    }
     for (CUevent_st* e : r->pending) backend_->destroy_event(e);
     r->pending.clear();
     return true;

@@ -115,8 +115,14 @@ class EventPool {
         return e;
       }
     }
+    // Created on `device` whatever is current: events belong to a device.
+    int previous = 0;
+    WEFT_CUDA_CHECK(cudaGetDevice(&previous));
+    WEFT_CUDA_CHECK(cudaSetDevice(device));
     cudaEvent_t e = nullptr;
-    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    const cudaError_t status = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    cudaSetDevice(previous);
+    WEFT_CUDA_CHECK(status);
     return e;
   }
   // Re-recording a returned event later is safe: waits already enqueued on

@@ -20,6 +20,9 @@ struct OpIO {
   float* o(std::size_t k) const noexcept { return static_cast<float*>(out[k]->data()); }
 };
 
+// Throws when `s` should hold data but has no memory.
+void require_memory(const Storage& s, std::string_view op);
+
 template <class Kernel>
 void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, std::vector<const Tensor*> outputs,
             Kernel kernel, OpProperty property = OpProperty::normal) {
@@ -30,15 +33,26 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
     io.in.push_back(t->storage());
     reads.push_back(t->var());
   }
+  std::uint32_t creates = 0;  // bit k: this op creates output k
   for (const Tensor* t : outputs) {
+    if (std::exchange(t->storage()->creator_pending, false)) creates |= 1u << io.out.size();
     io.out.push_back(t->storage());
     writes.push_back(t->var());
   }
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
   engine.push(
-      [io = std::move(io), kernel = std::move(kernel)](RunContext& ctx) mutable {
+      [io = std::move(io), creates, kernel = std::move(kernel)](RunContext& ctx) mutable {
         CUstream_st* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
-        for (const StoragePtr& s : io.out) s->materialize(stream);
+        for (std::size_t k = 0; k < io.out.size(); ++k) {
+          if (creates & (1u << k))
+            io.out[k]->materialize(stream);
+          else
+            require_memory(*io.out[k], ctx.op_name);
+        }
+        // A tensor whose creating op failed (out of memory, say) has no
+        // memory: once that failure has been reported, ops reading it are no
+        // longer skipped, and must not touch a null pointer.
+        for (const StoragePtr& s : io.in) require_memory(*s, ctx.op_name);
         if (stream) {
           for (const StoragePtr& s : io.in) s->allocator->record_use(s->block, stream);
           for (const StoragePtr& s : io.out) s->allocator->record_use(s->block, stream);

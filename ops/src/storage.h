@@ -37,6 +37,9 @@ struct Storage {
   Var var;
   Block block;
   std::string name;  // for messages (Tensor::set_name)
+  // True until the op that creates the tensor is pushed (frontend only): that
+  // op allocates; later writers work in place and find the memory there.
+  bool creator_pending = true;
 };
 
 using StoragePtr = std::shared_ptr<Storage>;

@@ -27,6 +27,13 @@ Storage::~Storage() {
   }
 }
 
+void require_memory(const Storage& s, std::string_view op) {
+  if (s.bytes && !s.block)
+    throw Error("op '" + std::string(op) + "': its tensor" + (s.name.empty() ? "" : " '" + s.name + "'") + " on " +
+                s.device.str() + " (" + std::to_string(s.bytes) +
+                " bytes) has no memory: the op that should have created it failed");
+}
+
 void check_defined(const char* op, const Tensor& t, const char* what) {
   if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an undefined Tensor");
 }
@@ -210,6 +217,7 @@ std::vector<float> Tensor::to_host() const {
   detail::check_float32("to_host", *this, "tensor");
   if (device().is_gpu()) return copy_to(Device::cpu_pinned(0)).to_host();
   wait_to_read();
+  detail::require_memory(*storage_, "to_host");
   std::vector<float> out(static_cast<std::size_t>(numel()));
   if (!out.empty()) std::memcpy(out.data(), storage_->data(), out.size() * sizeof(float));
   return out;

@@ -875,6 +875,20 @@ TEST_CASE("a label out of range fails the op and the engine keeps working" * doc
   });
 }
 
+TEST_CASE("a tensor whose allocation failed is an error for every later reader" * doctest::timeout(60)) {
+  for_each_engine([](Engine& e) {
+    // 2^38 floats: 1 TiB, more than the machine has. The creating op fails
+    // with out-of-memory; readers pushed after that failure was reported must
+    // fail with an error naming the cause, not dereference a null pointer.
+    Tensor huge = Tensor::empty(e, Shape{std::int64_t{1} << 38});
+    CHECK(has(error_of([&] { (void)huge.to_host(); }), "out of memory on cpu(0)"));
+    CHECK(has(error_of([&] { (void)ops::sum(huge).item(); }), "has no memory"));
+    CHECK(has(error_of([&] { (void)huge.to_host(); }), "has no memory"));
+    CHECK_NOTHROW(e.wait_all());
+    CHECK((Tensor::ones(e, Shape{3}) + 1.0f).to_host() == std::vector<float>(3, 2.0f));
+  });
+}
+
 // ---- memory ------------------------------------------------------------------
 
 TEST_CASE("memory: a loop of same-shape tensors reuses the cache" * doctest::timeout(60)) {
