@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs the whole test suite:
 #   1. AddressSanitizer + UBSan build, all tests;
-#   2. ThreadSanitizer build against a TSan-built oneTBB, the engine tests;
+#   2. ThreadSanitizer build against a TSan-built oneTBB: engine, devices and ops tests;
 #   3. Release build, all tests (its ctest summary closes the output).
 # Usage: scripts/test.sh [--fast]   (--fast: the Release suite only)
 set -euo pipefail
@@ -19,8 +19,8 @@ if [[ "${1:-}" != "--fast" ]]; then
   echo "== TSan =="
   bash scripts/build-tsan-tbb.sh
   cmake --preset tsan > /dev/null
-  cmake --build --preset tsan -j "$jobs" --target weft-tests-engine
-  ctest --preset tsan -j "$jobs" -R '^engine\.'
+  cmake --build --preset tsan -j "$jobs" --target weft-tests-engine weft-tests-devices weft-tests-ops
+  ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops)\.'
 fi
 
 echo "== Release =="
