@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "conv_geometry.h"
+#include "test_rng.h"
 
 namespace weft_test::ref {
 
@@ -24,17 +25,7 @@ using Vec = std::vector<double>;
 
 // ---- inputs and comparisons ------------------------------------------------
 
-struct Rng {
-  std::mt19937_64 gen;
-  explicit Rng(std::uint64_t seed) : gen(seed) {}
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
-  i64 integer(i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(gen); }  // inclusive
-  std::vector<float> vec(i64 n, float lo = -1.0f, float hi = 1.0f) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& x : v) x = uniform(lo, hi);
-    return v;
-  }
-};
+using weft_test::Rng;
 
 inline Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "weft/engine.h"
+#include "test_rng.h"
 #include "weft/error.h"
 #include "weft/tensor.h"
 
@@ -58,17 +59,7 @@ void for_each_engine(F&& fn) {
 
 // ---- inputs ----------------------------------------------------------------
 
-struct Rng {
-  std::mt19937_64 gen;
-  explicit Rng(std::uint64_t seed) : gen(seed) {}
-  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen); }
-  i64 integer(i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(gen); }  // inclusive
-  std::vector<float> vec(i64 n, float lo = -1.0f, float hi = 1.0f) {
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (float& x : v) x = uniform(lo, hi);
-    return v;
-  }
-};
+using weft_test::Rng;
 
 inline Vec dbl(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
 inline std::size_t sz(i64 v) { return static_cast<std::size_t>(v); }
