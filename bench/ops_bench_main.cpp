@@ -4,10 +4,11 @@
 //   small ops  : per-op dispatch cost (push, dependency tracking, output
 //                allocation from the caching allocator, completion) for tiny
 //                elementwise ops: engine_ns - direct_ns is the overhead;
-//   matmul N^2 : throughput through the engine (our kernel: OpenBLAS split
-//                over the intra-op arena) against cblas_sgemm called directly
-//                with OpenBLAS's own threads; ratio = direct_ns / engine_ns
-//                (target >= 0.97 from 1024^2 up).
+//   matmul N^2 : N^2 x N^2 products pushed one after another to an engine
+//                with one CPU worker (each op has the whole intra-op arena:
+//                OpenBLAS split over oneTBB) against cblas_sgemm called
+//                directly with OpenBLAS's own threads; ratio = direct_ns /
+//                engine_ns (target >= 0.97 from 1024^2 up).
 // GPU cases run when a GPU answers: kernel-launch cost through the engine vs
 // launching on a stream directly, and cuBLAS GEMM through the engine vs direct.
 //
@@ -15,6 +16,7 @@
 //   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
 #include <cblas.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -54,10 +56,12 @@ struct Row {
 };
 
 // Runs engine and direct alternately (A B A B ...) and keeps per-op medians.
+// `settle`, when given, runs untimed after each direct run.
 Row measure(std::string name, std::string device, std::int64_t ops, int reps, const std::function<void()>& engine_run,
-            const std::function<void()>& direct_run) {
+            const std::function<void()>& direct_run, const std::function<void()>& settle = {}) {
   engine_run();  // warm-up: caches, allocator, library handles
   direct_run();
+  if (settle) settle();
   std::vector<double> e, d;
   for (int r = 0; r < reps; ++r) {
     Stopwatch a;
@@ -66,6 +70,7 @@ Row measure(std::string name, std::string device, std::int64_t ops, int reps, co
     Stopwatch b;
     direct_run();
     d.push_back(b.seconds() * 1e9 / static_cast<double>(ops));
+    if (settle) settle();
   }
   return Row{std::move(name), std::move(device), ops, summarize(e), summarize(d)};
 }
@@ -88,7 +93,7 @@ void print(const Options& o, const std::vector<Row>& rows) {
   }
 }
 
-void cpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
+void cpu_cases(const Options& o, weft::Engine& engine, weft::Engine& serial, std::vector<Row>& rows) {
   const weft::Device cpu = weft::Device::cpu(0);
   for (std::int64_t n : {std::int64_t{1}, std::int64_t{65536}}) {
     const std::int64_t ops = o.quick ? 200 : (n == 1 ? 20000 : 2000);
@@ -108,8 +113,10 @@ void cpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
   for (std::int64_t n : {256, 512, 1024, 2048}) {
     if (o.quick && n > 256) break;
     const std::int64_t ops = n <= 512 ? 16 : (n == 1024 ? 8 : 4);
-    auto a = weft::Tensor::uniform(engine, {n, n}, -1, 1, 1, cpu);
-    auto b = weft::Tensor::uniform(engine, {n, n}, -1, 1, 2, cpu);
+    // One op at a time, like the direct calls: each GEMM gets the whole
+    // intra-op arena, as a single library call gets all of OpenBLAS's threads.
+    auto a = weft::Tensor::uniform(serial, {n, n}, -1, 1, 1, cpu);
+    auto b = weft::Tensor::uniform(serial, {n, n}, -1, 1, 2, cpu);
     std::vector<float> ha = a.to_host(), hb = b.to_host(), hc(static_cast<std::size_t>(n * n));
     const int fn = static_cast<int>(n);
     rows.push_back(measure(
@@ -117,14 +124,20 @@ void cpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
         [&] {
           openblas_set_num_threads(1);  // the engine's kernels split GEMMs themselves
           for (std::int64_t i = 0; i < ops; ++i) weft::ops::matmul(a, b);
-          engine.wait_all();
+          serial.wait_all();
         },
         [&] {
           openblas_set_num_threads(threads);  // the library on its own, with its threads
           for (std::int64_t i = 0; i < ops; ++i)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, fn, fn, fn, 1.0f, ha.data(), fn, hb.data(), fn,
                         0.0f, hc.data(), fn);
+        },
+        [&] {
+          // OpenBLAS's idle threads spin for a while (2^28 cycles by default)
+          // before they sleep: let them, or they steal a core from the next
+          // engine run.
           openblas_set_num_threads(1);
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
         }));
   }
 }
@@ -208,8 +221,9 @@ int main(int argc, char** argv) {
   }
   try {
     auto engine = weft::Engine::create(weft::EngineConfig{.kind = "threaded"});
+    auto serial = weft::Engine::create(weft::EngineConfig{.kind = "threaded", .workers_per_cpu_device = 1});
     std::vector<Row> rows;
-    cpu_cases(o, *engine, rows);
+    cpu_cases(o, *engine, *serial, rows);
 #if WEFT_HAVE_CUDA
     if (weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
 #endif
