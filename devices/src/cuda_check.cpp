@@ -6,16 +6,11 @@
 
 namespace weft::detail {
 
-CheckContext& check_context() noexcept {
-  thread_local CheckContext context;
-  return context;
-}
-
 void throw_call_failure(const char* library, const char* call, const char* file, int line, long long code,
                         const char* status_text) {
   std::string where = std::string(file) + ":" + std::to_string(line);
-  const CheckContext& ctx = check_context();
-  if (ctx.active) where += ", op '" + std::string(ctx.op.empty() ? "(unnamed)" : ctx.op) + "' on " + ctx.device.str();
+  if (const CheckContext* ctx = tls_check_context)
+    where += ", op '" + std::string(ctx->op.empty() ? "(unnamed)" : ctx->op) + "' on " + ctx->device.str();
   throw Error(std::string(call) + " failed: " + library + " error " + std::to_string(code) + " (" +
               (status_text ? status_text : "?") + ") [" + where + "]");
 }

@@ -76,7 +76,10 @@ class EngineBase : public Engine {
   VarTable vars_;
   ErrorLog errors_;
   ObjectPool<OpBlock> ops_;
-  std::atomic<std::uint64_t> next_op_id_{0};
+  // Written by every push: a cache line of its own, so that workers reading
+  // the members around it do not pull it away from the frontend.
+  alignas(64) std::atomic<std::uint64_t> next_op_id_{0};
+  char next_op_id_pad_[64 - sizeof(std::atomic<std::uint64_t>)] = {};
 };
 
 }  // namespace weft::detail

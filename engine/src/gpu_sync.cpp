@@ -84,6 +84,6 @@ void collect_events(VarSlot& slot, bool write, EventList& out) {
   if (write) out.insert(out.end(), s->readers.begin(), s->readers.end());
 }
 
-void destroy_gpu_state(VarSlot& slot) noexcept { delete slot.gpu.exchange(nullptr, std::memory_order_acq_rel); }
+void destroy_gpu_state_slow(VarSlot& slot) noexcept { delete slot.gpu.exchange(nullptr, std::memory_order_acq_rel); }
 
 }  // namespace weft::detail

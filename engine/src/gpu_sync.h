@@ -19,12 +19,12 @@
 
 #include <oneapi/tbb/spin_mutex.h>
 
+#include "var_table.h"
 #include "weft/gpu_streams.h"
 
 namespace weft::detail {
 
 struct OpBlock;
-struct VarSlot;
 
 struct GpuVarState {
   tbb::spin_mutex lock;
@@ -45,6 +45,11 @@ void host_op_wait(OpBlock& op);
 void host_op_publish(OpBlock& op);
 // A barrier on `slot`: the events to wait for on the host (writes: readers too).
 void collect_events(VarSlot& slot, bool write, EventList& out);
-void destroy_gpu_state(VarSlot& slot) noexcept;
+void destroy_gpu_state_slow(VarSlot& slot) noexcept;
+// Inline: recycling a variable no GPU op touched (every one on a CPU-only
+// engine) costs one load.
+inline void destroy_gpu_state(VarSlot& slot) noexcept {
+  if (slot.gpu.load(std::memory_order_acquire) != nullptr) destroy_gpu_state_slow(slot);
+}
 
 }  // namespace weft::detail

@@ -18,21 +18,25 @@ namespace weft::detail {
 struct CheckContext {
   std::string_view op;
   Device device;
-  bool active = false;
 };
-CheckContext& check_context() noexcept;
+// The context of the op running on this thread; null outside ops. A pointer
+// (set and restored by the guard on every op) keeps the per-op cost at two
+// thread-local stores.
+inline thread_local const CheckContext* tls_check_context = nullptr;
 
 class CheckContextGuard {
  public:
-  CheckContextGuard(std::string_view op, Device device) noexcept : saved_(check_context()) {
-    check_context() = CheckContext{op, device, true};
+  CheckContextGuard(std::string_view op, Device device) noexcept
+      : context_{op, device}, saved_(tls_check_context) {
+    tls_check_context = &context_;
   }
-  ~CheckContextGuard() { check_context() = saved_; }
+  ~CheckContextGuard() { tls_check_context = saved_; }
   CheckContextGuard(const CheckContextGuard&) = delete;
   CheckContextGuard& operator=(const CheckContextGuard&) = delete;
 
  private:
-  CheckContext saved_;
+  CheckContext context_;
+  const CheckContext* saved_;
 };
 
 [[noreturn]] void throw_call_failure(const char* library, const char* call, const char* file, int line,
