@@ -185,6 +185,7 @@ class CachingAllocator final : public Allocator {
     r->stream = stream;
     stats_.in_use += size;
     stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    notify();
     return Block{r->ptr, bytes, r};
   }
 
@@ -200,6 +201,7 @@ class CachingAllocator final : public Allocator {
     if (!r) return;
     std::lock_guard lock(mutex_);
     stats_.in_use -= r->size;
+    notify();
     if (r->uses.empty()) {
       free_[key(r->size, r->stream)].push_back(r);
       return;
@@ -229,6 +231,10 @@ class CachingAllocator final : public Allocator {
     stats_.peak_in_use = stats_.in_use;
   }
   Device device() const noexcept override { return device_; }
+  void set_observer(UsageObserver observer) override {
+    std::lock_guard lock(mutex_);
+    observer_ = std::move(observer);
+  }
   std::string memory_kind() const override { return kind_note_.empty() ? backend_->kind() : kind_note_; }
 
  private:
@@ -297,7 +303,16 @@ class CachingAllocator final : public Allocator {
   Device device_;
   std::unique_ptr<Backend> backend_;
   std::string kind_note_;
+  void notify() noexcept {
+    if (!observer_) return;
+    try {
+      observer_(device_, stats_.in_use);
+    } catch (...) {
+    }
+  }
+
   mutable std::mutex mutex_;
+  UsageObserver observer_;  // guarded by mutex_
   std::unordered_map<Key, std::vector<BlockRecord*>, KeyHash> free_;
   std::vector<BlockRecord*> pending_;
   MemoryStats stats_;

@@ -21,7 +21,15 @@ EngineBase::EngineBase(ResolvedConfig config)
   for (int i = 0; i < config_.cpu_devices; ++i) cpu_allocators_.push_back(make_caching_allocator(Device::cpu(i)));
   for (int i = 0; i < config_.gpu_devices; ++i) gpu_allocators_.push_back(make_caching_allocator(Device::gpu(i)));
   pinned_allocator_ = make_caching_allocator(Device::cpu_pinned(0));
-  if (!config_.profile_path.empty()) profiler_->start();
+  // Memory in use per device becomes a counter track while profiling.
+  auto observe = [profiler = profiler_.get()](Device device, std::size_t in_use) {
+    if (profiler->running()) profiler->counter(device, "memory in use", static_cast<std::int64_t>(in_use));
+  };
+  for (auto& a : cpu_allocators_) a->set_observer(observe);
+  for (auto& a : gpu_allocators_) a->set_observer(observe);
+  pinned_allocator_->set_observer(observe);
+  for (const Device& d : devices()) nvtx_.add(d);
+  if (!config_.profile_path.empty() || config_.profile_summary) profiler_->start();
 }
 
 std::string EngineBase::device_list() const {
@@ -132,12 +140,31 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   op->device = device;
   op->kind = kind;
   op->async = false;
-  op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+  // Ids start at 1: 0 means "no op" (OpBlock::unblocked_by).
+  op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
+  op->bytes = options.bytes;
+  op->unblocked_by = 0;
+  op->push_ns = -1;
+  if (profiler_->running()) [[unlikely]]
+    record_push(*op);
   op->pending.store(static_cast<std::int32_t>(op->entry_count) + 1, std::memory_order_relaxed);
   return op;
 }
 
+void EngineBase::record_push(OpBlock& op) {
+  op.push_ns = Profiler::now_ns();
+  if (op.kind != OpKind::user) return;  // barriers and deletions are not ops of the graph
+  Profiler::PushRecord push{op.id, profiler_->intern(op.name), op.device, {}};
+  push.vars.reserve(op.entry_count);
+  for (const VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+    const std::uint64_t key = (std::uint64_t{e->var_id} << 32) | e->generation;
+    push.vars.push_back(Profiler::VarUse{key, profiler_->intern(vars_.name_of(e->var_id)), e->write});
+  }
+  profiler_->record_push(std::move(push));
+}
+
 void EngineBase::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+  NvtxRange range(nvtx_.push(), options.name.c_str(), options.property);
   if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
@@ -145,6 +172,7 @@ void EngineBase::push(OpFunction fn, Device device, VarList reads, VarList write
 }
 
 void EngineBase::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+  NvtxRange range(nvtx_.push(), options.name.c_str(), options.property);
   if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
   if (device.is_gpu())
     throw Error("push_async (op '" + options.name + "') on " + device.str() +
@@ -196,7 +224,7 @@ void EngineBase::apply_write(VarSlot& slot, const OpBlock& op) noexcept {
 }
 
 void EngineBase::report(const ErrorRef& error) {
-  if (error && error->claim(next_op_id_.load(std::memory_order_acquire))) std::rethrow_exception(error->error);
+  if (error && error->claim(id_bound())) std::rethrow_exception(error->error);
 }
 
 ErrorRef EngineBase::error_of(VarSlot& slot) {
@@ -204,15 +232,15 @@ ErrorRef EngineBase::error_of(VarSlot& slot) {
   return slot.error;
 }
 
-void EngineBase::report_all_errors() { errors_.report_all(next_op_id_.load(std::memory_order_acquire)); }
+void EngineBase::report_all_errors() { errors_.report_all(id_bound()); }
 
 void EngineBase::at_shutdown() noexcept {
   try {
-    if (!config_.profile_path.empty()) {
-      profiler_->stop();
-      profiler_->dump(config_.profile_path);
-      if (config_.profile_summary) std::fprintf(stderr, "%s", profiler_->summary_table().c_str());
-    }
+    profiler_->stop();
+    if (!config_.profile_path.empty()) profiler_->dump(config_.profile_path);
+    if (config_.profile_summary)
+      std::fprintf(stderr, "weft profile (%s engine):\n%s%s", config_.kind.c_str(), profiler_->summary_table().c_str(),
+                   profiler_->summarize().table().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft: could not write the profile: %s\n", e.what());
   }

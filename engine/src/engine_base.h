@@ -10,6 +10,7 @@
 
 #include "engine_config.h"
 #include "error_log.h"
+#include "nvtx_ranges.h"
 #include "object_pool.h"
 #include "op_block.h"
 #include "var_table.h"
@@ -39,6 +40,10 @@ class EngineBase : public Engine {
   // order). Throws weft::Error naming the op and the culprit on bad input.
   OpBlock* prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options);
   void recycle(OpBlock* op) noexcept;
+  // Above the id of every op pushed so far (what a reported error still reaches).
+  std::uint64_t id_bound() const noexcept { return next_op_id_.load(std::memory_order_acquire) + 1; }
+  // While profiling: the push time, and the op's accesses for the dependency graph.
+  void record_push(OpBlock& op);
   // Takes a valid, prepared user op: run it, or queue it behind its variables.
   virtual void launch(OpBlock* op) = 0;
 
@@ -68,6 +73,7 @@ class EngineBase : public Engine {
   void at_shutdown() noexcept;
 
   ResolvedConfig config_;
+  NvtxDomains nvtx_;  // one per device, for Nsight (nvtx_ranges.h)
   // Before the variables and ops: tensors' storage may be freed while the
   // engine drains.
   std::vector<std::unique_ptr<Allocator>> cpu_allocators_, gpu_allocators_;
@@ -78,7 +84,7 @@ class EngineBase : public Engine {
   ObjectPool<OpBlock> ops_;
   // Written by every push: a cache line of its own, so that workers reading
   // the members around it do not pull it away from the frontend.
-  alignas(64) std::atomic<std::uint64_t> next_op_id_{0};
+  alignas(64) std::atomic<std::uint64_t> next_op_id_{0};  // ids handed out: 1..next_op_id_
   char next_op_id_pad_[64 - sizeof(std::atomic<std::uint64_t>)] = {};
 };
 

@@ -14,7 +14,7 @@ struct ResolvedConfig {
   int workers_per_cpu_device = 1;
   std::size_t max_inflight = EngineConfig::kDefaultMaxInflight;
   std::string profile_path;
-  bool profile_summary = false;  // WEFT_PROFILE_SUMMARY=1: print the op table at exit
+  bool profile_summary = false;  // WEFT_PROFILE_SUMMARY=1: profile from creation, print the tables at exit
   int gpu_devices = 0;             // never more than gpu::device_count()
   int compute_streams_per_gpu = 2;
   std::size_t gpu_workspace_bytes = 0;

@@ -60,6 +60,7 @@ void NaiveEngine::run_now(OpBlock* op) {
     std::int64_t start = profiling ? Profiler::now_ns() : 0;
     {
       OpScopeGuard scope(scope_key(), &op->name, op->device);
+      NvtxRange range(nvtx_.of(op->device), op->name.c_str(), op->property);
       if (!op->async) {
         try {
           CheckContextGuard check(op->name, op->device);
@@ -118,7 +119,9 @@ void NaiveEngine::run_now(OpBlock* op) {
       }
     }
     if (profiling)
-      profiler_->record(thread_track(op->device), profiler_->intern(op->name), op->id, start, Profiler::now_ns());
+      profiler_->record(thread_track(op->device), SpanInfo{profiler_->intern(op->name), op->id, start,
+                                                           Profiler::now_ns(), op->push_ns, 0, op->bytes,
+                                                           op->property});
   }
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
     if (!e->write) continue;

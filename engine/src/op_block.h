@@ -42,6 +42,9 @@ struct OpBlock {
   bool async = false;
   std::uint8_t epoch = 0;  // push epoch (InflightCounts)
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
+  std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
+  std::int64_t push_ns = -1;       // while profiling: when it was pushed
+  std::uint64_t unblocked_by = 0;  // the op whose completion made it ready (traces' flow arrows)
   ThreadedEngine* engine = nullptr;
   // Accesses, deduplicated; the first kInline live in the block itself.
   static constexpr std::size_t kInline = 4;

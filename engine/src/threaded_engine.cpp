@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <thread>
 
+#include "gpu_spans.h"
 #include "gpu_sync.h"
+#include "nvtx_ranges.h"
 #include "weft/cuda_check.h"
 
 namespace weft::detail {
@@ -73,6 +75,12 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
 }  // namespace
 
 namespace {
+// Trace names of the stream roles (docs/trace-format.md).
+std::string_view trace_role(gpu::StreamRole role) {
+  return role == gpu::StreamRole::peer ? std::string_view("p2p") : gpu::to_string(role);
+}
+constexpr int kLaunchTrackOffset = 1000;
+
 std::size_t worker_slots(const ResolvedConfig& c) {
   return static_cast<std::size_t>(c.cpu_devices) * static_cast<std::size_t>(c.workers_per_cpu_device) +
          static_cast<std::size_t>(c.gpu_devices) * static_cast<std::size_t>(c.compute_streams_per_gpu + 4);
@@ -91,15 +99,23 @@ ThreadedEngine::ThreadedEngine(ResolvedConfig config)
     lane.first_slot = slot;
     slot += static_cast<std::size_t>(workers);
     for (int w = 0; w < workers; ++w) {
-      std::string label = device.is_gpu() ? std::string(gpu::to_string(role)) + " stream " + std::to_string(w)
-                                          : "worker " + std::to_string(w);
-      // One trace track per worker: CPU workers by index, GPU streams grouped by role.
-      const int index = device.is_gpu() ? static_cast<int>(role) * 100 + w : w;
-      lane.tracks.push_back(profiler_->track(device, index, std::move(label)));
-      if (device.is_gpu())
-        lane.streams.push_back(std::make_unique<gpu::StreamResources>(
-            device.index(), role,
-            role == gpu::StreamRole::compute || role == gpu::StreamRole::priority ? config_.gpu_workspace_bytes : 0));
+      if (!device.is_gpu()) {
+        lane.tracks.push_back(profiler_->track(device, w, "worker " + std::to_string(w), TrackKind::worker,
+                                               device.str() + " workers"));
+        continue;
+      }
+      // Per GPU worker two tracks: its stream as the GPU ran it (by role, then
+      // stream), and the worker's host thread enqueuing the work.
+      const std::string stream = std::string(trace_role(role)) + " stream " + std::to_string(w);
+      const int index = static_cast<int>(role) * 100 + w;
+      lane.tracks.push_back(profiler_->track(device, kLaunchTrackOffset + index, stream + " (launch)",
+                                             TrackKind::launch, device.str() + " " + stream + " launch"));
+      Profiler::Track* gpu_side =
+          profiler_->track(device, index, stream, TrackKind::stream, device.str() + " " + stream);
+      lane.streams.push_back(std::make_unique<gpu::StreamResources>(
+          device.index(), role,
+          role == gpu::StreamRole::compute || role == gpu::StreamRole::priority ? config_.gpu_workspace_bytes : 0));
+      lane.gpu_spans.push_back(std::make_unique<GpuSpanRecorder>(device.index(), gpu_side));
     }
   };
   lanes_.reserve(static_cast<std::size_t>(config_.cpu_devices + config_.gpu_devices * kLanesPerGpu));
@@ -122,6 +138,11 @@ ThreadedEngine::~ThreadedEngine() {
   drain();
   for (Lane& lane : lanes_) lane.pool.reset();  // joins the workers
   synchronize_gpus();
+  try {
+    resolve_gpu_spans();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: GPU-side spans lost: %s\n", e.what());
+  }
   lanes_.clear();
   at_shutdown();
 }
@@ -138,6 +159,12 @@ std::size_t ThreadedEngine::lane_of(const OpBlock& op) const noexcept {
     case OpProperty::prioritized: role = 4; break;
   }
   return static_cast<std::size_t>(config_.cpu_devices) + index * kLanesPerGpu + role;
+}
+
+void ThreadedEngine::resolve_gpu_spans() {
+  for (Lane& lane : lanes_)
+    for (std::size_t w = 0; w < lane.gpu_spans.size(); ++w)
+      lane.gpu_spans[w]->resolve(*profiler_, lane.streams[w]->handles().stream);
 }
 
 void ThreadedEngine::synchronize_gpus() noexcept {
@@ -259,7 +286,7 @@ void ThreadedEngine::dispatch(OpBlock* op) {
   lanes_[lane_of(*op)].pool->enqueue(op);
 }
 
-void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx) {
+void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx, const SpanInfo* traced) {
   CheckContextGuard check(op->name, op->device);
   if (!op->device.is_gpu()) {
     if (config_.gpu_devices > 0) {
@@ -272,15 +299,22 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
   const gpu::WorkerHandles& h = lane.streams[static_cast<std::size_t>(worker)]->handles();
   ctx.gpu = &h;
   gpu_op_wait(*op, h.stream);
+  // While profiling, two timing events bracket the op's work on its stream.
+  GpuSpanRecorder* timing = traced ? lane.gpu_spans[static_cast<std::size_t>(worker)].get() : nullptr;
+  if (timing) timing->begin(h.stream);
+  auto after_body = [&] {
+    if (timing) timing->end(h.stream, *traced);
+    gpu_op_publish(*op, op->device.index(), h.stream);
+  };
   try {
     op->fn(ctx);
   } catch (...) {
     // Whatever the body enqueued before failing still runs on the stream:
     // later users of the buffers must order after it all the same.
-    gpu_op_publish(*op, op->device.index(), h.stream);
+    after_body();
     throw;
   }
-  gpu_op_publish(*op, op->device.index(), h.stream);
+  after_body();
 }
 
 void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
@@ -293,24 +327,26 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   Profiler::Track* track = lane.tracks[static_cast<std::size_t>(worker)];
   RunContext ctx{op->device, worker, op->name, this};
   const bool profiling = profiler_->running();
-  std::string_view traced_name;
-  std::int64_t start = 0;
+  SpanInfo traced;
   if (profiling) {
-    traced_name = profiler_->intern(op->name);
-    start = Profiler::now_ns();
+    traced = SpanInfo{profiler_->intern(op->name), op->id, Profiler::now_ns(), 0, op->push_ns, op->unblocked_by,
+                      op->bytes, op->property};
   }
   const Device device = op->device;
-  const std::uint64_t id = op->id;
   if (!op->async) {
     {
       OpScopeGuard scope(scope_key(), &op->name, device, op->epoch);
+      NvtxRange range(nvtx_.of(device), op->name.c_str(), op->property);
       try {
-        run_body(op, lane, worker, ctx);
+        run_body(op, lane, worker, ctx, profiling ? &traced : nullptr);
       } catch (...) {
         fail(*op, std::current_exception());
       }
     }
-    if (profiling) profiler_->record(track, traced_name, id, start, Profiler::now_ns());
+    if (profiling) {
+      traced.end_ns = Profiler::now_ns();
+      profiler_->record(track, traced);
+    }
     finish(op, true);
     return;
   }
@@ -342,6 +378,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   {
     OpScopeGuard scope(scope_key(), &name, device, epoch);
     CheckContextGuard check(name, device);
+    NvtxRange range(nvtx_.of(device), name.c_str(), traced.property);
     try {
       fn(ctx, Completion(state));
     } catch (...) {
@@ -353,7 +390,10 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
       }
     }
   }
-  if (profiling) profiler_->record(track, traced_name, id, start, Profiler::now_ns());
+  if (profiling) {
+    traced.end_ns = Profiler::now_ns();
+    profiler_->record(track, traced);
+  }
   state->release_executor();
   leave_inflight(epoch);
 }
@@ -382,6 +422,8 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
     }
     release_and_grant(*e, ready);
   }
+  // What this completion made ready (traces draw an arrow from it).
+  for (OpBlock* r = ready; r != nullptr; r = r->ready_next) r->unblocked_by = op->id;
   if (op->kind == OpKind::wait) {
     std::lock_guard lock(wait_mutex_);
     op->signal->done.store(true, std::memory_order_release);  // the waiter may return now
@@ -453,6 +495,7 @@ void ThreadedEngine::wait_all() {
   report_all_errors();
   for (Lane& lane : lanes_)
     for (auto& stream : lane.streams) stream->synchronize();
+  resolve_gpu_spans();
 }
 
 void ThreadedEngine::delete_var(Var var) {

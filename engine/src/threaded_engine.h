@@ -21,6 +21,8 @@
 
 namespace weft::detail {
 
+class GpuSpanRecorder;
+
 class ThreadedEngine final : public EngineBase, private OpExecutor, private AsyncOwner {
  public:
   explicit ThreadedEngine(ResolvedConfig config);
@@ -63,11 +65,15 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
     std::size_t first_slot = 0;  // of its workers' completion counters
     std::vector<Profiler::Track*> tracks;
     std::vector<std::unique_ptr<gpu::StreamResources>> streams;
+    std::vector<std::unique_ptr<GpuSpanRecorder>> gpu_spans;  // per GPU worker
     std::unique_ptr<WorkerPool> pool;
   };
   static constexpr int kLanesPerGpu = 5;
   std::size_t lane_of(const OpBlock& op) const noexcept;
-  void run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx);
+  // traced: the op's span while profiling, else null.
+  void run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx, const SpanInfo* traced);
+  // Moves completed GPU-side spans into the profiler (streams synchronized).
+  void resolve_gpu_spans();
   void synchronize_gpus() noexcept;
   std::vector<Lane> lanes_;
 

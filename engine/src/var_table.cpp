@@ -12,13 +12,19 @@ VarTable::~VarTable() {
     for (std::size_t i = 0; i < kChunk; ++i) destroy_gpu_state(chunk[i]);
 }
 
+std::string VarTable::name_of(std::uint32_t id) const {
+  std::lock_guard lock(mutex_);
+  auto it = names_.find(id);
+  return it == names_.end() ? std::string() : it->second;
+}
+
 Var VarTable::create(std::string_view name) {
   std::lock_guard lock(mutex_);
   VarSlot* slot;
   if (free_) {
     slot = free_;
     free_ = slot->next_free;
-    slot->next_free = nullptr;
+    slot->tail = nullptr;  // live again: the word is its queue's tail
   } else {
     if (used_in_last_chunk_ == kChunk) {
       chunks_.push_back(std::make_unique<VarSlot[]>(kChunk));

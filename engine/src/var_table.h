@@ -48,17 +48,24 @@ struct alignas(64) VarSlot {
   std::atomic<std::uint32_t> generation{1};
   std::uint32_t id = 0;
   VarEntry* head = nullptr;
-  VarEntry* tail = nullptr;
+  // A live slot's last queued access (null when its queue is empty); a free
+  // slot's successor in the free list (its queue is empty then). One word for
+  // both keeps a slot in one cache line.
+  union {
+    VarEntry* tail = nullptr;
+    VarSlot* next_free;
+  };
   std::atomic<std::uint64_t> version{0};
   ErrorRef error;  // guarded by lock; set by the last completed write
   std::atomic<GpuVarState*> gpu{nullptr};  // created by the first GPU op on it (gpu_sync.h)
-  VarSlot* next_free = nullptr;
 
   // Whether the op with this push id, reading the variable, inherits its
   // failure. Safe without the lock while the caller holds a granted access
   // (no writer can run).
   bool fails(std::uint64_t op_id) const noexcept { return error && error->reaches(op_id); }
 };
+
+static_assert(sizeof(VarSlot) == 64, "a variable's state is one cache line");
 
 struct VarAccess {
   static Var make(VarSlot* slot, std::uint32_t id, std::uint32_t generation, std::uint32_t engine_id) noexcept {
@@ -82,6 +89,9 @@ class VarTable {
   VarTable& operator=(const VarTable&) = delete;
 
   Var create(std::string_view name);
+  // The name given at creation (empty if none). Takes the table's mutex: for
+  // the profiler, not the hot path.
+  std::string name_of(std::uint32_t id) const;
   // The live slot of `var`; throws weft::Error naming the var and `what` (the
   // call that used it) for a null, deleted or foreign handle.
   VarSlot* resolve(const Var& var, std::string_view what) const;

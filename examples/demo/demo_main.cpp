@@ -1,80 +1,105 @@
-// weft-demo: the seeds' asynchronous-computation experiments on Weft.
-#include <cblas.h>
-
+// weft-demo: the README's first command. A tour of the six overlap demos at
+// small sizes (under a minute on 2 CPU cores), each printing its table, then
+// a one-screen summary. The full-size demos are weft-demo-<name>.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <filesystem>
+#include <iostream>
 #include <string>
 
-#include "seed_experiments.h"
+#include "demos.h"
 
 namespace {
-void usage() {
-  std::printf(
-      "weft-demo [--ops N] [--elements N] [--products N] [--n N] [--engine threaded|naive]\n"
-      "  1. N x (y = x + 1) with a wait after each push, then with one wait at the end (default 1000 ops);\n"
-      "  2. products x (random n x n, C = A*A) pushed, then wait_all (default 10 x 1000).\n"
-      "Environment: WEFT_ENGINE, WEFT_CPU_WORKERS, WEFT_PROFILE=trace.json (see README).\n");
+
+using weft::demo::fixed;
+using weft::demo::mib;
+
+struct Sizes {
+  weft::demo::AsyncOptions async;
+  weft::demo::BarrierOptions barriers;
+  weft::demo::MemoryOptions memory;
+  weft::demo::CpuGpuOptions cpu_gpu;
+  weft::demo::ComputeCopyOptions compute_copy;
+  weft::demo::MultiDeviceOptions multidevice;
+};
+
+Sizes small_sizes(bool tiny) {
+  Sizes s;
+  s.async = {.ops = 1000, .elements = 1000, .products = 10, .n = 600};
+  s.barriers = {.n = 600, .chain = 6};
+  s.memory = {.batches = 60, .batch_size = 512, .width = 1024, .inputs = 256};
+  s.cpu_gpu = {.count = 10, .cpu_n = 700, .gpu_n = 4000, .reps = 3};
+  s.compute_copy = {.count = 10, .n = 4000, .cpu_n = 600, .reps = 3};
+  s.multidevice = {.steps = 5, .batch_size = 1024, .inputs = 256, .hidden = 1024};
+  if (tiny) {  // the test suite: every path, seconds in all
+    s.async = {.ops = 50, .elements = 16, .products = 2, .n = 32};
+    s.barriers = {.n = 32, .chain = 2};
+    s.memory = {.batches = 6, .batch_size = 16, .width = 32, .inputs = 16};
+    s.cpu_gpu = {.count = 2, .cpu_n = 64, .gpu_n = 64, .reps = 1};
+    s.compute_copy = {.count = 2, .n = 64, .cpu_n = 64, .reps = 1};
+    s.multidevice = {.steps = 2, .batch_size = 16, .inputs = 8, .hidden = 16};
+  }
+  return s;
 }
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int ops = 1000, elements = 2, products = 10, n = 1000;
-  std::string kind;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "weft-demo: %s needs a value\n", arg.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (arg == "--help" || arg == "-h") {
-      usage();
-      return 0;
-    } else if (arg == "--ops") {
-      ops = std::atoi(value());
-    } else if (arg == "--elements") {
-      elements = std::atoi(value());
-    } else if (arg == "--products") {
-      products = std::atoi(value());
-    } else if (arg == "--n") {
-      n = std::atoi(value());
-    } else if (arg == "--engine") {
-      kind = value();
-    } else {
-      std::fprintf(stderr, "weft-demo: unknown argument '%s'\n", arg.c_str());
-      usage();
-      return 2;
-    }
-  }
-  if (ops <= 0 || elements <= 0 || products <= 0 || n <= 0) {
-    std::fprintf(stderr, "weft-demo: sizes must be positive\n");
-    return 2;
-  }
-  // The engine's workers provide the parallelism; one BLAS thread per op
-  // keeps them from oversubscribing the cores.
-  openblas_set_num_threads(1);
-  try {
-    auto engine = weft::Engine::create({.kind = kind});
-    std::printf("Weft demo: %s engine, %d CPU worker(s) on cpu(0), max %zu ops in flight\n\n",
-                std::string(engine->kind()).c_str(), engine->workers(weft::Device::cpu(0)), engine->max_inflight());
+  bool tiny = false;
+  std::string out_dir = "weft-demo-out";
+  weft::demo::CommonOptions common;
+  weft::demo::DemoCli cli("weft-demo",
+                          "A tour of Weft's six overlap demos at small sizes, ending with a summary. Writes the\n"
+                          "timeline of demo 5 and the dependency graph of demo 6 to --out. The full-size demos:\n"
+                          "weft-demo-async, -barriers, -memory, -cpu-gpu, -compute-copy, -multidevice.");
+  cli.add("--tiny", &tiny, "smallest sizes (the test suite's run)");
+  cli.add("--out", &out_dir, "folder for the trace and the graph");
+  return weft::demo::demo_main("weft-demo", cli, argc, argv, common, [&] {
+    const Sizes s = small_sizes(tiny);
+    std::filesystem::create_directories(out_dir);
+    weft::demo::CommonOptions plain = common;
+    plain.trace_path.clear();
+    plain.json = false;
+    std::printf("Weft tour: six demos at small sizes (the seeds' sizes: weft-demo-<name>)\n\n");
+    auto a = weft::demo::run_async(s.async, plain);
+    std::printf("\n");
+    auto b = weft::demo::run_barriers(s.barriers, plain);
+    std::printf("\n");
+    auto m = weft::demo::run_memory(s.memory, plain);
+    std::printf("\n");
+    auto g = weft::demo::run_cpu_gpu(s.cpu_gpu, plain);
+    std::printf("\n");
+    weft::demo::CommonOptions traced = plain;
+    traced.trace_path = out_dir + "/compute-copy-trace.json";
+    auto cc = weft::demo::run_compute_copy(s.compute_copy, traced);
+    std::printf("\n");
+    weft::demo::MultiDeviceOptions md = s.multidevice;
+    md.dot_path = out_dir + "/multidevice.dot";
+    auto mdj = weft::demo::run_multidevice(md, plain);
 
-    auto d = weft::demo::async_dispatch(*engine, ops, elements);
-    std::printf("1. %d x (y = x + 1) on %d floats\n", d.ops, elements);
-    std::printf("   wait after each push : %9.3f ms  (%.2f us per op)\n", d.wait_each_s * 1e3, d.wait_each_s * 1e6 / d.ops);
-    std::printf("   one wait at the end  : %9.3f ms  (%.2f us per op)\n", d.wait_once_s * 1e3, d.wait_once_s * 1e6 / d.ops);
-    std::printf("   asynchronous dispatch is %.1fx faster\n\n", d.wait_each_s / d.wait_once_s);
-
-    auto m = weft::demo::async_matmuls(*engine, products, n);
-    std::printf("2. %d x (random %dx%d, C = A*A)\n", m.products, m.n, m.n);
-    std::printf("   all pushes returned after : %9.3f ms\n", m.push_s * 1e3);
-    std::printf("   wait_all returned after   : %9.3f ms  (checksum %.4g)\n", m.total_s * 1e3, m.checksum);
-    std::printf("   the frontend was free for %.1f%% of the run\n", 100.0 * (1.0 - m.push_s / m.total_s));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "weft-demo: %s\n", e.what());
-    return 1;
-  }
-  return 0;
+    std::printf("\n================ summary ================\n");
+    std::printf(" hardware: %s\n\n", a["hardware"].get<std::string>().c_str());
+    weft::demo::Table t({"demo", "what it shows", "measured"});
+    t.row({"1 async", "one wait instead of one per push",
+           fixed(a["speedup"].get<double>(), 1) + "x faster; pushes returned at " +
+               fixed(100.0 * a["push_ms"].get<double>() / a["total_ms"].get<double>(), 0) + "% of the run"});
+    t.row({"2 barriers", "wait_to_read(intermediate) vs wait_all",
+           "returned at " + fixed(100.0 * b["wait_to_read_ms"].get<double>() / b["then_wait_all_ms"].get<double>(), 0) +
+               "% of wait_all's time"});
+    t.row({"3 memory", "RSS growth: wait each / bound / no bound",
+           mib(m["wait_each"]["rss_growth_bytes"].get<double>()) + " / " +
+               mib(m["no_wait"]["rss_growth_bytes"].get<double>()) + " / " +
+               mib(m["no_wait_unbounded"]["rss_growth_bytes"].get<double>())});
+    t.row({"4 cpu-gpu", g["form"].get<std::string>() == "cpu+gpu" ? "CPU and GPU at once" : "two CPU devices at once",
+           "overlap efficiency " + fixed(g["overlap_efficiency"].get<double>(), 2)});
+    t.row({"5 compute-copy", cc["form"].get<std::string>() == "gpu" ? "GPU compute + D2H copies" : "compute + copies (CPU form)",
+           "overlap efficiency " + fixed(cc["overlap_efficiency"].get<double>(), 2)});
+    t.row({"6 multidevice", "data parallel on two devices",
+           "devices busy together " + fixed(mdj["device_overlap"].get<double>(), 2) + " of the shorter; " +
+               fixed(mdj["step_ms"].get<double>(), 1) + " ms/step"});
+    t.print();
+    std::printf("\n trace of demo 5: %s   (scripts/trace-summary %s; or open it in ui.perfetto.dev)\n",
+                traced.trace_path.c_str(), traced.trace_path.c_str());
+    std::printf(" graph of demo 6: %s   (dot -Tsvg %s -o graph.svg)\n", md.dot_path.c_str(), md.dot_path.c_str());
+    return nlohmann::json{{"tour", {a, b, m, g, cc, mdj}}};
+  });
 }

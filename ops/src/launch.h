@@ -25,7 +25,7 @@ void require_memory(const Storage& s, std::string_view op);
 
 template <class Kernel>
 void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, std::vector<const Tensor*> outputs,
-            Kernel kernel, OpProperty property = OpProperty::normal) {
+            Kernel kernel, OpProperty property = OpProperty::normal, std::uint64_t bytes = 0) {
   OpIO io;
   std::vector<Var> reads, writes;
   for (const Tensor* t : inputs) {
@@ -59,7 +59,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
         }
         kernel(ctx, io);
       },
-      exec, reads, writes, OpOptions{0, std::move(name), property});
+      exec, reads, writes, OpOptions{0, std::move(name), property, bytes});
 }
 
 // Argument checks shared by the ops; each throws naming the op.

@@ -254,9 +254,11 @@ void Tensor::copy_from(const Tensor& src) {
   using detail::CopyKind;
   const bool host_from = !from.is_gpu(), host_to = !to.is_gpu();
   if (host_from && host_to) {
+    // Host to host: a copy all the same (traces count it as one), on the
+    // destination's workers.
     launch("copy " + from.str() + "->" + to.str(), exec_device(to), {&src}, {this}, [bytes](RunContext&, OpIO& io) {
       if (bytes) std::memcpy(io.o(0), io.i(0), bytes);
-    });
+    }, OpProperty::copy_peer, bytes);
     return;
   }
   // Pageable host memory cannot be copied asynchronously: stage through a
@@ -273,19 +275,19 @@ void Tensor::copy_from(const Tensor& src) {
   if (host_from) {  // pinned -> gpu
     launch(name, to, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
       detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::host_to_device, ctx.gpu->stream);
-    }, OpProperty::copy_to_device);
+    }, OpProperty::copy_to_device, bytes);
   } else if (host_to) {  // gpu -> pinned
     launch(name, from, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
       detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::device_to_host, ctx.gpu->stream);
-    }, OpProperty::copy_from_device);
+    }, OpProperty::copy_from_device, bytes);
   } else if (from == to) {
     launch(name, to, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
       detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::device_to_device, ctx.gpu->stream);
-    });
+    }, OpProperty::normal, bytes);
   } else {
     launch(name, to, {&src}, {this}, [bytes, from, to](RunContext& ctx, OpIO& io) {
       detail::gpu_memcpy_peer_async(io.o(0), to.index(), io.i(0), from.index(), bytes, ctx.gpu->stream);
-    }, OpProperty::copy_peer);
+    }, OpProperty::copy_peer, bytes);
   }
 }
 

@@ -43,10 +43,22 @@ std::string temp_path(const std::string& stem) {
       .string();
 }
 
-// Checks the documented schema; returns the X events.
+// Checks the documented schema (docs/trace-format.md); returns the X events.
 std::vector<Json> check_schema(const Json& doc) {
   REQUIRE(doc.is_object());
   CHECK(doc.at("displayTimeUnit") == "ns");
+  const Json& weft = doc.at("weft");
+  CHECK(weft.at("schema") == 2);
+  REQUIRE(weft.at("window_us").is_array());
+  REQUIRE(weft.at("window_us").size() == 2);
+  CHECK(weft.at("window_us")[0].get<double>() <= weft.at("window_us")[1].get<double>());
+  std::map<std::pair<std::int64_t, std::int64_t>, Json> described;  // (pid, tid) -> weft.tracks entry
+  for (const Json& t : weft.at("tracks")) {
+    for (const char* key : {"device", "label", "kind", "resource"}) CHECK(t.at(key).is_string());
+    const std::string kind = t.at("kind");
+    CHECK((kind == "worker" || kind == "launch" || kind == "stream"));
+    CHECK(described.emplace(std::pair{t.at("pid").get<std::int64_t>(), t.at("tid").get<std::int64_t>()}, t).second);
+  }
   const Json& events = doc.at("traceEvents");
   REQUIRE(events.is_array());
 
@@ -54,7 +66,7 @@ std::vector<Json> check_schema(const Json& doc) {
   std::map<std::pair<std::int64_t, std::int64_t>, std::string> threads;  // (pid, tid) -> name
   std::set<std::int64_t> process_sorted;
   std::set<std::pair<std::int64_t, std::int64_t>> thread_sorted;
-  std::vector<Json> xs;
+  std::vector<Json> xs, flows, counters;
   for (const Json& e : events) {
     REQUIRE(e.is_object());
     const std::string ph = e.at("ph");
@@ -75,19 +87,28 @@ std::vector<Json> check_schema(const Json& doc) {
       } else {
         FAIL("unexpected metadata event " << name);
       }
-    } else {
-      REQUIRE(ph == "X");
+    } else if (ph == "X") {
       xs.push_back(e);
+    } else if (ph == "s" || ph == "f") {
+      flows.push_back(e);
+    } else {
+      REQUIRE(ph == "C");
+      counters.push_back(e);
     }
   }
   for (const auto& [key, name] : threads) {
     CHECK(processes.count(key.first) == 1);
     CHECK(thread_sorted.count(key) == 1);
+    REQUIRE(described.count(key) == 1);
+    CHECK(described.at(key).at("label") == name);
+    CHECK(processes.at(key.first) == described.at(key).at("device"));
   }
+  CHECK(described.size() == threads.size());
   for (const auto& [pid, name] : processes) CHECK(process_sorted.count(pid) == 1);
   for (const Json& x : xs) {
     CHECK(x.at("name").is_string());
-    CHECK(x.at("cat") == "op");
+    const std::string cat = x.at("cat");
+    CHECK((cat == "compute" || cat == "copy"));
     std::int64_t pid = x.at("pid");
     std::int64_t tid = x.at("tid");
     CHECK(processes.count(pid) == 1);
@@ -96,7 +117,27 @@ std::vector<Json> check_schema(const Json& doc) {
     CHECK(x.at("ts").get<double>() >= 0.0);
     CHECK(x.at("dur").is_number());
     CHECK(x.at("dur").get<double>() >= 0.0);
-    CHECK(x.at("args").at("op_id").is_number_unsigned());
+    const Json& args = x.at("args");
+    CHECK(args.at("op_id").is_number_unsigned());
+    const std::string property = args.at("property");
+    CHECK((cat == "copy") == (property.rfind("copy_", 0) == 0));
+    if (args.contains("bytes")) {
+      CHECK(args.at("bytes").is_number_unsigned());
+      CHECK(args.at("GB_per_s").is_number());
+    }
+  }
+  for (const Json& f : flows) {
+    CHECK(f.at("id").is_number_unsigned());
+    CHECK(f.at("cat") == "dependency");
+    CHECK(threads.count({f.at("pid").get<std::int64_t>(), f.at("tid").get<std::int64_t>()}) == 1);
+    if (f.at("ph") == "f") CHECK(f.at("bp") == "e");
+  }
+  for (const Json& c : counters) {
+    CHECK(processes.count(c.at("pid").get<std::int64_t>()) == 1);
+    const std::string name = c.at("name");
+    CHECK((name == "ops in flight" || name == "memory in use"));
+    CHECK(c.at("args").is_object());
+    CHECK(c.at("args").size() == 1);
   }
   return xs;
 }

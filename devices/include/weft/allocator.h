@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,6 +58,12 @@ class Allocator {
   virtual Device device() const noexcept = 0;
   // "pinned" / "pageable (no GPU: pinned memory unavailable)" / "device"
   virtual std::string memory_kind() const = 0;
+  // Called with the bytes in use after every allocation and free, under the
+  // allocator's lock (keep it short; it must not allocate from this
+  // allocator). The profiler's memory counters come from here. Exceptions
+  // it throws are dropped.
+  using UsageObserver = std::function<void(Device device, std::size_t in_use)>;
+  virtual void set_observer(UsageObserver observer) = 0;
 };
 
 // cpu(i): 64-byte aligned pageable memory. cpu_pinned(i): page-locked memory

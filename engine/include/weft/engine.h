@@ -25,6 +25,7 @@
 #include "weft/device.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
+#include "weft/op_property.h"
 #include "weft/profiler.h"
 #include "weft/unique_function.h"
 #include "weft/var.h"
@@ -46,19 +47,6 @@ struct RunContext {
   const gpu::WorkerHandles* gpu = nullptr;
 };
 
-// Which kind of worker an op needs (MXNet's FnProperty). On a GPU: compute
-// workers (a pool of streams), one copy worker per direction with its own
-// stream, and a worker on the device's highest-priority stream. On a CPU
-// device copies run on the normal workers and `prioritized` ops go ahead of
-// every other ready op.
-enum class OpProperty : std::uint8_t {
-  normal,
-  copy_to_device,    // host -> GPU (the op's device is the GPU)
-  copy_from_device,  // GPU -> host (the op's device is the GPU)
-  copy_peer,         // GPU -> GPU (the op's device is the destination)
-  prioritized,
-};
-std::string_view to_string(OpProperty property) noexcept;
 
 using OpFunction = UniqueFunction<void(RunContext&)>;
 using AsyncOpFunction = UniqueFunction<void(RunContext&, Completion)>;
@@ -67,6 +55,8 @@ struct OpOptions {
   int priority = 0;  // higher runs first among ready ops of one device
   std::string name;  // shown in errors, traces and the profiler's table
   OpProperty property = OpProperty::normal;
+  // Payload a copy op moves: traces show it, and the bandwidth, on its span.
+  std::uint64_t bytes = 0;
 };
 
 struct EngineConfig {

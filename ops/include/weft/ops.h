@@ -9,6 +9,13 @@
 
 namespace weft::ops {
 
+// Threads one CPU kernel may use: every CPU op parallelizes inside one shared
+// oneTBB arena of this many slots (default: the hardware threads), so
+// several engine workers never oversubscribe the cores. n >= 1. Call it
+// while no op runs (at start-up, or between phases after wait_all).
+void set_cpu_kernel_threads(int n);
+int cpu_kernel_threads();
+
 // Elementwise, same shapes.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "weft/error.h"
+#include "weft/ops.h"
 
 namespace weft::kernels::cpu {
 namespace {
@@ -74,3 +75,8 @@ int intra_op_threads() {
 }
 
 }  // namespace weft::kernels::cpu
+
+namespace weft::ops {
+void set_cpu_kernel_threads(int n) { kernels::cpu::set_intra_op_threads(n); }
+int cpu_kernel_threads() { return kernels::cpu::intra_op_threads(); }
+}  // namespace weft::ops

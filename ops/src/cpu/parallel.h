@@ -27,11 +27,14 @@ template <class Body>
 void parallel_for(std::int64_t n, std::int64_t grain, const Body& body) {
   if (n <= 0) return;
   grain = std::max<std::int64_t>(grain, 1);
-  if (n <= grain) {
+  tbb::task_arena& arena = intra_op_arena();
+  // With one thread per kernel, each engine worker runs its kernels itself:
+  // entering a one-slot arena would make concurrent workers take turns.
+  if (n <= grain || arena.max_concurrency() == 1) {
     body(std::int64_t{0}, n);
     return;
   }
-  intra_op_arena().execute([&] {
+  arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<std::int64_t>(0, n, grain),
                       [&](const tbb::blocked_range<std::int64_t>& r) { body(r.begin(), r.end()); });
   });

@@ -1,0 +1,31 @@
+// CUDA events that keep time, for the profiler's GPU-side spans. Unlike the
+// engine's completion events (weft/gpu_streams.h, created without timing,
+// which makes them cheaper to record and wait on) these are only used while a
+// profile is recorded. Without CUDA, creating one throws.
+#pragma once
+
+#include "weft/gpu.h"
+
+namespace weft::gpu {
+
+class TimingEvent {
+ public:
+  explicit TimingEvent(int device);  // created on `device`, whatever is current
+  ~TimingEvent();
+  TimingEvent(const TimingEvent&) = delete;
+  TimingEvent& operator=(const TimingEvent&) = delete;
+
+  void record(CUstream_st* stream);
+  // Whether the work enqueued before the last record() has completed.
+  bool done() const;
+  void synchronize() const;
+  // Milliseconds from `earlier` to this event; both recorded and done.
+  float ms_since(const TimingEvent& earlier) const;
+  int device() const noexcept { return device_; }
+
+ private:
+  CUevent_st* event_ = nullptr;
+  int device_;
+};
+
+}  // namespace weft::gpu

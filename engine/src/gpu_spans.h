@@ -1,0 +1,49 @@
+// GPU-side spans: when a stream actually ran each op, timed with CUDA events.
+//
+// While the profiler runs, a GPU worker brackets each op's work with two
+// timing events on its stream and queues the op's span. The host clock of
+// those events is only known once they have completed, so the spans reach the
+// profiler later: resolve() (called by wait_all and at shutdown, after the
+// streams were synchronized) records a reference event, waits for it, reads
+// the host clock, and places every completed span by its distance in GPU time
+// from that reference. The error is the reference's host wake-up latency
+// (microseconds), the same for all spans of one resolve.
+//
+// Threads: begin/end run on the owning worker; resolve on any thread (under
+// the recorder's mutex, which also makes it the single writer of the stream
+// track).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "weft/gpu_timing.h"
+#include "weft/profiler.h"
+
+namespace weft::detail {
+
+class GpuSpanRecorder {
+ public:
+  GpuSpanRecorder(int device, Profiler::Track* stream_track) : device_(device), track_(stream_track) {}
+
+  void begin(CUstream_st* stream);
+  void end(CUstream_st* stream, const SpanInfo& info);
+  void resolve(Profiler& profiler, CUstream_st* stream);
+
+ private:
+  std::unique_ptr<gpu::TimingEvent> take_event();
+
+  struct Pending {
+    std::unique_ptr<gpu::TimingEvent> start, end;
+    SpanInfo info;
+  };
+  const int device_;
+  Profiler::Track* const track_;
+  std::unique_ptr<gpu::TimingEvent> open_;  // begun, not yet ended (owning worker only)
+  std::mutex mutex_;                        // guards what follows
+  std::vector<Pending> pending_;
+  std::vector<std::unique_ptr<gpu::TimingEvent>> free_;
+};
+
+}  // namespace weft::detail

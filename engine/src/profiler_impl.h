@@ -1,0 +1,153 @@
+// The profiler's storage, shared by its source files (profiler.cpp: tracks
+// and recording; profiler_trace.cpp: the JSON trace; profiler_summary.cpp:
+// busy time and overlap; profiler_graph.cpp: the dependency graph).
+//
+// Each Track is a single-writer chain of fixed-size chunks. The owner thread
+// fills a slot, then publishes it by bumping `count_` with a release store;
+// a new chunk is linked (release) before the first span in it is published.
+// Readers load `count_` (acquire) and walk the chain, so they see a prefix of
+// whole spans even if a writer is still appending; spans never move.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "weft/profiler.h"
+
+namespace weft {
+
+namespace detail {
+
+constexpr std::size_t kChunkSpans = 512;  // ~32 KiB per chunk
+
+struct SpanChunk {
+  std::array<SpanInfo, kChunkSpans> spans;
+  std::atomic<SpanChunk*> next{nullptr};
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
+
+struct CounterSample {
+  Device device;
+  std::string_view name;  // interned
+  std::int64_t ts_ns;
+  std::int64_t value;
+};
+
+// Trace process of a device (one per device) and thread of a track.
+std::int64_t process_id(Device d);
+inline std::int64_t thread_id(int index) { return static_cast<std::int64_t>(index) + 1; }
+std::string_view display_name(std::string_view name);
+
+}  // namespace detail
+
+class Profiler::Track {
+ public:
+  Track(Device device, int index, std::string label, TrackKind kind, std::string resource)
+      : device_(device), index_(index), label_(std::move(label)), kind_(kind), resource_(std::move(resource)) {}
+  ~Track() { free_chunks(); }
+  Track(const Track&) = delete;
+  Track& operator=(const Track&) = delete;
+
+  Device device() const noexcept { return device_; }
+  int index() const noexcept { return index_; }
+  const std::string& label() const noexcept { return label_; }
+  TrackKind kind() const noexcept { return kind_; }
+  const std::string& resource() const noexcept { return resource_; }
+
+  // Owner thread only.
+  void append(const SpanInfo& span) {
+    if (pos_ == detail::kChunkSpans) [[unlikely]]
+      grow();
+    cur_->spans[pos_++] = span;
+    count_.store(count_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  }
+
+  // Any thread: calls fn(const SpanInfo&) for every published span, in record order.
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    std::size_t n = count_.load(std::memory_order_acquire);
+    const detail::SpanChunk* c = head_.load(std::memory_order_acquire);
+    for (std::size_t i = 0; i < n && c != nullptr; c = c->next.load(std::memory_order_acquire)) {
+      std::size_t in_chunk = std::min(detail::kChunkSpans, n - i);
+      for (std::size_t k = 0; k < in_chunk; ++k) fn(c->spans[k]);
+      i += in_chunk;
+    }
+  }
+
+  std::size_t size() const noexcept { return count_.load(std::memory_order_acquire); }
+
+  // Writers must be quiescent.
+  void clear() noexcept {
+    free_chunks();
+    count_.store(0, std::memory_order_release);
+  }
+
+ private:
+  void grow() {
+    auto* c = new detail::SpanChunk;
+    if (cur_ == nullptr) head_.store(c, std::memory_order_release);
+    else cur_->next.store(c, std::memory_order_release);
+    cur_ = c;
+    pos_ = 0;
+  }
+
+  void free_chunks() noexcept {
+    detail::SpanChunk* c = head_.exchange(nullptr, std::memory_order_acq_rel);
+    while (c != nullptr) {
+      detail::SpanChunk* next = c->next.load(std::memory_order_relaxed);
+      delete c;
+      c = next;
+    }
+    cur_ = nullptr;
+    pos_ = detail::kChunkSpans;
+  }
+
+  const Device device_;
+  const int index_;
+  const std::string label_;
+  const TrackKind kind_;
+  const std::string resource_;
+  std::atomic<detail::SpanChunk*> head_{nullptr};
+  std::atomic<std::size_t> count_{0};
+  // Writer-side state (owner thread, or clear() while quiescent).
+  detail::SpanChunk* cur_ = nullptr;
+  std::size_t pos_ = detail::kChunkSpans;
+};
+
+struct Profiler::Impl {
+  mutable std::mutex tracks_mu;
+  std::vector<std::unique_ptr<Track>> tracks;  // creation order; never removed
+  std::map<std::pair<Device, int>, Track*> by_key;
+
+  std::mutex names_mu;
+  std::unordered_set<std::string, detail::StringHash, std::equal_to<>> names;  // node-based: views stay valid
+
+  mutable std::mutex samples_mu;  // counters and pushes
+  std::vector<detail::CounterSample> counters;
+  std::vector<PushRecord> pushes;
+
+  // Tracks ordered by (device, index): a snapshot safe to read without the lock
+  // (tracks live as long as the profiler).
+  std::vector<const Track*> sorted_tracks() const {
+    std::lock_guard lock(tracks_mu);
+    std::vector<const Track*> out;
+    out.reserve(by_key.size());
+    for (const auto& [key, t] : by_key) out.push_back(t);
+    return out;
+  }
+};
+
+}  // namespace weft

@@ -1,0 +1,136 @@
+// Demo 5: compute overlapped with copies. 10 matmuls on the GPU, then each
+// result copied to (pinned) host memory: all matmuls then all copies, each
+// phase alone, and interleaved (copy i runs on the device-to-host stream
+// while matmul i + 1 runs on a compute stream). Overlap efficiency as in
+// demo 4. Without a GPU: matmuls on cpu(0), each result copied to cpu(1) by
+// cpu(1)'s worker (k times, k calibrated so that copies take about as long
+// as the matmuls), one core each.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <weft/ops.h>
+#include <weft/tensor.h>
+
+#include "demos.h"
+
+namespace weft::demo {
+
+void add_flags(DemoCli& cli, ComputeCopyOptions& o) {
+  cli.add("--count", &o.count, "matmuls (and results copied)");
+  cli.add("--n", &o.n, "matrix size on the GPU");
+  cli.add("--cpu-n", &o.cpu_n, "matrix size without GPU");
+  cli.add("--reps", &o.reps, "repetitions (medians are reported)");
+}
+
+namespace {
+struct KernelThreads {
+  int saved = ops::cpu_kernel_threads();
+  explicit KernelThreads(int n) { ops::set_cpu_kernel_threads(n); }
+  ~KernelThreads() { ops::set_cpu_kernel_threads(saved); }
+};
+}  // namespace
+
+nlohmann::json run_compute_copy(const ComputeCopyOptions& o, const CommonOptions& c) {
+  auto probe = make_engine(c, {.cpu_devices = 1});
+  const bool gpu = has_gpu(*probe);
+  probe.reset();
+  std::unique_ptr<KernelThreads> one_thread;
+  if (!gpu) one_thread = std::make_unique<KernelThreads>(1);
+  auto engine = gpu ? make_engine(c, {.cpu_devices = 1}) : make_engine(c, {.cpu_devices = 2, .workers_per_cpu_device = 1});
+  Engine& e = *engine;
+  const Device compute_on = gpu ? Device::gpu(0) : Device::cpu(0);
+  const Device copy_dst = gpu ? Device::cpu_pinned(0) : Device::cpu(1);
+  const std::int64_t n = gpu ? o.n : o.cpu_n;
+  const Tensor a = Tensor::uniform(e, {n, n}, -1.0f, 1.0f, 1, compute_on);
+  e.wait_all();
+
+  // Copies per result: 1 on a GPU; on the CPU enough to match a matmul.
+  std::int64_t repeat = 1;
+  {
+    const Tensor warm = a.matmul(a);
+    (void)warm.copy_to(copy_dst);
+    e.wait_all();
+    if (!gpu) {
+      std::vector<double> tm, tc;
+      for (int i = 0; i < 3; ++i) {
+        Tensor r;
+        tm.push_back(time_seconds([&] {
+          r = a.matmul(a);
+          r.wait_to_read();
+        }));
+        tc.push_back(time_seconds([&] {
+          const Tensor h = r.copy_to(copy_dst);
+          h.wait_to_read();
+        }));
+      }
+      repeat = std::clamp<std::int64_t>(std::llround(median(tm) / std::max(median(tc), 1e-9)), 1, 1000);
+    }
+  }
+  std::vector<Tensor> results;
+  auto compute = [&] {
+    results.clear();
+    for (std::int64_t i = 0; i < o.count; ++i) results.push_back(a.matmul(a));
+  };
+  auto copies = [&] {
+    std::vector<Tensor> host;
+    for (const Tensor& r : results)
+      for (std::int64_t k = 0; k < repeat; ++k) host.push_back(r.copy_to(copy_dst));
+    e.wait_all();
+  };
+  auto interleaved = [&] {
+    std::vector<Tensor> host;
+    results.clear();
+    for (std::int64_t i = 0; i < o.count; ++i) {
+      results.push_back(a.matmul(a));
+      for (std::int64_t k = 0; k < repeat; ++k) host.push_back(results.back().copy_to(copy_dst));
+    }
+    e.wait_all();
+  };
+  std::vector<double> tc, tcopy, tboth;
+  for (std::int64_t r = 0; r < o.reps; ++r) {
+    tc.push_back(time_seconds([&] {
+      compute();
+      e.wait_all();
+    }));
+    tcopy.push_back(time_seconds(copies));
+    if (r + 1 == o.reps) traced(e, c, [&] { tboth.push_back(time_seconds(interleaved)); });
+    else tboth.push_back(time_seconds(interleaved));
+  }
+  const double t_compute = median(tc), t_copy = median(tcopy), t_both = median(tboth);
+  const double efficiency = overlap_efficiency(t_compute, t_copy, t_both);
+  const double bytes = static_cast<double>(o.count * repeat * n * n) * sizeof(float);
+  const std::string hw = hardware(e);
+  const std::string form = gpu ? "GPU compute + device-to-host copies to pinned memory"
+                               : "no GPU: compute on cpu(0), copies cpu(0)->cpu(1) on cpu(1)'s worker";
+  if (!c.quiet) {
+    std::printf("5. Compute and copies at once: %s\n   (%s)\n\n", form.c_str(), hw.c_str());
+    Table t({"phase (median of " + std::to_string(o.reps) + ")", "time", "GB/s"});
+    t.row({std::to_string(o.count) + " x matmul " + std::to_string(n) + "^2 on " + compute_on.str(), ms(t_compute), ""});
+    t.row({std::to_string(o.count * repeat) + " copies of " + mib(static_cast<double>(n * n) * 4) + " to " +
+               copy_dst.str(),
+           ms(t_copy), fixed(bytes / t_copy / 1e9, 2)});
+    t.row({"interleaved: matmul i, then copy i", ms(t_both), ""});
+    t.print();
+    if (repeat > 1)
+      std::printf(" each result copied %lld times so that both phases take about as long\n",
+                  static_cast<long long>(repeat));
+    std::printf(" overlap efficiency (t_compute + t_copy - t_both) / min = %.2f\n", efficiency);
+    print_trace_note(e, c);
+  }
+  return {{"demo", "compute-copy"},
+          {"hardware", hw},
+          {"form", gpu ? "gpu" : "cpu"},
+          {"compute_device", compute_on.str()},
+          {"copy_to", copy_dst.str()},
+          {"n", n},
+          {"count", o.count},
+          {"copies_per_result", repeat},
+          {"compute_ms", t_compute * 1e3},
+          {"copy_ms", t_copy * 1e3},
+          {"both_ms", t_both * 1e3},
+          {"copy_GB_per_s", bytes / t_copy / 1e9},
+          {"overlap_efficiency", efficiency}};
+}
+
+}  // namespace weft::demo
