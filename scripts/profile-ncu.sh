@@ -3,6 +3,8 @@
 # then prints the report's per-kernel summary.
 # Usage: scripts/profile-ncu.sh [--kernel REGEX] [--launch-count N] [--output PATH] [--details] [--] PROGRAM [ARGS...]
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/find-tool.sh
+source "${BASH_SOURCE[0]%/*}/find-tool.sh"
 
 me=profile-ncu.sh
 
@@ -112,20 +114,8 @@ if [[ -n "${NCU:-}" ]]; then
     exit 127
   fi
   tool=$NCU
-elif ! tool=$(command -v ncu); then
-  tool=""
-  shopt -s nullglob
-  for pattern in "$root/usr/local/cuda/bin/ncu" "$root/opt/nvidia/nsight-compute/*/ncu"; do
-    # shellcheck disable=SC2206  # the pattern is meant to be expanded here
-    matches=($pattern)
-    for ((i = ${#matches[@]} - 1; i >= 0; i--)); do
-      if [[ -f "${matches[i]}" && -x "${matches[i]}" ]]; then
-        tool=${matches[i]}
-        break 2
-      fi
-    done
-  done
-  shopt -u nullglob
+else
+  tool=$(find_tool ncu "$root/usr/local/cuda/bin/ncu" "$root/opt/nvidia/nsight-compute/*/ncu") || true
 fi
 if [[ -z "$tool" ]]; then
   # printf, a builtin: the message comes out even when PATH holds nothing.

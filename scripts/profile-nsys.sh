@@ -3,6 +3,8 @@
 # report's summary tables (nsys stats).
 # Usage: scripts/profile-nsys.sh [--output PATH] [--] PROGRAM [ARGS...]   (--help for more)
 set -euo pipefail
+# shellcheck source=SCRIPTDIR/find-tool.sh
+source "${BASH_SOURCE[0]%/*}/find-tool.sh"
 
 me=profile-nsys.sh
 
@@ -88,21 +90,9 @@ if [[ -n "${NSYS:-}" ]]; then
     exit 127
   fi
   tool=$NSYS
-elif ! tool=$(command -v nsys); then
-  tool=""
-  shopt -s nullglob
-  for pattern in "$root/usr/local/cuda/bin/nsys" "$root/opt/nvidia/nsight-systems/*/bin/nsys" \
-    "$root/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"; do
-    # shellcheck disable=SC2206  # the pattern is meant to be expanded here
-    matches=($pattern)
-    for ((i = ${#matches[@]} - 1; i >= 0; i--)); do
-      if [[ -f "${matches[i]}" && -x "${matches[i]}" ]]; then
-        tool=${matches[i]}
-        break 2
-      fi
-    done
-  done
-  shopt -u nullglob
+else
+  tool=$(find_tool nsys "$root/usr/local/cuda/bin/nsys" "$root/opt/nvidia/nsight-systems/*/bin/nsys" \
+    "$root/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys") || true
 fi
 if [[ -z "$tool" ]]; then
   # printf, a builtin: the message comes out even when PATH holds nothing.

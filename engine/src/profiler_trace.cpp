@@ -130,6 +130,23 @@ void Profiler::write_trace(std::ostream& os) const {
     append_us(buf, ts_ns - base);
   };
 
+  // A device's trace process: its name and its place in the list.
+  auto name_process = [&](Device device) {
+    const std::int64_t pid = process_id(device);
+    begin_event();
+    buf += R"({"ph":"M","name":"process_name","pid":)";
+    append_int(buf, pid);
+    buf += R"(,"args":{"name":)";
+    buf += json_string(device.str());
+    buf += "}}";
+    begin_event();
+    buf += R"({"ph":"M","name":"process_sort_index","pid":)";
+    append_int(buf, pid);
+    buf += R"(,"args":{"sort_index":)";
+    append_int(buf, pid);
+    buf += "}}";
+  };
+
   // The "weft" object: what each track is (the summary groups by it).
   buf += R"({"displayTimeUnit":"ns","weft":{"schema":2,"window_us":[)";
   append_us(buf, first_start - base);
@@ -163,18 +180,7 @@ void Profiler::write_trace(std::ostream& os) const {
     if (!have_device || t->device() != last_device) {
       have_device = true;
       last_device = t->device();
-      begin_event();
-      buf += R"({"ph":"M","name":"process_name","pid":)";
-      append_int(buf, ts.pid);
-      buf += R"(,"args":{"name":)";
-      buf += json_string(t->device().str());
-      buf += "}}";
-      begin_event();
-      buf += R"({"ph":"M","name":"process_sort_index","pid":)";
-      append_int(buf, ts.pid);
-      buf += R"(,"args":{"sort_index":)";
-      append_int(buf, ts.pid);
-      buf += "}}";
+      name_process(t->device());
     }
     begin_event();
     buf += R"({"ph":"M","name":"thread_name","pid":)";
@@ -285,19 +291,7 @@ void Profiler::write_trace(std::ostream& os) const {
   for (const auto& c : counters) {
     if (std::any_of(tracks.begin(), tracks.end(), [&](const TrackSpans& t) { return t.track->device() == c.device; }))
       continue;
-    if (!named.insert(process_id(c.device)).second) continue;
-    begin_event();
-    buf += R"({"ph":"M","name":"process_name","pid":)";
-    append_int(buf, process_id(c.device));
-    buf += R"(,"args":{"name":)";
-    buf += json_string(c.device.str());
-    buf += "}}";
-    begin_event();
-    buf += R"({"ph":"M","name":"process_sort_index","pid":)";
-    append_int(buf, process_id(c.device));
-    buf += R"(,"args":{"sort_index":)";
-    append_int(buf, process_id(c.device));
-    buf += "}}";
+    if (named.insert(process_id(c.device)).second) name_process(c.device);
   }
   for (const auto& c : counters) {
     begin_event();

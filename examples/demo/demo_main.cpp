@@ -80,8 +80,8 @@ int main(int argc, char** argv) {
     std::printf(" hardware: %s\n\n", a["hardware"].get<std::string>().c_str());
     weft::demo::Table t({"demo", "what it shows", "measured"});
     t.row({"1 async", "one wait instead of one per push",
-           fixed(a["speedup"].get<double>(), 1) + "x faster; pushes returned at " +
-               fixed(100.0 * a["push_ms"].get<double>() / a["total_ms"].get<double>(), 0) + "% of the run"});
+           fixed(a["speedup"].get<double>(), 2) + "x the speed; matmul pushes took " +
+               fixed(100.0 * a["push_ms"].get<double>() / a["total_ms"].get<double>(), 2) + "% of their run"});
     t.row({"2 barriers", "wait_to_read(intermediate) vs wait_all",
            "returned at " + fixed(100.0 * b["wait_to_read_ms"].get<double>() / b["then_wait_all_ms"].get<double>(), 0) +
                "% of wait_all's time"});

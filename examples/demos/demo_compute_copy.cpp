@@ -23,21 +23,10 @@ void add_flags(DemoCli& cli, ComputeCopyOptions& o) {
   cli.add("--reps", &o.reps, "repetitions (medians are reported)");
 }
 
-namespace {
-struct KernelThreads {
-  int saved = ops::cpu_kernel_threads();
-  explicit KernelThreads(int n) { ops::set_cpu_kernel_threads(n); }
-  ~KernelThreads() { ops::set_cpu_kernel_threads(saved); }
-};
-}  // namespace
-
 nlohmann::json run_compute_copy(const ComputeCopyOptions& o, const CommonOptions& c) {
-  auto probe = make_engine(c, {.cpu_devices = 1});
-  const bool gpu = has_gpu(*probe);
-  probe.reset();
-  std::unique_ptr<KernelThreads> one_thread;
-  if (!gpu) one_thread = std::make_unique<KernelThreads>(1);
-  auto engine = gpu ? make_engine(c, {.cpu_devices = 1}) : make_engine(c, {.cpu_devices = 2, .workers_per_cpu_device = 1});
+  OverlapEngine setup = make_overlap_engine(c, 2);
+  const bool gpu = setup.gpus > 0;
+  std::unique_ptr<Engine>& engine = setup.engine;
   Engine& e = *engine;
   const Device compute_on = gpu ? Device::gpu(0) : Device::cpu(0);
   const Device copy_dst = gpu ? Device::cpu_pinned(0) : Device::cpu(1);

@@ -19,27 +19,10 @@ void add_flags(DemoCli& cli, CpuGpuOptions& o) {
   cli.add("--reps", &o.reps, "repetitions (medians are reported)");
 }
 
-namespace {
-// Restores the CPU kernels' thread count when the demo ends.
-struct KernelThreads {
-  int saved = ops::cpu_kernel_threads();
-  explicit KernelThreads(int n) { ops::set_cpu_kernel_threads(n); }
-  ~KernelThreads() { ops::set_cpu_kernel_threads(saved); }
-};
-}  // namespace
-
 nlohmann::json run_cpu_gpu(const CpuGpuOptions& o, const CommonOptions& c) {
-  auto probe = make_engine(c, {.cpu_devices = 1});
-  const bool gpu = has_gpu(*probe);
-  probe.reset();
-  std::unique_ptr<KernelThreads> one_thread;
-  std::unique_ptr<Engine> engine;
-  if (gpu) {
-    engine = make_engine(c, {.cpu_devices = 1});
-  } else {
-    one_thread = std::make_unique<KernelThreads>(1);
-    engine = make_engine(c, {.cpu_devices = 2, .workers_per_cpu_device = 1});
-  }
+  OverlapEngine setup = make_overlap_engine(c, 2);
+  const bool gpu = setup.gpus > 0;
+  std::unique_ptr<Engine>& engine = setup.engine;
   Engine& e = *engine;
   const Device dev_a = Device::cpu(0), dev_b = gpu ? Device::gpu(0) : Device::cpu(1);
   const std::int64_t n_a = o.cpu_n, n_b = gpu ? o.gpu_n : o.cpu_n;

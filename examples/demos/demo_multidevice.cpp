@@ -24,22 +24,12 @@ void add_flags(DemoCli& cli, MultiDeviceOptions& o) {
   cli.add("--dot", &o.dot_path, "where to write the dependency graph (Graphviz DOT)");
 }
 
-namespace {
-struct KernelThreads {
-  int saved = ops::cpu_kernel_threads();
-  explicit KernelThreads(int n) { ops::set_cpu_kernel_threads(n); }
-  ~KernelThreads() { ops::set_cpu_kernel_threads(saved); }
-};
-}  // namespace
-
 nlohmann::json run_multidevice(const MultiDeviceOptions& o, const CommonOptions& c) {
   if (o.batch_size < 2) throw UsageError("--batch-size must be at least 2 (half per device)");
-  const int gpus = gpu::device_count();
-  // CPU devices stand in for missing GPUs with one core each.
-  const int cpu_devices = 1 + std::max(0, 2 - gpus);
-  std::unique_ptr<KernelThreads> one_thread;
-  if (gpus < 2) one_thread = std::make_unique<KernelThreads>(1);
-  auto engine = make_engine(c, {.cpu_devices = cpu_devices, .workers_per_cpu_device = gpus < 2 ? 1 : 0});
+  // CPU devices stand in for missing GPUs (with one core each).
+  OverlapEngine setup = make_overlap_engine(c, 3, 2);  // with one GPU, cpu(1) is the second device
+  const int gpus = setup.gpus;
+  std::unique_ptr<Engine>& engine = setup.engine;
   Engine& e = *engine;
   const Device host = Device::cpu(0);
   const Device devices[2] = {gpus >= 1 ? Device::gpu(0) : Device::cpu(1),

@@ -12,6 +12,7 @@
 
 #include <weft/error.h>
 #include <weft/gpu.h>
+#include <weft/ops.h>
 
 namespace weft::demo {
 
@@ -225,6 +226,22 @@ void print_trace_note(Engine& engine, const CommonOptions& common) {
   std::printf("\n trace of the measured phase: %s (ui.perfetto.dev, chrome://tracing, or\n"
               " scripts/trace-summary %s); what the engine saw in it:\n%s",
               common.trace_path.c_str(), common.trace_path.c_str(), engine.profiler().summarize().table().c_str());
+}
+
+ScopedKernelThreads::ScopedKernelThreads(int n) : saved_(ops::cpu_kernel_threads()) { ops::set_cpu_kernel_threads(n); }
+ScopedKernelThreads::~ScopedKernelThreads() { ops::set_cpu_kernel_threads(saved_); }
+
+OverlapEngine make_overlap_engine(const CommonOptions& common, int cpu_devices_without_gpu,
+                                  int cpu_devices_with_gpu) {
+  OverlapEngine out;
+  out.gpus = gpu::device_count();
+  if (out.gpus > 0) {
+    out.engine = make_engine(common, {.cpu_devices = cpu_devices_with_gpu});
+  } else {
+    out.kernel_threads = std::make_unique<ScopedKernelThreads>(1);
+    out.engine = make_engine(common, {.cpu_devices = cpu_devices_without_gpu, .workers_per_cpu_device = 1});
+  }
+  return out;
 }
 
 std::size_t current_rss() {

@@ -98,6 +98,30 @@ void traced(Engine& engine, const CommonOptions& common, const std::function<voi
 // summary of it (nothing without --trace).
 void print_trace_note(Engine& engine, const CommonOptions& common);
 
+// Sets the threads each CPU kernel may use for the scope of a demo.
+class ScopedKernelThreads {
+ public:
+  explicit ScopedKernelThreads(int n);
+  ~ScopedKernelThreads();
+  ScopedKernelThreads(const ScopedKernelThreads&) = delete;
+  ScopedKernelThreads& operator=(const ScopedKernelThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+// An engine for the overlap demos: with a GPU, the GPUs and
+// `cpu_devices_with_gpu` CPU devices; without,
+// `cpu_devices` CPU devices standing in for them, one worker and one kernel
+// thread each, so that each device owns a core and overlap is measurable.
+struct OverlapEngine {
+  std::unique_ptr<ScopedKernelThreads> kernel_threads;  // CPU form only; outlives the engine's ops
+  std::unique_ptr<Engine> engine;
+  int gpus = 0;
+};
+OverlapEngine make_overlap_engine(const CommonOptions& common, int cpu_devices_without_gpu,
+                                  int cpu_devices_with_gpu = 1);
+
 // Peak resident memory of the process while `f` runs, sampled every
 // millisecond from /proc/self/statm (0 where there is no /proc).
 struct Footprint {

@@ -63,7 +63,13 @@ void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* w
     throw Error(std::string(op) + ": " + what + " must have rank " + std::to_string(rank) + ", got " + t.str());
 }
 
-Tensor make_like(const Tensor& x, Shape shape) { return Tensor::empty(x.engine(), std::move(shape), x.device()); }
+// An op's output: no op of its own. The op that first writes it allocates it
+// when it runs (launch.h), so outputs of ops queued far ahead take no memory
+// until their producers run, and creating one costs no engine op.
+Tensor make_like(const Tensor& x, Shape shape) {
+  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(x.dtype());
+  return Tensor::wrap(std::make_shared<Storage>(x.engine(), x.device(), x.dtype(), bytes, ""), std::move(shape));
+}
 
 void no_gpu_kernels(const char* op) {
   throw Error(std::string(op) + ": this Weft was built without CUDA, it has no GPU kernels");
