@@ -66,10 +66,10 @@ nlohmann::json run_compute_copy(const ComputeCopyOptions& o, const CommonOptions
 
 // 6. A 2-layer MLP on a CPU and two devices, its dependency graph and timeline.
 struct MultiDeviceOptions {
-  std::int64_t steps = 3;
-  std::int64_t batch_size = 512;
+  std::int64_t steps = 10;
+  std::int64_t batch_size = 1024;
   std::int64_t inputs = 256;
-  std::int64_t hidden = 512;
+  std::int64_t hidden = 1024;
   std::string dot_path = "weft-multidevice.dot";
 };
 void add_flags(DemoCli& cli, MultiDeviceOptions& o);
