@@ -107,40 +107,15 @@ done
 
 # The tool: $NCU, else PATH, else the fixed locations (newest version first).
 root=${WEFT_TOOL_ROOT:-}
-tool=""
-if [[ -n "${NCU:-}" ]]; then
-  if [[ ! -f "$NCU" || ! -x "$NCU" ]]; then
-    echo "$me: NCU=$NCU is not an executable file (unset NCU to search PATH and the usual places)" >&2
-    exit 127
-  fi
-  tool=$NCU
-else
-  tool=$(find_tool ncu "$root/usr/local/cuda/bin/ncu" "$root/opt/nvidia/nsight-compute/*/ncu") || true
-fi
-if [[ -z "$tool" ]]; then
-  # printf, a builtin: the message comes out even when PATH holds nothing.
-  printf '%s\n' \
-    "$me: ncu was not found (the command-line tool of NVIDIA Nsight Compute)." \
-    "  looked on PATH (${PATH:-empty}) and in:" \
-    "    $root/usr/local/cuda/bin" \
-    "    $root/opt/nvidia/nsight-compute/*/" \
-    "  to get it: install NVIDIA Nsight Compute (https://developer.nvidia.com/nsight-compute):" \
-    "  it comes with the CUDA toolkit installers, or as the nsight-compute package" \
-    "  from NVIDIA's CUDA repository (apt install nsight-compute-<version> once the" \
-    "  repository is set up); then put ncu on PATH or set NCU=/path/to/ncu." >&2
-  exit 127
-fi
+require_nsight "$me" ncu NCU "Nsight Compute" nsight-compute \
+  "$root/usr/local/cuda/bin/ncu" "$root/opt/nvidia/nsight-compute/*/ncu"
 
 program=$1
 if ! command -v -- "$program" > /dev/null; then
   usage_error "program not found: $program"
 fi
 
-if [[ -z "$output" ]]; then
-  printf -v stamp '%(%Y%m%d-%H%M%S)T' -1
-  output="weft-ncu-${program##*/}-$stamp"
-fi
-report=${output%.ncu-rep}
+report=$(report_base ncu .ncu-rep "$program" "$output")
 
 cmd=("$tool" --set full)
 if [[ -n "$kernel" ]]; then cmd+=(--kernel-name "regex:$kernel"); fi

@@ -83,42 +83,15 @@ done
 
 # The tool: $NSYS, else PATH, else the fixed locations (newest version first).
 root=${WEFT_TOOL_ROOT:-}
-tool=""
-if [[ -n "${NSYS:-}" ]]; then
-  if [[ ! -f "$NSYS" || ! -x "$NSYS" ]]; then
-    echo "$me: NSYS=$NSYS is not an executable file (unset NSYS to search PATH and the usual places)" >&2
-    exit 127
-  fi
-  tool=$NSYS
-else
-  tool=$(find_tool nsys "$root/usr/local/cuda/bin/nsys" "$root/opt/nvidia/nsight-systems/*/bin/nsys" \
-    "$root/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys") || true
-fi
-if [[ -z "$tool" ]]; then
-  # printf, a builtin: the message comes out even when PATH holds nothing.
-  printf '%s\n' \
-    "$me: nsys was not found (the command-line tool of NVIDIA Nsight Systems)." \
-    "  looked on PATH (${PATH:-empty}) and in:" \
-    "    $root/usr/local/cuda/bin" \
-    "    $root/opt/nvidia/nsight-systems/*/bin" \
-    "    $root/opt/nvidia/nsight-compute/*/host/target-linux-x64" \
-    "  to get it: install NVIDIA Nsight Systems (https://developer.nvidia.com/nsight-systems):" \
-    "  it comes with the CUDA toolkit installers, or as the nsight-systems package" \
-    "  from NVIDIA's CUDA repository (apt install nsight-systems-<version> once the" \
-    "  repository is set up); then put nsys on PATH or set NSYS=/path/to/nsys." >&2
-  exit 127
-fi
+require_nsight "$me" nsys NSYS "Nsight Systems" nsight-systems "$root/usr/local/cuda/bin/nsys" \
+  "$root/opt/nvidia/nsight-systems/*/bin/nsys" "$root/opt/nvidia/nsight-compute/*/host/target-linux-x64/nsys"
 
 program=$1
 if ! command -v -- "$program" > /dev/null; then
   usage_error "program not found: $program"
 fi
 
-if [[ -z "$output" ]]; then
-  printf -v stamp '%(%Y%m%d-%H%M%S)T' -1
-  output="weft-nsys-${program##*/}-$stamp"
-fi
-report=${output%.nsys-rep}
+report=$(report_base nsys .nsys-rep "$program" "$output")
 
 export WEFT_PROFILE_SUMMARY="${WEFT_PROFILE_SUMMARY-1}"
 

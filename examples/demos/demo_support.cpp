@@ -14,6 +14,8 @@
 #include <weft/gpu.h>
 #include <weft/ops.h>
 
+#include "arg_cursor.h"
+
 namespace weft::demo {
 
 DemoCli::DemoCli(std::string program, std::string summary) : program_(std::move(program)), summary_(std::move(summary)) {}
@@ -77,24 +79,20 @@ std::string DemoCli::usage() const {
 }
 
 bool DemoCli::parse(int argc, char** argv, CommonOptions& common) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
+  weft::examples::ArgCursor args(argc, argv);
+  while (args.next()) {
+    const std::string& arg = args.flag();
     auto take = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= argc) throw UsageError(arg + " needs a value");
-      return argv[++i];
+      std::optional<std::string> v = args.value();
+      if (!v) throw UsageError(arg + " needs a value");
+      return *std::move(v);
     };
     if (arg == "--help" || arg == "-h") {
       std::cout << usage();
       return false;
     }
     if (arg == "--json") {
+      if (args.has_inline_value()) throw UsageError("--json takes no value");
       common.json = true;
       continue;
     }
@@ -111,6 +109,7 @@ bool DemoCli::parse(int argc, char** argv, CommonOptions& common) {
     auto it = std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == arg; });
     if (it == flags_.end()) throw UsageError("unknown argument '" + arg + "' (see --help)");
     if (it->set) it->set(take());
+    else if (args.has_inline_value()) throw UsageError(arg + " takes no value");
     else *it->on = true;
   }
   return true;

@@ -20,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "arg_cursor.h"
 #include "weft/dataset.h"
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -104,25 +105,19 @@ float parse_float(std::string_view flag, const std::string& text) {
 
 // Returns false when --help was given (usage already printed).
 bool parse(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (auto eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
+  weft::examples::ArgCursor args(argc, argv);
+  while (args.next()) {
+    const std::string& arg = args.flag();
     auto take = [&]() -> std::string {
-      if (has_value) return value;
-      if (i + 1 >= argc) throw UsageError{arg + " needs a value"};
-      return argv[++i];
+      std::optional<std::string> v = args.value();
+      if (!v) throw UsageError{arg + " needs a value"};
+      return *std::move(v);
     };
     if (arg == "--help" || arg == "-h") {
       usage(stdout);
       return false;
     } else if (arg == "--json") {
-      if (has_value) throw UsageError{"--json takes no value"};
+      if (args.has_inline_value()) throw UsageError{"--json takes no value"};
       o.json = true;
     } else if (arg == "--epochs") {
       o.epochs = parse_int<int>(arg, take(), 1);

@@ -1,0 +1,48 @@
+// How every Weft example reads its command line: flags as "--flag value" or
+// "--flag=value", one pass over argv. Each program keeps its own flags and
+// its own usage error; this only walks argv.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace weft::examples {
+
+class ArgCursor {
+ public:
+  ArgCursor(int argc, char** argv) : argc_(argc), argv_(argv) {}
+
+  // Moves to the next argument; false when there is none.
+  bool next() {
+    if (++i_ >= argc_) return false;
+    flag_ = argv_[i_];
+    inline_value_.reset();
+    if (auto eq = flag_.find('='); flag_.rfind("--", 0) == 0 && eq != std::string::npos) {
+      inline_value_ = flag_.substr(eq + 1);
+      flag_.resize(eq);
+    }
+    return true;
+  }
+
+  // The argument, without an "=value" part.
+  const std::string& flag() const { return flag_; }
+  // Whether the argument carried "=value" (a switch must not).
+  bool has_inline_value() const { return inline_value_.has_value(); }
+
+  // The flag's value: its "=value" part, else the next argument (consumed);
+  // nullopt when the command line ends first.
+  std::optional<std::string> value() {
+    if (inline_value_) return inline_value_;
+    if (i_ + 1 >= argc_) return std::nullopt;
+    return std::string(argv_[++i_]);
+  }
+
+ private:
+  int argc_;
+  char** argv_;
+  int i_ = 0;
+  std::string flag_;
+  std::optional<std::string> inline_value_;
+};
+
+}  // namespace weft::examples
