@@ -145,8 +145,14 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   op->bytes = options.bytes;
   op->unblocked_by = 0;
   op->push_ns = -1;
-  if (profiler_->running()) [[unlikely]]
-    record_push(*op);
+  if (profiler_->running()) [[unlikely]] {
+    try {
+      record_push(*op);
+    } catch (...) {  // nothing links to the op yet; its id stays unused, which no id check minds
+      recycle(op);
+      throw;
+    }
+  }
   op->pending.store(static_cast<std::int32_t>(op->entry_count) + 1, std::memory_order_relaxed);
   return op;
 }

@@ -1,6 +1,8 @@
 #include "gpu_spans.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 namespace weft::detail {
 
@@ -16,43 +18,81 @@ std::unique_ptr<gpu::TimingEvent> GpuSpanRecorder::take_event() {
   return std::make_unique<gpu::TimingEvent>(device_);
 }
 
-void GpuSpanRecorder::begin(CUstream_st* stream) {
-  open_ = take_event();
-  open_->record(stream);
+void GpuSpanRecorder::begin(CUstream_st* stream) noexcept {
+  try {
+    open_ = take_event();
+    open_->record(stream);
+  } catch (...) {
+    open_.reset();
+    std::lock_guard lock(mutex_);
+    ++dropped_;
+  }
 }
 
-void GpuSpanRecorder::end(CUstream_st* stream, const SpanInfo& info) {
-  if (!open_) return;  // profiling started while the op ran
-  auto stop = take_event();
-  stop->record(stream);
-  std::lock_guard lock(mutex_);
-  pending_.push_back(Pending{std::move(open_), std::move(stop), info});
+void GpuSpanRecorder::end(CUstream_st* stream, const SpanInfo& info) noexcept {
+  if (!open_) return;  // profiling started while the op ran, or begin failed
+  std::unique_ptr<gpu::TimingEvent> start = std::move(open_);
+  try {
+    {
+      std::lock_guard lock(mutex_);
+      if (pending_.size() >= kMaxPending) {
+        free_.push_back(std::move(start));
+        ++dropped_;
+        return;
+      }
+    }
+    auto stop = take_event();
+    stop->record(stream);
+    std::lock_guard lock(mutex_);
+    pending_.push_back(Pending{std::move(start), std::move(stop), info});
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    ++dropped_;
+  }
 }
 
 void GpuSpanRecorder::resolve(Profiler& profiler, CUstream_st* stream) {
   std::lock_guard lock(mutex_);
+  if (dropped_ != dropped_reported_) {
+    std::fprintf(stderr,
+                 "weft: profiler: %lld GPU-side spans of gpu(%d) were dropped (events could not be created, or "
+                 "more than %zu spans waited on one stream for wait_all)\n",
+                 static_cast<long long>(dropped_ - dropped_reported_), device_, kMaxPending);
+    dropped_reported_ = dropped_;
+  }
   if (pending_.empty()) return;
   gpu::TimingEvent reference(device_);
   reference.record(stream);
   reference.synchronize();
   const std::int64_t host_ns = Profiler::now_ns();
-  auto ns_before_reference = [&](const gpu::TimingEvent& e) {
-    return static_cast<std::int64_t>(std::llround(static_cast<double>(reference.ms_since(e)) * 1e6));
-  };
-  std::vector<Pending> later;  // recorded after the reference was taken: next time
-  for (Pending& p : pending_) {
-    if (!p.end->done()) {
-      later.push_back(std::move(p));
-      continue;
+  auto ns = [](float ms) { return static_cast<std::int64_t>(std::llround(static_cast<double>(ms) * 1e6)); };
+  // Room for every event first: past this point only CUDA calls and
+  // profiler.record can throw, and each leaves the entry it was on pending.
+  free_.reserve(free_.size() + 2 * pending_.size());
+  std::size_t kept = 0;  // pending_[0, kept): recorded after the reference, for next time
+  std::size_t i = 0;
+  try {
+    for (; i < pending_.size(); ++i) {
+      Pending& p = pending_[i];
+      if (!p.end->done()) {
+        if (kept != i) pending_[kept] = std::move(p);
+        ++kept;
+        continue;
+      }
+      SpanInfo span = p.info;
+      span.start_ns = host_ns - ns(reference.ms_since(*p.start));
+      span.end_ns = span.start_ns + std::max<std::int64_t>(0, ns(p.end->ms_since(*p.start)));
+      profiler.record(track_, span);
+      free_.push_back(std::move(p.start));
+      free_.push_back(std::move(p.end));
     }
-    SpanInfo span = p.info;
-    span.start_ns = host_ns - ns_before_reference(*p.start);
-    span.end_ns = std::max(span.start_ns, host_ns - ns_before_reference(*p.end));
-    profiler.record(track_, span);
-    free_.push_back(std::move(p.start));
-    free_.push_back(std::move(p.end));
+  } catch (...) {
+    for (; i < pending_.size(); ++i, ++kept)
+      if (kept != i) pending_[kept] = std::move(pending_[i]);
+    pending_.resize(kept);
+    throw;
   }
-  pending_ = std::move(later);
+  pending_.resize(kept);
 }
 
 }  // namespace weft::detail

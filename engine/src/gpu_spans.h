@@ -9,11 +9,23 @@
 // from that reference. The error is the reference's host wake-up latency
 // (microseconds), the same for all spans of one resolve.
 //
+// Precision: cudaEventElapsedTime gives float milliseconds, whose step grows
+// with the distance measured (about 8 us at 100 s), so only a span's start is
+// measured from the reference; its duration is end minus start, exact at any
+// distance.
+//
+// Failures: begin/end never throw. Profiling must not change what an op does,
+// so a span whose events cannot be created or recorded is dropped, and so is
+// every span beyond kMaxPending unresolved ones on a stream (a program that
+// never calls wait_all would otherwise hold two events per op until exit);
+// resolve() says how many on stderr.
+//
 // Threads: begin/end run on the owning worker; resolve on any thread (under
 // the recorder's mutex, which also makes it the single writer of the stream
 // track).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -25,10 +37,13 @@ namespace weft::detail {
 
 class GpuSpanRecorder {
  public:
+  static constexpr std::size_t kMaxPending = std::size_t{1} << 14;
+
   GpuSpanRecorder(int device, Profiler::Track* stream_track) : device_(device), track_(stream_track) {}
 
-  void begin(CUstream_st* stream);
-  void end(CUstream_st* stream, const SpanInfo& info);
+  void begin(CUstream_st* stream) noexcept;
+  void end(CUstream_st* stream, const SpanInfo& info) noexcept;
+  // Throws what CUDA reports; the spans not yet placed stay pending.
   void resolve(Profiler& profiler, CUstream_st* stream);
 
  private:
@@ -44,6 +59,8 @@ class GpuSpanRecorder {
   std::mutex mutex_;                        // guards what follows
   std::vector<Pending> pending_;
   std::vector<std::unique_ptr<gpu::TimingEvent>> free_;
+  std::int64_t dropped_ = 0;           // spans lost so far
+  std::int64_t dropped_reported_ = 0;  // the count resolve() last reported
 };
 
 }  // namespace weft::detail

@@ -302,9 +302,11 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
   // While profiling, two timing events bracket the op's work on its stream.
   GpuSpanRecorder* timing = traced ? lane.gpu_spans[static_cast<std::size_t>(worker)].get() : nullptr;
   if (timing) timing->begin(h.stream);
+  // Publishing first: what orders later users after this op must happen even
+  // if it throws; the timing event (which never throws) may follow it.
   auto after_body = [&] {
-    if (timing) timing->end(h.stream, *traced);
     gpu_op_publish(*op, op->device.index(), h.stream);
+    if (timing) timing->end(h.stream, *traced);
   };
   try {
     op->fn(ctx);
@@ -370,6 +372,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   AsyncOpFunction fn = std::move(op->async_fn);
   const std::string name = op->name;  // ctx.op_name must stay valid too
   const std::uint8_t epoch = op->epoch;
+  const OpProperty property = op->property;
   ctx.op_name = name;
   // The body counts as in flight until it returns, even after done(): what it
   // pushes then belongs to this op's epoch, and neither wait_all nor the
@@ -378,7 +381,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   {
     OpScopeGuard scope(scope_key(), &name, device, epoch);
     CheckContextGuard check(name, device);
-    NvtxRange range(nvtx_.of(device), name.c_str(), traced.property);
+    NvtxRange range(nvtx_.of(device), name.c_str(), property);
     try {
       fn(ctx, Completion(state));
     } catch (...) {
