@@ -15,6 +15,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "engine/engine_internals.h"
 #include "engine/engine_test_util.h"
 #include "weft/engine.h"
 
@@ -142,8 +143,8 @@ TEST_CASE("a wait reports the failure state as of the writes pushed before it" *
           Thrown t = catch_all([&] { e->wait_to_read(x); });
           result = !t.threw ? 3 : t.code == 1 ? 1 : 2;
         });
-        // The waiter's barrier is queued (the gated op and the barrier are in flight) ...
-        REQUIRE(eventually([&] { return e->inflight() >= 2; }, 20s));
+        // The waiter's barrier is queued on x behind the gated op ...
+        REQUIRE(eventually([&] { return queued_accesses(x) >= 1; }, 20s));
         // ... and this write-only op queues behind it.
         e->push(
             [first_fails](RunContext&) {
