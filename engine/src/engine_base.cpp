@@ -143,7 +143,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   // Ids start at 1: 0 means "no op" (OpBlock::unblocked_by).
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
   op->bytes = options.bytes;
-  op->unblocked_by = 0;
+  op->unblocked_by.store(0, std::memory_order_relaxed);
   op->push_ns = -1;
   if (profiler_->running()) [[unlikely]] {
     try {

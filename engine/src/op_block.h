@@ -44,7 +44,11 @@ struct OpBlock {
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
   std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
   std::int64_t push_ns = -1;       // while profiling: when it was pushed
-  std::uint64_t unblocked_by = 0;  // the op whose completion made it ready (traces' flow arrows)
+  // The op whose completion made it ready (traces' flow arrows). Every op that
+  // grants one of its accesses stores its id before its decrement of
+  // `pending`, so when push's own decrement is the last one (a producer that
+  // finished while the push was linking), the id is there all the same.
+  std::atomic<std::uint64_t> unblocked_by{0};
   ThreadedEngine* engine = nullptr;
   // Accesses, deduplicated; the first kInline live in the block itself.
   static constexpr std::size_t kInline = 4;

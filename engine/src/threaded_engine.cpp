@@ -64,6 +64,7 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
     }
     s.head = h->next;
     if (!s.head) s.tail = nullptr;
+    h->op->unblocked_by.store(e.op->id, std::memory_order_relaxed);  // published by the decrement below
     if (h->op->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       h->op->ready_next = ready;
       ready = h->op;
@@ -275,7 +276,12 @@ void ThreadedEngine::submit(OpBlock* op) {
   int granted = 0;
   for (VarEntry* e = first; e != last; ++e) granted += link(*e);
   for (VarEntry* e = first; e != last; ++e) e->slot->lock.unlock();
-  if (op->pending.fetch_sub(granted + 1, std::memory_order_acq_rel) == granted + 1) dispatch(op);
+  if (op->pending.fetch_sub(granted + 1, std::memory_order_acq_rel) == granted + 1) {
+    // Accesses queued at link were granted by producers that finished since.
+    assert(granted == static_cast<int>(op->entry_count) ||
+           op->unblocked_by.load(std::memory_order_relaxed) != 0);
+    dispatch(op);
+  }
 }
 
 void ThreadedEngine::dispatch(OpBlock* op) {
@@ -331,7 +337,8 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   const bool profiling = profiler_->running();
   SpanInfo traced;
   if (profiling) {
-    traced = SpanInfo{profiler_->intern(op->name), op->id, Profiler::now_ns(), 0, op->push_ns, op->unblocked_by,
+    traced = SpanInfo{profiler_->intern(op->name), op->id, Profiler::now_ns(),
+                      0, op->push_ns, op->unblocked_by.load(std::memory_order_relaxed),
                       op->bytes, op->property};
   }
   const Device device = op->device;
@@ -426,7 +433,10 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
     release_and_grant(*e, ready);
   }
   // What this completion made ready (traces draw an arrow from it).
-  for (OpBlock* r = ready; r != nullptr; r = r->ready_next) r->unblocked_by = op->id;
+  // Another op granting an access of the same op may have stored its id
+  // after this one's; the last decrement names the op.
+  for (OpBlock* r = ready; r != nullptr; r = r->ready_next)
+    r->unblocked_by.store(op->id, std::memory_order_relaxed);
   if (op->kind == OpKind::wait) {
     std::lock_guard lock(wait_mutex_);
     op->signal->done.store(true, std::memory_order_release);  // the waiter may return now

@@ -37,7 +37,7 @@ struct VarEntry {
   bool read = false;   // the op reads the value (a read, or a variable in both lists)
 };
 
-// Dependency state of one variable. Invariants (checked in debug builds):
+// Dependency state of one variable. Invariants (asserted in debug and sanitizer builds):
 //   write_running implies running_reads == 0;
 //   the head of the queue is blocked: a read only while a write runs, a write
 //   while anything runs. Grants happen strictly in queue (= push) order.

@@ -254,10 +254,14 @@ inline std::uint64_t mix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A little work, so that overlapping ops really overlap in time.
+// A little work, so that overlapping ops really overlap in time. The empty
+// asm keeps the loop when the caller discards the result.
 inline std::uint64_t spin_work(int n) {
   std::uint64_t h = 1;
-  for (int i = 0; i < n; ++i) h = mix64(h + static_cast<std::uint64_t>(i));
+  for (int i = 0; i < n; ++i) {
+    h = mix64(h + static_cast<std::uint64_t>(i));
+    asm volatile("" : "+r"(h));
+  }
   return h;
 }
 

@@ -133,6 +133,63 @@ TEST_CASE("trace flows: an op waiting on two producers is unblocked by the later
   });
 }
 
+TEST_CASE("trace flows: a producer that finishes while its consumer's push is linking still names it" *
+          doctest::timeout(120)) {
+  // The consumer's push links its accesses, unlocks, then drops its own hold
+  // on `pending`; a producer finishing in between grants the access without
+  // making the op ready, and the push dispatches it. The id must be there all
+  // the same (the sanitizer builds assert it in submit). The consumer is
+  // pushed once the producer runs, and the producer's spin is steered so that
+  // it ends around the moment the push returns, where that window lies; 255
+  // more variables to unlock after `v` widen it (with 31 the assert, without
+  // the fix, tripped in one run of three; with 255 in five of five).
+  for_each_threaded(
+      [](const Config& cfg) {
+        auto e = make_engine(cfg);
+        Var v = e->new_var("v");
+        std::vector<Var> reads{v};
+        for (int i = 0; i < 255; ++i) reads.push_back(e->new_var());
+        e->profiler().start();
+        constexpr int kRounds = 2000;
+        std::atomic<bool> running{false};
+        std::atomic<std::int64_t> produced_at{0};
+        int spin = 64;
+        for (int r = 0; r < kRounds; ++r) {
+          running.store(false);
+          e->push(
+              [&running, &produced_at, spin](RunContext&) {
+                running.store(true);
+                (void)spin_work(spin);
+                produced_at.store(Profiler::now_ns());
+              },
+              Device::cpu(0), {}, {v}, {.name = "produce"});
+          REQUIRE(eventually([&] { return running.load(); }));
+          e->push([](RunContext&) {}, Device::cpu(1), reads, {}, {.name = "consume"});
+          const std::int64_t pushed_at = Profiler::now_ns();
+          e->wait_all();
+          spin = produced_at.load() < pushed_at ? std::min(spin + spin / 16 + 1, 1 << 16)
+                                                : std::max(spin - spin / 16 - 1, 0);
+        }
+        e->profiler().stop();
+        std::map<std::uint64_t, weft::Span> by_id;
+        for (const weft::Span& s : e->profiler().spans()) by_id.emplace(s.op_id, s);
+        REQUIRE(by_id.size() == 2 * kRounds);
+        std::size_t arrows = 0;
+        for (const auto& [id, s] : by_id) {
+          if (s.name != "consume" || s.unblocked_by == 0) continue;
+          ++arrows;
+          REQUIRE(by_id.count(s.unblocked_by) == 1);
+          CHECK(by_id.at(s.unblocked_by).name == "produce");
+          CHECK(by_id.at(s.unblocked_by).end_ns <= s.start_ns);
+        }
+        std::size_t flows = 0;
+        const Json doc = trace_of(e->profiler());
+        for (const Json& f : doc.at("traceEvents")) flows += f.at("ph") == "f";
+        CHECK(flows == arrows);
+      },
+      1, /*cpu_devices=*/2);
+}
+
 TEST_CASE("trace counters: ops in flight rise and fall back to zero, memory follows the allocator" *
           doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {

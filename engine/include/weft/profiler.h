@@ -146,7 +146,7 @@ class Profiler {
   // steady_clock nanoseconds since a process-wide epoch.
   static std::int64_t now_ns() noexcept;
   // Owner thread of `track` only; lock-free. Requires end_ns >= start_ns
-  // (asserted in debug builds, clamped otherwise).
+  // (asserted in debug and sanitizer builds, clamped otherwise).
   void record(Track* track, const SpanInfo& span);
   void record(Track* track, std::string_view interned_name, std::uint64_t op_id, std::int64_t start_ns,
               std::int64_t end_ns) {
