@@ -12,6 +12,10 @@ struct Calibration {
   std::uint64_t spin_iters_per_us = 0;
   // What the sequential loop then measures on the independent shape, ns/op.
   double empty_ns = 0, one_us_ns = 0, ten_us_ns = 0;
+  // One cache line passed to another thread and back (median of a few runs;
+  // 0 with one hardware thread). Handing ops between threads costs a few of
+  // these, so empty-body figures from two machines compare only alongside it.
+  double core_round_trip_ns = 0;
 };
 
 // `items` must hold at least kCalibrationItems values.

@@ -111,8 +111,8 @@ int run_bench(const Options& o) {
                o.reps, o.smoke ? "--smoke (1/256)" : o.quick ? "--quick (1/16)" : "full");
   std::fprintf(info,
                "calibration: 1us = %" PRIu64 " spin iterations; sequential independent loop measures empty %.1f ns/op, "
-               "1us %.1f ns/op, 10us %.1f ns/op\n",
-               cal.spin_iters_per_us, cal.empty_ns, cal.one_us_ns, cal.ten_us_ns);
+               "1us %.1f ns/op, 10us %.1f ns/op; a cache line's round trip between two threads %.0f ns\n",
+               cal.spin_iters_per_us, cal.empty_ns, cal.one_us_ns, cal.ten_us_ns, cal.core_round_trip_ns);
   for (const auto& p : peers) std::fprintf(info, "  %-15s %s\n", std::string(p->name()).c_str(), p->describe().c_str());
   std::fflush(info);
 
@@ -141,6 +141,7 @@ int run_bench(const Options& o) {
         r.body = body.name;
         r.ops = spec.ops;
         r.reps = o.reps;
+        r.core_round_trip_ns = cal.core_round_trip_ns;
         r.ns_per_op = summarize(ns[i]);
         r.speedup_vs_sequential = r.ns_per_op.median > 0 ? seq_median / r.ns_per_op.median : 0;
         print_json_line(stdout, r);

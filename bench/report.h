@@ -17,6 +17,7 @@ struct Result {
   int reps = 0;
   Summary ns_per_op;
   double speedup_vs_sequential = 0;
+  double core_round_trip_ns = 0;  // Calibration::core_round_trip_ns of the run
 };
 
 void print_json_line(std::FILE* out, const Result& r);
