@@ -1,3 +1,5 @@
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -7,30 +9,27 @@
 #include <utility>
 #include <vector>
 
+#include "runtime.h"
 #include "weft/allocator.h"
 #include "weft/error.h"
-
-#if WEFT_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "weft/cuda_check.h"
-#endif
 
 namespace weft {
 
 namespace detail {
 struct BlockRecord {
   void* ptr = nullptr;
-  std::size_t size = 0;          // the size class: what the system gave us
-  CUstream_st* stream = nullptr;  // allocating stream: may reuse at once after free
-  std::vector<CUstream_st*> uses;  // other streams that touched it
-  std::vector<CUevent_st*> pending;  // recorded on `uses` at free time
+  std::size_t size = 0;              // the size class: what the system gave us
+  gpu::Stream* stream = nullptr;     // allocating stream: may reuse at once after free
+  std::vector<gpu::Stream*> uses;    // other streams that touched it
+  std::vector<gpu::NativeEvent*> pending;  // recorded on `uses` at free time
 };
 }  // namespace detail
 
 namespace {
 
 using detail::BlockRecord;
+using gpu::detail::human_bytes;
+using gpu::detail::runtime;
 
 constexpr std::size_t kAlign = 64;
 
@@ -44,17 +43,6 @@ std::size_t size_class(std::size_t bytes) {
   return (bytes + step - 1) / step * step;
 }
 
-std::string human(std::size_t bytes) {
-  char buf[64];
-  if (bytes >= (std::size_t{1} << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-  else if (bytes >= (std::size_t{1} << 20))
-    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
-  else
-    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
-  return buf;
-}
-
 // Where the memory comes from.
 class Backend {
  public:
@@ -62,11 +50,38 @@ class Backend {
   virtual void* raw_alloc(std::size_t bytes) noexcept = 0;
   virtual void raw_free(void* ptr) noexcept = 0;
   virtual std::string kind() const = 0;
-  // Stream events; only GPU-touched blocks ever get here.
-  virtual CUevent_st* record_event(CUstream_st* stream) = 0;
-  virtual bool event_done(CUevent_st* event) noexcept = 0;
-  virtual void wait_event(CUevent_st* event) noexcept = 0;
-  virtual void destroy_event(CUevent_st* event) noexcept = 0;
+  // What the system has left for this memory (for out-of-memory errors).
+  virtual std::size_t free_bytes() const noexcept {
+    const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+  }
+  // Stream events (only GPU-touched blocks ever get here), recorded on the
+  // stream's own device whatever the freeing thread has current.
+  gpu::NativeEvent* record_event(gpu::Stream* stream) {
+    gpu::detail::Runtime& rt = runtime();
+    gpu::NativeEvent* e = rt.create_event(rt.stream_device(stream), /*timing=*/false);
+    try {
+      rt.record_event(e, stream);
+    } catch (...) {
+      rt.destroy_event(e);
+      throw;
+    }
+    return e;
+  }
+  bool event_done(gpu::NativeEvent* event) noexcept {
+    try {
+      return runtime().event_done(event);
+    } catch (...) {
+      return true;  // the stream failed: its work is over all the same
+    }
+  }
+  void wait_event(gpu::NativeEvent* event) noexcept {
+    try {
+      runtime().event_synchronize(event);
+    } catch (...) {  // as above
+    }
+  }
+  void destroy_event(gpu::NativeEvent* event) noexcept { runtime().destroy_event(event); }
 };
 
 class HostBackend : public Backend {
@@ -74,69 +89,36 @@ class HostBackend : public Backend {
   void* raw_alloc(std::size_t bytes) noexcept override { return std::aligned_alloc(kAlign, bytes); }
   void raw_free(void* ptr) noexcept override { std::free(ptr); }
   std::string kind() const override { return "pageable"; }
-#if WEFT_HAVE_CUDA
-  CUevent_st* record_event(CUstream_st* stream) override {
-    // An event must be created on its stream's device; the freeing thread may
-    // have any device current (a peer copy's source, gpu(1)'s copy streams).
-    int stream_device = 0, previous = 0;
-    WEFT_CUDA_CHECK(cudaStreamGetDevice(stream, &stream_device));
-    WEFT_CUDA_CHECK(cudaGetDevice(&previous));
-    WEFT_CUDA_CHECK(cudaSetDevice(stream_device));
-    cudaEvent_t e = nullptr;
-    cudaError_t status = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    if (status == cudaSuccess) status = cudaEventRecord(e, stream);
-    cudaSetDevice(previous);
-    if (status != cudaSuccess && e) cudaEventDestroy(e);
-    WEFT_CUDA_CHECK(status);
-    return e;
-  }
-  bool event_done(CUevent_st* event) noexcept override { return cudaEventQuery(event) != cudaErrorNotReady; }
-  void wait_event(CUevent_st* event) noexcept override { cudaEventSynchronize(event); }
-  void destroy_event(CUevent_st* event) noexcept override { cudaEventDestroy(event); }
-#else
-  CUevent_st* record_event(CUstream_st*) override { throw Error("weft: built without CUDA: no stream events"); }
-  bool event_done(CUevent_st*) noexcept override { return true; }
-  void wait_event(CUevent_st*) noexcept override {}
-  void destroy_event(CUevent_st*) noexcept override {}
-#endif
 };
 
-#if WEFT_HAVE_CUDA
-class PinnedBackend final : public HostBackend {
+// Page-locked host memory from the GPU runtime (cudaHostAlloc; plain host
+// memory on simulated GPUs, which copy from anything).
+class PinnedBackend final : public Backend {
  public:
-  void* raw_alloc(std::size_t bytes) noexcept override {
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return nullptr;
-    }
-    return p;
+  void* raw_alloc(std::size_t bytes) noexcept override { return runtime().pinned_malloc(bytes); }
+  void raw_free(void* ptr) noexcept override { runtime().pinned_free(ptr); }
+  std::string kind() const override {
+    return runtime().backend() == gpu::Backend::sim ? "pinned (simulated)" : "pinned";
   }
-  void raw_free(void* ptr) noexcept override { cudaFreeHost(ptr); }
-  std::string kind() const override { return "pinned"; }
 };
 
-class GpuBackend final : public HostBackend {
+class GpuBackend final : public Backend {
  public:
   explicit GpuBackend(int device) : device_(device) {}
-  void* raw_alloc(std::size_t bytes) noexcept override {
-    void* p = nullptr;
-    if (cudaSetDevice(device_) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) {
-      (void)cudaGetLastError();  // out of memory is not sticky; clear it
-      return nullptr;
-    }
-    return p;
-  }
-  void raw_free(void* ptr) noexcept override {
-    cudaSetDevice(device_);
-    cudaFree(ptr);
-  }
+  void* raw_alloc(std::size_t bytes) noexcept override { return runtime().device_malloc(device_, bytes); }
+  void raw_free(void* ptr) noexcept override { runtime().device_free(device_, ptr); }
   std::string kind() const override { return "device"; }
+  std::size_t free_bytes() const noexcept override {
+    try {
+      return runtime().mem_info(device_).free;
+    } catch (...) {
+      return 0;
+    }
+  }
 
  private:
   int device_;
 };
-#endif
 
 class CachingAllocator final : public Allocator {
  public:
@@ -154,7 +136,7 @@ class CachingAllocator final : public Allocator {
     // them later, and the engine that owns this allocator is already gone.
   }
 
-  Block allocate(std::size_t bytes, CUstream_st* stream) override {
+  Block allocate(std::size_t bytes, gpu::Stream* stream) override {
     if (bytes == 0) return {};
     const std::size_t size = size_class(bytes);
     std::lock_guard lock(mutex_);
@@ -175,9 +157,12 @@ class CachingAllocator final : public Allocator {
         p = backend_->raw_alloc(size);
       }
       if (!p) {
-        throw Error("out of memory on " + device_.str() + ": requested " + human(bytes) + " (" + human(size) +
-                    " size class); " + human(stats_.in_use) + " in use, " + human(stats_.reserved) +
-                    " reserved after releasing the cache");
+        const std::size_t free = backend_->free_bytes();
+        throw OutOfMemory("out of memory on " + device_.str() + ": requested " + human_bytes(bytes) + " (" +
+                              human_bytes(size) + " size class); " + human_bytes(free) + " free, " +
+                              human_bytes(stats_.in_use) + " in use, " + human_bytes(stats_.reserved) +
+                              " reserved after releasing the cache",
+                          device_, bytes, free);
       }
       r = new BlockRecord{p, size, stream, {}, {}};
       stats_.reserved += size;
@@ -189,7 +174,7 @@ class CachingAllocator final : public Allocator {
     return Block{r->ptr, bytes, r};
   }
 
-  void record_use(const Block& block, CUstream_st* stream) override {
+  void record_use(const Block& block, gpu::Stream* stream) override {
     if (!block.record || stream == block.record->stream) return;
     std::lock_guard lock(mutex_);
     auto& uses = block.record->uses;
@@ -207,7 +192,7 @@ class CachingAllocator final : public Allocator {
       return;
     }
     try {
-      for (CUstream_st* s : r->uses) r->pending.push_back(backend_->record_event(s));
+      for (gpu::Stream* s : r->uses) r->pending.push_back(backend_->record_event(s));
       r->uses.clear();
       pending_.push_back(r);
     } catch (...) {
@@ -240,7 +225,7 @@ class CachingAllocator final : public Allocator {
  private:
   struct Key {
     std::size_t size;
-    CUstream_st* stream;
+    gpu::Stream* stream;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -248,9 +233,9 @@ class CachingAllocator final : public Allocator {
       return std::hash<std::size_t>()(k.size) ^ (std::hash<const void*>()(k.stream) << 1);
     }
   };
-  static Key key(std::size_t size, CUstream_st* stream) { return Key{size, stream}; }
+  static Key key(std::size_t size, gpu::Stream* stream) { return Key{size, stream}; }
 
-  BlockRecord* take_cached(std::size_t size, CUstream_st* stream) {
+  BlockRecord* take_cached(std::size_t size, gpu::Stream* stream) {
     auto it = free_.find(key(size, stream));
     if (it == free_.end() || it->second.empty()) {
       poll_pending();
@@ -275,13 +260,13 @@ class CachingAllocator final : public Allocator {
   // Whether the other streams' events of `r` completed (waiting for them when
   // `wait`); if so, forgets them.
   bool settle(BlockRecord* r, bool wait) {
-    for (CUevent_st* e : r->pending) {
+    for (gpu::NativeEvent* e : r->pending) {
       if (wait)
         backend_->wait_event(e);
       else if (!backend_->event_done(e))
         return false;
     }
-    for (CUevent_st* e : r->pending) backend_->destroy_event(e);
+    for (gpu::NativeEvent* e : r->pending) backend_->destroy_event(e);
     r->pending.clear();
     return true;
   }
@@ -325,21 +310,17 @@ std::unique_ptr<Allocator> make_caching_allocator(Device device) {
     case DeviceKind::cpu:
       return std::make_unique<CachingAllocator>(device, std::make_unique<HostBackend>(), "");
     case DeviceKind::cpu_pinned:
-#if WEFT_HAVE_CUDA
       if (gpu::device_count() > 0)
         return std::make_unique<CachingAllocator>(device, std::make_unique<PinnedBackend>(), "");
-#endif
       return std::make_unique<CachingAllocator>(device, std::make_unique<HostBackend>(),
                                                 "pageable (no GPU answers: pinned memory unavailable)");
     case DeviceKind::gpu:
-#if WEFT_HAVE_CUDA
       if (device.index() < gpu::device_count())
         return std::make_unique<CachingAllocator>(device, std::make_unique<GpuBackend>(device.index()), "");
-#endif
-      throw Error("no allocator for " + device.str() + ": " + std::to_string(gpu::device_count()) +
-                  " GPU(s) available");
+      throw InvalidArgument("no allocator for " + device.str() + ": " + std::to_string(gpu::device_count()) +
+                            " GPU(s) available (" + std::string(gpu::to_string(gpu::backend())) + " backend)");
   }
-  throw Error("no allocator for " + device.str());
+  throw InvalidArgument("no allocator for " + device.str());
 }
 
 }  // namespace weft

@@ -19,14 +19,14 @@ std::string_view to_string(DeviceKind kind) noexcept {
 
 Device::Device(DeviceKind kind, int index) : kind_(kind) {
   if (index < 0 || index > std::numeric_limits<std::int16_t>::max())
-    throw Error("weft::Device: index " + std::to_string(index) + " for a " + std::string(to_string(kind)) +
+    throw InvalidArgument("weft::Device: index " + std::to_string(index) + " for a " + std::string(to_string(kind)) +
                 " device is out of range [0, 32767]");
   index_ = static_cast<std::int16_t>(index);
 }
 
 Device Device::parse(std::string_view text) {
   auto fail = [&]() -> Device {
-    throw Error("weft::Device::parse: '" + std::string(text) +
+    throw InvalidArgument("weft::Device::parse: '" + std::string(text) +
                 "' is not a device; expected cpu, cpu:N, cpu(N), cpu_pinned:N or gpu:N");
   };
   std::string_view name = text;

@@ -1,24 +1,41 @@
-// GPU discovery and stream resources. Without CUDA (WEFT_HAVE_CUDA unset) every
-// query answers "no GPU" and constructors throw: nothing can ask for a GPU
-// that discovery did not report.
+// The backend-neutral GPU API (weft/gpu.h, weft/gpu_streams.h) over the
+// process's runtime: which runtime is active, streams with their handles,
+// pooled completion events, stream-ordered copies and host functions, and
+// the host-wait accounting.
+#include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
+#include "env.h"
+#include "runtime.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 
-#if WEFT_HAVE_CUDA
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
-#include <cudnn.h>
-
-#include "weft/cuda_check.h"
-#endif
-
 namespace weft::gpu {
+
+using detail::runtime;
+
+std::string_view to_string(Backend backend) noexcept {
+  switch (backend) {
+    case Backend::none: return "none";
+    case Backend::cuda: return "cuda";
+    case Backend::sim: return "sim";
+  }
+  return "?";
+}
+
+Backend parse_backend(std::string_view text) {
+  if (text == "none") return Backend::none;
+  if (text == "cuda") return Backend::cuda;
+  if (text == "sim") return Backend::sim;
+  throw InvalidArgument("weft: GPU backend '" + std::string(text) + "' is not one of: cuda, sim, none");
+}
+
+bool built_with_cuda() noexcept { return WEFT_HAVE_CUDA != 0; }
 
 std::string_view to_string(StreamRole role) noexcept {
   switch (role) {
@@ -31,103 +48,226 @@ std::string_view to_string(StreamRole role) noexcept {
   return "?";
 }
 
-#if WEFT_HAVE_CUDA
+namespace detail {
 
-bool built_with_cuda() noexcept { return true; }
+std::string human_bytes(std::size_t bytes) {
+  char buf[64];
+  if (bytes >= (std::size_t{1} << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / (1 << 30));
+  else if (bytes >= (std::size_t{1} << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  else
+    std::snprintf(buf, sizeof buf, "%zu bytes", bytes);
+  return buf;
+}
+
+namespace {
+
+// A runtime with no GPU: zero devices, and anything that needs one says why.
+class NoRuntime final : public Runtime {
+ public:
+  explicit NoRuntime(std::string why) : why_(std::move(why)) {}
+  Backend backend() const noexcept override { return Backend::none; }
+  int device_count() const noexcept override { return 0; }
+  DeviceProperties properties(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
+  std::string describe(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
+  void set_device(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
+  MemInfo mem_info(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
+  Stream* create_stream(int, bool) override { fail("gpu stream"); }
+  void destroy_stream(Stream*) noexcept override {}
+  int stream_device(Stream*) override { fail("gpu stream"); }
+  void* native_handle(Stream*) noexcept override { return nullptr; }
+  void create_handles(WorkerHandles&, std::size_t) override { fail("gpu handles"); }
+  void destroy_handles(WorkerHandles&) noexcept override {}
+  NativeEvent* create_event(int, bool) override { fail("gpu event"); }
+  void destroy_event(NativeEvent*) noexcept override {}
+  void record_event(NativeEvent*, Stream*) override { fail("gpu event"); }
+  void stream_wait_event(Stream*, NativeEvent*) override { fail("gpu event"); }
+  bool event_done(NativeEvent*) override { return true; }
+  float elapsed_ms(NativeEvent*, NativeEvent*) override { fail("gpu timing"); }
+  void launch_host_func(Stream*, UniqueFunction<void()>) override { fail("gpu host function"); }
+  void memcpy_async(void*, const void*, std::size_t, CopyKind, Stream*) override { fail("GPU copy"); }
+  void memcpy_peer_async(void*, int, const void*, int, std::size_t, Stream*) override { fail("GPU copy"); }
+  void* device_malloc(int, std::size_t) noexcept override { return nullptr; }
+  void device_free(int, void*) noexcept override {}
+  void* pinned_malloc(std::size_t) noexcept override { return nullptr; }
+  void pinned_free(void*) noexcept override {}
+
+ protected:
+  void do_event_synchronize(NativeEvent*) override {}
+  void do_stream_synchronize(Stream*) override {}
+  void do_device_synchronize(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw InvalidArgument(what + ": no GPU runtime is active (" + why_ + ")");
+  }
+  std::string why_;
+};
+
+struct Selection {
+  std::mutex mutex;
+  std::atomic<Runtime*> active{nullptr};
+  std::unique_ptr<Runtime> owned;  // never destroyed: streams and memory may outlive static destruction
+  bool explicit_choice = false;
+};
+
+Selection& selection() {
+  static Selection* s = new Selection;
+  return *s;
+}
+
+std::unique_ptr<Runtime> make_runtime(Backend backend, int sim_gpus, bool asked) {
+  switch (backend) {
+    case Backend::sim:
+      if (sim_gpus <= 0) sim_gpus = static_cast<int>(env::number_or("WEFT_SIM_GPUS", 2, 1, 64));
+      return make_sim_runtime(sim_gpus);
+    case Backend::cuda:
+#if WEFT_HAVE_CUDA
+      return make_cuda_runtime();
+#else
+      return make_no_runtime(asked ? "WEFT_GPU_BACKEND=cuda, but this build has no CUDA" : "this build has no CUDA");
+#endif
+    case Backend::none: break;
+  }
+  return make_no_runtime(asked ? "WEFT_GPU_BACKEND=none" : "no GPU answers");
+}
+
+Runtime& install(std::unique_ptr<Runtime> r) {
+  Selection& s = selection();
+  s.owned = std::move(r);
+  s.active.store(s.owned.get(), std::memory_order_release);
+  return *s.owned;
+}
+
+}  // namespace
+
+std::unique_ptr<Runtime> make_no_runtime(std::string why) { return std::make_unique<NoRuntime>(std::move(why)); }
+
+Runtime& runtime() {
+  if (Runtime* r = selection().active.load(std::memory_order_acquire)) return *r;
+  Selection& s = selection();
+  std::lock_guard lock(s.mutex);
+  if (Runtime* r = s.active.load(std::memory_order_acquire)) return *r;
+  if (const char* text = env::get("WEFT_GPU_BACKEND")) {
+    const Backend b = parse_backend(text);
+    return install(make_runtime(b, 0, true));
+  }
+#if WEFT_HAVE_CUDA
+  auto cuda = make_cuda_runtime();
+  if (cuda->device_count() > 0) return install(std::move(cuda));
+#endif
+  return install(make_runtime(Backend::none, 0, false));
+}
+
+}  // namespace detail
+
+void select_backend(Backend backend, int sim_gpus) {
+  detail::Selection& s = detail::selection();
+  std::lock_guard lock(s.mutex);
+  if (detail::Runtime* r = s.active.load(std::memory_order_acquire)) {
+    const bool same = r->backend() == backend && (backend != Backend::sim || sim_gpus <= 0 ||
+                                                  sim_gpus == r->device_count());
+    if (same) return;
+    throw InvalidArgument("weft: GPU backend '" + std::string(to_string(backend)) +
+                          (backend == Backend::sim && sim_gpus > 0 ? " with " + std::to_string(sim_gpus) + " GPU(s)"
+                                                                   : std::string()) +
+                          "' asked for, but this process already uses '" + std::string(to_string(r->backend())) +
+                          "' with " + std::to_string(r->device_count()) +
+                          " GPU(s) (the backend is fixed at first use: choose it with WEFT_GPU_BACKEND or before "
+                          "creating the first engine)");
+  }
+  detail::install(detail::make_runtime(backend, sim_gpus, true));
+}
+
+Backend backend() noexcept {
+  try {
+    return runtime().backend();
+  } catch (...) {  // a bad WEFT_GPU_BACKEND: the engine's configuration reports it
+    return Backend::none;
+  }
+}
 
 int device_count() noexcept {
-  static const int count = [] {
-    int n = 0;
-    // No driver (error 35 on CPU machines), no device, or a broken install:
-    // all mean zero GPUs, silently. The error is not sticky; clear it.
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 0;
-    }
-    return n;
-  }();
-  return count;
+  try {
+    return runtime().device_count();
+  } catch (...) {
+    return 0;
+  }
+}
+
+namespace {
+void check_index(int device) {
+  const int n = device_count();
+  if (device < 0 || device >= n)
+    throw InvalidArgument("gpu(" + std::to_string(device) + ") does not exist (" + std::to_string(n) + " GPU(s), " +
+                          std::string(to_string(backend())) + " backend)");
+}
+}  // namespace
+
+DeviceProperties properties(int device) {
+  check_index(device);
+  return runtime().properties(device);
 }
 
 std::string describe(int device) {
-  if (device < 0 || device >= device_count())
-    throw Error("gpu(" + std::to_string(device) + ") does not exist (" + std::to_string(device_count()) + " GPU(s))");
-  cudaDeviceProp p{};
-  WEFT_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
-  char mem[32];
-  std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(p.totalGlobalMem) / (1 << 30));
-  return std::string(p.name) + ", " + mem + ", sm_" + std::to_string(p.major) + std::to_string(p.minor);
+  check_index(device);
+  return runtime().describe(device);
 }
 
-void set_device(int device) { WEFT_CUDA_CHECK(cudaSetDevice(device)); }
-void synchronize_device(int device) {
-  set_device(device);
-  WEFT_CUDA_CHECK(cudaDeviceSynchronize());
-}
+void set_device(int device) { runtime().set_device(device); }
+void synchronize_device(int device) { runtime().device_synchronize(device); }
+
+// ---- streams ---------------------------------------------------------------
 
 StreamResources::StreamResources(int device, StreamRole role, std::size_t workspace_bytes) : role_(role) {
+  detail::Runtime& rt = runtime();
   handles_.device = Device::gpu(device);
-  set_device(device);
-  int least = 0, greatest = 0;
-  WEFT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  cudaStream_t s = nullptr;
-  WEFT_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking,
-                                               role == StreamRole::priority ? greatest : least));
-  handles_.stream = s;
+  handles_.stream = rt.create_stream(device, role == StreamRole::priority);
   if (role == StreamRole::compute || role == StreamRole::priority) {
-    cublasHandle_t b = nullptr;
-    WEFT_CUBLAS_CHECK(cublasCreate(&b));
-    WEFT_CUBLAS_CHECK(cublasSetStream(b, s));
-    handles_.cublas = b;
-    cudnnHandle_t d = nullptr;
-    WEFT_CUDNN_CHECK(cudnnCreate(&d));
-    WEFT_CUDNN_CHECK(cudnnSetStream(d, s));
-    handles_.cudnn = d;
-    if (workspace_bytes) {
-      WEFT_CUDA_CHECK(cudaMalloc(&handles_.workspace, workspace_bytes));
-      handles_.workspace_bytes = workspace_bytes;
+    try {
+      rt.create_handles(handles_, workspace_bytes);
+    } catch (...) {
+      rt.destroy_stream(handles_.stream);
+      throw;
     }
   }
 }
 
 StreamResources::~StreamResources() {
-  cudaSetDevice(handles_.device.index());
-  if (handles_.stream) cudaStreamSynchronize(handles_.stream);
-  if (handles_.workspace) cudaFree(handles_.workspace);
-  if (handles_.cudnn) cudnnDestroy(handles_.cudnn);
-  if (handles_.cublas) cublasDestroy(handles_.cublas);
-  if (handles_.stream) cudaStreamDestroy(handles_.stream);
+  detail::Runtime& rt = runtime();
+  try {
+    rt.stream_synchronize(handles_.stream);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: %s\n", e.what());
+  }
+  rt.destroy_handles(handles_);
+  rt.destroy_stream(handles_.stream);
 }
 
-void StreamResources::synchronize() const { WEFT_CUDA_CHECK(cudaStreamSynchronize(handles_.stream)); }
+void StreamResources::synchronize() const { runtime().stream_synchronize(handles_.stream); }
+
+// ---- completion events -------------------------------------------------------
 
 namespace {
-// Recycled CUDA events, one list per device: creating and destroying an event
-// per GPU op would cost a driver call each. Never shrinks; events are tiny.
+// Recycled events, one list per device: creating and destroying an event per
+// GPU op would cost a driver call each. Never shrinks; events are tiny.
 class EventPool {
  public:
-  cudaEvent_t acquire(int device) {
+  NativeEvent* acquire(int device) {
     {
       std::lock_guard lock(mutex_);
       if (device < static_cast<int>(free_.size()) && !free_[static_cast<std::size_t>(device)].empty()) {
-        cudaEvent_t e = free_[static_cast<std::size_t>(device)].back();
+        NativeEvent* e = free_[static_cast<std::size_t>(device)].back();
         free_[static_cast<std::size_t>(device)].pop_back();
         return e;
       }
     }
-    // Created on `device` whatever is current: events belong to a device.
-    int previous = 0;
-    WEFT_CUDA_CHECK(cudaGetDevice(&previous));
-    WEFT_CUDA_CHECK(cudaSetDevice(device));
-    cudaEvent_t e = nullptr;
-    const cudaError_t status = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    cudaSetDevice(previous);
-    WEFT_CUDA_CHECK(status);
-    return e;
+    return runtime().create_event(device, /*timing=*/false);
   }
   // Re-recording a returned event later is safe: waits already enqueued on
   // it captured the recording they saw.
-  void release(int device, cudaEvent_t e) noexcept {
+  void release(int device, NativeEvent* e) noexcept {
     std::lock_guard lock(mutex_);
     if (device >= static_cast<int>(free_.size())) free_.resize(static_cast<std::size_t>(device) + 1);
     free_[static_cast<std::size_t>(device)].push_back(e);
@@ -135,7 +275,7 @@ class EventPool {
 
  private:
   std::mutex mutex_;
-  std::vector<std::vector<cudaEvent_t>> free_;
+  std::vector<std::vector<NativeEvent*>> free_;
 };
 
 EventPool& event_pool() {
@@ -144,10 +284,10 @@ EventPool& event_pool() {
 }
 }  // namespace
 
-Event* Event::record(int device, CUstream_st* stream) {
-  cudaEvent_t e = event_pool().acquire(device);
+Event* Event::record(int device, Stream* stream) {
+  NativeEvent* e = event_pool().acquire(device);
   try {
-    WEFT_CUDA_CHECK(cudaEventRecord(e, stream));
+    runtime().record_event(e, stream);
   } catch (...) {
     event_pool().release(device, e);
     throw;
@@ -161,34 +301,65 @@ void Event::release() noexcept {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
-void Event::stream_wait(CUstream_st* stream) const {
+void Event::stream_wait(Stream* stream) const {
   if (stream == stream_) return;  // stream order already covers it
-  WEFT_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+  runtime().stream_wait_event(stream, event_);
 }
 
-void Event::host_wait() const { WEFT_CUDA_CHECK(cudaEventSynchronize(event_)); }
+void Event::host_wait() const { runtime().event_synchronize(event_); }
 
-#else  // no CUDA in this build
+// ---- stream-ordered work -------------------------------------------------------
 
-bool built_with_cuda() noexcept { return false; }
-int device_count() noexcept { return 0; }
-[[noreturn]] static void no_cuda(const char* what) {
-  throw Error(std::string(what) + ": this Weft was built without CUDA (no GPU paths)");
+void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) {
+  if (!bytes) return;
+  runtime().memcpy_async(dst, src, bytes, kind, stream);
 }
-std::string describe(int) { no_cuda("gpu::describe"); }
-void set_device(int) { no_cuda("gpu::set_device"); }
-void synchronize_device(int) { no_cuda("gpu::synchronize_device"); }
-StreamResources::StreamResources(int, StreamRole role, std::size_t) : role_(role) { no_cuda("gpu stream"); }
-StreamResources::~StreamResources() = default;
-void StreamResources::synchronize() const {}
-Event* Event::record(int, CUstream_st*) { no_cuda("gpu event"); }
-Event::~Event() = default;
-void Event::release() noexcept {
-  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
-}
-void Event::stream_wait(CUstream_st*) const {}
-void Event::host_wait() const {}
 
-#endif
+void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                       Stream* stream) {
+  if (!bytes) return;
+  runtime().memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream);
+}
+
+void launch_host_func(Stream* stream, UniqueFunction<void()> fn) {
+  if (!fn) throw InvalidArgument("gpu::launch_host_func: the function is empty");
+  runtime().launch_host_func(stream, std::move(fn));
+}
+
+void* native_handle(Stream* stream) noexcept { return runtime().native_handle(stream); }
+
+// ---- host waits ------------------------------------------------------------------
+
+namespace {
+thread_local WaitCause tls_cause = WaitCause::other;
+std::atomic<std::uint64_t> g_waits[static_cast<int>(WaitCause::count_)];
+}  // namespace
+
+std::string_view to_string(WaitCause cause) noexcept {
+  switch (cause) {
+    case WaitCause::other: return "other";
+    case WaitCause::frontend: return "frontend";
+    case WaitCause::cpu_worker: return "cpu_worker";
+    case WaitCause::gpu_worker: return "gpu_worker";
+    case WaitCause::shutdown: return "shutdown";
+    case WaitCause::count_: break;
+  }
+  return "?";
+}
+
+HostWaits host_waits() noexcept {
+  HostWaits w;
+  for (int i = 0; i < static_cast<int>(WaitCause::count_); ++i)
+    w.by_cause[i] = g_waits[i].load(std::memory_order_relaxed);
+  return w;
+}
+
+void declare_thread_wait_cause(WaitCause cause) noexcept { tls_cause = cause; }
+ScopedWaitCause::ScopedWaitCause(WaitCause cause) noexcept : saved_(tls_cause) { tls_cause = cause; }
+ScopedWaitCause::~ScopedWaitCause() { tls_cause = saved_; }
+
+void detail::Runtime::count_host_wait() noexcept {
+  g_waits[static_cast<int>(tls_cause)].fetch_add(1, std::memory_order_relaxed);
+}
 
 }  // namespace weft::gpu

@@ -37,7 +37,8 @@ std::string EngineBase::device_list() const {
   if (config_.gpu_devices > 0)
     text += " and gpu(0).." + Device::gpu(config_.gpu_devices - 1).str();
   else
-    text += " (no GPU" + std::string(gpu::built_with_cuda() ? " answers" : ": built without CUDA") + ")";
+    text += " (no GPU: " + std::string(gpu::to_string(gpu::backend())) + " backend" +
+            (gpu::built_with_cuda() ? "" : ", built without CUDA") + ")";
   return text;
 }
 

@@ -18,7 +18,7 @@ std::unique_ptr<gpu::TimingEvent> GpuSpanRecorder::take_event() {
   return std::make_unique<gpu::TimingEvent>(device_);
 }
 
-void GpuSpanRecorder::begin(CUstream_st* stream) noexcept {
+void GpuSpanRecorder::begin(gpu::Stream* stream) noexcept {
   try {
     open_ = take_event();
     open_->record(stream);
@@ -29,7 +29,7 @@ void GpuSpanRecorder::begin(CUstream_st* stream) noexcept {
   }
 }
 
-void GpuSpanRecorder::end(CUstream_st* stream, const SpanInfo& info) noexcept {
+void GpuSpanRecorder::end(gpu::Stream* stream, const SpanInfo& info) noexcept {
   if (!open_) return;  // profiling started while the op ran, or begin failed
   std::unique_ptr<gpu::TimingEvent> start = std::move(open_);
   try {
@@ -51,7 +51,7 @@ void GpuSpanRecorder::end(CUstream_st* stream, const SpanInfo& info) noexcept {
   }
 }
 
-void GpuSpanRecorder::resolve(Profiler& profiler, CUstream_st* stream) {
+void GpuSpanRecorder::resolve(Profiler& profiler, gpu::Stream* stream) {
   std::lock_guard lock(mutex_);
   if (dropped_ != dropped_reported_) {
     std::fprintf(stderr,

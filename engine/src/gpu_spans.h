@@ -41,10 +41,10 @@ class GpuSpanRecorder {
 
   GpuSpanRecorder(int device, Profiler::Track* stream_track) : device_(device), track_(stream_track) {}
 
-  void begin(CUstream_st* stream) noexcept;
-  void end(CUstream_st* stream, const SpanInfo& info) noexcept;
+  void begin(gpu::Stream* stream) noexcept;
+  void end(gpu::Stream* stream, const SpanInfo& info) noexcept;
   // Throws what CUDA reports; the spans not yet placed stay pending.
-  void resolve(Profiler& profiler, CUstream_st* stream);
+  void resolve(Profiler& profiler, gpu::Stream* stream);
 
  private:
   std::unique_ptr<gpu::TimingEvent> take_event();

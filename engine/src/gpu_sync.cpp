@@ -23,7 +23,7 @@ GpuVarState& ensure_state(VarSlot& slot) {
 
 }  // namespace
 
-void gpu_op_wait(OpBlock& op, CUstream_st* stream) {
+void gpu_op_wait(OpBlock& op, gpu::Stream* stream) {
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     GpuVarState* s = state_of(*e->slot);
     if (!s) continue;
@@ -36,7 +36,7 @@ void gpu_op_wait(OpBlock& op, CUstream_st* stream) {
   }
 }
 
-void gpu_op_publish(OpBlock& op, int device, CUstream_st* stream) {
+void gpu_op_publish(OpBlock& op, int device, gpu::Stream* stream) {
   gpu::EventRef done(gpu::Event::record(device, stream));
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     GpuVarState& s = ensure_state(*e->slot);

@@ -5,7 +5,7 @@
 // touched (the writer's event; one reader event per stream). The next op that
 // the dependency queues grant then orders itself after that work without
 // blocking a worker:
-//   * a GPU op makes its stream wait (cudaStreamWaitEvent) for the last
+//   * a GPU op makes its stream wait (a stream wait, never a host wait) for the last
 //     writer's event, and, when it writes, for the readers' events of other
 //     streams; nothing at all when they ran on its own stream;
 //   * a CPU op (or a wait_to_read/wait_to_write) waits for those events on
@@ -36,9 +36,9 @@ struct GpuVarState {
 using EventList = std::vector<gpu::EventRef>;
 
 // Before a GPU op's body: make `stream` wait for what the op depends on.
-void gpu_op_wait(OpBlock& op, CUstream_st* stream);
+void gpu_op_wait(OpBlock& op, gpu::Stream* stream);
 // After a GPU op's body: record its event and publish it on its variables.
-void gpu_op_publish(OpBlock& op, int device, CUstream_st* stream);
+void gpu_op_publish(OpBlock& op, int device, gpu::Stream* stream);
 // Before a CPU op's body: wait on the host for GPU work it depends on. A
 // CPU write makes the variable's GPU history irrelevant: it clears it.
 void host_op_wait(OpBlock& op);

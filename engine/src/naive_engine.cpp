@@ -1,6 +1,6 @@
 #include "naive_engine.h"
 
-#include "weft/cuda_check.h"
+#include "weft/check_context.h"
 
 namespace weft::detail {
 

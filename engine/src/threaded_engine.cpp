@@ -7,7 +7,7 @@
 #include "gpu_spans.h"
 #include "gpu_sync.h"
 #include "nvtx_ranges.h"
-#include "weft/cuda_check.h"
+#include "weft/check_context.h"
 
 namespace weft::detail {
 
@@ -136,6 +136,7 @@ ThreadedEngine::ThreadedEngine(ResolvedConfig config)
 }
 
 ThreadedEngine::~ThreadedEngine() {
+  gpu::ScopedWaitCause cause(gpu::WaitCause::shutdown);
   drain();
   for (Lane& lane : lanes_) lane.pool.reset();  // joins the workers
   synchronize_gpus();
@@ -191,6 +192,9 @@ void ThreadedEngine::drain() noexcept {
 void ThreadedEngine::on_worker_start(int lane, int worker) {
   Lane& l = lanes_[static_cast<std::size_t>(lane)];
   tls_counter = {this, counts_.completions_of(l.first_slot + static_cast<std::size_t>(worker))};
+  // GPU workers never block on the GPU (their dependencies are stream
+  // waits); a host wait counted under their cause is a bug (tests assert it).
+  gpu::declare_thread_wait_cause(l.device.is_gpu() ? gpu::WaitCause::gpu_worker : gpu::WaitCause::cpu_worker);
   if (l.device.is_gpu()) gpu::set_device(l.device.index());
 }
 
@@ -472,6 +476,7 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
 void ThreadedEngine::wait_for(Var var, bool write) {
   const char* call = write ? "wait_to_write" : "wait_to_read";
   refuse_wait_inside_op(call, &var);
+  gpu::ScopedWaitCause cause(gpu::WaitCause::frontend);
   WaitSignal signal;
   OpBlock* op = write ? prepare(OpKind::wait, Device::cpu(0), {}, var, OpOptions{0, call})
                       : prepare(OpKind::wait, Device::cpu(0), var, {}, OpOptions{0, call});
@@ -493,6 +498,7 @@ void ThreadedEngine::wait_for(Var var, bool write) {
 
 void ThreadedEngine::wait_all() {
   refuse_wait_inside_op("wait_all", nullptr);
+  gpu::ScopedWaitCause cause(gpu::WaitCause::frontend);
   {
     // Close the epoch of everything pushed so far; later pushes (from other
     // threads) go to the next one and are not waited for.

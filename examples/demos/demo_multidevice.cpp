@@ -104,6 +104,7 @@ nlohmann::json run_multidevice(const MultiDeviceOptions& o, const CommonOptions&
   return {{"demo", "multidevice"},
           {"hardware", hw},
           {"devices", {host.str(), devices[0].str(), devices[1].str()}},
+          {"gpu_backend", setup.gpu_backend},
           {"steps", o.steps},
           {"step_ms", median(per_step) * 1e3},
           {"device_a_busy_ms", between.a_ms},

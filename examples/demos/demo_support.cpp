@@ -234,7 +234,10 @@ OverlapEngine make_overlap_engine(const CommonOptions& common, int cpu_devices_w
                                   int cpu_devices_with_gpu) {
   OverlapEngine out;
   out.gpus = gpu::device_count();
+  out.gpu_backend = std::string(gpu::to_string(gpu::backend()));
+  out.simulated = out.gpus > 0 && gpu::properties(0).simulated;
   if (out.gpus > 0) {
+    if (out.simulated) out.kernel_threads = std::make_unique<ScopedKernelThreads>(1);
     out.engine = make_engine(common, {.cpu_devices = cpu_devices_with_gpu});
   } else {
     out.kernel_threads = std::make_unique<ScopedKernelThreads>(1);

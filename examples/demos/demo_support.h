@@ -115,9 +115,14 @@ class ScopedKernelThreads {
 // `cpu_devices` CPU devices standing in for them, one worker and one kernel
 // thread each, so that each device owns a core and overlap is measurable.
 struct OverlapEngine {
-  std::unique_ptr<ScopedKernelThreads> kernel_threads;  // CPU form only; outlives the engine's ops
+  // CPU form and simulated GPUs: one kernel thread per op, so the devices (or
+  // the simulated GPU's kernels and its copies) each have a core. Outlives
+  // the engine's ops.
+  std::unique_ptr<ScopedKernelThreads> kernel_threads;
   std::unique_ptr<Engine> engine;
   int gpus = 0;
+  bool simulated = false;    // the GPUs are simulated (WEFT_GPU_BACKEND=sim): GPU work at CPU speed
+  std::string gpu_backend;   // "cuda" | "sim" | "none", for the --json line
 };
 OverlapEngine make_overlap_engine(const CommonOptions& common, int cpu_devices_without_gpu,
                                   int cpu_devices_with_gpu = 1);

@@ -9,55 +9,97 @@
 #include <vector>
 
 #include "storage.h"
+#include "weft/check_context.h"
 #include "weft/error.h"
+#include "weft/gpu_streams.h"
 #include "weft/tensor.h"
 
 namespace weft::detail {
 
+// What a kernel sees: the raw memory of its inputs and outputs. The op's
+// closure keeps the storages alive until the op body has run; what the body
+// enqueues on a GPU stream (kernels, or the CPU kernel on a simulated GPU)
+// holds only these pointers, and the stream-aware allocator keeps the memory
+// from other streams until that work is done — on CUDA and simulated GPUs alike.
 struct OpIO {
-  std::vector<StoragePtr> in, out;
-  const float* i(std::size_t k) const noexcept { return static_cast<const float*>(in[k]->data()); }
-  float* o(std::size_t k) const noexcept { return static_cast<float*>(out[k]->data()); }
+  std::vector<void*> in, out;
+  const float* i(std::size_t k) const noexcept { return static_cast<const float*>(in[k]); }
+  float* o(std::size_t k) const noexcept { return static_cast<float*>(out[k]); }
 };
 
 // Throws when `s` should hold data but has no memory.
 void require_memory(const Storage& s, std::string_view op);
 
+// How an op body meets a GPU.
+enum class Body {
+  // kernel(ctx, io) has a CPU branch (taken when ctx.gpu is null) and a GPU
+  // branch. On CUDA the GPU branch enqueues its kernels on ctx.gpu->stream; on
+  // simulated GPUs the CPU branch runs as stream-ordered work on that stream
+  // (gpu::launch_host_func). This is the one place in Weft outside devices/
+  // that asks which GPU runtime is active.
+  kernels,
+  // kernel(ctx, io) calls the stream API itself (gpu::memcpy_async, ...),
+  // which every GPU runtime implements: copies.
+  stream_calls,
+};
+
+// The one dispatch point between CPU kernels, CUDA kernels and simulated GPUs.
+template <class Kernel>
+void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body) {
+  if (!ctx.gpu || body == Body::stream_calls || gpu::backend() != gpu::Backend::sim) {
+    kernel(ctx, io);
+    return;
+  }
+  gpu::launch_host_func(
+      ctx.gpu->stream, [io = std::move(io), kernel = std::move(kernel), device = ctx.device, worker = ctx.worker,
+                        name = std::string(ctx.op_name), engine = ctx.engine]() mutable {
+        CheckContextGuard check(name, device);
+        RunContext host{device, worker, name, engine};  // gpu == null: the CPU branch
+        kernel(host, io);
+      });
+}
+
 template <class Kernel>
 void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, std::vector<const Tensor*> outputs,
-            Kernel kernel, OpProperty property = OpProperty::normal, std::uint64_t bytes = 0) {
-  OpIO io;
+            Kernel kernel, OpProperty property = OpProperty::normal, std::uint64_t bytes = 0,
+            Body body = Body::kernels) {
+  std::vector<StoragePtr> in, out;
   std::vector<Var> reads, writes;
   for (const Tensor* t : inputs) {
     if (!t->defined()) continue;
-    io.in.push_back(t->storage());
+    in.push_back(t->storage());
     reads.push_back(t->var());
   }
   std::uint32_t creates = 0;  // bit k: this op creates output k
   for (const Tensor* t : outputs) {
-    if (std::exchange(t->storage()->creator_pending, false)) creates |= 1u << io.out.size();
-    io.out.push_back(t->storage());
+    if (std::exchange(t->storage()->creator_pending, false)) creates |= 1u << out.size();
+    out.push_back(t->storage());
     writes.push_back(t->var());
   }
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
   engine.push(
-      [io = std::move(io), creates, kernel = std::move(kernel)](RunContext& ctx) mutable {
-        CUstream_st* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
-        for (std::size_t k = 0; k < io.out.size(); ++k) {
+      [in = std::move(in), out = std::move(out), creates, kernel = std::move(kernel), body](RunContext& ctx) mutable {
+        gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
+        for (std::size_t k = 0; k < out.size(); ++k) {
           if (creates & (1u << k))
-            io.out[k]->materialize(stream);
+            out[k]->materialize(stream);
           else
-            require_memory(*io.out[k], ctx.op_name);
+            require_memory(*out[k], ctx.op_name);
         }
         // A tensor whose creating op failed (out of memory, say) has no
         // memory: once that failure has been reported, ops reading it are no
         // longer skipped, and must not touch a null pointer.
-        for (const StoragePtr& s : io.in) require_memory(*s, ctx.op_name);
+        for (const StoragePtr& s : in) require_memory(*s, ctx.op_name);
+        OpIO io;
+        io.in.reserve(in.size());
+        io.out.reserve(out.size());
+        for (const StoragePtr& s : in) io.in.push_back(s->data());
+        for (const StoragePtr& s : out) io.out.push_back(s->data());
         if (stream) {
-          for (const StoragePtr& s : io.in) s->allocator->record_use(s->block, stream);
-          for (const StoragePtr& s : io.out) s->allocator->record_use(s->block, stream);
+          for (const StoragePtr& s : in) s->allocator->record_use(s->block, stream);
+          for (const StoragePtr& s : out) s->allocator->record_use(s->block, stream);
         }
-        kernel(ctx, io);
+        run_kernel(ctx, io, kernel, body);
       },
       exec, reads, writes, OpOptions{0, std::move(name), property, bytes});
 }

@@ -24,7 +24,7 @@ struct Storage {
 
   // Allocates on the op's stream; only the op that creates the tensor calls
   // it, holding the write access.
-  void materialize(CUstream_st* stream) {
+  void materialize(gpu::Stream* stream) {
     if (!block && bytes) block = allocator->allocate(bytes, stream);
   }
   void* data() const noexcept { return block.ptr; }

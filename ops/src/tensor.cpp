@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "cpu/cpu_kernels.h"
-#include "gpu_copy.h"
 #include "launch.h"
 #include "weft/ops.h"
 
@@ -35,32 +34,32 @@ void require_memory(const Storage& s, std::string_view op) {
 }
 
 void check_defined(const char* op, const Tensor& t, const char* what) {
-  if (!t.defined()) throw Error(std::string(op) + ": " + what + " is an undefined Tensor");
+  if (!t.defined()) throw InvalidArgument(std::string(op) + ": " + what + " is an undefined Tensor");
 }
 
 void check_float32(const char* op, const Tensor& t, const char* what) {
   check_defined(op, t, what);
   if (t.dtype() != DType::float32)
-    throw Error(std::string(op) + ": " + what + " " + t.str() + " has dtype " + std::string(to_string(t.dtype())) +
+    throw InvalidArgument(std::string(op) + ": " + what + " " + t.str() + " has dtype " + std::string(to_string(t.dtype())) +
                 "; this op supports float32 only");
 }
 
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device())
-    throw Error(std::string(op) + ": operands on different devices: " + a.str() + " and " + b.str() +
+    throw InvalidArgument(std::string(op) + ": operands on different devices: " + a.str() + " and " + b.str() +
                 " (copy_to one of them first)");
-  if (&a.engine() != &b.engine()) throw Error(std::string(op) + ": operands belong to different engines");
+  if (&a.engine() != &b.engine()) throw InvalidArgument(std::string(op) + ": operands belong to different engines");
 }
 
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape())
-    throw Error(std::string(op) + ": shapes differ: " + a.shape().str() + " vs " + b.shape().str() + " (" + a.str() +
+    throw InvalidArgument(std::string(op) + ": shapes differ: " + a.shape().str() + " vs " + b.shape().str() + " (" + a.str() +
                 ", " + b.str() + ")");
 }
 
 void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* what) {
   if (t.shape().rank() != rank)
-    throw Error(std::string(op) + ": " + what + " must have rank " + std::to_string(rank) + ", got " + t.str());
+    throw InvalidArgument(std::string(op) + ": " + what + " must have rank " + std::to_string(rank) + ", got " + t.str());
 }
 
 // An op's output: no op of its own. The op that first writes it allocates it
@@ -81,14 +80,14 @@ namespace {
 
 void check_device(Engine& engine, Device device, const char* op) {
   if (device.kind() == DeviceKind::cpu_pinned) {
-    if (device.index() != 0) throw Error(std::string(op) + ": only cpu_pinned(0) exists, not " + device.str());
+    if (device.index() != 0) throw InvalidArgument(std::string(op) + ": only cpu_pinned(0) exists, not " + device.str());
     return;
   }
   for (Device d : engine.devices())
     if (d == device) return;
   std::string have;
   for (Device d : engine.devices()) have += (have.empty() ? "" : ", ") + d.str();
-  throw Error(std::string(op) + ": device " + device.str() + " is not one of this engine's (" + have +
+  throw InvalidArgument(std::string(op) + ": device " + device.str() + " is not one of this engine's (" + have +
               ", cpu_pinned(0))");
 }
 
@@ -257,7 +256,6 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.storage_ == storage_) return;  // same memory: nothing to copy
   const Device from = src.device(), to = device();
   const std::size_t bytes = nbytes();
-  using detail::CopyKind;
   const bool host_from = !from.is_gpu(), host_to = !to.is_gpu();
   if (host_from && host_to) {
     // Host to host: a copy all the same (traces count it as one), on the
@@ -278,22 +276,23 @@ void Tensor::copy_from(const Tensor& src) {
     return;
   }
   const std::string name = "copy " + from.str() + "->" + to.str();
+  using detail::Body;
   if (host_from) {  // pinned -> gpu
     launch(name, to, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
-      detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::host_to_device, ctx.gpu->stream);
-    }, OpProperty::copy_to_device, bytes);
+      gpu::memcpy_async(io.o(0), io.i(0), bytes, gpu::CopyKind::host_to_device, ctx.gpu->stream);
+    }, OpProperty::copy_to_device, bytes, Body::stream_calls);
   } else if (host_to) {  // gpu -> pinned
     launch(name, from, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
-      detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::device_to_host, ctx.gpu->stream);
-    }, OpProperty::copy_from_device, bytes);
+      gpu::memcpy_async(io.o(0), io.i(0), bytes, gpu::CopyKind::device_to_host, ctx.gpu->stream);
+    }, OpProperty::copy_from_device, bytes, Body::stream_calls);
   } else if (from == to) {
     launch(name, to, {&src}, {this}, [bytes](RunContext& ctx, OpIO& io) {
-      detail::gpu_memcpy_async(io.o(0), io.i(0), bytes, CopyKind::device_to_device, ctx.gpu->stream);
-    }, OpProperty::normal, bytes);
+      gpu::memcpy_async(io.o(0), io.i(0), bytes, gpu::CopyKind::device_to_device, ctx.gpu->stream);
+    }, OpProperty::normal, bytes, Body::stream_calls);
   } else {
     launch(name, to, {&src}, {this}, [bytes, from, to](RunContext& ctx, OpIO& io) {
-      detail::gpu_memcpy_peer_async(io.o(0), to.index(), io.i(0), from.index(), bytes, ctx.gpu->stream);
-    }, OpProperty::copy_peer, bytes);
+      gpu::memcpy_peer_async(io.o(0), to.index(), io.i(0), from.index(), bytes, ctx.gpu->stream);
+    }, OpProperty::copy_peer, bytes, Body::stream_calls);
   }
 }
 

@@ -240,8 +240,8 @@ TEST_CASE("allocator: blocks belong to their stream" * doctest::timeout(30)) {
   // uses: a block freed by one stream is reused by that stream, not another.
   auto a = weft::make_caching_allocator(Device::cpu(0));
   alignas(64) static char s1_tag, s2_tag;
-  auto* s1 = reinterpret_cast<CUstream_st*>(&s1_tag);
-  auto* s2 = reinterpret_cast<CUstream_st*>(&s2_tag);
+  auto* s1 = reinterpret_cast<weft::gpu::Stream*>(&s1_tag);
+  auto* s2 = reinterpret_cast<weft::gpu::Stream*>(&s2_tag);
   Block b = a->allocate(256, s1);
   void* p = b.ptr;
   a->record_use(b, s1);  // the allocating stream itself: nothing to track

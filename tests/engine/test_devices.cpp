@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "weft/cuda_check.h"
+#include "weft/check_context.h"
 #include "weft/engine.h"
 #include "weft/gpu.h"
 
@@ -123,6 +123,9 @@ TEST_CASE("gpu settings: asking for more gpus than answer is an error naming the
 namespace {
 const char* fake_status_name(int status) { return status == 2 ? "cudaErrorMemoryAllocation" : "?"; }
 int fake_cuda_call(int status) { return status; }
+weft::detail::Failure fake_failure(int status) {
+  return status == 2 ? weft::detail::Failure::out_of_memory : weft::detail::Failure::device;
+}
 }  // namespace
 
 TEST_CASE("a failing checked call names the call, its status, the op and the device" * doctest::timeout(60)) {
@@ -131,18 +134,30 @@ TEST_CASE("a failing checked call names the call, its status, the op and the dev
         auto engine = make_engine(cfg);
         Engine& e = *engine;
         Var out = e.new_var("out");
-        e.push([](RunContext&) { WEFT_DETAIL_CHECK("CUDA", fake_cuda_call(2), 0, fake_status_name); }, Device::cpu(1),
-               {}, {out}, {.name = "upload weights"});
+        e.push([](RunContext&) { WEFT_DETAIL_CHECK("CUDA", fake_cuda_call(2), 0, fake_status_name, fake_failure); },
+               Device::cpu(1), {}, {out}, {.name = "upload weights"});
         const std::string m = error_of([&] { e.wait_to_read(out); });
         CHECK(has(m, "fake_cuda_call(2) failed"));
         CHECK(has(m, "CUDA error 2 (cudaErrorMemoryAllocation)"));
         CHECK(has(m, "test_devices.cpp"));
         CHECK(has(m, "op 'upload weights' on cpu(1)"));
         // Outside an op the message names no op.
+        // The status decides the type users catch: out of memory here, on the op's device.
+        try {
+          e.wait_to_read(out);  // reported once already: nothing left
+          e.push([](RunContext&) { WEFT_DETAIL_CHECK("CUDA", fake_cuda_call(2), 0, fake_status_name, fake_failure); },
+                 Device::cpu(1), {}, {out}, {.name = "upload weights"});
+          e.wait_to_read(out);
+          FAIL("no error");
+        } catch (const weft::OutOfMemory& oom) {
+          CHECK(oom.device() == Device::cpu(1));
+        }
         const std::string outside =
-            error_of([] { WEFT_DETAIL_CHECK("cuDNN", fake_cuda_call(2), 0, fake_status_name); });
-        CHECK(has(outside, "cuDNN error 2"));
+            error_of([] { WEFT_DETAIL_CHECK("cuDNN", fake_cuda_call(3), 0, fake_status_name, fake_failure); });
+        CHECK(has(outside, "cuDNN error 3"));
         CHECK(!has(outside, "op '"));
+        CHECK_THROWS_AS(WEFT_DETAIL_CHECK("cuDNN", fake_cuda_call(3), 0, fake_status_name, fake_failure),
+                        weft::DeviceError);
       },
       2);
 }

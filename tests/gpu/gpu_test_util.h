@@ -3,9 +3,10 @@
 // devices (used to compare a GPU engine with a CPU-only one, and engine kinds
 // with each other).
 //
-// Every test case starts with WEFT_REQUIRE_GPU(): where no GPU answers (a CPU
-// machine, or a build without CUDA) it prints "[weft-skip] ..." and returns,
-// which ctest reports as skipped.
+// Every test case starts with WEFT_REQUIRE_GPU(): where no GPU answers — no
+// real GPU, and no simulated one (WEFT_GPU_BACKEND=sim, as ctest runs these
+// tests) — it prints "[weft-skip] ..." and returns, which ctest reports as
+// skipped.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -23,6 +24,7 @@
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
+#include "weft/gpu_streams.h"
 #include "weft/nn_ops.h"
 #include "weft/ops.h"
 #include "weft/tensor.h"
@@ -30,14 +32,18 @@
 #define WEFT_REQUIRE_GPU()                                                                        \
   do {                                                                                            \
     if (::weft::gpu::device_count() == 0) {                                                       \
-      std::printf("[weft-skip] no GPU answers%s\n",                                               \
-                  ::weft::gpu::built_with_cuda() ? "" : " (this build has no CUDA)");             \
+      std::printf("[weft-skip] no GPU answers (%s backend; WEFT_GPU_BACKEND=sim simulates GPUs)\n", \
+                  std::string(::weft::gpu::to_string(::weft::gpu::backend())).c_str());           \
       std::fflush(stdout);                                                                        \
       return;                                                                                     \
     }                                                                                             \
   } while (0)
 
 namespace gputest {
+
+// Simulated GPUs run CPU kernels at CPU speed: tests that need GPU-sized work
+// to mean anything (overlap, stream-ordered completion) scale it by this.
+inline bool simulated() { return weft::gpu::device_count() > 0 && weft::gpu::properties(0).simulated; }
 
 using weft::Device;
 using weft::Engine;
@@ -243,31 +249,41 @@ struct ProgramOptions {
   std::int64_t noise_side = 2048;
 };
 
-inline ProgramResult run_program(Engine& e, const std::vector<Instr>& program, Device dev, Device host,
-                                 const ProgramOptions& opt) {
+// Device slot s lives on devs[s % devs.size()]; an op whose operands live on
+// other devices copies them over first (peer copies between GPUs, on their
+// copy streams), so several devices exchange data all the time.
+inline ProgramResult run_program(Engine& e, const std::vector<Instr>& program, const std::vector<Device>& devs,
+                                 Device host, const ProgramOptions& opt) {
   namespace ops = weft::ops;
   const Shape shape{opt.side, opt.side};
   const auto n = static_cast<std::size_t>(opt.side * opt.side);
   std::vector<Tensor> D(static_cast<std::size_t>(opt.slots)), H(static_cast<std::size_t>(opt.slots));
+  auto dev_of = [&](int slot) { return devs[static_cast<std::size_t>(slot) % devs.size()]; };
+  // `t` on slot i's device (itself when it is there already).
+  auto on = [&](int slot, const Tensor& t) { return t.device() == dev_of(slot) ? t : t.copy_to(dev_of(slot)); };
   for (int s = 0; s < opt.slots; ++s) {
-    D[static_cast<std::size_t>(s)] = Tensor::uniform(e, shape, -1.0f, 1.0f, 1000 + static_cast<std::uint64_t>(s), dev);
+    D[static_cast<std::size_t>(s)] =
+        Tensor::uniform(e, shape, -1.0f, 1.0f, 1000 + static_cast<std::uint64_t>(s), dev_of(s));
     H[static_cast<std::size_t>(s)] = Tensor::from_host(e, shape, random_values(n, 2000 + static_cast<std::uint64_t>(s)), host);
   }
   std::vector<Tensor> means;
-  Tensor noise_a, noise_b, noise_out;
+  std::vector<Tensor> noise_a, noise_b, noise_out(devs.size());
   if (opt.noise_every > 0) {
-    noise_a = Tensor::uniform(e, Shape{opt.noise_side, opt.noise_side}, -1.0f, 1.0f, 11, dev);
-    noise_b = Tensor::uniform(e, Shape{opt.noise_side, opt.noise_side}, -1.0f, 1.0f, 12, dev);
+    for (Device d : devs) {
+      noise_a.push_back(Tensor::uniform(e, Shape{opt.noise_side, opt.noise_side}, -1.0f, 1.0f, 11, d));
+      noise_b.push_back(Tensor::uniform(e, Shape{opt.noise_side, opt.noise_side}, -1.0f, 1.0f, 12, d));
+    }
   }
   const float inv_side = 1.0f / static_cast<float>(opt.side);
   std::size_t count = 0;
   for (const Instr& in : program) {
     Tensor& Di = D[static_cast<std::size_t>(in.i)];
-    const Tensor& Dj = D[static_cast<std::size_t>(in.j)];
-    const Tensor& Dk = D[static_cast<std::size_t>(in.k)];
+    const Tensor Dj = on(in.i, D[static_cast<std::size_t>(in.j)]);
+    const Tensor Dk = on(in.i, D[static_cast<std::size_t>(in.k)]);
     Tensor& Hi = H[static_cast<std::size_t>(in.i)];
     const Tensor& Hj = H[static_cast<std::size_t>(in.j)];
     const Tensor& Hk = H[static_cast<std::size_t>(in.k)];
+    const Device dev = dev_of(in.i);
     switch (in.step) {
       case Step::dev_avg: Di = ops::mul_scalar(ops::add(Dj, Dk), 0.5f); break;
       case Step::dev_mul: Di = ops::mul(Dj, Dk); break;
@@ -278,13 +294,13 @@ inline ProgramResult run_program(Engine& e, const std::vector<Instr>& program, D
       case Step::dev_sgd: ops::sgd_update(Di, Dj, 0.5f, 1.0f); break;  // w = w/2 - g/2, in place
       case Step::dev_matmul: Di = ops::mul_scalar(ops::matmul(Dj, Dk, in.ta, in.tb), inv_side); break;
       case Step::dev_sub_relu: Di = ops::mul_scalar(ops::sub(Dj, ops::relu(Dk)), 0.5f); break;
-      case Step::dev_mean: means.push_back(ops::mean(Dj)); break;
-      case Step::dev_copy: Di = Dj.copy_to(dev); break;
+      case Step::dev_mean: means.push_back(ops::mean(D[static_cast<std::size_t>(in.j)])); break;
+      case Step::dev_copy: Di = D[static_cast<std::size_t>(in.j)].copy_to(dev); break;
       case Step::dev_fresh: Di = Tensor::uniform(e, shape, -1.0f, 1.0f, in.seed, dev); break;
-      case Step::to_host: Hi = Dj.copy_to(host); break;
+      case Step::to_host: Hi = D[static_cast<std::size_t>(in.j)].copy_to(host); break;
       case Step::to_dev: Di = Hj.copy_to(dev); break;
       case Step::copy_into_dev: Di.copy_from(Hj); break;
-      case Step::copy_into_host: Hi.copy_from(Dj); break;
+      case Step::copy_into_host: Hi.copy_from(D[static_cast<std::size_t>(in.j)]); break;
       case Step::pinned_round_trip: Di = Dj.copy_to(Device::cpu_pinned(0)).copy_to(dev); break;
       case Step::host_avg: Hi = ops::mul_scalar(ops::add(Hj, Hk), 0.5f); break;
       case Step::host_mul: Hi = ops::mul(Hj, Hk); break;
@@ -295,12 +311,15 @@ inline ProgramResult run_program(Engine& e, const std::vector<Instr>& program, D
       case Step::host_mean: means.push_back(ops::mean(Hj)); break;
       case Step::host_fresh: Hi = Tensor::from_host(e, shape, random_values(n, in.seed), host); break;
     }
-    if (opt.noise_every > 0 && ++count % static_cast<std::size_t>(opt.noise_every) == 0)
-      noise_out = ops::matmul(noise_a, noise_b);
+    if (opt.noise_every > 0 && ++count % static_cast<std::size_t>(opt.noise_every) == 0) {
+      const std::size_t d = (count / static_cast<std::size_t>(opt.noise_every)) % devs.size();
+      noise_out[d] = ops::matmul(noise_a[d], noise_b[d]);
+    }
   }
   ProgramResult r;
-  for (const Tensor& t : D) {
-    CHECK(t.device() == dev);
+  for (int s = 0; s < opt.slots; ++s) {
+    const Tensor& t = D[static_cast<std::size_t>(s)];
+    CHECK(t.device() == dev_of(s));
     r.dev.push_back(t.to_host());
   }
   for (const Tensor& t : H) {
@@ -310,6 +329,11 @@ inline ProgramResult run_program(Engine& e, const std::vector<Instr>& program, D
   for (const Tensor& t : means) r.means.push_back(t.to_host());
   e.wait_all();
   return r;
+}
+
+inline ProgramResult run_program(Engine& e, const std::vector<Instr>& program, Device dev, Device host,
+                                 const ProgramOptions& opt) {
+  return run_program(e, program, std::vector<Device>{dev}, host, opt);
 }
 
 // Compares two runs of one program; returns the number of elements whose bits differ.

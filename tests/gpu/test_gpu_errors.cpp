@@ -88,7 +88,6 @@ TEST_CASE("gpu errors - a gpu beyond device_count is an error naming it" * docte
     auto e = make_engine({.kind = kind, .gpu_devices = 1});
     const Device beyond = Device::gpu(1);  // this engine has only gpu(0)
     const std::vector<std::function<void()>> cases{
-        [&] { (void)Tensor::zeros(*e, Shape{3}, missing); },
         [&] { (void)Tensor::zeros(*e, Shape{3}, beyond); },
         [&] { (void)Tensor::ones(*e, Shape{3}, Device::gpu(0)).copy_to(beyond); },
         [&] { (void)Tensor::from_host(*e, Shape{1}, std::vector<float>{1.0f}, beyond); },
@@ -134,6 +133,14 @@ TEST_CASE("gpu errors - out of gpu memory is an error and the engine keeps worki
       // [2^19, 2^19] floats = 1 TiB.
       const std::string msg = message_of([&] { (void)ops::matmul(big_a, big_b, true, true).to_host(); });
       CHECK(contains(msg, "out of memory on gpu(0)"));
+      // Users catch it by type, with the device and the request.
+      try {
+        (void)ops::matmul(big_a, big_b, true, true).to_host();
+        FAIL("no out-of-memory error");
+      } catch (const weft::OutOfMemory& oom) {
+        CHECK(oom.device() == gpu);
+        CHECK(oom.requested() == (std::size_t{1} << 40));
+      }
     }
     // The errors were reported; the engine goes on.
     CHECK_NOTHROW(e->wait_all());
@@ -164,8 +171,10 @@ TEST_CASE("gpu errors - gpu ops get a stream and handles and may not be async" *
       e->push(
           [&, property](weft::RunContext& ctx) {
             const bool compute = property == weft::OpProperty::normal || property == weft::OpProperty::prioritized;
+            // Library handles exist on CUDA only: simulated GPUs run CPU kernels.
+            const bool handles = ctx.gpu != nullptr && ctx.gpu->cublas != nullptr && ctx.gpu->cudnn != nullptr;
             if (ctx.gpu != nullptr && ctx.device == Device::gpu(0) && ctx.gpu->device == Device::gpu(0) &&
-                ctx.gpu->stream != nullptr && (!compute || (ctx.gpu->cublas != nullptr && ctx.gpu->cudnn != nullptr)))
+                ctx.gpu->stream != nullptr && (!compute || handles || simulated()))
               ++gpu_ok;
           },
           Device::gpu(0), {}, {v}, weft::OpOptions{0, "probe", property});

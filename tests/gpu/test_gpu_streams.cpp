@@ -3,6 +3,7 @@
 // results; copies overlap compute; and the engine completes GPU ops when they
 // are enqueued, long before the GPU has run them (no worker ever waits for a
 // stream).
+#include <algorithm>
 #include <thread>
 
 #include "gpu_test_util.h"
@@ -12,24 +13,45 @@ namespace ops = weft::ops;
 
 namespace {
 
-void stress(std::size_t instructions, std::uint64_t seed, ProgramOptions opt) {
+// The program on `gpus` GPUs (their compute streams, h2d/d2h/peer copy
+// streams) and the CPU, against the same program on CPU devices only. GPU
+// workers must never wait on the host for the GPU: every GPU->GPU dependency
+// is a stream wait (host waits are counted by cause in the runtime).
+void stress(std::size_t instructions, std::uint64_t seed, ProgramOptions opt, int gpus = 1) {
   const std::vector<Instr> program = make_program(instructions, seed, opt.slots);
+  if (simulated()) opt.noise_side = std::min<std::int64_t>(opt.noise_side, 192);  // CPU kernels at CPU speed
 
+  std::vector<Device> ref_devs, gpu_devs;
+  for (int g = 0; g < gpus; ++g) {
+    ref_devs.push_back(Device::cpu(1 + g));
+    gpu_devs.push_back(Device::gpu(g));
+  }
   ProgramResult want;
   {
-    // The reference: the same program with the "device" being a second CPU.
-    auto cpu = make_engine({.kind = "threaded", .cpu_devices = 2, .gpu_devices = 0});
+    // The reference: the same program with the "devices" being more CPUs.
+    auto cpu = make_engine({.kind = "threaded", .cpu_devices = 1 + gpus, .gpu_devices = 0});
     ProgramOptions ref = opt;
     ref.noise_every = 0;
-    want = run_program(*cpu, program, Device::cpu(1), Device::cpu(0), ref);
+    want = run_program(*cpu, program, ref_devs, Device::cpu(0), ref);
   }
-  auto gpu = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = 4});
+  auto gpu = make_engine({.kind = "threaded", .gpu_devices = gpus, .compute_streams_per_gpu = 4});
   REQUIRE(gpu->workers(Device::gpu(0)) == 4);
+  const weft::gpu::HostWaits before = weft::gpu::host_waits();
   const auto t0 = Clock::now();
-  const ProgramResult got = run_program(*gpu, program, Device::gpu(0), Device::cpu(0), opt);
+  const ProgramResult got = run_program(*gpu, program, gpu_devs, Device::cpu(0), opt);
+  const double seconds = seconds_since(t0);
+  const weft::gpu::HostWaits after = weft::gpu::host_waits();
+  auto delta = [&](weft::gpu::WaitCause c) { return after.of(c) - before.of(c); };
   MESSAGE("stress: " << instructions << " instructions over " << 2 * opt.slots << " tensors of [" << opt.side << ", "
-                     << opt.side << "] ran in " << seconds_since(t0) << " s on gpu(0)");
-  compare_runs(got, want, 1e-4, 2e-5, "gpu(0) vs cpu reference");
+                     << opt.side << "] on " << gpus << " GPU(s) (" << weft::gpu::describe(0) << ") ran in " << seconds
+                     << " s; host waits: cpu workers " << delta(weft::gpu::WaitCause::cpu_worker) << ", frontend "
+                     << delta(weft::gpu::WaitCause::frontend) << ", gpu workers "
+                     << delta(weft::gpu::WaitCause::gpu_worker));
+  compare_runs(got, want, 1e-4, 2e-5, "gpu vs cpu reference");
+  // CPU ops reading GPU results do wait (the program has plenty of them)...
+  CHECK(delta(weft::gpu::WaitCause::cpu_worker) > 0);
+  // ...GPU workers never do.
+  CHECK(delta(weft::gpu::WaitCause::gpu_worker) == 0);
 }
 
 }  // namespace
@@ -44,11 +66,24 @@ TEST_CASE("gpu streams - cross-stream stress larger tensors matches cpu" * docte
   stress(600, 777, ProgramOptions{.side = 256, .slots = 16, .noise_every = 10, .noise_side = 2048});
 }
 
+TEST_CASE("gpu streams - two-gpu stress with peer copies matches cpu for several seeds" * doctest::timeout(300)) {
+  WEFT_REQUIRE_GPU();
+  if (weft::gpu::device_count() < 2) {
+    std::printf("[weft-skip] needs 2 GPUs, %d answer(s)\n", weft::gpu::device_count());
+    return;
+  }
+  for (std::uint64_t seed : {11ull, 29ull, 4099ull}) {
+    INFO("program seed " << seed);
+    stress(1500, seed, ProgramOptions{.side = 24, .slots = 24, .noise_every = 40, .noise_side = 2048}, 2);
+  }
+}
+
 TEST_CASE("gpu streams - copies overlap compute" * doctest::timeout(300)) {
   WEFT_REQUIRE_GPU();
   auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = 2});
-  const std::int64_t m = 4096;            // 4096^3 multiply-adds per matmul
-  const std::int64_t copy_n = 32 << 20;   // 128 MiB per copy
+  // Simulated GPUs compute at CPU speed: smaller work, the same pattern.
+  const std::int64_t m = simulated() ? 384 : 4096;                 // m^3 multiply-adds per matmul
+  const std::int64_t copy_n = simulated() ? 1 << 20 : 32 << 20;    // 4 MiB / 128 MiB per copy
   const int count = 12;
   const Device gpu = Device::gpu(0);
 
@@ -130,8 +165,10 @@ TEST_CASE("gpu streams - ops complete when enqueued and no worker waits for the 
   WEFT_REQUIRE_GPU();
   // One compute stream: the chain runs back to back on it.
   auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = 1});
-  const std::int64_t n = 3072;  // ~58 GFLOP per matmul: ~1 ms on an H100, far more than the ~10-50 us to enqueue it
-  const int chain = 200;
+  // ~58 GFLOP per matmul: ~1 ms on an H100, far more than the ~10-50 us to
+  // enqueue it (simulated: ~30 MFLOP, milliseconds of CPU time each).
+  const std::int64_t n = simulated() ? 256 : 3072;
+  const int chain = simulated() ? 100 : 200;
   const Device gpu = Device::gpu(0);
   // Scaled so that x * b keeps x's magnitude (b's columns have norm ~1).
   const Tensor b = Tensor::normal(*e, Shape{n, n}, 0.0f, 1.0f / std::sqrt(static_cast<float>(n)), 5, gpu);

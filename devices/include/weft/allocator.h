@@ -6,7 +6,7 @@
 // may reuse it as soon as it is freed (stream order keeps the old work first);
 // if other streams used it (record_use), it is reused only after events
 // recorded on those streams at free time have completed. Host blocks that GPU
-// copy streams touched follow the same rule. Out of memory is a weft::Error
+// copy streams touched follow the same rule. Out of memory is a weft::OutOfMemory
 // naming the device, the request and the allocator's state, after the cache
 // has been released and the allocation retried.
 #pragma once
@@ -18,7 +18,7 @@
 #include <string>
 
 #include "weft/device.h"
-#include "weft/gpu.h"
+#include "weft/gpu.h"  // gpu::Stream
 
 namespace weft {
 
@@ -47,9 +47,9 @@ class Allocator {
   virtual ~Allocator() = default;
   // Memory usable by work ordered after this call on `stream` (nullptr: the
   // host, or the default stream). bytes == 0 gives an empty block.
-  virtual Block allocate(std::size_t bytes, CUstream_st* stream = nullptr) = 0;
+  virtual Block allocate(std::size_t bytes, gpu::Stream* stream = nullptr) = 0;
   // `stream` (other than the allocating one) reads or writes the block.
-  virtual void record_use(const Block& block, CUstream_st* stream) = 0;
+  virtual void record_use(const Block& block, gpu::Stream* stream) = 0;
   virtual void free(Block block) noexcept = 0;
   // Returns cached blocks to the system (blocks still in use on a stream are kept).
   virtual void release_cached() noexcept = 0;
@@ -67,8 +67,10 @@ class Allocator {
 };
 
 // cpu(i): 64-byte aligned pageable memory. cpu_pinned(i): page-locked memory
-// from cudaHostAlloc, or aligned pageable memory where no GPU answers (the
-// memory_kind says so). gpu(i): cudaMalloc on that device.
+// from the GPU runtime (cudaHostAlloc; host memory on simulated GPUs), or
+// aligned pageable memory where no GPU answers (the memory_kind says so).
+// gpu(i): the device's memory (cudaMalloc, or the simulated device's
+// capacity). Throws weft::InvalidArgument for a device that does not exist.
 std::unique_ptr<Allocator> make_caching_allocator(Device device);
 
 }  // namespace weft

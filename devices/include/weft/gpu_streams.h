@@ -1,17 +1,23 @@
-// The CUDA resources the engine builds its GPU workers on: one stream per
-// worker (with its own cuBLAS and cuDNN handles for compute workers), and
-// reference-counted events for stream-ordered completion. All of it compiles
-// without CUDA; there, creating any of it throws (no GPU can exist).
+// Streams, events and stream-ordered work, the same on real and simulated
+// GPUs: what the engine builds its GPU workers on, and what a GPU op may call
+// to enqueue work on its stream. Without a GPU runtime, creating any of it
+// throws (no GPU can exist).
 #pragma once
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
+#include <utility>
 
 #include "weft/gpu.h"
+#include "weft/unique_function.h"
 
 namespace weft::gpu {
 
+struct NativeEvent;  // the runtime's event (cudaEvent_t on CUDA)
+
+// The streams of one GPU, one per engine worker (one word: a stream's role).
 enum class StreamRole : unsigned char { compute, h2d, d2h, peer, priority };
 std::string_view to_string(StreamRole role) noexcept;
 
@@ -19,8 +25,8 @@ std::string_view to_string(StreamRole role) noexcept;
 // a time (handles are not thread-bound, only not re-entrant).
 class StreamResources {
  public:
-  // Compute and priority streams get cuBLAS/cuDNN handles and a workspace;
-  // the priority stream is created with the device's highest priority.
+  // Compute and priority streams get the library handles and a workspace
+  // (CUDA); the priority stream is created with the device's highest priority.
   StreamResources(int device, StreamRole role, std::size_t workspace_bytes);
   ~StreamResources();
   StreamResources(const StreamResources&) = delete;
@@ -35,28 +41,29 @@ class StreamResources {
   StreamRole role_;
 };
 
-// A recorded CUDA event shared by every variable an op wrote or read.
+// A recorded event shared by every variable an op wrote or read.
 class Event {
  public:
   // Records an event (recycled from a per-device pool) on `stream` of `device`.
-  static Event* record(int device, CUstream_st* stream);
+  static Event* record(int device, Stream* stream);
   void retain() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept;
 
   // Makes `stream` wait for the event without blocking the host.
-  void stream_wait(CUstream_st* stream) const;
+  void stream_wait(Stream* stream) const;
   // Blocks the calling thread until the event completed (CPU consumers and
-  // wait_to_read only); a failed kernel surfaces here as a weft::Error.
+  // wait_to_read only); work that failed on the stream surfaces here as a
+  // weft::DeviceError.
   void host_wait() const;
-  CUstream_st* stream() const noexcept { return stream_; }
+  Stream* stream() const noexcept { return stream_; }
   int device() const noexcept { return device_; }
 
  private:
-  Event(CUevent_st* event, CUstream_st* stream, int device) : event_(event), stream_(stream), device_(device) {}
+  Event(NativeEvent* event, Stream* stream, int device) : event_(event), stream_(stream), device_(device) {}
   ~Event();
   std::atomic<int> refs_{1};
-  CUevent_st* event_;
-  CUstream_st* stream_;
+  NativeEvent* event_;
+  Stream* stream_;
   int device_;
 };
 
@@ -85,9 +92,50 @@ class EventRef {
   Event* e_ = nullptr;
 };
 
+// ---- stream-ordered work (what a GPU op body may enqueue) -----------------
+enum class CopyKind : unsigned char { host_to_device, device_to_host, device_to_device };
+// Enqueued on `stream`; host memory must be pinned (cpu_pinned) for the copy
+// to be asynchronous on CUDA. bytes == 0 enqueues nothing.
+void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream);
+void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                       Stream* stream);
+// Runs `fn` on a host thread once the work enqueued before it on `stream`
+// has completed; work enqueued after it waits for it (cudaLaunchHostFunc).
+// `fn` must not call the GPU runtime. An exception it throws fails the
+// stream's next recorded event (see Event::host_wait).
+void launch_host_func(Stream* stream, UniqueFunction<void()> fn);
+// The runtime's own handle: the cudaStream_t on CUDA, null when simulated.
+void* native_handle(Stream* stream) noexcept;
+
 // Makes `device` current on the calling thread.
 void set_device(int device);
 // Host wait for all work on the device (destructor paths).
 void synchronize_device(int device);
+
+// ---- host waits, counted by cause -------------------------------------------
+// Every host wait on GPU work (an event, a stream, a device) is counted under
+// the cause the calling thread declared. The engine declares `gpu_worker` on
+// its GPU workers, which must never block on the GPU (their dependencies are
+// stream waits): a nonzero count there is a bug.
+enum class WaitCause : unsigned char { other, frontend, cpu_worker, gpu_worker, shutdown, count_ };
+std::string_view to_string(WaitCause cause) noexcept;
+struct HostWaits {
+  std::uint64_t by_cause[static_cast<int>(WaitCause::count_)] = {};
+  std::uint64_t of(WaitCause c) const noexcept { return by_cause[static_cast<int>(c)]; }
+};
+HostWaits host_waits() noexcept;  // since the process started
+// Declares the cause of host waits on this thread for its lifetime (worker threads).
+void declare_thread_wait_cause(WaitCause cause) noexcept;
+// Declares the cause of host waits on this thread until destroyed.
+class ScopedWaitCause {
+ public:
+  explicit ScopedWaitCause(WaitCause cause) noexcept;
+  ~ScopedWaitCause();
+  ScopedWaitCause(const ScopedWaitCause&) = delete;
+  ScopedWaitCause& operator=(const ScopedWaitCause&) = delete;
+
+ private:
+  WaitCause saved_;
+};
 
 }  // namespace weft::gpu

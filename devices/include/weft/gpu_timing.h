@@ -1,10 +1,11 @@
-// CUDA events that keep time, for the profiler's GPU-side spans. Unlike the
+// Events that keep time, for the profiler's GPU-side spans. Unlike the
 // engine's completion events (weft/gpu_streams.h, created without timing,
 // which makes them cheaper to record and wait on) these are only used while a
-// profile is recorded. Without CUDA, creating one throws.
+// profile is recorded. On simulated GPUs they read the host's steady clock
+// when the stream reaches them. Without a GPU runtime, creating one throws.
 #pragma once
 
-#include "weft/gpu.h"
+#include "weft/gpu_streams.h"
 
 namespace weft::gpu {
 
@@ -15,7 +16,7 @@ class TimingEvent {
   TimingEvent(const TimingEvent&) = delete;
   TimingEvent& operator=(const TimingEvent&) = delete;
 
-  void record(CUstream_st* stream);
+  void record(Stream* stream);
   // Whether the work enqueued before the last record() has completed.
   bool done() const;
   void synchronize() const;
@@ -24,7 +25,7 @@ class TimingEvent {
   int device() const noexcept { return device_; }
 
  private:
-  CUevent_st* event_ = nullptr;
+  NativeEvent* event_ = nullptr;
   int device_;
 };
 

@@ -69,6 +69,12 @@ struct EngineConfig {
   // kDefaultMaxInflight.
   std::size_t max_inflight = 0;
   std::string profile_path;  // empty: $WEFT_PROFILE; when set, profile from creation and dump at destruction
+  // The process's GPU runtime: "cuda" | "sim" | "none". Empty: $WEFT_GPU_BACKEND,
+  // else cuda where a GPU answers, else none. The runtime is chosen once per
+  // process (at the first engine or GPU query); asking a later engine for
+  // another one is a weft::InvalidArgument. See weft/gpu.h.
+  std::string gpu_backend;
+  int sim_gpus = 0;                  // simulated GPUs ("sim" only); 0: $WEFT_SIM_GPUS, else 2
   int gpu_devices = -1;              // -1: $WEFT_GPU_DEVICES, else every GPU that answers (0 on CPU machines)
   int compute_streams_per_gpu = 0;   // 0: $WEFT_GPU_STREAMS, else 2
   std::size_t gpu_workspace_bytes = std::size_t{64} << 20;  // per compute stream, for cuDNN/cuBLAS

@@ -21,7 +21,7 @@ void gemm(const WorkerHandles& h, bool trans_a, bool trans_b, std::int64_t m, st
   // cuBLAS would reject the leading dimensions of empty A/B; the product is
   // zero, so only the beta scaling of C remains.
   if (k <= 0 || alpha == 0.0f) return detail::scale_matrix(h, c, m, n, ldc, beta);
-  WEFT_CUBLAS_CHECK(cublasSetStream(h.cublas, h.stream));
+  WEFT_CUBLAS_CHECK(cublasSetStream(h.cublas, detail::cuda_stream(h)));
   WEFT_CUBLAS_CHECK(cublasSgemm_64(h.cublas, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
 }

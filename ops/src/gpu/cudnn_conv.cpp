@@ -220,7 +220,7 @@ void conv2d_forward(const WorkerHandles& h, float* y, const float* x, const floa
   constexpr const char* op = "conv2d_forward";
   const Shape s = check_shape(g, op);
   if (s.y_empty) return;
-  WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, h.stream));
+  WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
   if (s.degenerate()) {
     // No input channels (or an empty filter): the sum over them is 0, leaving the bias.
     detail::zero(h, y, g.n * g.o * s.oh * s.ow);
@@ -246,7 +246,7 @@ void conv2d_backward_data(const WorkerHandles& h, float* dx, const float* dy, co
   const Shape s = check_shape(g, op);
   if (s.x_empty) return;
   if (s.degenerate()) return detail::zero(h, dx, g.n * g.c * g.h * g.w);  // nothing flows back
-  WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, h.stream));
+  WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
   ConvPlan& p = plan_for(h, g, s, op);
   const Choice& c = backward_data_choice(h, p, op);
   use(p, c);
@@ -259,7 +259,7 @@ void conv2d_backward_filter(const WorkerHandles& h, float* dw, float* db, const 
                             const ConvGeometry& g) {
   constexpr const char* op = "conv2d_backward_filter";
   const Shape s = check_shape(g, op);
-  WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, h.stream));
+  WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
   if (s.degenerate()) {
     // An empty batch or output contributes no gradient; with no input
     // channels the bias still gets the sum of dy.

@@ -25,7 +25,7 @@ __global__ void map_kernel(std::int64_t n, F f) {
 template <class F>
 void launch_map(const WorkerHandles& h, std::int64_t n, F f) {
   if (n <= 0) return;
-  map_kernel<<<blocks_for(n), kThreads, 0, h.stream>>>(n, f);
+  map_kernel<<<blocks_for(n), kThreads, 0, detail::cuda_stream(h)>>>(n, f);
   WEFT_LAUNCH_CHECK();
 }
 
@@ -171,7 +171,7 @@ namespace detail {
 
 void zero(const WorkerHandles& h, float* y, std::int64_t n) {
   if (n <= 0) return;
-  WEFT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n) * sizeof(float), h.stream));
+  WEFT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n) * sizeof(float), detail::cuda_stream(h)));
 }
 
 void add_row_bias(const WorkerHandles& h, float* y, const float* b, std::int64_t rows, std::int64_t cols) {

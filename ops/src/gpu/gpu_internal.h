@@ -10,9 +10,16 @@
 #include "weft/error.h"
 #include "weft/gpu.h"
 
+struct CUstream_st;  // cudaStream_t
+
 namespace weft::kernels::gpu::detail {
 
 using weft::gpu::WorkerHandles;
+
+// The CUDA stream of a worker: on the CUDA runtime a weft::gpu::Stream* is the
+// cudaStream_t itself (devices/src/cuda_runtime.cpp). These kernels run only
+// there; simulated GPUs run the CPU kernels (ops/src/launch.h).
+inline CUstream_st* cuda_stream(const WorkerHandles& h) noexcept { return reinterpret_cast<CUstream_st*>(h.stream); }
 
 // cuDNN takes int dimensions; a silent wrap would compute on the wrong shape.
 inline int to_int(std::int64_t v, const char* what, const char* op) {

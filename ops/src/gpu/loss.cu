@@ -88,12 +88,12 @@ void softmax_cross_entropy(const WorkerHandles& h, float* loss, float* dlogits, 
   const std::int64_t blocks = std::min<std::int64_t>(
       std::min<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxReduceBlocks), detail::partial_slots(h));
   if (blocks <= 1) {
-    softmax_ce_kernel<<<1, kThreads, 0, h.stream>>>(loss, nullptr, dlogits, logits, labels, rows, cols);
+    softmax_ce_kernel<<<1, kThreads, 0, detail::cuda_stream(h)>>>(loss, nullptr, dlogits, logits, labels, rows, cols);
     WEFT_LAUNCH_CHECK();
     return;
   }
   auto* partials = static_cast<double*>(h.workspace);
-  softmax_ce_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, h.stream>>>(loss, partials, dlogits, logits, labels,
+  softmax_ce_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(loss, partials, dlogits, logits, labels,
                                                                               rows, cols);
   WEFT_LAUNCH_CHECK();
   detail::finish_partials(h, partials, blocks, 1.0 / static_cast<double>(rows), loss);

@@ -114,7 +114,7 @@ void forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometr
   const Dims d = checked_dims(g, op);
   const std::int64_t total = g.n * g.c * d.oh * d.ow;
   if (total <= 0) return;
-  pool_forward_kernel<Max><<<blocks_for(total), kThreads, 0, h.stream>>>(y, x, total, d);
+  pool_forward_kernel<Max><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(y, x, total, d);
   WEFT_LAUNCH_CHECK();
 }
 
@@ -125,7 +125,7 @@ void backward(const WorkerHandles& h, float* dx, const float* x, const float* dy
   const std::int64_t total = g.n * g.c * g.h * g.w;
   if (total <= 0) return;
   if (d.oh <= 0 || d.ow <= 0) return detail::zero(h, dx, total);  // no window: no gradient flows
-  pool_backward_kernel<Max><<<blocks_for(total), kThreads, 0, h.stream>>>(dx, x, dy, total, d);
+  pool_backward_kernel<Max><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(dx, x, dy, total, d);
   WEFT_LAUNCH_CHECK();
 }
 

@@ -107,7 +107,7 @@ std::int64_t partial_slots(const WorkerHandles& h) {
 }
 
 void finish_partials(const WorkerHandles& h, const double* partials, std::int64_t count, double scale, float* out) {
-  sum_blocks<double><<<1, kThreads, 0, h.stream>>>(partials, count, nullptr, out, scale);
+  sum_blocks<double><<<1, kThreads, 0, detail::cuda_stream(h)>>>(partials, count, nullptr, out, scale);
   WEFT_LAUNCH_CHECK();
 }
 
@@ -116,7 +116,7 @@ void column_sums(const WorkerHandles& h, float* y, const float* x, std::int64_t 
   if (rows <= 0) return zero(h, y, cols);
   const dim3 block(kColTile, kRowLanes);
   const dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile));
-  column_sums_kernel<<<grid, block, 0, h.stream>>>(y, x, rows, cols);
+  column_sums_kernel<<<grid, block, 0, detail::cuda_stream(h)>>>(y, x, rows, cols);
   WEFT_LAUNCH_CHECK();
 }
 
@@ -126,12 +126,12 @@ void sum(const WorkerHandles& h, float* y, const float* x, std::int64_t n) {
   if (n <= 0) return detail::zero(h, y, 1);
   const std::int64_t blocks = std::min<std::int64_t>(blocks_for(n, kMaxReduceBlocks), detail::partial_slots(h));
   if (blocks <= 1) {
-    sum_blocks<float><<<1, kThreads, 0, h.stream>>>(x, n, nullptr, y, 1.0);
+    sum_blocks<float><<<1, kThreads, 0, detail::cuda_stream(h)>>>(x, n, nullptr, y, 1.0);
     WEFT_LAUNCH_CHECK();
     return;
   }
   auto* partials = static_cast<double*>(h.workspace);
-  sum_blocks<float><<<static_cast<unsigned>(blocks), kThreads, 0, h.stream>>>(x, n, partials, nullptr, 1.0);
+  sum_blocks<float><<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(x, n, partials, nullptr, 1.0);
   WEFT_LAUNCH_CHECK();
   detail::finish_partials(h, partials, blocks, 1.0, y);
 }
@@ -139,7 +139,7 @@ void sum(const WorkerHandles& h, float* y, const float* x, std::int64_t n) {
 void argmax_rows(const WorkerHandles& h, float* y, const float* x, std::int64_t rows, std::int64_t cols) {
   if (rows <= 0) return;
   const std::int64_t blocks = std::min<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxBlocks);
-  argmax_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, h.stream>>>(y, x, rows, cols);
+  argmax_rows_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(y, x, rows, cols);
   WEFT_LAUNCH_CHECK();
 }
 

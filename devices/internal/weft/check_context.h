@@ -1,20 +1,16 @@
-// One checked-call macro family for CUDA, cuBLAS, cuDNN and NCCL. A failing
-// call throws weft::Error naming the call, its status, the file:line, and the
-// op and device running on this thread (set by the engine around op bodies),
-// e.g.
-//   cublasSgemm(h.cublas, ...) failed: CUBLAS_STATUS_EXECUTION_FAILED
-//   [ops/src/gpu/blas.cu:41, op 'matmul' on gpu(0)]
-// Include the library's own header before using its macro; this header
-// includes none of them, so it is safe anywhere.
+// Which op runs on this thread, for error messages, and the one function the
+// checked-call macros throw through. Internal to Weft (not installed): the
+// engine sets the context around op bodies; devices/ and ops/ name it in the
+// errors they raise.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "weft/device.h"
 
 namespace weft::detail {
 
-// Which op this thread runs, for error messages (empty outside op bodies).
 struct CheckContext {
   std::string_view op;
   Device device;
@@ -39,20 +35,27 @@ class CheckContextGuard {
   const CheckContext* saved_;
 };
 
+// ", op 'matmul' on gpu(0)" for the op running on this thread, else "".
+std::string current_op_suffix();
+
+// What a failed call's status means to the caller: the exception type thrown.
+enum class Failure { device, out_of_memory, invalid_argument };
+
+// Throws weft::DeviceError (or OutOfMemory / InvalidArgument as `failure`
+// says) naming the call, the library's status, file:line and the op.
 [[noreturn]] void throw_call_failure(const char* library, const char* call, const char* file, int line,
-                                     long long code, const char* status_text);
+                                     long long code, const char* status_text, Failure failure = Failure::device);
 
 }  // namespace weft::detail
 
-#define WEFT_DETAIL_CHECK(library, expr, ok, text_of)                                                        \
+// The one checked-call macro family: every library's macro is this one with
+// its success value, its status-to-text function and its status-to-Failure
+// mapping (weft/cuda_check.h defines CUDA's, cuBLAS's, cuDNN's and NCCL's).
+#define WEFT_DETAIL_CHECK(library, expr, ok, text_of, failure_of)                                           \
   do {                                                                                                       \
     const auto weft_status_ = (expr);                                                                        \
     if (weft_status_ != (ok))                                                                                \
       ::weft::detail::throw_call_failure(library, #expr, __FILE__, __LINE__,                                 \
-                                         static_cast<long long>(weft_status_), text_of(weft_status_));       \
+                                         static_cast<long long>(weft_status_), text_of(weft_status_),        \
+                                         failure_of(weft_status_));                                          \
   } while (0)
-
-#define WEFT_CUDA_CHECK(expr) WEFT_DETAIL_CHECK("CUDA", expr, cudaSuccess, cudaGetErrorName)
-#define WEFT_CUBLAS_CHECK(expr) WEFT_DETAIL_CHECK("cuBLAS", expr, CUBLAS_STATUS_SUCCESS, cublasGetStatusName)
-#define WEFT_CUDNN_CHECK(expr) WEFT_DETAIL_CHECK("cuDNN", expr, CUDNN_STATUS_SUCCESS, cudnnGetErrorString)
-#define WEFT_NCCL_CHECK(expr) WEFT_DETAIL_CHECK("NCCL", expr, ncclSuccess, ncclGetErrorString)

@@ -1,0 +1,232 @@
+// The CUDA runtime behind weft/gpu.h: a Stream* is the cudaStream_t itself and
+// a NativeEvent* the cudaEvent_t, so the real-GPU path adds no indirection.
+// Compiled only where CUDA was found (WEFT_HAVE_CUDA).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+
+#include <cstdio>
+#include <string>
+
+#include "runtime.h"
+#include "weft/cuda_check.h"
+#include "weft/error.h"
+
+namespace weft::gpu::detail {
+
+namespace {
+
+cudaStream_t cu(Stream* s) noexcept { return reinterpret_cast<cudaStream_t>(s); }
+cudaEvent_t cu(NativeEvent* e) noexcept { return reinterpret_cast<cudaEvent_t>(e); }
+
+// Makes `device` current until the end of the scope (events and streams
+// belong to a device, whatever the calling thread has current).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    WEFT_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != device) WEFT_CUDA_CHECK(cudaSetDevice(device));
+    changed_ = previous_ != device;
+  }
+  ~DeviceScope() {
+    if (changed_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool changed_ = false;
+};
+
+void CUDART_CB run_host_func(void* data) {
+  auto* fn = static_cast<UniqueFunction<void()>*>(data);
+  try {
+    (*fn)();
+  } catch (const std::exception& e) {
+    // A host function cannot fail its stream on CUDA; say so loudly.
+    std::fprintf(stderr, "weft: a stream host function threw: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "weft: a stream host function threw\n");
+  }
+  delete fn;
+}
+
+class CudaRuntime final : public Runtime {
+ public:
+  CudaRuntime() {
+    int n = 0;
+    // No driver (error 35 on CPU machines), no device, or a broken install:
+    // all mean zero GPUs, silently. The error is not sticky; clear it.
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      (void)cudaGetLastError();
+      n = 0;
+    }
+    count_ = n;
+  }
+
+  Backend backend() const noexcept override { return Backend::cuda; }
+  int device_count() const noexcept override { return count_; }
+
+  DeviceProperties properties(int device) override {
+    cudaDeviceProp p{};
+    WEFT_CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    return DeviceProperties{p.name, p.totalGlobalMem, p.major, p.minor, false};
+  }
+
+  std::string describe(int device) override {
+    const DeviceProperties p = properties(device);
+    char mem[32];
+    std::snprintf(mem, sizeof mem, "%.1f GiB", static_cast<double>(p.memory_bytes) / (1 << 30));
+    return p.name + ", " + mem + ", sm_" + std::to_string(p.compute_major) + std::to_string(p.compute_minor);
+  }
+
+  void set_device(int device) override { WEFT_CUDA_CHECK(cudaSetDevice(device)); }
+
+  MemInfo mem_info(int device) override {
+    DeviceScope scope(device);
+    MemInfo m;
+    WEFT_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+    return m;
+  }
+
+  Stream* create_stream(int device, bool highest_priority) override {
+    DeviceScope scope(device);
+    int least = 0, greatest = 0;
+    WEFT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    cudaStream_t s = nullptr;
+    WEFT_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, highest_priority ? greatest : least));
+    return reinterpret_cast<Stream*>(s);
+  }
+
+  void destroy_stream(Stream* stream) noexcept override {
+    if (stream) cudaStreamDestroy(cu(stream));
+  }
+
+  int stream_device(Stream* stream) override {
+    int device = 0;
+    WEFT_CUDA_CHECK(cudaStreamGetDevice(cu(stream), &device));
+    return device;
+  }
+
+  void* native_handle(Stream* stream) noexcept override { return cu(stream); }
+
+  void create_handles(WorkerHandles& h, std::size_t workspace_bytes) override {
+    DeviceScope scope(h.device.index());
+    try {
+      cublasHandle_t b = nullptr;
+      WEFT_CUBLAS_CHECK(cublasCreate(&b));
+      h.cublas = b;
+      WEFT_CUBLAS_CHECK(cublasSetStream(b, cu(h.stream)));
+      cudnnHandle_t d = nullptr;
+      WEFT_CUDNN_CHECK(cudnnCreate(&d));
+      h.cudnn = d;
+      WEFT_CUDNN_CHECK(cudnnSetStream(d, cu(h.stream)));
+      if (workspace_bytes) {
+        WEFT_CUDA_CHECK(cudaMalloc(&h.workspace, workspace_bytes));
+        h.workspace_bytes = workspace_bytes;
+      }
+    } catch (...) {
+      destroy_handles(h);
+      throw;
+    }
+  }
+
+  void destroy_handles(WorkerHandles& h) noexcept override {
+    cudaSetDevice(h.device.index());
+    if (h.workspace) cudaFree(h.workspace);
+    if (h.cudnn) cudnnDestroy(h.cudnn);
+    if (h.cublas) cublasDestroy(h.cublas);
+    h.workspace = nullptr;
+    h.workspace_bytes = 0;
+    h.cudnn = nullptr;
+    h.cublas = nullptr;
+  }
+
+  NativeEvent* create_event(int device, bool timing) override {
+    DeviceScope scope(device);
+    cudaEvent_t e = nullptr;
+    WEFT_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    return reinterpret_cast<NativeEvent*>(e);
+  }
+  void destroy_event(NativeEvent* event) noexcept override {
+    if (event) cudaEventDestroy(cu(event));
+  }
+  void record_event(NativeEvent* event, Stream* stream) override {
+    WEFT_CUDA_CHECK(cudaEventRecord(cu(event), cu(stream)));
+  }
+  void stream_wait_event(Stream* stream, NativeEvent* event) override {
+    WEFT_CUDA_CHECK(cudaStreamWaitEvent(cu(stream), cu(event), 0));
+  }
+  bool event_done(NativeEvent* event) override {
+    const cudaError_t status = cudaEventQuery(cu(event));
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: clear it
+      return false;
+    }
+    WEFT_CUDA_CHECK(status);
+    return true;
+  }
+  float elapsed_ms(NativeEvent* start, NativeEvent* end) override {
+    float ms = 0;
+    WEFT_CUDA_CHECK(cudaEventElapsedTime(&ms, cu(start), cu(end)));
+    return ms;
+  }
+
+  void launch_host_func(Stream* stream, UniqueFunction<void()> fn) override {
+    auto* boxed = new UniqueFunction<void()>(std::move(fn));
+    const cudaError_t status = cudaLaunchHostFunc(cu(stream), run_host_func, boxed);
+    if (status != cudaSuccess) delete boxed;
+    WEFT_CUDA_CHECK(status);
+  }
+
+  void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) override {
+    const cudaMemcpyKind k = kind == CopyKind::host_to_device   ? cudaMemcpyHostToDevice
+                             : kind == CopyKind::device_to_host ? cudaMemcpyDeviceToHost
+                                                                : cudaMemcpyDeviceToDevice;
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, cu(stream)));
+  }
+  void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                         Stream* stream) override {
+    WEFT_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device, src, src_device, bytes, cu(stream)));
+  }
+
+  void* device_malloc(int device, std::size_t bytes) noexcept override {
+    void* p = nullptr;
+    if (cudaSetDevice(device) != cudaSuccess || cudaMalloc(&p, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // out of memory is not sticky; clear it
+      return nullptr;
+    }
+    return p;
+  }
+  void device_free(int device, void* ptr) noexcept override {
+    cudaSetDevice(device);
+    cudaFree(ptr);
+  }
+  void* pinned_malloc(std::size_t bytes) noexcept override {
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return nullptr;
+    }
+    return p;
+  }
+  void pinned_free(void* ptr) noexcept override { cudaFreeHost(ptr); }
+
+ protected:
+  void do_event_synchronize(NativeEvent* event) override { WEFT_CUDA_CHECK(cudaEventSynchronize(cu(event))); }
+  void do_stream_synchronize(Stream* stream) override { WEFT_CUDA_CHECK(cudaStreamSynchronize(cu(stream))); }
+  void do_device_synchronize(int device) override {
+    WEFT_CUDA_CHECK(cudaSetDevice(device));
+    WEFT_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+ private:
+  int count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Runtime> make_cuda_runtime() { return std::make_unique<CudaRuntime>(); }
+
+}  // namespace weft::gpu::detail

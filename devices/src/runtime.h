@@ -1,0 +1,109 @@
+// The GPU runtime interface: everything the engine, the allocators and the
+// ops ask of a GPU, behind one abstract class with two implementations —
+// CudaRuntime (cuda_runtime.cpp, only where CUDA was built) and SimRuntime
+// (sim_runtime.cpp, every build). Internal to devices/: the rest of Weft
+// reaches it through weft/gpu.h, weft/gpu_streams.h, weft/gpu_timing.h and
+// weft/allocator.h, and never asks which runtime is active (the one
+// exception is the kernel dispatch point in ops/src/launch.h).
+//
+// Contract (both runtimes):
+//   * streams are FIFOs executed asynchronously to the host; a stream wait on
+//     an event blocks only that stream; an event completes when its stream
+//     reaches it; host waits block the calling thread until then;
+//   * an event never recorded counts as complete; re-recording an event
+//     affects only waits and queries made after it;
+//   * device memory has a capacity; allocation returns null when full;
+//   * errors are thrown as weft::DeviceError (OutOfMemory, InvalidArgument
+//     where they apply), naming the call and the op on this thread.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "weft/gpu.h"
+#include "weft/gpu_streams.h"
+#include "weft/unique_function.h"
+
+namespace weft::gpu::detail {
+
+struct MemInfo {
+  std::size_t free = 0, total = 0;
+};
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual Backend backend() const noexcept = 0;
+  virtual int device_count() const noexcept = 0;
+  virtual DeviceProperties properties(int device) = 0;
+  virtual std::string describe(int device) = 0;
+  virtual void set_device(int device) = 0;
+  virtual MemInfo mem_info(int device) = 0;
+
+  // Streams. `highest_priority`: the device's highest stream priority.
+  virtual Stream* create_stream(int device, bool highest_priority) = 0;
+  virtual void destroy_stream(Stream* stream) noexcept = 0;
+  virtual int stream_device(Stream* stream) = 0;
+  virtual void* native_handle(Stream* stream) noexcept = 0;
+  // Library handles and workspace of a compute stream (CUDA); nothing when simulated.
+  virtual void create_handles(WorkerHandles& h, std::size_t workspace_bytes) = 0;
+  virtual void destroy_handles(WorkerHandles& h) noexcept = 0;
+
+  // Events.
+  virtual NativeEvent* create_event(int device, bool timing) = 0;
+  virtual void destroy_event(NativeEvent* event) noexcept = 0;
+  virtual void record_event(NativeEvent* event, Stream* stream) = 0;
+  virtual void stream_wait_event(Stream* stream, NativeEvent* event) = 0;
+  virtual bool event_done(NativeEvent* event) = 0;  // throws what failed before it
+  virtual float elapsed_ms(NativeEvent* start, NativeEvent* end) = 0;
+
+  // Stream-ordered work.
+  virtual void launch_host_func(Stream* stream, UniqueFunction<void()> fn) = 0;
+  virtual void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) = 0;
+  virtual void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                                 Stream* stream) = 0;
+
+  // Memory. Null when there is no room (never throws).
+  virtual void* device_malloc(int device, std::size_t bytes) noexcept = 0;
+  virtual void device_free(int device, void* ptr) noexcept = 0;
+  virtual void* pinned_malloc(std::size_t bytes) noexcept = 0;
+  virtual void pinned_free(void* ptr) noexcept = 0;
+
+  // Host waits: counted by the caller's declared cause (weft::gpu::WaitCause).
+  void event_synchronize(NativeEvent* event) {
+    count_host_wait();
+    do_event_synchronize(event);
+  }
+  void stream_synchronize(Stream* stream) {
+    count_host_wait();
+    do_stream_synchronize(stream);
+  }
+  void device_synchronize(int device) {
+    count_host_wait();
+    do_device_synchronize(device);
+  }
+
+ protected:
+  virtual void do_event_synchronize(NativeEvent* event) = 0;
+  virtual void do_stream_synchronize(Stream* stream) = 0;
+  virtual void do_device_synchronize(int device) = 0;
+
+ private:
+  static void count_host_wait() noexcept;
+};
+
+// The process's runtime, created at first use from the environment (or what
+// select_backend chose).
+Runtime& runtime();
+
+std::unique_ptr<Runtime> make_sim_runtime(int gpus);  // sim_runtime.cpp
+#if WEFT_HAVE_CUDA
+std::unique_ptr<Runtime> make_cuda_runtime();  // cuda_runtime.cpp
+#endif
+std::unique_ptr<Runtime> make_no_runtime(std::string why);  // gpu_runtime.cpp
+
+// "4.00 GiB", "512 bytes".
+std::string human_bytes(std::size_t bytes);
+
+}  // namespace weft::gpu::detail

@@ -1,0 +1,522 @@
+// Simulated GPUs: the GPU runtime interface implemented on host threads, so
+// that every GPU path of Weft — engine lanes, stream-ordered completion,
+// cross-stream waits, copy engines, the stream-aware allocator, multi-GPU
+// placement — runs on any machine. docs/design/simulated-gpus.md says what
+// it models and what it does not.
+//
+// Model:
+//   * A stream is a FIFO run by its own host thread, asynchronously to the
+//     host: launch_host_func, memcpy_async, record_event and
+//     stream_wait_event enqueue an item and return at once.
+//   * An event's recording is an item: it completes when its stream reaches
+//     it. A stream wait is an item that blocks only its stream until the
+//     recording it captured (the latest one at the time of the call)
+//     completed; a host wait blocks the calling thread the same way.
+//   * Device memory is host memory owned by the simulated device, with a
+//     capacity (WEFT_SIM_GPU_MEMORY, default 4 GiB per GPU): allocation past
+//     it fails, as cudaMalloc does. Copies check that their pointers are
+//     memory of the devices the copy kind names.
+//   * Copy engines: per GPU one for host->device, one for device->host and
+//     one for incoming peer copies. A copy holds its engine (copies in one
+//     direction run one at a time, in arrival order, as on real hardware)
+//     for latency + bytes / bandwidth — PCIe-like for host copies
+//     (WEFT_SIM_PCIE_GBPS, default 25 GB/s), NVLink-like for peer copies
+//     (WEFT_SIM_NVLINK_GBPS, default 150 GB/s) — or for the memcpy itself
+//     when that is slower; the rest of the time it sleeps, holding no core.
+//   * Kernels are host functions (ops/src/launch.h runs the CPU kernels
+//     there): they take their CPU time.
+//   * Jitter (WEFT_SIM_JITTER=<seed>): before each item a stream sleeps a
+//     random 0-WEFT_SIM_JITTER_US microseconds (default 200) with
+//     probability 1/2, from a generator seeded by (seed, device, stream), so
+//     streams overtake one another in ways a fast GPU rarely shows and a
+//     missing dependency becomes a wrong result.
+//   * Errors: an exception from a host function (or a stream wait on a failed
+//     recording) is held by the stream and carried by the next event
+//     recorded on it; a host wait on that event rethrows it. Later work on
+//     the stream runs normally.
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "env.h"
+#include "runtime.h"
+#include "weft/check_context.h"
+#include "weft/error.h"
+
+namespace weft::gpu {
+
+// The opaque handles of weft/gpu.h are these objects.
+struct Stream {};
+struct NativeEvent {};
+
+namespace detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct SimConfig {
+  int gpus = 2;
+  std::size_t memory = std::size_t{4} << 30;
+  double pcie_gbps = 25, nvlink_gbps = 150, device_gbps = 2000;
+  double copy_latency_us = 5;
+  bool jitter = false;
+  std::uint64_t seed = 0;
+  int jitter_us = 200;
+};
+
+std::uint64_t splitmix(std::uint64_t& state) {
+  std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// One recording of an event: complete once its stream reached it.
+struct Recording {
+  std::atomic<bool> done{false};
+  Clock::time_point at{};       // when the stream reached it (written before done)
+  std::exception_ptr error;     // what failed on the stream before it (written before done)
+  void complete(std::exception_ptr failure) {
+    at = Clock::now();
+    error = std::move(failure);
+    done.store(true, std::memory_order_release);
+    done.notify_all();
+  }
+  void wait() const {
+    while (!done.load(std::memory_order_acquire)) done.wait(false, std::memory_order_acquire);
+  }
+};
+
+struct SimEvent final : NativeEvent {
+  SimEvent(int d, bool t) : device(d), timing(t) {}
+  const int device;
+  const bool timing;
+  std::mutex mutex;
+  std::shared_ptr<Recording> latest;  // null: never recorded (complete)
+  std::shared_ptr<Recording> current() {
+    std::lock_guard lock(mutex);
+    return latest;
+  }
+};
+
+// A copy engine: copies that need it run one at a time, in arrival order.
+class CopyEngine {
+ public:
+  void acquire() {
+    std::unique_lock lock(mutex_);
+    const std::uint64_t ticket = next_++;
+    cv_.wait(lock, [&] { return serving_ == ticket; });
+  }
+  void release() {
+    {
+      std::lock_guard lock(mutex_);
+      ++serving_;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::uint64_t next_ = 0, serving_ = 0;
+};
+
+class SimRuntime;
+
+struct SimStream final : Stream {
+  using Item = UniqueFunction<void(SimStream&), 96>;
+
+  SimStream(SimRuntime& r, int d, int i, bool high, const SimConfig& config)
+      : rt(r), device(d), index(i), high_priority(high), jitter(config.jitter), jitter_us(config.jitter_us) {
+    rng = config.seed ^ (static_cast<std::uint64_t>(d) << 32) ^ static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
+    thread = std::thread([this] { run(); });
+  }
+  ~SimStream() {
+    {
+      std::lock_guard lock(mutex);
+      stopping = true;
+    }
+    work_cv.notify_all();
+    thread.join();
+  }
+
+  void enqueue(Item item) {
+    {
+      std::lock_guard lock(mutex);
+      queue.push_back(std::move(item));
+      ++enqueued;
+    }
+    work_cv.notify_one();
+  }
+
+  // Host wait for everything enqueued so far; rethrows an error no event took.
+  void synchronize() {
+    std::unique_lock lock(mutex);
+    const std::uint64_t target = enqueued;
+    done_cv.wait(lock, [&] { return finished >= target; });
+    if (pending_error) std::rethrow_exception(std::exchange(pending_error, nullptr));
+  }
+
+  // On the stream thread: the error the next recorded event carries.
+  std::exception_ptr take_error() {
+    std::lock_guard lock(mutex);
+    return std::exchange(pending_error, nullptr);
+  }
+  void hold_error(std::exception_ptr e) {
+    std::lock_guard lock(mutex);
+    if (!pending_error) pending_error = std::move(e);
+  }
+
+  // Jitter for copies: extra modeled time (stream thread only).
+  Clock::duration jitter_delay() {
+    if (!jitter || (splitmix(rng) & 1u) == 0) return Clock::duration::zero();
+    return std::chrono::microseconds(static_cast<std::int64_t>(splitmix(rng) % static_cast<std::uint64_t>(jitter_us)));
+  }
+
+  SimRuntime& rt;
+  const int device, index;
+  const bool high_priority;
+  const bool jitter;
+  const int jitter_us;
+  std::uint64_t rng;
+
+  std::mutex mutex;
+  std::condition_variable work_cv, done_cv;
+  std::deque<Item> queue;
+  std::uint64_t enqueued = 0, finished = 0;
+  bool stopping = false;
+  std::exception_ptr pending_error;
+  std::thread thread;
+
+ private:
+  void run() {
+    std::unique_lock lock(mutex);
+    while (true) {
+      work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
+      if (queue.empty()) return;  // stopping, and drained
+      Item item = std::move(queue.front());
+      queue.pop_front();
+      lock.unlock();
+      const Clock::duration delay = jitter_delay();
+      if (delay != Clock::duration::zero()) std::this_thread::sleep_for(delay);
+      try {
+        item(*this);
+      } catch (...) {
+        hold_error(std::current_exception());
+      }
+      item = nullptr;  // captures die before the item counts as finished
+      lock.lock();
+      ++finished;
+      done_cv.notify_all();
+    }
+  }
+};
+
+struct SimDevice {
+  std::size_t capacity = 0;
+  std::mutex mutex;  // guards what follows
+  std::size_t used = 0;
+  std::map<std::uintptr_t, std::size_t> blocks;  // start -> bytes
+  std::vector<SimStream*> streams;
+  int next_stream = 0;
+  CopyEngine h2d, d2h, peer_in;
+};
+
+thread_local int tls_current_device = 0;
+
+class SimRuntime final : public Runtime {
+ public:
+  explicit SimRuntime(SimConfig config) : config_(config), devices_(static_cast<std::size_t>(config.gpus)) {
+    for (SimDevice& d : devices_) d.capacity = config_.memory;
+  }
+
+  Backend backend() const noexcept override { return Backend::sim; }
+  int device_count() const noexcept override { return config_.gpus; }
+
+  DeviceProperties properties(int device) override {
+    return DeviceProperties{"Weft simulated GPU", dev(device).capacity, 0, 0, true};
+  }
+
+  std::string describe(int device) override {
+    char text[256];
+    std::snprintf(text, sizeof text,
+                  "simulated GPU (Weft sim backend), %s, copies %.0f GB/s host<->device and %.0f GB/s peer, %s",
+                  human_bytes(dev(device).capacity).c_str(), config_.pcie_gbps, config_.nvlink_gbps,
+                  config_.jitter ? ("jitter seed " + std::to_string(config_.seed)).c_str() : "no jitter");
+    return text;
+  }
+
+  void set_device(int device) override {
+    (void)dev(device);
+    tls_current_device = device;
+  }
+
+  MemInfo mem_info(int device) override {
+    SimDevice& d = dev(device);
+    std::lock_guard lock(d.mutex);
+    return MemInfo{d.capacity - d.used, d.capacity};
+  }
+
+  Stream* create_stream(int device, bool highest_priority) override {
+    SimDevice& d = dev(device);
+    int index;
+    {
+      std::lock_guard lock(d.mutex);
+      index = d.next_stream++;
+    }
+    auto* s = new SimStream(*this, device, index, highest_priority, config_);
+    std::lock_guard lock(d.mutex);
+    d.streams.push_back(s);
+    return s;
+  }
+
+  void destroy_stream(Stream* stream) noexcept override {
+    if (!stream) return;
+    auto* s = static_cast<SimStream*>(stream);
+    {
+      SimDevice& d = devices_[static_cast<std::size_t>(s->device)];
+      std::lock_guard lock(d.mutex);
+      d.streams.erase(std::remove(d.streams.begin(), d.streams.end(), s), d.streams.end());
+    }
+    delete s;  // runs what is left, then joins its thread
+  }
+
+  int stream_device(Stream* stream) override { return sim(stream).device; }
+  void* native_handle(Stream*) noexcept override { return nullptr; }
+  void create_handles(WorkerHandles&, std::size_t) override {}  // kernels run on the host: no library handles
+  void destroy_handles(WorkerHandles&) noexcept override {}
+
+  NativeEvent* create_event(int device, bool timing) override {
+    (void)dev(device);
+    return new SimEvent(device, timing);
+  }
+  void destroy_event(NativeEvent* event) noexcept override { delete static_cast<SimEvent*>(event); }
+
+  void record_event(NativeEvent* event, Stream* stream) override {
+    SimEvent& e = ev(event);
+    SimStream& s = sim(stream);
+    if (e.device != s.device)
+      throw InvalidArgument("sim: an event of gpu(" + std::to_string(e.device) + ") recorded on a stream of gpu(" +
+                            std::to_string(s.device) + ") (events are recorded on their own device's streams)" +
+                            weft::detail::current_op_suffix());
+    auto rec = std::make_shared<Recording>();
+    {
+      std::lock_guard lock(e.mutex);
+      e.latest = rec;
+    }
+    s.enqueue([rec](SimStream& self) { rec->complete(self.take_error()); });
+  }
+
+  void stream_wait_event(Stream* stream, NativeEvent* event) override {
+    std::shared_ptr<Recording> rec = ev(event).current();
+    if (!rec) return;  // never recorded: nothing to wait for
+    sim(stream).enqueue([rec = std::move(rec)](SimStream& self) {
+      rec->wait();
+      if (rec->error) self.hold_error(rec->error);  // what it waited for failed: so does what follows
+    });
+  }
+
+  bool event_done(NativeEvent* event) override {
+    std::shared_ptr<Recording> rec = ev(event).current();
+    return !rec || rec->done.load(std::memory_order_acquire);
+  }
+
+  float elapsed_ms(NativeEvent* start, NativeEvent* end) override {
+    SimEvent &a = ev(start), &b = ev(end);
+    if (!a.timing || !b.timing) throw InvalidArgument("sim: elapsed time between events created without timing");
+    std::shared_ptr<Recording> ra = a.current(), rb = b.current();
+    if (!ra || !rb || !ra->done.load(std::memory_order_acquire) || !rb->done.load(std::memory_order_acquire))
+      throw DeviceError("sim: elapsed time of an event not yet recorded or not yet complete");
+    return std::chrono::duration<float, std::milli>(rb->at - ra->at).count();
+  }
+
+  void launch_host_func(Stream* stream, UniqueFunction<void()> fn) override {
+    sim(stream).enqueue([fn = std::move(fn)](SimStream&) mutable { fn(); });
+  }
+
+  void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) override {
+    SimStream& s = sim(stream);
+    switch (kind) {
+      case CopyKind::host_to_device:
+        require_device_memory(dst, bytes, s.device, "host_to_device", "destination");
+        require_host_memory(src, bytes, "host_to_device", "source");
+        enqueue_copy(s, dst, src, bytes, &dev(s.device).h2d, config_.pcie_gbps);
+        break;
+      case CopyKind::device_to_host:
+        require_device_memory(src, bytes, s.device, "device_to_host", "source");
+        require_host_memory(dst, bytes, "device_to_host", "destination");
+        enqueue_copy(s, dst, src, bytes, &dev(s.device).d2h, config_.pcie_gbps);
+        break;
+      case CopyKind::device_to_device:
+        require_device_memory(src, bytes, s.device, "device_to_device", "source");
+        require_device_memory(dst, bytes, s.device, "device_to_device", "destination");
+        enqueue_copy(s, dst, src, bytes, nullptr, config_.device_gbps);
+        break;
+    }
+  }
+
+  void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
+                         Stream* stream) override {
+    SimStream& s = sim(stream);
+    require_device_memory(dst, bytes, dst_device, "peer", "destination");
+    require_device_memory(src, bytes, src_device, "peer", "source");
+    enqueue_copy(s, dst, src, bytes, &dev(dst_device).peer_in,
+                 src_device == dst_device ? config_.device_gbps : config_.nvlink_gbps);
+  }
+
+  void* device_malloc(int device, std::size_t bytes) noexcept override {
+    if (device < 0 || device >= config_.gpus || bytes == 0) return nullptr;
+    SimDevice& d = devices_[static_cast<std::size_t>(device)];
+    const std::size_t size = (bytes + kAlign - 1) / kAlign * kAlign;
+    {
+      std::lock_guard lock(d.mutex);
+      if (size > d.capacity - d.used) return nullptr;
+      d.used += size;
+    }
+    void* p = std::aligned_alloc(kAlign, size);
+    std::lock_guard lock(d.mutex);
+    if (!p) {
+      d.used -= size;
+      return nullptr;
+    }
+    d.blocks.emplace(reinterpret_cast<std::uintptr_t>(p), size);
+    return p;
+  }
+
+  void device_free(int device, void* ptr) noexcept override {
+    if (!ptr || device < 0 || device >= config_.gpus) return;
+    SimDevice& d = devices_[static_cast<std::size_t>(device)];
+    {
+      std::lock_guard lock(d.mutex);
+      auto it = d.blocks.find(reinterpret_cast<std::uintptr_t>(ptr));
+      if (it == d.blocks.end()) {
+        std::fprintf(stderr, "weft: sim: gpu(%d) freed %p, which it never allocated\n", device, ptr);
+        return;
+      }
+      d.used -= it->second;
+      d.blocks.erase(it);
+    }
+    std::free(ptr);
+  }
+
+  void* pinned_malloc(std::size_t bytes) noexcept override {
+    return std::aligned_alloc(kAlign, (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign);
+  }
+  void pinned_free(void* ptr) noexcept override { std::free(ptr); }
+
+ protected:
+  void do_event_synchronize(NativeEvent* event) override {
+    std::shared_ptr<Recording> rec = ev(event).current();
+    if (!rec) return;
+    rec->wait();
+    if (rec->error) std::rethrow_exception(rec->error);
+  }
+  void do_stream_synchronize(Stream* stream) override { sim(stream).synchronize(); }
+  void do_device_synchronize(int device) override {
+    SimDevice& d = dev(device);
+    std::vector<SimStream*> streams;
+    {
+      std::lock_guard lock(d.mutex);
+      streams = d.streams;
+    }
+    // Streams are destroyed only by their owners, who do not race with a
+    // device-wide synchronize of their own device.
+    for (SimStream* s : streams) s->synchronize();
+  }
+
+ private:
+  static constexpr std::size_t kAlign = 256;  // cudaMalloc's guarantee
+
+  SimDevice& dev(int device) {
+    if (device < 0 || device >= config_.gpus)
+      throw InvalidArgument("gpu(" + std::to_string(device) + ") does not exist (" + std::to_string(config_.gpus) +
+                            " simulated GPU(s))");
+    return devices_[static_cast<std::size_t>(device)];
+  }
+  static SimStream& sim(Stream* s) {
+    if (!s) throw InvalidArgument("sim: null stream" + weft::detail::current_op_suffix());
+    return *static_cast<SimStream*>(s);
+  }
+  static SimEvent& ev(NativeEvent* e) {
+    if (!e) throw InvalidArgument("sim: null event" + weft::detail::current_op_suffix());
+    return *static_cast<SimEvent*>(e);
+  }
+
+  // Which simulated GPU owns [p, p + bytes), or -1.
+  int owner(const void* p, std::size_t bytes) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (int i = 0; i < config_.gpus; ++i) {
+      SimDevice& d = devices_[static_cast<std::size_t>(i)];
+      std::lock_guard lock(d.mutex);
+      auto it = d.blocks.upper_bound(a);
+      if (it == d.blocks.begin()) continue;
+      --it;
+      if (a >= it->first && a < it->first + it->second) {
+        if (a + bytes > it->first + it->second)
+          throw InvalidArgument("sim: copy of " + std::to_string(bytes) + " bytes runs past the end of a block of gpu(" +
+                                std::to_string(i) + ")" + weft::detail::current_op_suffix());
+        return i;
+      }
+    }
+    return -1;
+  }
+  void require_device_memory(const void* p, std::size_t bytes, int device, const char* kind, const char* which) {
+    const int o = owner(p, bytes);
+    if (o != device)
+      throw InvalidArgument(std::string("sim: memcpy ") + kind + ": the " + which + " is not memory of gpu(" +
+                            std::to_string(device) + ")" +
+                            (o >= 0 ? " (it belongs to gpu(" + std::to_string(o) + "))" : std::string(" (host memory)")) +
+                            weft::detail::current_op_suffix());
+  }
+  void require_host_memory(const void* p, std::size_t bytes, const char* kind, const char* which) {
+    const int o = owner(p, bytes);
+    if (o >= 0)
+      throw InvalidArgument(std::string("sim: memcpy ") + kind + ": the " + which + " is memory of gpu(" +
+                            std::to_string(o) + "), not host memory" + weft::detail::current_op_suffix());
+  }
+
+  void enqueue_copy(SimStream& s, void* dst, const void* src, std::size_t bytes, CopyEngine* engine, double gbps) {
+    const auto modeled = std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double, std::micro>(config_.copy_latency_us + static_cast<double>(bytes) / (gbps * 1e3)));
+    s.enqueue([=](SimStream& self) {
+      if (engine) engine->acquire();
+      const Clock::time_point start = Clock::now();
+      std::memcpy(dst, src, bytes);
+      std::this_thread::sleep_until(start + modeled + self.jitter_delay());
+      if (engine) engine->release();
+    });
+  }
+
+  const SimConfig config_;
+  std::vector<SimDevice> devices_;
+};
+
+}  // namespace
+
+std::unique_ptr<Runtime> make_sim_runtime(int gpus) {
+  SimConfig c;
+  c.gpus = gpus;
+  c.memory = env::bytes_or("WEFT_SIM_GPU_MEMORY", c.memory);
+  c.pcie_gbps = env::real_or("WEFT_SIM_PCIE_GBPS", c.pcie_gbps, 0.001, 1e6);
+  c.nvlink_gbps = env::real_or("WEFT_SIM_NVLINK_GBPS", c.nvlink_gbps, 0.001, 1e6);
+  if (env::get("WEFT_SIM_JITTER")) {
+    c.jitter = true;
+    c.seed = static_cast<std::uint64_t>(env::number_or("WEFT_SIM_JITTER", 0, 0, (1LL << 62)));
+    c.jitter_us = static_cast<int>(env::number_or("WEFT_SIM_JITTER_US", c.jitter_us, 1, 1000000));
+  }
+  return std::make_unique<SimRuntime>(c);
+}
+
+}  // namespace detail
+}  // namespace weft::gpu
