@@ -127,7 +127,12 @@ class CachingAllocator final : public Allocator {
 
   ~CachingAllocator() override {
     std::lock_guard lock(mutex_);
-    for (BlockRecord* r : pending_) settle(r, /*wait=*/true);
+    // Blocks other streams were still using at free time: wait for them, then
+    // give them back like the cached ones.
+    for (BlockRecord* r : pending_) {
+      settle(r, /*wait=*/true);
+      drop(r);
+    }
     pending_.clear();
     for (auto& [key, list] : free_)
       for (BlockRecord* r : list) drop(r);
