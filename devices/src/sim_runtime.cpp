@@ -48,6 +48,10 @@
 #include <thread>
 #include <vector>
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 #include "env.h"
 #include "runtime.h"
 #include "weft/check_context.h"
@@ -64,6 +68,9 @@ namespace detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// How long a copy engine may have been idle and still count the next copy as
+// back to back (CopyEngine::busy_until).
+constexpr Clock::duration kBackToBack = std::chrono::microseconds(200);
 
 struct SimConfig {
   int gpus = 2;
@@ -113,6 +120,9 @@ struct SimEvent final : NativeEvent {
 // A copy engine: copies that need it run one at a time, in arrival order.
 class CopyEngine {
  public:
+  // The modeled end of the last copy (read and written while acquired).
+  Clock::time_point busy_until{};
+
   void acquire() {
     std::unique_lock lock(mutex_);
     const std::uint64_t ticket = next_++;
@@ -201,6 +211,11 @@ struct SimStream final : Stream {
 
  private:
   void run() {
+#ifdef __linux__
+    // Modeled copy times are slept: wake within a microsecond of the
+    // deadline, not the default 50 us timer slack.
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
+#endif
     std::unique_lock lock(mutex);
     while (true) {
       work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
@@ -491,10 +506,22 @@ class SimRuntime final : public Runtime {
         std::chrono::duration<double, std::micro>(config_.copy_latency_us + static_cast<double>(bytes) / (gbps * 1e3)));
     s.enqueue([=](SimStream& self) {
       if (engine) engine->acquire();
-      const Clock::time_point start = Clock::now();
-      std::memcpy(dst, src, bytes);
-      std::this_thread::sleep_until(start + modeled + self.jitter_delay());
-      if (engine) engine->release();
+      const Clock::time_point now = Clock::now();
+      // Back-to-back copies follow one another on the engine's modeled
+      // clock: a copy starts where the previous one ended in the model, even
+      // when the host woke the stream late, so that timer and scheduling
+      // latency (tens of microseconds per sleep) do not add up over a
+      // stream of small copies. An engine idle for longer than kBackToBack
+      // starts now.
+      Clock::time_point start = now;
+      if (engine && engine->busy_until + kBackToBack > now) start = std::min(now, engine->busy_until);
+      const Clock::time_point end = start + modeled + self.jitter_delay();
+      std::memcpy(dst, src, bytes);  // the data moves, however short the model
+      std::this_thread::sleep_until(end);
+      if (engine) {
+        engine->busy_until = end;
+        engine->release();
+      }
     });
   }
 

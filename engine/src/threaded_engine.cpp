@@ -130,9 +130,10 @@ ThreadedEngine::ThreadedEngine(ResolvedConfig config)
     add_lane(Device::gpu(g), gpu::StreamRole::priority, 1);
   }
   for (std::size_t i = 0; i < lanes_.size(); ++i)
-    lanes_[i].pool = std::make_unique<WorkerPool>(lanes_[i].device, static_cast<int>(i),
-                                                  static_cast<int>(lanes_[i].tracks.size()),
-                                                  static_cast<OpExecutor&>(*this));
+    lanes_[i].pool = std::make_unique<WorkerPool>(
+        lanes_[i].device, static_cast<int>(i), static_cast<int>(lanes_[i].tracks.size()),
+        static_cast<OpExecutor&>(*this),
+        lanes_[i].device.is_gpu() ? WorkerPool::Order::push : WorkerPool::Order::ready);
 }
 
 ThreadedEngine::~ThreadedEngine() {

@@ -25,8 +25,8 @@ constexpr int kPauseSpins = 32;
 constexpr int kYieldSpins = 256;
 }  // namespace
 
-WorkerPool::WorkerPool(Device device, int lane, int workers, OpExecutor& executor)
-    : device_(device), lane_(lane), executor_(executor) {
+WorkerPool::WorkerPool(Device device, int lane, int workers, OpExecutor& executor, Order order)
+    : device_(device), lane_(lane), order_(order), executor_(executor) {
   threads_.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { run(i); });
 }
@@ -70,7 +70,7 @@ bool WorkerPool::fifo_empty() const noexcept {
 }
 
 void WorkerPool::enqueue(OpBlock* op) {
-  if (op->priority == 0) {
+  if (op->priority == 0 && order_ == Order::ready) {
     fifo_push(op);
   } else {
     prioritized_.push(Prioritized{op->priority, op->id, op});

@@ -4,7 +4,15 @@
 // spilling into a oneTBB concurrent_queue when full (new ops keep spilling
 // until the spill drains, so FIFO order holds). The rest wait in a oneTBB
 // concurrent priority queue ordered by (priority, push sequence). A worker takes a positive-priority op first,
-// then the FIFO, then negative priorities. Idle workers spin briefly, then
+// then the FIFO, then negative priorities.
+//
+// A pool in push order (GPU lanes) keeps every op in the priority queue, so
+// that among ready ops of equal priority the one pushed first is taken
+// first, whenever it became ready. Its workers only enqueue work on streams,
+// which run it in the order given: an op taken ahead of an earlier-pushed
+// one would hold that one behind whatever it stream-waits for (a chain of
+// copies of one result behind the first copy of the next result, which waits
+// for a kernel still running). Idle workers spin briefly, then
 // sleep on an event count; a push wakes one only when someone sleeps, so a
 // busy pool costs one load per push.
 #pragma once
@@ -38,7 +46,8 @@ class OpExecutor {
 
 class WorkerPool {
  public:
-  WorkerPool(Device device, int lane, int workers, OpExecutor& executor);
+  enum class Order { ready, push };
+  WorkerPool(Device device, int lane, int workers, OpExecutor& executor, Order order = Order::ready);
   ~WorkerPool();  // stops and joins; the queue must be empty
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -74,6 +83,7 @@ class WorkerPool {
 
   Device device_;
   int lane_;
+  Order order_;
   OpExecutor& executor_;
   bool fifo_push(OpBlock* op);
   OpBlock* fifo_pop();

@@ -28,7 +28,7 @@ Sizes small_sizes(bool tiny) {
   s.barriers = {.n = 600, .chain = 6};
   s.memory = {.batches = 60, .batch_size = 512, .width = 1024, .inputs = 256};
   s.cpu_gpu = {.count = 10, .cpu_n = 700, .gpu_n = 4000, .reps = 3};
-  s.compute_copy = {.count = 10, .n = 4000, .cpu_n = 600, .reps = 3};
+  s.compute_copy = {.count = 24, .n = 4000, .cpu_n = 600, .reps = 3};
   s.multidevice = {.steps = 5, .batch_size = 1024, .inputs = 256, .hidden = 1024};
   if (tiny) {  // the test suite: every path, seconds in all
     s.async = {.ops = 50, .elements = 16, .products = 2, .n = 32};

@@ -237,8 +237,16 @@ OverlapEngine make_overlap_engine(const CommonOptions& common, int cpu_devices_w
   out.gpu_backend = std::string(gpu::to_string(gpu::backend()));
   out.simulated = out.gpus > 0 && gpu::properties(0).simulated;
   if (out.gpus > 0) {
-    if (out.simulated) out.kernel_threads = std::make_unique<ScopedKernelThreads>(1);
-    out.engine = make_engine(common, {.cpu_devices = cpu_devices_with_gpu});
+    EngineConfig config{.cpu_devices = cpu_devices_with_gpu};
+    if (out.simulated) {
+      // A simulated kernel holds a host core for its CPU time: one core per
+      // kernel, and one compute stream per GPU, so that two kernels of one
+      // GPU never take both cores of a small machine from its copy engines
+      // (a real GPU shares its SMs between its streams instead).
+      out.kernel_threads = std::make_unique<ScopedKernelThreads>(1);
+      config.compute_streams_per_gpu = 1;
+    }
+    out.engine = make_engine(common, std::move(config));
   } else {
     out.kernel_threads = std::make_unique<ScopedKernelThreads>(1);
     out.engine = make_engine(common, {.cpu_devices = cpu_devices_without_gpu, .workers_per_cpu_device = 1});
