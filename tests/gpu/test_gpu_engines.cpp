@@ -2,6 +2,13 @@
 // (one stream, drained after each op) and the threaded engine (streams,
 // events, copy workers) give the same bits for one program; a LeNet-sized
 // forward/backward/SGD step on gpu(0) equals the one on cpu(0).
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
 #include "gpu_test_util.h"
 
 using namespace gputest;
@@ -136,4 +143,50 @@ TEST_CASE("gpu engines - lenet step on gpu equals cpu" * doctest::timeout(240)) 
     for (std::size_t k = 0; k < gpu.params[i].size(); ++k)
       moved = std::max(moved, std::fabs(static_cast<double>(gpu.params[i][k]) - none.params[i][k]));
   CHECK(moved > 1e-4);
+}
+
+// A GPU lane's worker only enqueues work on its stream, which runs it in the
+// order given; so among ready ops of one priority it must take the one pushed
+// first, even when a later-pushed one became ready earlier (in ready order a
+// chain of copies of one result queues behind the next result's first copy,
+// and the copy stream waits for the next kernel: docs/design/engine-invariants.md).
+TEST_CASE("gpu engines - a gpu lane takes ready ops in push order, not ready order" * doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .gpu_devices = 1});
+  const Device gpu = Device::gpu(0);
+  std::mutex m;
+  std::condition_variable cv;
+  bool lane_open = false, cpu_open = false;
+  std::vector<std::string> order;
+  auto hold = [&](bool& open) {
+    std::unique_lock lock(m);
+    cv.wait(lock, [&] { return open; });
+  };
+  auto record = [&](const char* label) {
+    return [&, label](weft::RunContext&) {
+      std::lock_guard lock(m);
+      order.emplace_back(label);
+    };
+  };
+  const weft::OpOptions d2h{.property = weft::OpProperty::copy_from_device};
+  // The device-to-host lane's one worker is held; x's writer on cpu(0) too.
+  e->push([&](weft::RunContext&) { hold(lane_open); }, gpu, {}, {e->new_var("held")}, d2h);
+  const weft::Var x = e->new_var("x");
+  e->push([&](weft::RunContext&) { hold(cpu_open); }, Device::cpu(0), {}, {x});
+  e->push(record("pushed first"), gpu, {x}, {e->new_var("a")}, d2h);   // ready once x is written
+  e->push(record("pushed second"), gpu, {}, {e->new_var("b")}, d2h);  // ready at once
+  {
+    std::lock_guard lock(m);
+    cpu_open = true;
+  }
+  cv.notify_all();
+  e->wait_to_read(x);  // "pushed first" is granted x in the same completion
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // and queued on the lane
+  {
+    std::lock_guard lock(m);
+    lane_open = true;
+  }
+  cv.notify_all();
+  e->wait_all();
+  CHECK(order == std::vector<std::string>{"pushed first", "pushed second"});
 }
