@@ -6,7 +6,7 @@
 namespace weft {
 
 void Completion::call(std::exception_ptr error) const {
-  if (!target_) throw Error("weft::Completion: called on an empty Completion (default-constructed or moved from)");
+  if (!target_) throw InvalidArgument("weft::Completion: called on an empty Completion (default-constructed or moved from)");
   target_->completion_call(std::move(error));
 }
 
@@ -14,7 +14,8 @@ namespace detail {
 
 void AsyncCompletion::completion_call(std::exception_ptr error) {
   if (called_.exchange(true, std::memory_order_acq_rel))
-    throw Error("weft::Completion of op '" + name_ + "' called twice (or after the op threw)");
+    throw OpError("weft::Completion of op '" + name_ + "' on " + device_.str() + " called twice (or after the op threw)",
+                  name_, device_);
   owner_->complete_async(op_, std::move(error));
 }
 
@@ -25,8 +26,9 @@ void AsyncCompletion::completion_release() noexcept {
   // here, which keeps its engine alive.
   if (claim()) {
     owner_->complete_async(
-        op_, std::make_exception_ptr(Error("weft: the Completion of async op '" + name_ +
-                                           "' was destroyed without being called; the op is marked failed")));
+        op_, std::make_exception_ptr(OpError("weft: the Completion of async op '" + name_ + "' on " + device_.str() +
+                                                 " was destroyed without being called; the op is marked failed",
+                                             name_, device_)));
   }
   delete this;
 }

@@ -47,7 +47,7 @@ Allocator& EngineBase::allocator(Device device) {
   if (device.is_cpu() && i < cpu_allocators_.size()) return *cpu_allocators_[i];
   if (device.is_gpu() && i < gpu_allocators_.size()) return *gpu_allocators_[i];
   if (device.kind() == DeviceKind::cpu_pinned && i == 0) return *pinned_allocator_;
-  throw Error("allocator: unknown device " + device.str() + "; this engine has " + device_list() +
+  throw InvalidArgument("allocator: unknown device " + device.str() + "; this engine has " + device_list() +
               " and cpu_pinned(0)");
 }
 
@@ -56,6 +56,15 @@ EngineBase::~EngineBase() = default;
 std::uint64_t EngineBase::version(Var var) const {
   return vars_.resolve(var, "version")->version.load(std::memory_order_acquire);
 }
+
+void EngineBase::set_var_name(Var var, std::string_view name) {
+  VarSlot* slot = vars_.resolve(var, "set_var_name");
+  vars_.set_name(slot->id, name);
+  // Always (renames are rare): ops recorded earlier show the new name too.
+  profiler_->record_var_name((std::uint64_t{var.id()} << 32) | VarAccess::generation(var), name);
+}
+
+std::string EngineBase::var_name(Var var) const { return vars_.name_of(vars_.resolve(var, "var_name")->id); }
 
 std::vector<Device> EngineBase::devices() const {
   std::vector<Device> out;
@@ -72,12 +81,12 @@ bool EngineBase::has_device(Device device) const noexcept {
 int EngineBase::workers(Device device) const {
   if (device.is_cpu() && has_device(device)) return config_.workers_per_cpu_device;
   if (device.is_gpu() && has_device(device)) return config_.compute_streams_per_gpu;
-  throw Error("weft: unknown device " + device.str() + " (this engine has " + device_list() + ")");
+  throw InvalidArgument("weft: unknown device " + device.str() + " (this engine has " + device_list() + ")");
 }
 
 OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList writes, OpOptions&& options) {
   if (!has_device(device)) {
-    throw Error("push (op '" + op_label(options.name) + "'): unknown device " + device.str() + "; this " +
+    throw InvalidArgument("push (op '" + op_label(options.name) + "'): unknown device " + device.str() + "; this " +
                 config_.kind + " engine runs ops on " + device_list() +
                 (device.kind() == DeviceKind::cpu_pinned ? " (cpu_pinned is memory: run host ops on a cpu device)"
                                                           : ""));
@@ -92,7 +101,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
         try {
           slot = vars_.resolve(var, what);
         } catch (const Error& e) {
-          throw Error(std::string(e.what()) + " (op '" + op_label(options.name) + "', in its " +
+          throw InvalidArgument(std::string(e.what()) + " (op '" + op_label(options.name) + "', in its " +
                       (write ? "writes" : "reads") + ")");
         }
       } else {
@@ -170,19 +179,19 @@ void EngineBase::record_push(OpBlock& op) {
   profiler_->record_push(std::move(push));
 }
 
-void EngineBase::push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+void EngineBase::push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
   NvtxRange range(nvtx_.push(), options.name.c_str(), options.property);
-  if (!fn) throw Error("push (op '" + options.name + "'): the op function is empty");
+  if (!fn) throw InvalidArgument("push (op '" + options.name + "'): the op function is empty");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
   launch(op);
 }
 
-void EngineBase::push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
+void EngineBase::push_async_op(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
   NvtxRange range(nvtx_.push(), options.name.c_str(), options.property);
-  if (!fn) throw Error("push_async (op '" + options.name + "'): the op function is empty");
+  if (!fn) throw InvalidArgument("push_async (op '" + options.name + "'): the op function is empty");
   if (device.is_gpu())
-    throw Error("push_async (op '" + options.name + "') on " + device.str() +
+    throw InvalidArgument("push_async (op '" + options.name + "') on " + device.str() +
                 ": GPU ops complete by an event on their stream; push them with push()");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
@@ -208,10 +217,12 @@ void EngineBase::recycle(OpBlock* op) noexcept {
 
 void EngineBase::refuse_wait_inside_op(std::string_view call, const Var* var) const {
   if (const OpScope* scope = running_op_of(scope_key())) {
-    throw Error(std::string(call) + (var ? "(" + vars_.describe(*var) + ")" : std::string("()")) +
-                " called from inside op '" + op_label(*scope->op_name) + "' running on " + scope->device.str() +
-                ": an op must not wait on the engine (it would deadlock); push a follow-up op that reads the "
-                "variable instead");
+    throw OpError(std::string(call) + (var ? "(" + vars_.describe(*var) + ")" : std::string("()")) +
+                      " called from inside op '" + op_label(*scope->op_name) + "' running on " +
+                      scope->device.str() +
+                      ": an op must not wait on the engine (it would deadlock); push a follow-up op that reads "
+                      "the variable instead",
+                  *scope->op_name, scope->device);
   }
 }
 

@@ -22,6 +22,8 @@ class EngineBase : public Engine {
  public:
   Var new_var(std::string_view name) override { return vars_.create(name); }
   std::uint64_t version(Var var) const override;
+  void set_var_name(Var var, std::string_view name) override;
+  std::string var_name(Var var) const override;
   std::string_view kind() const noexcept override { return config_.kind; }
   std::vector<Device> devices() const override;
   int workers(Device device) const override;
@@ -29,8 +31,8 @@ class EngineBase : public Engine {
   Allocator& allocator(Device device) override;
 
   // Validation is shared; what happens to a valid op is the engine's launch().
-  void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
-  void push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
+  void push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
+  void push_async_op(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
 
  protected:
   explicit EngineBase(ResolvedConfig config);

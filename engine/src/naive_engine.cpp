@@ -20,7 +20,10 @@ NaiveEngine::NaiveEngine(ResolvedConfig config) : EngineBase(std::move(config)) 
         std::make_unique<gpu::StreamResources>(g, gpu::StreamRole::compute, config_.gpu_workspace_bytes));
 }
 
-NaiveEngine::~NaiveEngine() { at_shutdown(); }
+NaiveEngine::~NaiveEngine() {
+  close_shared_vars();
+  at_shutdown();
+}
 
 Profiler::Track* NaiveEngine::thread_track(Device device) {
   std::lock_guard lock(tracks_mutex_);

@@ -106,7 +106,7 @@ class AsyncCompletion final : public CompletionTarget {
  public:
   // Starts with two references: the Completion handed to the op and the
   // executing thread's, which it gives up with release_executor().
-  AsyncCompletion(OpBlock* op, AsyncOwner* owner) : op_(op), owner_(owner), name_(op->name) {}
+  AsyncCompletion(OpBlock* op, AsyncOwner* owner) : op_(op), owner_(owner), name_(op->name), device_(op->device) {}
 
   // The executing thread claims the completion when the op body threw.
   bool claim() noexcept { return !called_.exchange(true, std::memory_order_acq_rel); }
@@ -122,6 +122,7 @@ class AsyncCompletion final : public CompletionTarget {
   OpBlock* op_;
   AsyncOwner* owner_;
   std::string name_;
+  Device device_;
 };
 
 // Set while a thread runs an op body: pushes from inside ops skip the in-flight

@@ -2,6 +2,8 @@
 // weft/profiler.h for the threading contract and profiler_impl.h for storage.
 #include "profiler_impl.h"
 
+#include <map>
+#include <deque>
 #include <algorithm>
 #include <cassert>
 #include <cerrno>
@@ -45,10 +47,11 @@ void Profiler::clear() {
   std::lock_guard lock(impl_->samples_mu);
   impl_->counters.clear();
   impl_->pushes.clear();
+  impl_->var_names.clear();
 }
 
 Profiler::Track* Profiler::track(Device device, int index, std::string label, TrackKind kind, std::string resource) {
-  if (index < 0) throw Error("weft::Profiler::track: negative track index " + std::to_string(index) + " for " + device.str());
+  if (index < 0) throw InvalidArgument("weft::Profiler::track: negative track index " + std::to_string(index) + " for " + device.str());
   std::lock_guard lock(impl_->tracks_mu);
   auto [it, inserted] = impl_->by_key.try_emplace({device, index}, nullptr);
   if (!inserted) return it->second;  // the first label wins
@@ -100,6 +103,12 @@ void Profiler::counter(Device device, std::string_view name, std::int64_t value)
 void Profiler::record_push(PushRecord push) {
   std::lock_guard lock(impl_->samples_mu);
   impl_->pushes.push_back(std::move(push));
+}
+
+void Profiler::record_var_name(std::uint64_t key, std::string_view name) {
+  const std::string_view interned = intern(name);
+  std::lock_guard lock(impl_->samples_mu);
+  impl_->var_names[key] = interned;
 }
 
 std::vector<Span> Profiler::spans() const {
@@ -157,6 +166,40 @@ std::vector<OpStats> Profiler::aggregate() const {
   return out;
 }
 
+std::vector<VarStats> Profiler::aggregate_by_variable() const {
+  std::unordered_map<std::uint64_t, std::int64_t> op_ns;  // op id -> time of its spans
+  for (const Track* t : impl_->sorted_tracks()) {
+    if (t->kind() == TrackKind::launch) continue;  // as in aggregate()
+    t->for_each([&](const SpanInfo& r) { op_ns[r.op_id] += r.end_ns - r.start_ns; });
+  }
+  const std::vector<PushRecord> pushes = impl_->labelled_pushes(nullptr);
+  std::map<std::string_view, VarStats> by_name;
+  std::map<std::string_view, std::int64_t> total_ns;
+  for (const PushRecord& p : pushes) {
+    auto ns = op_ns.find(p.op_id);
+    if (ns == op_ns.end()) continue;  // not run (yet) while recording
+    for (const VarUse& v : p.vars) {
+      if (!v.write || v.name.empty()) continue;
+      VarStats& st = by_name[v.name];
+      if (st.writes == 0) st.name = std::string(v.name);
+      ++st.writes;
+      total_ns[v.name] += ns->second;
+      const std::string op(detail::display_name(p.name));
+      if (std::find(st.ops.begin(), st.ops.end(), op) == st.ops.end()) st.ops.push_back(op);
+    }
+  }
+  std::vector<VarStats> out;
+  for (auto& [name, st] : by_name) {
+    st.total_us = static_cast<double>(total_ns[name]) / 1000.0;
+    out.push_back(std::move(st));
+  }
+  std::sort(out.begin(), out.end(), [](const VarStats& a, const VarStats& b) {
+    if (a.total_us != b.total_us) return a.total_us > b.total_us;
+    return a.name < b.name;
+  });
+  return out;
+}
+
 std::string Profiler::summary_table() const {
   std::vector<OpStats> stats = aggregate();
   std::size_t name_w = 4;
@@ -172,6 +215,20 @@ std::string Profiler::summary_table() const {
        << "  " << std::setw(12) << std::setprecision(3) << s.total_us / 1000.0 << "  " << std::setw(12)
        << std::setprecision(3) << s.mean_us << "  " << std::setw(12) << s.min_us << "  " << std::setw(12) << s.max_us
        << '\n';
+  }
+  const std::vector<VarStats> vars = aggregate_by_variable();
+  if (vars.empty()) return os.str();
+  std::size_t var_w = 8;
+  for (const auto& v : vars) var_w = std::max(var_w, v.name.size());
+  os << "\nby variable written (named variables):\n";
+  os << std::left << std::setw(static_cast<int>(var_w)) << "variable" << std::right << "  " << std::setw(10)
+     << "writes" << "  " << std::setw(12) << "total ms" << "  " << "written by" << '\n';
+  os << std::string(var_w + 2 + 10 + 2 + 12 + 2 + 10, '-') << '\n';
+  for (const auto& v : vars) {
+    std::string ops;
+    for (const std::string& op : v.ops) ops += (ops.empty() ? "" : ", ") + op;
+    os << std::left << std::setw(static_cast<int>(var_w)) << v.name << std::right << "  " << std::setw(10)
+       << v.writes << "  " << std::setw(12) << std::setprecision(3) << v.total_us / 1000.0 << "  " << ops << '\n';
   }
   return os.str();
 }

@@ -2,6 +2,7 @@
 // pushes in push order with the engine's own rules: a read waits for the last
 // write; a write waits for the reads since the last write (or, if none, for
 // the last write).
+#include <deque>
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -33,11 +34,8 @@ const char* device_colour(std::size_t i) {
 }  // namespace
 
 void Profiler::write_dot(std::ostream& os) const {
-  std::vector<PushRecord> pushes;
-  {
-    std::lock_guard lock(impl_->samples_mu);
-    pushes = impl_->pushes;
-  }
+  std::deque<std::string> labels;
+  std::vector<PushRecord> pushes = impl_->labelled_pushes(&labels);
   std::sort(pushes.begin(), pushes.end(), [](const PushRecord& a, const PushRecord& b) { return a.op_id < b.op_id; });
 
   struct VarState {
@@ -51,8 +49,7 @@ void Profiler::write_dot(std::ostream& os) const {
     device_index.try_emplace(p.device, device_index.size());
     for (const VarUse& v : p.vars) {
       VarState& st = vars[v.key];
-      std::string label(v.name);
-      if (label.empty()) label.append("v").append(std::to_string(v.key >> 32));
+      const std::string label(v.name);
       if (v.write) {
         if (!st.readers.empty()) {
           for (std::uint64_t r : st.readers)

@@ -17,6 +17,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <deque>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -135,9 +137,25 @@ struct Profiler::Impl {
   std::mutex names_mu;
   std::unordered_set<std::string, detail::StringHash, std::equal_to<>> names;  // node-based: views stay valid
 
-  mutable std::mutex samples_mu;  // counters and pushes
+  mutable std::mutex samples_mu;  // counters, pushes and renames
   std::vector<detail::CounterSample> counters;
   std::vector<PushRecord> pushes;
+  std::unordered_map<std::uint64_t, std::string_view> var_names;  // key -> interned name given after push
+
+  // The recorded pushes, every variable with its latest name (one given
+  // after the push, e.g. to a tensor after its creating op, wins). Unnamed
+  // variables get "v<id>" (kept alive in *labels) or, without labels, stay
+  // empty.
+  std::vector<PushRecord> labelled_pushes(std::deque<std::string>* labels) const {
+    std::lock_guard lock(samples_mu);
+    std::vector<PushRecord> out = pushes;
+    for (PushRecord& p : out)
+      for (VarUse& v : p.vars) {
+        if (auto it = var_names.find(v.key); it != var_names.end()) v.name = it->second;
+        if (v.name.empty() && labels) v.name = labels->emplace_back("v" + std::to_string(v.key >> 32));
+      }
+    return out;
+  }
 
   // Tracks ordered by (device, index): a snapshot safe to read without the lock
   // (tracks live as long as the profiler).

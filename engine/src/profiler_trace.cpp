@@ -1,6 +1,7 @@
 // Profiler::write_trace: the chrome://tracing / Perfetto JSON of
 // docs/trace-format.md, written by hand (a million spans would take a
 // nlohmann::json document several times the file's size).
+#include <deque>
 #include <algorithm>
 #include <charconv>
 #include <limits>
@@ -201,6 +202,24 @@ void Profiler::write_trace(std::ostream& os) const {
     flush_if_big();
   }
 
+  // The variables each op read and wrote, by name (recorded at push).
+  std::deque<std::string> labels;
+  const std::vector<PushRecord> pushes = impl_->labelled_pushes(&labels);
+  std::unordered_map<std::uint64_t, const PushRecord*> push_of;
+  push_of.reserve(pushes.size());
+  for (const PushRecord& p : pushes) push_of.emplace(p.op_id, &p);
+  auto append_vars = [&](const PushRecord& p, bool write) {
+    buf += write ? R"(,"writes":[)" : R"(,"reads":[)";
+    bool first = true;
+    for (const VarUse& v : p.vars) {
+      if (v.write != write) continue;
+      if (!first) buf += ',';
+      first = false;
+      buf += esc(v.name);
+    }
+    buf += ']';
+  };
+
   // One complete event per span; remember where each op's arrows attach.
   std::unordered_map<std::uint64_t, Anchor> anchors;
   for (const TrackSpans& ts : tracks) {
@@ -218,6 +237,10 @@ void Profiler::write_trace(std::ostream& os) const {
       buf += R"(,"property":")";
       buf += to_string(r.property);
       buf += '"';
+      if (auto p = push_of.find(r.op_id); p != push_of.end()) {
+        append_vars(*p->second, false);
+        append_vars(*p->second, true);
+      }
       if (r.bytes > 0) {
         buf += R"(,"bytes":)";
         append_int(buf, r.bytes);

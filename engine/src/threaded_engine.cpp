@@ -137,6 +137,7 @@ ThreadedEngine::ThreadedEngine(ResolvedConfig config)
 }
 
 ThreadedEngine::~ThreadedEngine() {
+  close_shared_vars();
   gpu::ScopedWaitCause cause(gpu::WaitCause::shutdown);
   drain();
   for (Lane& lane : lanes_) lane.pool.reset();  // joins the workers
@@ -274,7 +275,7 @@ void ThreadedEngine::submit(OpBlock* op) {
       const unsigned epoch = op->epoch;
       recycle(op);
       leave_inflight(epoch);
-      throw Error("push (op '" + name + "'): var #" + std::to_string(id) + " was deleted");
+      throw InvalidArgument("push (op '" + name + "'): var #" + std::to_string(id) + " was deleted");
     }
   }
   if (op->kind == OpKind::delete_var) first->slot->generation.fetch_add(1, std::memory_order_release);

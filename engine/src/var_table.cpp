@@ -18,6 +18,14 @@ std::string VarTable::name_of(std::uint32_t id) const {
   return it == names_.end() ? std::string() : it->second;
 }
 
+void VarTable::set_name(std::uint32_t id, std::string_view name) {
+  std::lock_guard lock(mutex_);
+  if (name.empty())
+    names_.erase(id);
+  else
+    names_.insert_or_assign(id, std::string(name));
+}
+
 Var VarTable::create(std::string_view name) {
   std::lock_guard lock(mutex_);
   VarSlot* slot;
@@ -40,11 +48,11 @@ Var VarTable::create(std::string_view name) {
 
 VarSlot* VarTable::resolve(const Var& var, std::string_view what) const {
   VarSlot* slot = VarAccess::slot(var);
-  if (!slot) throw Error(std::string(what) + ": null weft::Var (default-constructed, never returned by new_var)");
+  if (!slot) throw InvalidArgument(std::string(what) + ": null weft::Var (default-constructed, never returned by new_var)");
   if (VarAccess::engine_id(var) != engine_id_)
-    throw Error(std::string(what) + ": " + describe(var) + " belongs to another engine");
+    throw InvalidArgument(std::string(what) + ": " + describe(var) + " belongs to another engine");
   if (slot->generation.load(std::memory_order_acquire) != VarAccess::generation(var))
-    throw Error(std::string(what) + ": " + describe(var) + " was deleted");
+    throw InvalidArgument(std::string(what) + ": " + describe(var) + " was deleted");
   return slot;
 }
 
@@ -52,7 +60,7 @@ VarSlot* VarTable::retire(const Var& var) {
   VarSlot* slot = resolve(var, "delete_var");
   std::uint32_t expected = VarAccess::generation(var);
   if (!slot->generation.compare_exchange_strong(expected, expected + 1, std::memory_order_acq_rel))
-    throw Error("delete_var: " + describe(var) + " was deleted");
+    throw InvalidArgument("delete_var: " + describe(var) + " was deleted");
   return slot;
 }
 

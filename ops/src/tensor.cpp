@@ -205,6 +205,7 @@ std::string Tensor::name() const { return storage_ ? storage_->name : std::strin
 
 Tensor& Tensor::set_name(std::string name) {
   checked();
+  storage_->engine->set_var_name(storage_->var, name);  // for the engine's messages, traces and tables
   storage_->name = std::move(name);
   return *this;
 }

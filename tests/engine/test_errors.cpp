@@ -56,6 +56,7 @@ Thrown catch_all(F&& f) {
 
 const std::string kRuntimeError = typeid(std::runtime_error).name();
 const std::string kWeftError = typeid(weft::Error).name();
+const std::string kOpError = typeid(weft::OpError).name();
 const std::string kTestError = typeid(TestError).name();
 
 }  // namespace
@@ -347,7 +348,7 @@ TEST_CASE("async op: a Completion called after the body threw is a weft::Error" 
   });
 }
 
-TEST_CASE("a Completion called twice throws weft::Error" * doctest::timeout(60)) {
+TEST_CASE("a Completion called twice throws weft::OpError" * doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     std::atomic<int> second_call{0};  // 1: weft::Error naming the op, 2: weft::Error, 3: no throw
     std::atomic<int> thread_second_call{0};
@@ -362,8 +363,8 @@ TEST_CASE("a Completion called twice throws weft::Error" * doctest::timeout(60))
             try {
               done();
               out->store(3);
-            } catch (const weft::Error& err) {
-              out->store(contains(std::string(err.what()), "twice op") ? 1 : 2);
+            } catch (const weft::OpError& err) {
+              out->store(err.op_name() == "twice op" && contains(std::string(err.what()), "twice op") ? 1 : 2);
             }
           },
           cpu0, {}, {v}, {.name = "twice op"});
@@ -382,7 +383,7 @@ TEST_CASE("a Completion called twice throws weft::Error" * doctest::timeout(60))
               try {
                 done();
                 out->store(3);
-              } catch (const weft::Error&) {
+              } catch (const weft::OpError&) {
                 out->store(1);
               }
             });
@@ -395,11 +396,11 @@ TEST_CASE("a Completion called twice throws weft::Error" * doctest::timeout(60))
     CHECK(thread_second_call.load() == 1);
     // An empty Completion refuses to be called.
     Completion empty;
-    CHECK_THROWS_AS(empty(), weft::Error);
+    CHECK_THROWS_AS(empty(), weft::InvalidArgument);
   });
 }
 
-TEST_CASE("a Completion dropped without being called fails the op with a weft::Error" * doctest::timeout(60)) {
+TEST_CASE("a Completion dropped without being called fails the op with a weft::OpError" * doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     std::atomic<bool> dependent_ran{false};
     std::promise<void> drop;
@@ -411,7 +412,7 @@ TEST_CASE("a Completion dropped without being called fails the op with a weft::E
       e->push_async([](RunContext&, Completion) {}, cpu0, {}, {v}, {.name = "forgetful op"});
       e->push([&](RunContext&) { dependent_ran = true; }, cpu0, {v}, {out}, {.name = "dependent"});
       Thrown t = catch_all([&] { e->wait_to_read(out); });
-      CHECK(t.type == kWeftError);
+      CHECK(t.type == kOpError);
       CHECK(contains(t.what, "forgetful op"));
       CHECK_FALSE(dependent_ran.load());
 
@@ -427,16 +428,21 @@ TEST_CASE("a Completion dropped without being called fails the op with a weft::E
             });
           },
           cpu0, {}, {w}, {.name = "dropped on a thread"});
-      t = catch_all([&] { e->wait_to_read(w); });
-      CHECK(t.type == kWeftError);
-      CHECK(contains(t.what, "dropped on a thread"));
+      try {
+        e->wait_to_read(w);
+        FAIL("the dropped Completion did not fail its op");
+      } catch (const weft::OpError& err) {
+        CHECK(err.op_name() == "dropped on a thread");
+        CHECK(err.device() == cpu0);
+        CHECK(contains(std::string(err.what()), "dropped on a thread"));
+      }
       CHECK_FALSE(catch_all([&] { e->wait_all(); }).threw);
     }
     holder.join();
   });
 }
 
-TEST_CASE("waiting from inside an op throws weft::Error naming the op" * doctest::timeout(60)) {
+TEST_CASE("waiting from inside an op throws weft::OpError naming the op" * doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     std::mutex m;
     std::vector<std::string> messages;
@@ -479,7 +485,7 @@ TEST_CASE("waiting from inside an op throws weft::Error naming the op" * doctest
     // Left to propagate, the error fails the op.
     e->push([&](RunContext& ctx) { ctx.engine->wait_all(); }, cpu0, {}, {z}, {.name = "propagating waiter"});
     Thrown t = catch_all([&] { e->wait_to_read(z); });
-    CHECK(t.type == kWeftError);
+    CHECK(t.type == kOpError);
     CHECK(contains(t.what, "propagating waiter"));
   });
 }
@@ -519,7 +525,8 @@ TEST_CASE("bad input is refused at push time with a message naming it" * doctest
     e->delete_var(dead);
     Var foreign = other->new_var("foreign");
     auto body = [&](RunContext&) { ran.fetch_add(1); };
-    auto push_msg = [&](auto&& call) { return thrown_message<weft::Error>(call); };
+    // Bad input is a weft::InvalidArgument.
+    auto push_msg = [&](auto&& call) { return thrown_message<weft::InvalidArgument>(call); };
 
     // Null Var, in reads and in writes, push and push_async.
     auto m = push_msg([&] { e->push(body, cpu0, {v, Var()}, {}, {.name = "op-null-read"}); });

@@ -9,13 +9,23 @@
 //   ├── InvalidArgument   a bad value given to Weft (shape, device, setting)
 //   ├── OutOfMemory       a device had no room: which device, how much was
 //   │                     asked for, how much it had free
-//   └── DeviceError       a GPU runtime or library call failed (CUDA, cuBLAS,
-//                         cuDNN, NCCL, or the simulator)
+//   ├── DeviceError       a GPU runtime or library call failed (CUDA, cuBLAS,
+//   │                     cuDNN, NCCL, or the simulator)
+//   ├── OpError           an op was misused while it ran: which op, on which
+//   │                     device (a Completion called twice or never, a wait
+//   │                     from inside an op)
+//   └── CommunicationError  a collective or a transfer between ranks failed or
+//                         timed out: which rank, which peer
+//
+// An exception a user op throws reaches the waiter as it was thrown (its own
+// type, its own message), as with std::future: catch it by the type the op
+// threw. Weft's own errors raised inside a running op name that op.
 #pragma once
 
 #include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "weft/device.h"
 
@@ -49,6 +59,33 @@ class OutOfMemory : public Error {
 class DeviceError : public Error {
  public:
   using Error::Error;
+};
+
+class OpError : public Error {
+ public:
+  // `what` is the whole message (it names the op and the device).
+  OpError(const std::string& what, std::string op_name, Device device)
+      : Error(what), op_name_(std::move(op_name)), device_(device) {}
+  const std::string& op_name() const noexcept { return op_name_; }  // as pushed (may be empty)
+  Device device() const noexcept { return device_; }                // where the op ran
+
+ private:
+  std::string op_name_;
+  Device device_;
+};
+
+class CommunicationError : public Error {
+ public:
+  static constexpr int kNoPeer = -1;
+  // `what` is the whole message (it names the operation, the rank and the peer).
+  CommunicationError(const std::string& what, int rank, int peer = kNoPeer)
+      : Error(what), rank_(rank), peer_(peer) {}
+  int rank() const noexcept { return rank_; }  // the rank that raised it
+  int peer() const noexcept { return peer_; }  // the rank it was talking to; kNoPeer: all, or unknown
+
+ private:
+  int rank_;
+  int peer_;
 };
 
 }  // namespace weft

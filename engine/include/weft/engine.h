@@ -18,6 +18,8 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "weft/allocator.h"
@@ -33,6 +35,9 @@
 namespace weft {
 
 class Engine;
+namespace detail {
+struct EngineLife;
+}
 
 // What a running op learns about where it runs.
 struct RunContext {
@@ -50,6 +55,41 @@ struct RunContext {
 
 using OpFunction = UniqueFunction<void(RunContext&)>;
 using AsyncOpFunction = UniqueFunction<void(RunContext&, Completion)>;
+
+namespace detail {
+// An op body as the engine stores it: callables taking a RunContext& as
+// they are; callables taking nothing (push) or only the Completion
+// (push_async) wrapped. A null function pointer or empty std::function stays
+// empty, so push refuses it.
+template <class F>
+OpFunction to_op_function(F&& fn) {
+  if constexpr (std::is_convertible_v<F&&, OpFunction>) {
+    return OpFunction(std::forward<F>(fn));
+  } else {
+    static_assert(std::is_invocable_v<std::decay_t<F>&>,
+                  "weft::Engine::push: the op must be callable as fn(weft::RunContext&) or fn()");
+    if constexpr (requires { fn == nullptr; }) {
+      if (fn == nullptr) return {};
+    }
+    return OpFunction([f = std::forward<F>(fn)](RunContext&) mutable { f(); });
+  }
+}
+template <class F>
+AsyncOpFunction to_async_op_function(F&& fn) {
+  if constexpr (std::is_convertible_v<F&&, AsyncOpFunction>) {
+    return AsyncOpFunction(std::forward<F>(fn));
+  } else {
+    static_assert(std::is_invocable_v<std::decay_t<F>&, Completion>,
+                  "weft::Engine::push_async: the op must be callable as fn(weft::RunContext&, weft::Completion) "
+                  "or fn(weft::Completion)");
+    if constexpr (requires { fn == nullptr; }) {
+      if (fn == nullptr) return {};
+    }
+    return AsyncOpFunction(
+        [f = std::forward<F>(fn)](RunContext&, Completion done) mutable { f(std::move(done)); });
+  }
+}
+}  // namespace detail
 
 struct OpOptions {
   int priority = 0;  // higher runs first among ready ops of one device
@@ -98,14 +138,33 @@ class Engine {
   // A new variable; `name` appears in messages about it.
   virtual Var new_var(std::string_view name = {}) = 0;
 
-  // Runs fn(ctx) on a worker of `device` once the variables allow. Returns at
-  // once (unless the in-flight bound is reached). Throws weft::Error at push
-  // time for a null function, a null, deleted or foreign Var, or an unknown
-  // device.
-  virtual void push(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options = {}) = 0;
-  // As push, but the op is complete only when its Completion is called.
-  virtual void push_async(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
-                          OpOptions options = {}) = 0;
+  // Runs fn(ctx) — or fn() for a callable that takes no RunContext — on a
+  // worker of `device` once the variables allow; without a device, on
+  // cpu(0). Returns at once (unless the in-flight bound is reached). Throws
+  // weft::InvalidArgument at push time for a null function, a null, deleted
+  // or foreign Var, or an unknown device, naming the op.
+  //   engine.push([&] { y = x + 1; }, {vx}, {vy});
+  //   engine.push([&](RunContext& ctx) { ... }, Device::cpu(1), {vx}, {vy}, {.name = "step"});
+  template <class F>
+  void push(F&& fn, Device device, VarList reads, VarList writes, OpOptions options = {}) {
+    push_op(detail::to_op_function(std::forward<F>(fn)), device, reads, writes, std::move(options));
+  }
+  template <class F>
+  void push(F&& fn, VarList reads, VarList writes, OpOptions options = {}) {
+    push_op(detail::to_op_function(std::forward<F>(fn)), Device::cpu(0), reads, writes, std::move(options));
+  }
+  // As push, but the op is complete only when its Completion is called (by
+  // the op or any thread it hands the Completion to): fn(ctx, done) or
+  // fn(done). CPU devices only (GPU ops complete by their stream).
+  template <class F>
+  void push_async(F&& fn, Device device, VarList reads, VarList writes, OpOptions options = {}) {
+    push_async_op(detail::to_async_op_function(std::forward<F>(fn)), device, reads, writes, std::move(options));
+  }
+  template <class F>
+  void push_async(F&& fn, VarList reads, VarList writes, OpOptions options = {}) {
+    push_async_op(detail::to_async_op_function(std::forward<F>(fn)), Device::cpu(0), reads, writes,
+                  std::move(options));
+  }
 
   // Block until all writes pushed before are done; rethrow the variable's error
   // (once). Called from inside an op, they throw weft::Error naming the op.
@@ -121,6 +180,11 @@ class Engine {
   virtual void delete_var(Var var) = 0;
   // Number of completed writes to the variable so far.
   virtual std::uint64_t version(Var var) const = 0;
+  // Names (or renames) a variable: errors ("var #12 'conv1.weight'"), traces,
+  // the dependency graph and the profiler's table use the latest name, for
+  // ops pushed before the call too.
+  virtual void set_var_name(Var var, std::string_view name) = 0;
+  virtual std::string var_name(Var var) const = 0;  // empty when unnamed
 
   virtual std::string_view kind() const noexcept = 0;
   virtual std::vector<Device> devices() const = 0;
@@ -135,7 +199,18 @@ class Engine {
 
  protected:
   Engine();
+  // Engines call it first thing in their destructor: from then on dropping a
+  // SharedVar leaves its variable to the engine's end.
+  void close_shared_vars() noexcept;
+  // What every push and push_async above comes to.
+  virtual void push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) = 0;
+  virtual void push_async_op(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
+                             OpOptions options) = 0;
   std::unique_ptr<Profiler> profiler_;
+
+ private:
+  friend class SharedVar;
+  std::shared_ptr<detail::EngineLife> life_;  // what SharedVars hold of the engine
 };
 
 }  // namespace weft

@@ -47,6 +47,14 @@ struct OpStats {
   double total_us = 0, min_us = 0, max_us = 0, mean_us = 0;
 };
 
+// The ops that wrote one named variable.
+struct VarStats {
+  std::string name;            // the variable's (a tensor's, a parameter's) name
+  std::uint64_t writes = 0;    // ops that wrote it
+  double total_us = 0;         // their time
+  std::vector<std::string> ops;  // their names, distinct, in first-write order
+};
+
 // What a track's spans are: op bodies on a CPU worker, the host side of GPU
 // work (a GPU worker enqueuing it), or the GPU side (when the stream ran it,
 // timed with CUDA events).
@@ -131,6 +139,9 @@ class Profiler {
   std::vector<Span> spans() const;             // every recorded span, by start time
   ProfileSummary summarize() const;            // see docs/trace-format.md
   std::vector<OpStats> aggregate() const;      // per op name, by total time (largest first)
+  // Per named variable: the ops that wrote it (count, total time, their
+  // names), by total time; unnamed variables are left out.
+  std::vector<VarStats> aggregate_by_variable() const;
   std::string summary_table() const;           // aggregate() as a printable table
 
   // Engines call these. A track is a single-writer buffer (one per worker).
@@ -170,6 +181,10 @@ class Profiler {
     std::vector<VarUse> vars;
   };
   void record_push(PushRecord push);
+  // Thread-safe (engines call it whenever a variable is named). A name given to a variable
+  // after ops using it were recorded: the trace, the graph and the table
+  // show the latest name. `key` as in VarUse.
+  void record_var_name(std::uint64_t key, std::string_view name);
   // The graph the engine built from the recorded pushes: one node per op,
   // an edge for each dependency (read after write, write after read or
   // write), labelled with the variable; nodes coloured by device. Graphviz DOT.

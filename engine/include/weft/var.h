@@ -4,7 +4,8 @@
 // engine orders ops by the Vars they touch and never looks at the data. A
 // handle remembers its engine and the generation of its slot, so a Var used
 // after delete_var, or with another engine, is caught at push time instead of
-// silently aliasing a recycled variable.
+// silently aliasing a recycled variable. A Var lives until delete_var or the
+// engine's end; weft::SharedVar (below) deletes it when its last copy goes.
 #pragma once
 
 #include <array>
@@ -12,14 +13,20 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace weft {
 
+class Engine;
+class SharedVar;
+
 namespace detail {
 struct VarSlot;
 struct VarAccess;
+struct SharedVarState;
 }  // namespace detail
 
 class Var {
@@ -60,6 +67,7 @@ class VarList {
   template <std::size_t N>
   constexpr VarList(const std::array<Var, N>& vars) noexcept : data_(vars.data()), size_(N) {}  // NOLINT
   constexpr VarList(const Var& var) noexcept : data_(&var), size_(1) {}  // NOLINT: a lone Var is a list of one
+  VarList(const SharedVar& var) noexcept;  // NOLINT: so is a lone SharedVar
 
   constexpr const Var* begin() const noexcept { return data_; }
   constexpr const Var* end() const noexcept { return data_ + size_; }
@@ -71,6 +79,34 @@ class VarList {
   const Var* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+// An owning handle to a variable: copies share it, and when the last copy
+// goes the variable is deleted through its engine (delete_var: after every
+// op pushed on it so far). It converts to the Var it holds, so it goes
+// wherever a Var does: `engine.push(fn, {a, b}, {c})`. Dropping the last copy
+// is safe on any thread, inside an op, and after or during the engine's
+// destruction (the engine's end then takes the variable with it). Deleting
+// its Var by hand as well is a misuse, reported on stderr when the handle
+// goes.
+class SharedVar {
+ public:
+  SharedVar() noexcept = default;  // empty: holds the null Var
+  // A new variable of `engine` (engine.new_var(name)).
+  explicit SharedVar(Engine& engine, std::string_view name = {});
+  // Takes ownership of `var`, a live variable of `engine`.
+  static SharedVar adopt(Engine& engine, Var var);
+
+  const Var& var() const noexcept;
+  operator const Var&() const noexcept { return var(); }  // NOLINT: a SharedVar is used as its Var
+  explicit operator bool() const noexcept { return state_ != nullptr; }
+  long use_count() const noexcept { return state_.use_count(); }
+  void reset() noexcept { state_.reset(); }  // drops this copy
+
+ private:
+  std::shared_ptr<detail::SharedVarState> state_;
+};
+
+inline VarList::VarList(const SharedVar& var) noexcept : data_(&var.var()), size_(1) {}
 
 }  // namespace weft
 

@@ -57,7 +57,9 @@ class Tensor {
   Var var() const;  // the engine variable guarding the storage
   Engine& engine() const;
   std::string name() const;  // the Var's name, e.g. "conv1.weight"
-  Tensor& set_name(std::string name);  // for messages and traces (before first use)
+  // Names the tensor and its Var: errors, traces, the dependency graph and the
+  // profiler's table show it (for ops pushed before the call too).
+  Tensor& set_name(std::string name);
   std::string str() const;   // "Tensor 'x' [256, 10] float32 on cpu(0)"
 
   // ---- blocking reads ---------------------------------------------------
