@@ -20,10 +20,12 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "arg_cursor.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/intra_op.h"
 #include "measure.h"
@@ -202,12 +204,19 @@ void gpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
+  for (weft::examples::ArgCursor args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.quick = true, o.reps = 3;
-    else if (a == "--reps" && i + 1 < argc) o.reps = std::max(1, std::atoi(argv[++i]));
-    else if (a == "--help" || a == "-h") {
+    else if (a == "--reps") {
+      const std::optional<std::string> v = args.value();
+      const auto n = v ? weft::examples::ArgCursor::parse_int(*v, 1, 1000) : std::nullopt;
+      if (!n) {
+        std::fprintf(stderr, "weft-bench-ops: --reps wants a number from 1 to 1000 (see --help)\n");
+        return 2;
+      }
+      o.reps = static_cast<int>(*n);
+    } else if (a == "--help" || a == "-h") {
       std::printf(
           "weft-bench-ops [--json] [--quick] [--reps N]\n"
           "  Per-op dispatch cost of small ops through the engine vs calling the kernel directly, and\n"

@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string_view>
+
+#include "arg_cursor.h"
 
 namespace weft_bench {
 namespace {
@@ -68,11 +71,12 @@ std::vector<std::string> available_engines() {
 Options parse_options(int argc, char** argv) {
   Options o;
   const std::vector<std::string> known = available_engines();
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) fail(std::string(a) + " needs a value");
-      return argv[++i];
+  for (weft::examples::ArgCursor args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
+    auto value = [&]() -> std::string {
+      std::optional<std::string> v = args.value();
+      if (!v) fail(a + " needs a value");
+      return *v;
     };
     if (a == "--help" || a == "-h") {
       usage(stdout);
@@ -84,19 +88,18 @@ Options parse_options(int argc, char** argv) {
     } else if (a == "--smoke") {
       o.smoke = true;
     } else if (a == "--reps") {
-      const std::string v(value());
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n < 1 || n > 1000) fail("--reps wants a number from 1 to 1000, not '" + v + "'");
-      o.reps = static_cast<int>(n);
+      const std::string v = value();
+      const auto n = weft::examples::ArgCursor::parse_int(v, 1, 1000);
+      if (!n) fail("--reps wants a number from 1 to 1000, not '" + v + "'");
+      o.reps = static_cast<int>(*n);
     } else if (a == "--body") {
-      const std::string v(value());
+      const std::string v = value();
       if (v != "empty" && v != "1us" && v != "10us") fail("unknown body '" + v + "'");
       o.bodies.push_back(v);
     } else if (a == "--shape") {
-      const std::string_view v = value();
+      const std::string v = value();
       const auto k = parse_shape(v);
-      if (!k) fail("unknown shape '" + std::string(v) + "'");
+      if (!k) fail("unknown shape '" + v + "'");
       o.shapes.push_back(*k);
     } else if (a == "--engines") {
       for (const std::string& e : split_commas(value())) {
@@ -105,7 +108,7 @@ Options parse_options(int argc, char** argv) {
         o.engines.push_back(e);
       }
     } else {
-      fail("unknown argument '" + std::string(a) + "'");
+      fail("unknown argument '" + a + "'");
     }
   }
   if (o.reps == 0) o.reps = o.smoke ? 1 : o.quick ? 3 : 5;

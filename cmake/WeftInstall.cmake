@@ -16,3 +16,14 @@ write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/weftConfigVersion.c
                                  COMPATIBILITY SameMinorVersion)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/weftConfig.cmake ${CMAKE_CURRENT_BINARY_DIR}/weftConfigVersion.cmake
         DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/weft)
+
+# pkg-config, for builds without CMake (tests/embed/check-embed.sh builds
+# examples/embed with it too). Relocatable: paths are relative to the .pc.
+set(WEFT_PC_EXTRA_LIBS ${CMAKE_DL_LIBS})
+if(WEFT_HAVE_CUDA)
+  list(APPEND WEFT_PC_EXTRA_LIBS -L${CUDAToolkit_LIBRARY_DIR} -lcudnn -lcublas -lcudart)
+endif()
+list(TRANSFORM WEFT_PC_EXTRA_LIBS PREPEND "-l" REGEX "^[^-]")
+list(JOIN WEFT_PC_EXTRA_LIBS " " WEFT_PC_EXTRA_LIBS)
+configure_file(cmake/weft.pc.in ${CMAKE_CURRENT_BINARY_DIR}/weft.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/weft.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

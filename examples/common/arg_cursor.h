@@ -1,10 +1,13 @@
-// How every Weft example reads its command line: flags as "--flag value" or
-// "--flag=value", one pass over argv. Each program keeps its own flags and
-// its own usage error; this only walks argv.
+// How every Weft program reads its command line — the examples, the demos,
+// the trainer and the benchmarks: flags as "--flag value" or "--flag=value",
+// one pass over argv. Each program keeps its own flags and its own usage
+// error; this walks argv and reads whole numbers.
 #pragma once
 
+#include <charconv>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace weft::examples {
 
@@ -28,6 +31,15 @@ class ArgCursor {
   const std::string& flag() const { return flag_; }
   // Whether the argument carried "=value" (a switch must not).
   bool has_inline_value() const { return inline_value_.has_value(); }
+
+  // A whole number in [lo, hi] (all of `text`); nullopt otherwise.
+  static std::optional<long long> parse_int(std::string_view text, long long lo, long long hi) {
+    long long v = 0;
+    const char* end = text.data() + text.size();
+    auto [p, ec] = std::from_chars(text.data(), end, v);
+    if (ec != std::errc() || p != end || v < lo || v > hi) return std::nullopt;
+    return v;
+  }
 
   // The flag's value: its "=value" part, else the next argument (consumed);
   // nullopt when the command line ends first.
