@@ -494,3 +494,38 @@ TEST_CASE("nn derive_seed spreads seeds") {
   CHECK(nn::derive_seed(1, 0) != nn::derive_seed(2, 0));
   CHECK(nn::derive_seed(5, 3) == nn::derive_seed(5, 3));
 }
+
+// Parameter and gradient names reach the profiler's per-variable table, the
+// trace's read and write sets, and shape errors.
+TEST_CASE("nn parameter names reach the profiler, the trace and errors") {
+  for (auto make : {naive_engine, threaded_engine}) {
+    auto e = make();
+    nn::Dense fc(*e, 4, 3, weft::Device::cpu(0), 1, nn::Init::kaiming_uniform, "fc1");
+    const Tensor x = Tensor::uniform(*e, Shape{2, 4}, -1.0f, 1.0f, 2).set_name("batch");
+    e->profiler().start();
+    const Tensor y = fc.forward(x);
+    fc.backward(Tensor::ones(*e, y.shape()));
+    nn::sgd_step(fc.parameters(), 0.1f);
+    e->wait_all();
+    e->profiler().stop();
+
+    std::vector<std::string> written;
+    for (const weft::VarStats& v : e->profiler().aggregate_by_variable()) written.push_back(v.name);
+    for (const char* name : {"fc1.weight", "fc1.bias", "fc1.weight.grad", "fc1.bias.grad"})
+      CHECK_MESSAGE(std::find(written.begin(), written.end(), name) != written.end(), name);
+
+    std::ostringstream trace;
+    e->profiler().write_trace(trace);
+    const bool forward_reads_named = trace.str().find(R"("reads":["batch","fc1.weight")") != std::string::npos ||
+                                     trace.str().find(R"("reads":["fc1.weight","batch")") != std::string::npos;
+    CHECK(forward_reads_named);
+
+    const Tensor wrong = Tensor::zeros(*e, Shape{2, 5}).set_name("wrong batch");
+    try {
+      (void)fc.forward(wrong);
+      FAIL("a [2, 5] input to a 4-input Dense was accepted");
+    } catch (const weft::InvalidArgument& err) {
+      CHECK(std::string(err.what()).find("wrong batch") != std::string::npos);
+    }
+  }
+}

@@ -21,7 +21,7 @@ float init_bound(Init init, std::int64_t fan_in, std::int64_t fan_out) {
     case Init::xavier_uniform:
       return static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
   }
-  throw Error("nn: unknown Init");
+  throw InvalidArgument("nn: unknown Init");
 }
 
 Parameter make_weight(Engine& engine, const std::string& name, Shape shape, Init init, std::int64_t fan_in,
@@ -39,24 +39,36 @@ Parameter make_bias(Engine& engine, const std::string& name, std::int64_t n, Dev
 }
 
 void check_positive(const char* layer, const char* what, std::int64_t v) {
-  if (v < 1) throw Error(std::string(layer) + ": " + what + " must be positive, got " + num(v));
+  if (v < 1) throw InvalidArgument(std::string(layer) + ": " + what + " must be positive, got " + num(v));
 }
 
 [[noreturn]] void no_forward(const std::string& layer) {
-  throw Error(layer + ": backward without a training-mode forward before it (backward consumes what forward "
+  throw InvalidArgument(layer + ": backward without a training-mode forward before it (backward consumes what forward "
                       "kept; evaluation mode keeps nothing)");
 }
 
 void check_dy(const std::string& layer, const Tensor& dy, const Shape& want) {
-  if (!dy.defined()) throw Error(layer + ": backward got an undefined dy");
+  if (!dy.defined()) throw InvalidArgument(layer + ": backward got an undefined dy");
   if (dy.shape() != want)
-    throw Error(layer + ": backward got dy " + dy.shape().str() + ", the last forward's output is " + want.str());
+    throw InvalidArgument(layer + ": backward got dy " + dy.shape().str() + ", the last forward's output is " + want.str());
+}
+
+// Runs a shape check, adding the input tensor (its name, shape and device)
+// to the message.
+template <class Check>
+void check_input(const Tensor& x, Check check) {
+  if (!x.defined()) throw InvalidArgument("nn: undefined input");
+  try {
+    check();
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(e.what()) + " (input: " + x.str() + ")");
+  }
 }
 
 Shape pool_output(const char* layer, const Shape& x, Pool2dParams p) {
-  if (x.rank() != 4) throw Error(std::string(layer) + ": input must be [N, C, H, W], got " + x.str());
+  if (x.rank() != 4) throw InvalidArgument(std::string(layer) + ": input must be [N, C, H, W], got " + x.str());
   if (p.kernel < 1 || p.stride < 1 || p.kernel > x[2] || p.kernel > x[3])
-    throw Error(std::string(layer) + ": window " + num(p.kernel) + " stride " + num(p.stride) +
+    throw InvalidArgument(std::string(layer) + ": window " + num(p.kernel) + " stride " + num(p.stride) +
                 " does not fit input " + x.str());
   return Shape{x[0], x[1], (x[2] - p.kernel) / p.stride + 1, (x[3] - p.kernel) / p.stride + 1};
 }
@@ -92,12 +104,12 @@ Dense::Dense(Engine& engine, std::int64_t in, std::int64_t out, Device device, s
 
 Shape Dense::output_shape(const Shape& x) const {
   if (x.rank() != 2 || x[1] != in_)
-    throw Error("Dense(" + num(in_) + " -> " + num(out_) + "): input must be [N, " + num(in_) + "], got " + x.str());
+    throw InvalidArgument("Dense(" + num(in_) + " -> " + num(out_) + "): input must be [N, " + num(in_) + "], got " + x.str());
   return Shape{x[0], out_};
 }
 
 Tensor Dense::forward(const Tensor& x) {
-  output_shape(x.shape());
+  check_input(x, [&] { output_shape(x.shape()); });
   Tensor y = ops::dense(x, weight_.value, bias_.value);
   x_ = training_ ? x : Tensor();
   return y;
@@ -108,6 +120,8 @@ Tensor Dense::backward(const Tensor& dy) {
   check_dy("Dense", dy, output_shape(x_.shape()));
   ops::DenseGrads g = ops::dense_backward(x_, weight_.value, dy);
   x_ = Tensor();
+  g.dw.set_name(weight_.name + ".grad");  // traces and tables show "fc1.weight.grad"
+  g.db.set_name(bias_.name + ".grad");
   weight_.grad = std::move(g.dw);
   bias_.grad = std::move(g.db);
   return std::move(g.dx);
@@ -124,7 +138,7 @@ Conv2d::Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channe
   check_positive("Conv2d", "out_channels", out_channels);
   check_positive("Conv2d", "kernel", kernel);
   check_positive("Conv2d", "stride", params.stride);
-  if (params.pad < 0) throw Error("Conv2d: pad must not be negative, got " + num(params.pad));
+  if (params.pad < 0) throw InvalidArgument("Conv2d: pad must not be negative, got " + num(params.pad));
   const std::int64_t k2 = kernel * kernel;
   weight_ = make_weight(engine, name, Shape{out_channels, in_channels, kernel, kernel}, init, in_channels * k2,
                         out_channels * k2, device, seed);
@@ -133,14 +147,14 @@ Conv2d::Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channe
 
 Shape Conv2d::output_shape(const Shape& x) const {
   if (x.rank() != 4 || x[1] != in_)
-    throw Error(describe() + ": input must be [N, " + num(in_) + ", H, W], got " + x.str());
+    throw InvalidArgument(describe() + ": input must be [N, " + num(in_) + ", H, W], got " + x.str());
   const std::int64_t h = x[2] + 2 * params_.pad, w = x[3] + 2 * params_.pad;
-  if (h < kernel_ || w < kernel_) throw Error(describe() + ": input " + x.str() + " is smaller than the filter");
+  if (h < kernel_ || w < kernel_) throw InvalidArgument(describe() + ": input " + x.str() + " is smaller than the filter");
   return Shape{x[0], out_, (h - kernel_) / params_.stride + 1, (w - kernel_) / params_.stride + 1};
 }
 
 Tensor Conv2d::forward(const Tensor& x) {
-  output_shape(x.shape());
+  check_input(x, [&] { output_shape(x.shape()); });
   Tensor y = ops::conv2d(x, weight_.value, bias_.value, params_);
   x_ = training_ ? x : Tensor();
   return y;
@@ -152,6 +166,8 @@ Tensor Conv2d::backward(const Tensor& dy) {
   Tensor dx = ops::conv2d_backward_data(dy, weight_.value, x_.shape(), params_);
   ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy, weight_.value.shape(), params_);
   x_ = Tensor();
+  g.dw.set_name(weight_.name + ".grad");  // traces and tables show "fc1.weight.grad"
+  g.db.set_name(bias_.name + ".grad");
   weight_.grad = std::move(g.dw);
   bias_.grad = std::move(g.db);
   return dx;
@@ -223,7 +239,7 @@ std::string MaxPool2d::describe() const {
 // ---- Flatten ------------------------------------------------------------
 
 Shape Flatten::output_shape(const Shape& x) const {
-  if (x.rank() < 1) throw Error("Flatten: input must have a batch axis, got a scalar");
+  if (x.rank() < 1) throw InvalidArgument("Flatten: input must have a batch axis, got a scalar");
   std::int64_t rest = 1;
   for (std::size_t i = 1; i < x.rank(); ++i) rest *= x[i];
   return Shape{x[0], rest};

@@ -21,14 +21,14 @@ std::string batch_shape(const Shape& s) {
 }  // namespace
 
 Sequential& Sequential::add(std::unique_ptr<Layer> layer) {
-  if (!layer) throw Error("Sequential::add: null layer");
+  if (!layer) throw InvalidArgument("Sequential::add: null layer");
   layer->train(training_);
   layers_.push_back(std::move(layer));
   return *this;
 }
 
 Tensor Sequential::forward(const Tensor& x) {
-  if (!x.defined()) throw Error("Sequential::forward: undefined input");
+  if (!x.defined()) throw InvalidArgument("Sequential::forward: undefined input");
   input_shape_ = x.shape();
   have_input_shape_ = true;
   Tensor y = x;
@@ -97,7 +97,7 @@ std::int64_t parameter_count(const std::vector<Parameter*>& params) {
 void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay) {
   for (Parameter* p : params) {
     if (!p->grad.defined())
-      throw Error("sgd_step: parameter '" + p->name + "' has no gradient (run backward first)");
+      throw InvalidArgument("sgd_step: parameter '" + p->name + "' has no gradient (run backward first)");
     ops::sgd_update(p->value, p->grad, lr, weight_decay);
   }
 }
@@ -124,7 +124,7 @@ std::unique_ptr<Sequential> lenet(Engine& engine, Device device, std::uint64_t s
 }
 
 std::unique_ptr<Sequential> mlp(Engine& engine, std::vector<std::int64_t> sizes, Device device, std::uint64_t seed) {
-  if (sizes.size() < 2) throw Error("mlp: need at least two sizes (input and output), got " + std::to_string(sizes.size()));
+  if (sizes.size() < 2) throw InvalidArgument("mlp: need at least two sizes (input and output), got " + std::to_string(sizes.size()));
   auto net = std::make_unique<Sequential>();
   for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
     const bool last = i + 2 == sizes.size();
