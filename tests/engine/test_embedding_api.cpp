@@ -29,11 +29,15 @@ TEST_CASE("push and push_async accept callables without a RunContext" * doctest:
     e->wait_to_read(b);
     CHECK(y == 42);
 
-    // An I/O callback: the op hands its Completion to another thread.
+    // An I/O callback: the op hands its Completion to another thread. The
+    // thread is started under a lock, so that the frontend, woken by done(),
+    // joins it only once the body has stored it.
+    std::mutex io_mutex;
     std::thread io;
     int loaded = 0;
     e->push_async(
         [&](Completion done) {
+          std::lock_guard lock(io_mutex);
           io = std::thread([&loaded, done = std::move(done)] {
             loaded = 7;
             done();
@@ -43,7 +47,10 @@ TEST_CASE("push and push_async accept callables without a RunContext" * doctest:
     e->push([&] { y = loaded * 2; }, cpu0, {a}, {b});
     e->wait_to_read(b);
     CHECK(y == 14);
-    io.join();
+    {
+      std::lock_guard lock(io_mutex);
+      io.join();
+    }
 
     // A plain function pointer, a mutable lambda, a move-only capture.
     static int calls = 0;
