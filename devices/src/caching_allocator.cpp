@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "weft/check_context.h"
 #include "runtime.h"
 #include "weft/allocator.h"
 #include "weft/error.h"
@@ -166,7 +167,7 @@ class CachingAllocator final : public Allocator {
         throw OutOfMemory("out of memory on " + device_.str() + ": requested " + human_bytes(bytes) + " (" +
                               human_bytes(size) + " size class); " + human_bytes(free) + " free, " +
                               human_bytes(stats_.in_use) + " in use, " + human_bytes(stats_.reserved) +
-                              " reserved after releasing the cache",
+                              " reserved after releasing the cache" + detail::current_op_suffix(),
                           device_, bytes, free);
       }
       r = new BlockRecord{p, size, stream, {}, {}};

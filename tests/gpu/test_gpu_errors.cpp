@@ -133,6 +133,7 @@ TEST_CASE("gpu errors - out of gpu memory is an error and the engine keeps worki
       // [2^19, 2^19] floats = 1 TiB.
       const std::string msg = message_of([&] { (void)ops::matmul(big_a, big_b, true, true).to_host(); });
       CHECK(contains(msg, "out of memory on gpu(0)"));
+      CHECK(contains(msg, "op 'matmul'"));  // raised inside the op: it names the op
       // Users catch it by type, with the device and the request.
       try {
         (void)ops::matmul(big_a, big_b, true, true).to_host();
