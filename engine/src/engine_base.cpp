@@ -58,13 +58,17 @@ std::uint64_t EngineBase::version(Var var) const {
 }
 
 void EngineBase::set_var_name(Var var, std::string_view name) {
-  VarSlot* slot = vars_.resolve(var, "set_var_name");
-  vars_.set_name(slot->id, name);
-  // Always (renames are rare): ops recorded earlier show the new name too.
-  profiler_->record_var_name((std::uint64_t{var.id()} << 32) | VarAccess::generation(var), name);
+  vars_.set_name(var, name);
+  // While profiling, ops recorded before the rename show the new name too.
+  // (Not otherwise: the profiler would keep every name ever given.)
+  if (profiler_->running())
+    profiler_->record_var_name((std::uint64_t{var.id()} << 32) | VarAccess::generation(var), name);
 }
 
-std::string EngineBase::var_name(Var var) const { return vars_.name_of(vars_.resolve(var, "var_name")->id); }
+std::string EngineBase::var_name(Var var) const {
+  vars_.resolve(var, "var_name");
+  return vars_.name_of(var.id());
+}
 
 std::vector<Device> EngineBase::devices() const {
   std::vector<Device> out;

@@ -36,10 +36,18 @@ void NaiveEngine::launch(OpBlock* op) { run(op); }
 void NaiveEngine::run(OpBlock* op) {
   std::lock_guard run_lock(run_mutex_);
   inflight_.fetch_add(1, std::memory_order_relaxed);
-  if (running_op_of(scope_key())) {
+  // Pushed while this thread is already running ops — from an op body, or
+  // while an op is being cleaned up (its closure may drop the last SharedVar
+  // of a variable that follow-ups still use): after what was pushed before.
+  if (running_ > 0) {
     deferred_.push_back(op);
     return;
   }
+  struct Running {
+    int& depth;
+    explicit Running(int& d) : depth(++d) {}
+    ~Running() { --depth; }
+  } running(running_);
   run_now(op);
   while (!deferred_.empty()) {
     OpBlock* next = deferred_.front();

@@ -40,6 +40,7 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   // may push follow-up ops, which run at once, nested.
   std::recursive_mutex run_mutex_;
   std::deque<OpBlock*> deferred_;        // guarded by run_mutex_
+  int running_ = 0;                      // guarded by run_mutex_: run() is on the stack
   std::vector<OpBlock*> pending_async_;  // async ops waiting for done(), outermost first
   std::mutex async_mutex_;
   std::condition_variable async_cv_;

@@ -28,6 +28,7 @@ struct SharedVarState {
   SharedVarState(const SharedVarState&) = delete;
   SharedVarState& operator=(const SharedVarState&) = delete;
   ~SharedVarState() {
+    if (var.is_null()) return;  // new_var threw
     std::shared_lock lock(life->mutex);
     if (life->engine == nullptr) return;
     try {
@@ -42,7 +43,9 @@ struct SharedVarState {
 }  // namespace detail
 
 SharedVar::SharedVar(Engine& engine, std::string_view name)
-    : state_(std::make_shared<detail::SharedVarState>(engine.life_, engine.new_var(name))) {}
+    : state_(std::make_shared<detail::SharedVarState>(engine.life_, Var())) {
+  state_->var = engine.new_var(name);  // after the allocation: nothing to leak if it throws
+}
 
 SharedVar SharedVar::adopt(Engine& engine, Var var) {
   if (var.is_null()) throw InvalidArgument("weft::SharedVar::adopt: null weft::Var");

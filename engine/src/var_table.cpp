@@ -18,12 +18,17 @@ std::string VarTable::name_of(std::uint32_t id) const {
   return it == names_.end() ? std::string() : it->second;
 }
 
-void VarTable::set_name(std::uint32_t id, std::string_view name) {
+void VarTable::set_name(const Var& var, std::string_view name) {
+  VarSlot* slot = resolve(var, "set_var_name");
   std::lock_guard lock(mutex_);
+  // Rechecked under the lock: deletion bumps the generation before the slot
+  // is recycled (which erases the name under this lock), so a name given to
+  // a variable deleted meanwhile is not left behind.
+  if (slot->generation.load(std::memory_order_acquire) != VarAccess::generation(var)) return;
   if (name.empty())
-    names_.erase(id);
+    names_.erase(var.id());
   else
-    names_.insert_or_assign(id, std::string(name));
+    names_.insert_or_assign(var.id(), std::string(name));
 }
 
 Var VarTable::create(std::string_view name) {

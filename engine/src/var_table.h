@@ -92,7 +92,8 @@ class VarTable {
   // The latest name given (empty if none). Takes the table's mutex: for
   // the profiler, not the hot path.
   std::string name_of(std::uint32_t id) const;
-  void set_name(std::uint32_t id, std::string_view name);  // empty: unnamed
+  // Names a live variable (empty: unnamed); throws like resolve() otherwise.
+  void set_name(const Var& var, std::string_view name);
   // The live slot of `var`; throws weft::Error naming the var and `what` (the
   // call that used it) for a null, deleted or foreign handle.
   VarSlot* resolve(const Var& var, std::string_view what) const;

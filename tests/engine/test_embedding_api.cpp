@@ -8,6 +8,7 @@
 #include <functional>
 #include <mutex>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "engine_test_util.h"
 
 using namespace weft_test;
+using weft::Engine;
 using weft::SharedVar;
 
 TEST_CASE("push and push_async accept callables without a RunContext" * doctest::timeout(60)) {
@@ -83,6 +85,8 @@ TEST_CASE("ops pushed without a device run on cpu(0)" * doctest::timeout(60)) {
             },
             {}, {a});
         e->push([&] {}, a, {});  // a lone Var is a list of one
+        e->push([] {}, {}, {}, {});  // reads, writes, options: no device
+        e->push_async([](Completion done) { done(); }, {}, {}, {});
         e->wait_all();
         CHECK(seen == std::vector<Device>{cpu0, cpu0, cpu0});
       },
@@ -175,6 +179,31 @@ TEST_CASE("SharedVars may outlive their engine, or be released while it shuts do
     CHECK(ran.load() == 16);
     CHECK(outlives.use_count() == 1);
     outlives.reset();  // the engine is gone: nothing to do
+  });
+}
+
+// The last handle dropped with an op's closure: the deletion still comes
+// after the follow-ups that op pushed (a follow-up writing the variable must
+// not write a recycled slot that a new variable reuses).
+TEST_CASE("a SharedVar dropped with an op's closure is deleted after the op's follow-ups" * doctest::timeout(60)) {
+  for_each_config([](const Config& cfg) {
+    auto e = make_engine(cfg);
+    Var v;
+    {
+      SharedVar x(*e, "x");
+      const Var raw = x;
+      e->push(
+          [keep = std::move(x), raw, &v](RunContext& ctx) {
+            Engine* engine = ctx.engine;
+            engine->push([engine, &v] { v = engine->new_var("v"); }, {}, {});
+            engine->push([] { throw std::runtime_error("follow-up failed"); }, {}, {raw});
+          },
+          {}, {raw}, {.name = "holder"});
+    }
+    CHECK(contains(thrown_message<std::runtime_error>([&] { e->wait_all(); }), "follow-up failed"));
+    REQUIRE_FALSE(v.is_null());
+    CHECK(e->version(v) == 0);
+    CHECK_NOTHROW(e->wait_to_read(v));
   });
 }
 

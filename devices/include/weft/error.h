@@ -23,9 +23,10 @@
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
-#include <utility>
+#include <type_traits>
 
 #include "weft/device.h"
 
@@ -64,13 +65,13 @@ class DeviceError : public Error {
 class OpError : public Error {
  public:
   // `what` is the whole message (it names the op and the device).
-  OpError(const std::string& what, std::string op_name, Device device)
-      : Error(what), op_name_(std::move(op_name)), device_(device) {}
-  const std::string& op_name() const noexcept { return op_name_; }  // as pushed (may be empty)
-  Device device() const noexcept { return device_; }                // where the op ran
+  OpError(const std::string& what, const std::string& op_name, Device device)
+      : Error(what), op_name_(std::make_shared<const std::string>(op_name)), device_(device) {}
+  const std::string& op_name() const noexcept { return *op_name_; }  // as pushed (may be empty)
+  Device device() const noexcept { return device_; }                 // where the op ran
 
  private:
-  std::string op_name_;
+  std::shared_ptr<const std::string> op_name_;  // shared: copying an exception must not throw
   Device device_;
 };
 
@@ -87,5 +88,8 @@ class CommunicationError : public Error {
   int rank_;
   int peer_;
 };
+
+static_assert(std::is_nothrow_copy_constructible_v<OpError> && std::is_nothrow_copy_constructible_v<CommunicationError>,
+              "exceptions are copied when thrown and rethrown: copying must not throw");
 
 }  // namespace weft

@@ -12,6 +12,7 @@
 // failure on; a wait reports it. See docs/design/engine-invariants.md.
 #pragma once
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
@@ -61,32 +62,38 @@ namespace detail {
 // they are; callables taking nothing (push) or only the Completion
 // (push_async) wrapped. A null function pointer or empty std::function stays
 // empty, so push refuses it.
+template <class>
+inline constexpr bool kAlwaysFalse = false;
+
 template <class F>
 OpFunction to_op_function(F&& fn) {
   if constexpr (std::is_convertible_v<F&&, OpFunction>) {
     return OpFunction(std::forward<F>(fn));
-  } else {
-    static_assert(std::is_invocable_v<std::decay_t<F>&>,
-                  "weft::Engine::push: the op must be callable as fn(weft::RunContext&) or fn()");
+  } else if constexpr (std::is_invocable_v<std::decay_t<F>&>) {
     if constexpr (requires { fn == nullptr; }) {
       if (fn == nullptr) return {};
     }
     return OpFunction([f = std::forward<F>(fn)](RunContext&) mutable { f(); });
+  } else {
+    static_assert(kAlwaysFalse<F>, "weft::Engine::push: the op must be callable as fn(weft::RunContext&) or fn()");
+    return {};
   }
 }
 template <class F>
 AsyncOpFunction to_async_op_function(F&& fn) {
   if constexpr (std::is_convertible_v<F&&, AsyncOpFunction>) {
     return AsyncOpFunction(std::forward<F>(fn));
-  } else {
-    static_assert(std::is_invocable_v<std::decay_t<F>&, Completion>,
-                  "weft::Engine::push_async: the op must be callable as fn(weft::RunContext&, weft::Completion) "
-                  "or fn(weft::Completion)");
+  } else if constexpr (std::is_invocable_v<std::decay_t<F>&, Completion>) {
     if constexpr (requires { fn == nullptr; }) {
       if (fn == nullptr) return {};
     }
     return AsyncOpFunction(
         [f = std::forward<F>(fn)](RunContext&, Completion done) mutable { f(std::move(done)); });
+  } else {
+    static_assert(kAlwaysFalse<F>,
+                  "weft::Engine::push_async: the op must be callable as fn(weft::RunContext&, weft::Completion) "
+                  "or fn(weft::Completion)");
+    return {};
   }
 }
 }  // namespace detail
@@ -145,8 +152,10 @@ class Engine {
   // or foreign Var, or an unknown device, naming the op.
   //   engine.push([&] { y = x + 1; }, {vx}, {vy});
   //   engine.push([&](RunContext& ctx) { ... }, Device::cpu(1), {vx}, {vy}, {.name = "step"});
-  template <class F>
-  void push(F&& fn, Device device, VarList reads, VarList writes, OpOptions options = {}) {
+  // (The device is a deduced Device so that `push(fn, {}, {}, {})` means
+  // reads, writes and options, on cpu(0).)
+  template <class F, std::same_as<Device> D>
+  void push(F&& fn, D device, VarList reads, VarList writes, OpOptions options = {}) {
     push_op(detail::to_op_function(std::forward<F>(fn)), device, reads, writes, std::move(options));
   }
   template <class F>
@@ -156,8 +165,8 @@ class Engine {
   // As push, but the op is complete only when its Completion is called (by
   // the op or any thread it hands the Completion to): fn(ctx, done) or
   // fn(done). CPU devices only (GPU ops complete by their stream).
-  template <class F>
-  void push_async(F&& fn, Device device, VarList reads, VarList writes, OpOptions options = {}) {
+  template <class F, std::same_as<Device> D>
+  void push_async(F&& fn, D device, VarList reads, VarList writes, OpOptions options = {}) {
     push_async_op(detail::to_async_op_function(std::forward<F>(fn)), device, reads, writes, std::move(options));
   }
   template <class F>
@@ -181,8 +190,8 @@ class Engine {
   // Number of completed writes to the variable so far.
   virtual std::uint64_t version(Var var) const = 0;
   // Names (or renames) a variable: errors ("var #12 'conv1.weight'"), traces,
-  // the dependency graph and the profiler's table use the latest name, for
-  // ops pushed before the call too.
+  // the dependency graph and the profiler's table use the latest name (for
+  // ops recorded before the call too, when renamed while profiling).
   virtual void set_var_name(Var var, std::string_view name) = 0;
   virtual std::string var_name(Var var) const = 0;  // empty when unnamed
 

@@ -181,7 +181,7 @@ class Profiler {
     std::vector<VarUse> vars;
   };
   void record_push(PushRecord push);
-  // Thread-safe (engines call it whenever a variable is named). A name given to a variable
+  // Thread-safe (engines call it when a variable is named while profiling). A name given to a variable
   // after ops using it were recorded: the trace, the graph and the table
   // show the latest name. `key` as in VarUse.
   void record_var_name(std::uint64_t key, std::string_view name);

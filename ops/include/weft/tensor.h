@@ -58,7 +58,7 @@ class Tensor {
   Engine& engine() const;
   std::string name() const;  // the Var's name, e.g. "conv1.weight"
   // Names the tensor and its Var: errors, traces, the dependency graph and the
-  // profiler's table show it (for ops pushed before the call too).
+  // profiler's table show it (see Engine::set_var_name).
   Tensor& set_name(std::string name);
   std::string str() const;   // "Tensor 'x' [256, 10] float32 on cpu(0)"
 
