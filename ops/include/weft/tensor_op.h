@@ -1,0 +1,53 @@
+// weft::push_tensor_op — an op of your own on tensors: the extension point
+// for kernels Weft does not have, and what parallel/ builds collectives on.
+//
+// The op reads `inputs` and writes `outputs` (a tensor in both counts as
+// written), is ordered with every other op on those tensors, and its body
+// gets their memory:
+//   weft::push_tensor_op(Device::cpu(0), {x}, {y}, [n](weft::RunContext&, const weft::TensorData& d) {
+//     for (std::int64_t i = 0; i < n; ++i) d.out(0)[i] = 2 * d.in(0)[i];
+//   }, {.name = "double"});
+// The pointers are valid while the op runs (for an async op, until its
+// Completion is called); an output no op has written yet is allocated by
+// this one, on its worker and stream, and holds garbage until the body
+// writes it. A CPU op may touch host memory of any device (cpu(i),
+// cpu_pinned(0)); a GPU op only its own GPU's memory, and it must enqueue its
+// work on ctx.gpu->stream (CUDA kernels, gpu::memcpy_async,
+// gpu::launch_host_func), never wait for it. Throws weft::InvalidArgument at
+// push time for an undefined tensor, one of another engine, or memory the
+// device cannot touch, naming the op and the tensor.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "weft/engine.h"
+#include "weft/tensor.h"
+#include "weft/unique_function.h"
+
+namespace weft {
+
+// The memory of an op's tensors, in the order they were given.
+struct TensorData {
+  std::vector<void*> inputs, outputs;
+  template <class T = float>
+  const T* in(std::size_t k) const noexcept {
+    return static_cast<const T*>(inputs[k]);
+  }
+  template <class T = float>
+  T* out(std::size_t k) const noexcept {
+    return static_cast<T*>(outputs[k]);
+  }
+};
+
+using TensorOpFunction = UniqueFunction<void(RunContext&, const TensorData&)>;
+using AsyncTensorOpFunction = UniqueFunction<void(RunContext&, const TensorData&, Completion)>;
+
+void push_tensor_op(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    TensorOpFunction body, OpOptions options = {});
+// As push_tensor_op; the op completes when its Completion is called (CPU
+// devices only, as Engine::push_async).
+void push_tensor_op_async(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                          AsyncTensorOpFunction body, OpOptions options = {});
+
+}  // namespace weft

@@ -1,0 +1,136 @@
+#include "weft/tensor_op.h"
+
+#include <atomic>
+#include <exception>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "launch.h"
+#include "storage.h"
+#include "weft/error.h"
+
+namespace weft {
+namespace {
+
+using detail::StoragePtr;
+
+// What the op's closure keeps: the storages (alive until the op is done)
+// and which outputs it creates.
+struct Bound {
+  std::vector<StoragePtr> in, out;
+  std::uint32_t creates = 0;  // bit k: this op allocates output k (first 32 only: later ones were created)
+  std::vector<Var> reads, writes;
+  Engine* engine = nullptr;
+};
+
+Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+           const std::string& name) {
+  Bound b;
+  const std::string op = std::string(call) + " (op '" + name + "')";
+  auto check = [&](const Tensor& t, const char* role, std::size_t k) {
+    if (!t.defined()) throw InvalidArgument(op + ": " + role + " " + std::to_string(k) + " is an undefined Tensor");
+    if (b.engine && &t.engine() != b.engine)
+      throw InvalidArgument(op + ": " + t.str() + " belongs to another engine than the op's other tensors");
+    b.engine = &t.engine();
+    const Device memory = t.device();
+    const bool reachable = device.is_gpu() ? memory == device : !memory.is_gpu();
+    if (!reachable)
+      throw InvalidArgument(op + " on " + device.str() + ": cannot touch " + t.str() +
+                            (device.is_gpu() ? " (a GPU op touches its own GPU's memory)"
+                                             : " (a CPU op touches host memory only)"));
+  };
+  for (std::size_t k = 0; k < inputs.size(); ++k) check(inputs[k], "input", k);
+  for (std::size_t k = 0; k < outputs.size(); ++k) check(outputs[k], "output", k);
+  if (!b.engine) throw InvalidArgument(op + ": no tensors (push a plain engine op instead)");
+  for (const Tensor& t : inputs) {
+    b.in.push_back(t.storage());
+    b.reads.push_back(t.var());
+  }
+  for (std::size_t k = 0; k < outputs.size(); ++k) {
+    if (std::exchange(outputs[k].storage()->creator_pending, false) && k < 32) b.creates |= 1u << k;
+    b.out.push_back(outputs[k].storage());
+    b.writes.push_back(outputs[k].var());
+  }
+  return b;
+}
+
+// On the worker: allocate what this op creates, check the rest has memory,
+// tell the allocator which stream uses what, and collect the pointers.
+TensorData materialize(const Bound& b, RunContext& ctx) {
+  gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
+  TensorData d;
+  for (std::size_t k = 0; k < b.out.size(); ++k) {
+    if (k < 32 && (b.creates & (1u << k))) b.out[k]->materialize(stream);
+    else detail::require_memory(*b.out[k], ctx.op_name);
+  }
+  for (const StoragePtr& s : b.in) detail::require_memory(*s, ctx.op_name);
+  for (const StoragePtr& s : b.in) d.inputs.push_back(s->data());
+  for (const StoragePtr& s : b.out) d.outputs.push_back(s->data());
+  if (stream) {
+    for (const StoragePtr& s : b.in) s->allocator->record_use(s->block, stream);
+    for (const StoragePtr& s : b.out) s->allocator->record_use(s->block, stream);
+  }
+  return d;
+}
+
+// The Completion an async tensor op's body gets: it forwards to the
+// engine's and keeps the tensors' storages alive until it is called (the
+// engine destroys an async op's function when the body returns, which may be
+// long before the op completes).
+class HoldingCompletion final : public detail::CompletionTarget {
+ public:
+  HoldingCompletion(Completion inner, std::shared_ptr<Bound> bound)
+      : inner_(std::move(inner)), bound_(std::move(bound)) {}
+  void completion_retain() noexcept override { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void completion_release() noexcept override {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;  // inner_ fails the op if never called
+  }
+  void completion_call(std::exception_ptr error) override {
+    if (called_.exchange(true, std::memory_order_acq_rel)) {
+      inner_(std::move(error));  // the engine's completion says "called twice"
+      return;
+    }
+    inner_(std::move(error));
+    bound_.reset();  // the op is complete: its tensors may go
+  }
+
+ private:
+  ~HoldingCompletion() = default;
+  Completion inner_;
+  std::shared_ptr<Bound> bound_;
+  std::atomic<int> refs_{1};
+  std::atomic<bool> called_{false};
+};
+
+}  // namespace
+
+void push_tensor_op(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    TensorOpFunction body, OpOptions options) {
+  if (!body) throw InvalidArgument("push_tensor_op (op '" + options.name + "'): the body is empty");
+  Bound b = bind_tensors("push_tensor_op", device, inputs, outputs, options.name);
+  Engine& engine = *b.engine;
+  const std::vector<Var> reads = std::move(b.reads), writes = std::move(b.writes);
+  engine.push(
+      [b = std::move(b), body = std::move(body)](RunContext& ctx) mutable {
+        const TensorData d = materialize(b, ctx);
+        body(ctx, d);
+      },
+      device, reads, writes, std::move(options));
+}
+
+void push_tensor_op_async(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                          AsyncTensorOpFunction body, OpOptions options) {
+  if (!body) throw InvalidArgument("push_tensor_op_async (op '" + options.name + "'): the body is empty");
+  Bound b = bind_tensors("push_tensor_op_async", device, inputs, outputs, options.name);
+  Engine& engine = *b.engine;
+  const std::vector<Var> reads = std::move(b.reads), writes = std::move(b.writes);
+  engine.push_async(
+      [b = std::make_shared<Bound>(std::move(b)), body = std::move(body)](RunContext& ctx, Completion done) mutable {
+        const TensorData d = materialize(*b, ctx);
+        body(ctx, d, Completion(new HoldingCompletion(std::move(done), std::move(b))));
+      },
+      device, reads, writes, std::move(options));
+}
+
+}  // namespace weft
