@@ -157,6 +157,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   // Ids start at 1: 0 means "no op" (OpBlock::unblocked_by).
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
   op->bytes = options.bytes;
+  op->run_on_failed_input = options.run_on_failed_input;
   op->unblocked_by.store(0, std::memory_order_relaxed);
   op->push_ns = -1;
   if (profiler_->running()) [[unlikely]] {
@@ -237,7 +238,15 @@ ErrorRef EngineBase::inherited_error(OpBlock& op) const noexcept {
   return nullptr;
 }
 
-void EngineBase::fail(OpBlock& op, std::exception_ptr error) { op.error = errors_.add(std::move(error), op.name); }
+void EngineBase::fail(OpBlock& op, std::exception_ptr error) {
+  // An op that ran on a failed input and ends with that failure passes the
+  // original record on (reported once), as a skipped op would.
+  if (op.inherited && op.inherited->error == error) {
+    op.error = op.inherited;
+    return;
+  }
+  op.error = errors_.add(std::move(error), op.name);
+}
 
 void EngineBase::apply_write(VarSlot& slot, const OpBlock& op) noexcept {
   if (op.kind != OpKind::user) return;  // barriers and deletions order, they do not write

@@ -63,10 +63,13 @@ void NaiveEngine::run_now(OpBlock* op) {
     inflight_.fetch_sub(1, std::memory_order_relaxed);
     return;
   }
-  if (ErrorRef inherited = inherited_error(*op)) {
+  ErrorRef inherited = inherited_error(*op);
+  if (inherited && op->run_on_failed_input) op->inherited = std::move(inherited);
+  if (inherited) {
     op->error = std::move(inherited);
   } else {
     RunContext ctx{op->device, 0, op->name, this};
+    if (op->inherited) ctx.failed_input = op->inherited->error;
     const bool profiling = profiler_->running();
     std::int64_t start = profiling ? Profiler::now_ns() : 0;
     {

@@ -40,6 +40,7 @@ struct OpBlock {
   OpKind kind = OpKind::user;
   OpProperty property = OpProperty::normal;
   bool async = false;
+  bool run_on_failed_input = false;  // OpOptions::run_on_failed_input
   std::uint8_t epoch = 0;  // push epoch (InflightCounts)
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
   std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
@@ -60,6 +61,7 @@ struct OpBlock {
   // Run state.
   std::atomic<std::int32_t> pending{0};  // accesses not yet granted, plus one held by push
   ErrorRef error;                        // set when the op failed or was skipped
+  ErrorRef inherited;                    // run_on_failed_input: the failure it runs with
   struct WaitSignal* signal = nullptr;   // kind == wait (and naive async ops)
   OpBlock* ready_next = nullptr;         // links ops made ready by one completion
 
@@ -83,6 +85,8 @@ struct OpBlock {
     async_fn.reset();
     name.clear();
     error.reset();
+    inherited.reset();
+    run_on_failed_input = false;
     signal = nullptr;
     ready_next = nullptr;
     entry_count = 0;

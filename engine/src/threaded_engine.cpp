@@ -333,13 +333,17 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
 
 void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   if (ErrorRef inherited = inherited_error(*op)) {
-    op->error = std::move(inherited);  // skipped: the failure passes on to what it writes
-    finish(op, true);
-    return;
+    if (!op->run_on_failed_input) {
+      op->error = std::move(inherited);  // skipped: the failure passes on to what it writes
+      finish(op, true);
+      return;
+    }
+    op->inherited = std::move(inherited);
   }
   Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
   Profiler::Track* track = lane.tracks[static_cast<std::size_t>(worker)];
   RunContext ctx{op->device, worker, op->name, this};
+  if (op->inherited) ctx.failed_input = op->inherited->error;
   const bool profiling = profiler_->running();
   SpanInfo traced;
   if (profiling) {

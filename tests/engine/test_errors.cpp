@@ -629,3 +629,36 @@ TEST_CASE("bad engine settings are refused, naming them" * doctest::timeout(60))
     CHECK(contains(m, "WEFT_MAX_INFLIGHT"));
   }
 }
+
+TEST_CASE("an op that runs on failed inputs sees the failure and may pass it on, reported once" *
+          doctest::timeout(60)) {
+  for_each_config([](const Config& cfg) {
+    auto e = make_engine(cfg);
+    Var a = e->new_var("a"), b = e->new_var("b"), c = e->new_var("c"), d = e->new_var("d");
+    e->push([](RunContext&) { throw std::runtime_error("producer failed"); }, cpu0, {}, {a}, {.name = "producer"});
+    std::atomic<int> saw{0};
+    // Passes the failure on: its writes carry the original record.
+    e->push(
+        [&](RunContext& ctx) {
+          if (ctx.failed_input) {
+            saw.fetch_add(1);
+            std::rethrow_exception(ctx.failed_input);
+          }
+        },
+        cpu0, {a}, {b}, {.name = "passes it on", .run_on_failed_input = true});
+    // Handles it: its writes are clean.
+    e->push([&](RunContext& ctx) { saw.fetch_add(ctx.failed_input ? 1 : 100); }, cpu0, {a}, {c},
+            {.name = "handles it", .run_on_failed_input = true});
+    // An ordinary reader is skipped as before.
+    e->push([&](RunContext&) { saw.fetch_add(1000); }, cpu0, {a}, {d}, {.name = "skipped"});
+    CHECK_NOTHROW(e->wait_to_read(c));
+    Thrown t = catch_all([&] { e->wait_to_read(b); });
+    CHECK(t.threw);
+    CHECK(contains(t.what, "producer failed"));
+    // The same record: reported once, so neither a nor d throws again.
+    CHECK_FALSE(catch_all([&] { e->wait_to_read(a); }).threw);
+    CHECK_FALSE(catch_all([&] { e->wait_to_read(d); }).threw);
+    CHECK_FALSE(catch_all([&] { e->wait_all(); }).threw);
+    CHECK(saw.load() == 2);
+  });
+}

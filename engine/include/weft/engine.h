@@ -51,6 +51,9 @@ struct RunContext {
   // wait for every GPU producer of the op's inputs; once the body returns it
   // records an event there and the op's outputs count as ready.
   const gpu::WorkerHandles* gpu = nullptr;
+  // OpOptions::run_on_failed_input only: the failure one of the op's inputs
+  // carries (null when none does).
+  std::exception_ptr failed_input;
 };
 
 
@@ -104,6 +107,13 @@ struct OpOptions {
   OpProperty property = OpProperty::normal;
   // Payload a copy op moves: traces show it, and the bandwidth, on its span.
   std::uint64_t bytes = 0;
+  // Run even when a variable the op reads carries a failure (normally such an
+  // op is skipped and passes the failure on): the body finds the failure in
+  // ctx.failed_input and decides. Completing (or throwing) with that same
+  // exception passes the original failure on, reported once. For ops that
+  // must always answer, e.g. a collective's members, which must all learn
+  // that one of them cannot take part.
+  bool run_on_failed_input = false;
 };
 
 struct EngineConfig {
