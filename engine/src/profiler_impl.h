@@ -152,7 +152,11 @@ struct Profiler::Impl {
     for (PushRecord& p : out)
       for (VarUse& v : p.vars) {
         if (auto it = var_names.find(v.key); it != var_names.end()) v.name = it->second;
-        if (v.name.empty() && labels) v.name = labels->emplace_back("v" + std::to_string(v.key >> 32));
+        if (v.name.empty() && labels) {
+          std::string& label = labels->emplace_back(1, 'v');  // (not "v" + ...: GCC 12's -Wrestrict misfires)
+          label += std::to_string(v.key >> 32);
+          v.name = label;
+        }
       }
     return out;
   }

@@ -58,8 +58,13 @@ Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& i
 // On the worker: allocate what this op creates, check the rest has memory,
 // tell the allocator which stream uses what, and collect the pointers.
 TensorData materialize(const Bound& b, RunContext& ctx) {
-  gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
   TensorData d;
+  if (ctx.failed_input) {  // run_on_failed_input: an input has no valid data, maybe no memory
+    d.inputs.assign(b.in.size(), nullptr);
+    d.outputs.assign(b.out.size(), nullptr);
+    return d;
+  }
+  gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
   for (std::size_t k = 0; k < b.out.size(); ++k) {
     if (k < 32 && (b.creates & (1u << k))) b.out[k]->materialize(stream);
     else detail::require_memory(*b.out[k], ctx.op_name);

@@ -15,7 +15,9 @@
 // work on ctx.gpu->stream (CUDA kernels, gpu::memcpy_async,
 // gpu::launch_host_func), never wait for it. Throws weft::InvalidArgument at
 // push time for an undefined tensor, one of another engine, or memory the
-// device cannot touch, naming the op and the tensor.
+// device cannot touch, naming the op and the tensor. With
+// OpOptions::run_on_failed_input, a body called with ctx.failed_input set
+// gets null pointers: an input's producer failed.
 #pragma once
 
 #include <cstddef>

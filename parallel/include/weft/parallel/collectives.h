@@ -1,0 +1,91 @@
+// weft::parallel — collectives as engine ops.
+//
+// A Communicator is a group of members, each a device. A collective takes
+// the tensors of the members this process drives (today: all of them — an
+// in-process group; processes of an MPI job come next, with the same calls),
+// one per member in local_ranks() order, pushes engine ops and returns at
+// once. It is ordered with every other op on those tensors: ops pushed before
+// it that write them run first, ops pushed after it that touch them wait for
+// it. A failed input (its producer threw) fails the collective on every
+// member, naming the failure; nothing waits forever for a member that cannot
+// take part.
+//
+// In-process groups run a chunked ring for allreduce (reduce-scatter, then
+// all-gather; each step of each member its own op on the receiving member's
+// device, so steps pipeline and overlap with other work) and direct
+// shared-memory forms for the rest. CPU devices today; GPU members come next
+// (docs/design/parallel-collectives.md).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/engine.h"
+#include "weft/tensor.h"
+
+namespace weft::parallel {
+
+enum class ReduceOp : std::uint8_t { sum, average, max };
+std::string_view to_string(ReduceOp op) noexcept;
+
+struct CollectiveOptions {
+  std::string name;  // in messages and traces: "allreduce 'grad.fc1'"
+  int priority = 0;  // of every op the collective pushes
+  int root = 0;      // broadcast and reduce
+};
+
+namespace detail {
+struct CommunicatorState;
+}
+
+class Communicator {
+ public:
+  // An in-process group: member i is devices[i] (distinct devices of
+  // `engine`). Throws weft::InvalidArgument naming the bad device.
+  static Communicator local(Engine& engine, std::vector<Device> devices);
+
+  int size() const noexcept;                           // members in the group
+  const std::vector<int>& local_ranks() const noexcept;  // the members this process drives
+  Device device(int rank) const;                       // a local member's device
+  Engine& engine() const noexcept;
+  std::string str() const;  // "in-process communicator of 2 members: cpu(0), cpu(1)"
+
+ private:
+  explicit Communicator(std::shared_ptr<detail::CommunicatorState> state) : state_(std::move(state)) {}
+  friend const std::shared_ptr<detail::CommunicatorState>& state_of(const Communicator& comm) noexcept;
+  std::shared_ptr<detail::CommunicatorState> state_;
+};
+
+// Every member's tensor becomes the reduction of all of them (in place).
+void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum,
+               CollectiveOptions options = {});
+// Every member's tensor becomes the root's.
+void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, CollectiveOptions options = {});
+// The root's tensor becomes the reduction of all of them; the others are
+// only read.
+void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op = ReduceOp::sum,
+            CollectiveOptions options = {});
+// Member r's output becomes chunk r of the reduction of the inputs: inputs
+// have `count` elements each, output r has chunk(count, size, r).size().
+void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    ReduceOp op = ReduceOp::sum, CollectiveOptions options = {});
+// Every member's output becomes the concatenation of the inputs, member r's
+// at chunk(count, size, r): the inverse of reduce_scatter's split.
+void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                CollectiveOptions options = {});
+// Completes on every member once every member reached it.
+void barrier(const Communicator& comm, CollectiveOptions options = {});
+
+// The elements of `count` that member `rank` of `size` owns in
+// reduce_scatter and all_gather: balanced, the first count % size members
+// one more.
+struct Chunk {
+  std::int64_t begin = 0, end = 0;
+  std::int64_t size() const noexcept { return end - begin; }
+};
+Chunk chunk(std::int64_t count, int size, int rank) noexcept;
+
+}  // namespace weft::parallel

@@ -1,0 +1,68 @@
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "communicator_state.h"
+#include "weft/error.h"
+#include "weft/parallel/collectives.h"
+
+namespace weft::parallel {
+
+std::string_view to_string(ReduceOp op) noexcept {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::average: return "average";
+    case ReduceOp::max: return "max";
+  }
+  return "?";
+}
+
+Chunk chunk(std::int64_t count, int size, int rank) noexcept {
+  const std::int64_t n = size, r = rank;
+  const std::int64_t base = count / n, extra = count % n;
+  const std::int64_t begin = r * base + std::min(r, extra);
+  return Chunk{begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+Communicator Communicator::local(Engine& engine, std::vector<Device> devices) {
+  if (devices.empty()) throw InvalidArgument("weft::parallel::Communicator::local: no devices");
+  const std::vector<Device> known = engine.devices();
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const Device d = devices[i];
+    if (!d.is_cpu())
+      throw InvalidArgument("weft::parallel::Communicator::local: member " + std::to_string(i) + " is " + d.str() +
+                            "; in-process groups of GPUs are not built yet (CPU devices only)");
+    if (std::find(known.begin(), known.end(), d) == known.end())
+      throw InvalidArgument("weft::parallel::Communicator::local: member " + std::to_string(i) + " is " + d.str() +
+                            ", which this engine does not have");
+    for (std::size_t j = 0; j < i; ++j)
+      if (devices[j] == d)
+        throw InvalidArgument("weft::parallel::Communicator::local: members " + std::to_string(j) + " and " +
+                              std::to_string(i) + " are both " + d.str());
+  }
+  auto state = std::make_shared<detail::CommunicatorState>();
+  state->engine = &engine;
+  state->devices = std::move(devices);
+  for (int r = 0; r < static_cast<int>(state->devices.size()); ++r) state->local_ranks.push_back(r);
+  return Communicator(std::move(state));
+}
+
+int Communicator::size() const noexcept { return static_cast<int>(state_->devices.size()); }
+const std::vector<int>& Communicator::local_ranks() const noexcept { return state_->local_ranks; }
+Engine& Communicator::engine() const noexcept { return *state_->engine; }
+
+Device Communicator::device(int rank) const {
+  if (rank < 0 || rank >= size())
+    throw InvalidArgument("weft::parallel::Communicator::device: rank " + std::to_string(rank) + " outside " + str());
+  return state_->devices[static_cast<std::size_t>(rank)];
+}
+
+std::string Communicator::str() const {
+  std::string s = "in-process communicator of " + std::to_string(size()) + " member" + (size() == 1 ? "" : "s") + ":";
+  for (std::size_t i = 0; i < state_->devices.size(); ++i) s += (i ? ", " : " ") + state_->devices[i].str();
+  return s;
+}
+
+const std::shared_ptr<detail::CommunicatorState>& state_of(const Communicator& comm) noexcept { return comm.state_; }
+
+}  // namespace weft::parallel

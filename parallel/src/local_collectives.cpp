@@ -1,0 +1,369 @@
+// In-process collectives (docs/design/parallel-collectives.md).
+//
+// A collective is one *hold op*: an async tensor op on the first member's
+// device that holds every member's tensors (writes what the collective
+// writes, reads what it only reads) from the moment all their producers are
+// done until the collective is done. Its body pushes the data phase: ops on
+// the members' devices, ordered among themselves by internal per-chunk
+// variables (never by the tensors, which the hold op holds); the last op
+// completes the hold op. So the collective is ordered with the rest of the
+// program like any op, and a failed input fails it on every member through
+// the engine's own rule (the hold op is skipped and its writes carry the
+// failure). Every process drives all members here, so members never wait
+// for one another across threads: no rendezvous is needed (cross-process
+// groups will need one, and run_on_failed_input, so that a rank whose input
+// failed still tells its peers).
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "communicator_state.h"
+#include "weft/error.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor_op.h"
+
+namespace weft::parallel {
+namespace {
+
+// ---- one collective in flight ------------------------------------------------------
+
+// The members' memory and the hold op's completion, shared by the data
+// phase's ops.
+struct Phase {
+  std::string what;                 // "allreduce 'grad' #3"
+  std::vector<const void*> in;      // member r's input (read-only members, or the input of two-tensor collectives)
+  std::vector<void*> out;           // member r's output (written members)
+  Completion done;                  // the hold op's
+  const float* in_f(int r) const { return static_cast<const float*>(in[static_cast<std::size_t>(r)]); }
+  float* out_f(int r) const { return static_cast<float*>(out[static_cast<std::size_t>(r)]); }
+};
+
+// ---- element loops of the data phase -------------------------------------------
+
+void reduce_into(float* dst, const float* src, std::int64_t n, ReduceOp op) {
+  if (op == ReduceOp::max) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], src[i]);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  }
+}
+
+void copy_floats(float* dst, const float* src, std::int64_t n) {
+  if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+void finish_average(float* p, std::int64_t n, ReduceOp op, int members) {
+  if (op != ReduceOp::average || members == 1) return;
+  const float scale = 1.0f / static_cast<float>(members);
+  for (std::int64_t i = 0; i < n; ++i) p[i] *= scale;
+}
+
+// ---- checks at push time -------------------------------------------------------
+
+struct Call {
+  const char* kind;
+  const Communicator& comm;
+  const detail::CommunicatorState& state;
+  std::string label;  // "allreduce 'grad' #3"
+
+  Call(const char* k, const Communicator& c, const CollectiveOptions& options)
+      : kind(k), comm(c), state(*state_of(c)) {
+    const std::uint64_t seq = state_of(c)->sequence.fetch_add(1, std::memory_order_relaxed) + 1;
+    label = std::string(kind) + (options.name.empty() ? "" : " '" + options.name + "'") + " #" + std::to_string(seq);
+  }
+
+  [[noreturn]] void refuse(const std::string& why) const {
+    throw InvalidArgument("weft::parallel::" + std::string(kind) + " (" + label + " on " + comm.str() + "): " + why);
+  }
+
+  void check_tensors(const std::vector<Tensor>& tensors, const char* what, bool float_only) const {
+    if (tensors.size() != comm.local_ranks().size())
+      refuse(std::to_string(tensors.size()) + " " + what + " given, one per member wanted (" +
+             std::to_string(comm.local_ranks().size()) + ")");
+    for (std::size_t r = 0; r < tensors.size(); ++r) {
+      const Tensor& t = tensors[r];
+      const std::string who = std::string(what) + " of member " + std::to_string(r);
+      if (!t.defined()) refuse(who + " is an undefined Tensor");
+      for (std::size_t q = 0; q < r; ++q)
+        if (tensors[q].var() == t.var()) refuse(std::string(what) + " of members " + std::to_string(q) + " and " +
+                                                std::to_string(r) + " are the same tensor");
+      if (&t.engine() != state.engine) refuse(who + ", " + t.str() + ", belongs to another engine");
+      if (t.device() != comm.device(static_cast<int>(r)))
+        refuse(who + ", " + t.str() + ", is not on the member's device " + comm.device(static_cast<int>(r)).str());
+      if (float_only && t.dtype() != DType::float32)
+        refuse(who + ", " + t.str() + ", is not float32 (reductions are float32 only)");
+    }
+  }
+
+  void check_same_size(const std::vector<Tensor>& tensors, const char* what) const {
+    for (std::size_t r = 1; r < tensors.size(); ++r)
+      if (tensors[r].numel() != tensors[0].numel() || tensors[r].dtype() != tensors[0].dtype())
+        refuse(std::string(what) + " differ: member 0 has " + tensors[0].str() + ", member " + std::to_string(r) +
+               " has " + tensors[r].str());
+  }
+
+  void check_root(int root) const {
+    if (root < 0 || root >= comm.size())
+      refuse("root " + std::to_string(root) + " is not a member (0.." + std::to_string(comm.size() - 1) + ")");
+  }
+
+  void check_distinct(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
+    for (std::size_t r = 0; r < inputs.size(); ++r)
+      if (inputs[r].var() == outputs[r].var())
+        refuse("member " + std::to_string(r) + "'s input and output are the same tensor");
+  }
+};
+
+// Pushes the hold op: `reads` and `writes` are every member's tensors, in
+// member order (either may be empty); `phase` is pushed by its body with
+// the members' memory.
+using PhaseStart = std::function<void(Engine&, const std::shared_ptr<Phase>&)>;
+
+void push_hold(const Call& call, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+               const CollectiveOptions& options, PhaseStart start) {
+  push_tensor_op_async(
+      call.comm.device(call.comm.local_ranks().front()), reads, writes,
+      [what = call.label, start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
+        auto phase = std::make_shared<Phase>();
+        phase->what = what;
+        phase->in.assign(d.inputs.begin(), d.inputs.end());
+        phase->out = d.outputs;
+        phase->done = std::move(done);
+        start(*ctx.engine, phase);
+      },
+      OpOptions{.priority = options.priority, .name = call.label});
+}
+
+// Internal variables of one data phase: v[row][chunk], deleted when the
+// last op holding them goes.
+struct PhaseVars {
+  std::vector<std::vector<SharedVar>> v;
+  PhaseVars(Engine& e, const std::string& label, int rows, int chunks) : v(static_cast<std::size_t>(rows)) {
+    for (int m = 0; m < rows; ++m)
+      for (int c = 0; c < chunks; ++c)
+        v[static_cast<std::size_t>(m)].emplace_back(e, label + " v" + std::to_string(m) + "." + std::to_string(c));
+  }
+  const Var& at(int row, int c) const { return v[static_cast<std::size_t>(row)][static_cast<std::size_t>(c)]; }
+  std::vector<Var> all() const {
+    std::vector<Var> out;
+    for (const auto& row : v) out.insert(out.end(), row.begin(), row.end());
+    return out;
+  }
+};
+
+// The phase's last op: waits for every op of the phase (it writes all the
+// phase's variables), then completes the hold op.
+void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::shared_ptr<PhaseVars>& vars, Device where,
+               int priority) {
+  e.push([phase, vars] { phase->done(); }, where, {}, vars->all(), {.priority = priority, .name = phase->what + " done"});
+}
+
+}  // namespace
+
+// ---- allreduce: a chunked ring -------------------------------------------------
+
+void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op,
+               CollectiveOptions options) {
+  Call call("allreduce", comm, options);
+  call.check_tensors(tensors, "tensors", true);
+  call.check_same_size(tensors, "tensor sizes");
+  const int n = comm.size();
+  const std::int64_t count = tensors[0].numel();
+  const std::vector<Device> devices = call.state.devices;
+  // Read and written in place: a failed input fails the collective.
+  push_hold(call, tensors, tensors, options,
+            [n, count, op, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    auto vars = std::make_shared<PhaseVars>(e, phase->what, n, n);
+    auto name = [&](const char* step, int s, int c) {
+      return phase->what + " " + step + " " + std::to_string(s) + " chunk " + std::to_string(c);
+    };
+    // Reduce-scatter: in step s, member i adds its chunk (i - s) into member
+    // i + 1's; after n - 1 steps member i holds the reduction of chunk i + 1.
+    // Each step is an op on the receiving member's device.
+    for (int s = 0; s + 1 < n; ++s)
+      for (int i = 0; i < n; ++i) {
+        const int dst = (i + 1) % n, c = ((i - s) % n + n) % n;
+        const Chunk k = chunk(count, n, c);
+        const bool last = s + 2 == n;
+        e.push(
+            [phase, vars, i, dst, k, op, last, n] {
+              float* d = phase->out_f(dst) + k.begin;
+              reduce_into(d, phase->out_f(i) + k.begin, k.size(), op);
+              if (last) finish_average(d, k.size(), op, n);
+            },
+            devices[static_cast<std::size_t>(dst)], vars->at(i, c), vars->at(dst, c),
+            {.priority = priority, .name = name("reduce-scatter step", s, c)});
+      }
+    // All-gather: in step s, member i copies its reduced chunk (i + 1 - s)
+    // to member i + 1.
+    for (int s = 0; s + 1 < n; ++s)
+      for (int i = 0; i < n; ++i) {
+        const int dst = (i + 1) % n, c = ((i + 1 - s) % n + n) % n;
+        const Chunk k = chunk(count, n, c);
+        e.push([phase, vars, i, dst, k] { copy_floats(phase->out_f(dst) + k.begin, phase->out_f(i) + k.begin, k.size()); },
+               devices[static_cast<std::size_t>(dst)], vars->at(i, c), vars->at(dst, c),
+               {.priority = priority, .name = name("all-gather step", s, c)});
+      }
+    push_done(e, phase, vars, devices[0], priority);
+  });
+}
+
+// ---- broadcast and reduce: direct, through shared memory ------------------------
+
+void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, CollectiveOptions options) {
+  Call call("broadcast", comm, options);
+  call.check_tensors(tensors, "tensors", false);
+  call.check_same_size(tensors, "tensor sizes");
+  call.check_root(options.root);
+  const int n = comm.size(), root = options.root;
+  const std::size_t bytes = tensors[0].nbytes();
+  const std::vector<Device> devices = call.state.devices;
+  // The root's tensor is read, the others written (outputs in member order,
+  // the root left out).
+  std::vector<Tensor> others;
+  for (int r = 0; r < n; ++r)
+    if (r != root) others.push_back(tensors[static_cast<std::size_t>(r)]);
+  push_hold(call, {tensors[static_cast<std::size_t>(root)]}, others, options,
+            [n, root, bytes, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
+    for (int r = 0, k = 0; r < n; ++r) {
+      if (r == root) continue;
+      const int slot = k++;
+      e.push(
+          [phase, vars, slot, bytes] {
+            if (bytes > 0) std::memcpy(phase->out[static_cast<std::size_t>(slot)], phase->in[0], bytes);
+          },
+          devices[static_cast<std::size_t>(r)], {}, vars->at(r, 0),
+          {.priority = priority, .name = phase->what + " to member " + std::to_string(r)});
+    }
+    push_done(e, phase, vars, devices[0], priority);
+  });
+}
+
+void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op, CollectiveOptions options) {
+  Call call("reduce", comm, options);
+  call.check_tensors(tensors, "tensors", true);
+  call.check_same_size(tensors, "tensor sizes");
+  call.check_root(options.root);
+  const int n = comm.size(), root = options.root;
+  const std::int64_t count = tensors[0].numel();
+  const std::vector<Device> devices = call.state.devices;
+  // Read: the others in member order, then the root (reduced in place).
+  std::vector<Tensor> reads;
+  for (int r = 0; r < n; ++r)
+    if (r != root) reads.push_back(tensors[static_cast<std::size_t>(r)]);
+  reads.push_back(tensors[static_cast<std::size_t>(root)]);
+  push_hold(call, reads, {tensors[static_cast<std::size_t>(root)]}, options,
+            [n, count, op, devices, root, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    // The root reduces chunk c of every member into its own: one op per
+    // chunk, so that the root's workers share the work.
+    auto vars = std::make_shared<PhaseVars>(e, phase->what, 1, n);
+    for (int c = 0; c < n; ++c) {
+      const Chunk k = chunk(count, n, c);
+      e.push(
+          [phase, k, op, n] {
+            float* d = phase->out_f(0) + k.begin;
+            for (int m = 0; m + 1 < n; ++m) reduce_into(d, phase->in_f(m) + k.begin, k.size(), op);
+            finish_average(d, k.size(), op, n);
+          },
+          devices[static_cast<std::size_t>(root)], {}, vars->at(0, c),
+          {.priority = priority, .name = phase->what + " chunk " + std::to_string(c)});
+    }
+    push_done(e, phase, vars, devices[0], priority);
+  });
+}
+
+// ---- reduce-scatter and all-gather: each member works on its own chunk --------
+
+void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    ReduceOp op, CollectiveOptions options) {
+  Call call("reduce_scatter", comm, options);
+  call.check_tensors(inputs, "inputs", true);
+  call.check_tensors(outputs, "outputs", true);
+  call.check_same_size(inputs, "input sizes");
+  call.check_distinct(inputs, outputs);
+  const int n = comm.size();
+  const std::int64_t count = inputs[0].numel();
+  for (int r = 0; r < n; ++r)
+    if (outputs[static_cast<std::size_t>(r)].numel() != chunk(count, n, r).size())
+      call.refuse("output of member " + std::to_string(r) + ", " + outputs[static_cast<std::size_t>(r)].str() +
+                  ", should have " + std::to_string(chunk(count, n, r).size()) + " elements (chunk " +
+                  std::to_string(r) + " of " + std::to_string(count) + ")");
+  const std::vector<Device> devices = call.state.devices;
+  push_hold(call, inputs, outputs, options,
+            [n, count, op, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
+    for (int r = 0; r < n; ++r) {
+      const Chunk k = chunk(count, n, r);
+      e.push(
+          [phase, r, k, op, n] {
+            float* d = phase->out_f(r);
+            copy_floats(d, phase->in_f(0) + k.begin, k.size());
+            for (int m = 1; m < n; ++m) reduce_into(d, phase->in_f(m) + k.begin, k.size(), op);
+            finish_average(d, k.size(), op, n);
+          },
+          devices[static_cast<std::size_t>(r)], {}, vars->at(r, 0),
+          {.priority = priority, .name = phase->what + " on member " + std::to_string(r)});
+    }
+    push_done(e, phase, vars, devices[0], priority);
+  });
+}
+
+void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                CollectiveOptions options) {
+  Call call("all_gather", comm, options);
+  call.check_tensors(inputs, "inputs", false);
+  call.check_tensors(outputs, "outputs", false);
+  call.check_same_size(outputs, "output sizes");
+  call.check_distinct(inputs, outputs);
+  const int n = comm.size();
+  const std::int64_t count = outputs[0].numel();
+  for (int r = 0; r < n; ++r) {
+    const Tensor& in = inputs[static_cast<std::size_t>(r)];
+    if (in.numel() != chunk(count, n, r).size() || in.dtype() != outputs[0].dtype())
+      call.refuse("input of member " + std::to_string(r) + ", " + in.str() + ", should have " +
+                  std::to_string(chunk(count, n, r).size()) + " elements of " +
+                  std::string(to_string(outputs[0].dtype())) + " (chunk " + std::to_string(r) + " of the outputs' " +
+                  std::to_string(count) + ")");
+  }
+  const std::size_t element = dtype_size(outputs[0].dtype());
+  const std::vector<Device> devices = call.state.devices;
+  push_hold(call, inputs, outputs, options,
+            [n, count, element, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
+    for (int r = 0; r < n; ++r)
+      e.push(
+          [phase, r, n, count, element] {
+            auto* d = static_cast<unsigned char*>(phase->out[static_cast<std::size_t>(r)]);
+            for (int m = 0; m < n; ++m) {
+              const Chunk k = chunk(count, n, m);
+              if (k.size() > 0)
+                std::memcpy(d + static_cast<std::size_t>(k.begin) * element, phase->in[static_cast<std::size_t>(m)],
+                            static_cast<std::size_t>(k.size()) * element);
+            }
+          },
+          devices[static_cast<std::size_t>(r)], {}, vars->at(r, 0),
+          {.priority = priority, .name = phase->what + " on member " + std::to_string(r)});
+    push_done(e, phase, vars, devices[0], priority);
+  });
+}
+
+// ---- barrier ---------------------------------------------------------------------
+
+void barrier(const Communicator& comm, CollectiveOptions options) {
+  Call call("barrier", comm, options);
+  // Every member is driven by this process, which reached the call: there
+  // is nobody to wait for. One op marks the point in traces (across
+  // processes the barrier will be a real exchange).
+  comm.engine().push([] {}, comm.device(comm.local_ranks().front()), {}, {},
+                     {.priority = options.priority, .name = call.label});
+}
+
+}  // namespace weft::parallel

@@ -1,0 +1,264 @@
+// In-process collectives on CPU devices: every collective bit-exact against a
+// serial reference (integer values in float), groups of 1 to 4 members,
+// sizes 0, 1, prime and not divisible by the group; many collectives in
+// flight at once; collectives interleaved with compute on the same tensors;
+// a failed input failing every member by name instead of hanging; bad input
+// refused at push time. Each scenario over the naive engine and the threaded
+// one at 1, 2, 4 and 8 workers per device.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "weft/engine.h"
+#include "weft/error.h"
+#include "weft/ops.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+#include "weft/tensor_op.h"
+
+namespace {
+
+using weft::Device;
+using weft::Engine;
+using weft::Shape;
+using weft::Tensor;
+namespace par = weft::parallel;
+
+constexpr int kMaxMembers = 4;
+const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
+
+struct Config {
+  std::string kind;
+  int workers;
+  std::string str() const { return kind + (kind == "threaded" ? " workers=" + std::to_string(workers) : ""); }
+};
+
+// {naive} ∪ {threaded × {1, 2, 4, 8} workers per device}, four CPU devices.
+template <class F>
+void for_each_engine(F&& fn) {
+  std::vector<Config> configs{{"naive", 1}};
+  for (int w : {1, 2, 4, 8}) configs.push_back({"threaded", w});
+  for (const Config& c : configs) {
+    INFO("engine: " << c.str());
+    auto e = Engine::create({.kind = c.kind, .cpu_devices = kMaxMembers, .workers_per_cpu_device = c.workers});
+    fn(*e);
+    e->wait_all();
+  }
+}
+
+std::vector<Device> devices(int n) {
+  std::vector<Device> d;
+  for (int r = 0; r < n; ++r) d.push_back(Device::cpu(r));
+  return d;
+}
+
+// Integer values, distinct per member and element, small enough that sums
+// of four are exact in float.
+std::vector<float> values(int member, std::int64_t count, int salt = 0) {
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i)
+    v[static_cast<std::size_t>(i)] = static_cast<float>(((member + 1) * 7919 + i * 31 + salt * 13) % 2003 - 1000);
+  return v;
+}
+
+std::vector<Tensor> member_tensors(Engine& e, int n, std::int64_t count, int salt = 0) {
+  std::vector<Tensor> t;
+  for (int r = 0; r < n; ++r) t.push_back(Tensor::from_host(e, Shape{count}, values(r, count, salt), Device::cpu(r)));
+  return t;
+}
+
+std::vector<float> reduced(int n, std::int64_t count, par::ReduceOp op, int salt = 0) {
+  std::vector<float> out = values(0, count, salt);
+  for (int r = 1; r < n; ++r) {
+    const std::vector<float> v = values(r, count, salt);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = op == par::ReduceOp::max ? std::max(out[i], v[i]) : out[i] + v[i];
+  }
+  if (op == par::ReduceOp::average && n > 1)
+    for (float& x : out) x *= 1.0f / static_cast<float>(n);
+  return out;
+}
+
+std::string what(int n, std::int64_t count) { return std::to_string(n) + " members, " + std::to_string(count) + " elements"; }
+
+TEST_CASE("allreduce: sum, average and max, bit-exact for 1 to 4 members and awkward sizes") {
+  for_each_engine([](Engine& e) {
+    for (int n = 1; n <= kMaxMembers; ++n) {
+      const par::Communicator comm = par::Communicator::local(e, devices(n));
+      for (std::int64_t count : kSizes)
+        for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
+          INFO(what(n, count) << ", " << par::to_string(op));
+          std::vector<Tensor> t = member_tensors(e, n, count);
+          par::allreduce(comm, t, op, {.name = "grad"});
+          const std::vector<float> want = reduced(n, count, op);
+          for (int r = 0; r < n; ++r) CHECK(t[static_cast<std::size_t>(r)].to_host() == want);
+        }
+    }
+  });
+}
+
+TEST_CASE("broadcast and reduce: from and to every root") {
+  for_each_engine([](Engine& e) {
+    for (int n = 1; n <= kMaxMembers; ++n) {
+      const par::Communicator comm = par::Communicator::local(e, devices(n));
+      for (std::int64_t count : kSizes)
+        for (int root = 0; root < n; ++root) {
+          INFO(what(n, count) << ", root " << root);
+          std::vector<Tensor> b = member_tensors(e, n, count);
+          par::broadcast(comm, b, {.name = "w", .root = root});
+          for (int r = 0; r < n; ++r) CHECK(b[static_cast<std::size_t>(r)].to_host() == values(root, count));
+
+          std::vector<Tensor> t = member_tensors(e, n, count);
+          par::reduce(comm, t, par::ReduceOp::sum, {.name = "loss", .root = root});
+          for (int r = 0; r < n; ++r)
+            CHECK(t[static_cast<std::size_t>(r)].to_host() ==
+                  (r == root ? reduced(n, count, par::ReduceOp::sum) : values(r, count)));
+        }
+    }
+  });
+}
+
+TEST_CASE("reduce_scatter and all_gather split and join by chunk, sizes not divisible by the group") {
+  CHECK(par::chunk(10, 4, 0).size() == 3);
+  CHECK(par::chunk(10, 4, 1).begin == 3);
+  CHECK(par::chunk(10, 4, 3).end == 10);
+  CHECK(par::chunk(2, 4, 3).size() == 0);
+  for_each_engine([](Engine& e) {
+    for (int n = 1; n <= kMaxMembers; ++n) {
+      const par::Communicator comm = par::Communicator::local(e, devices(n));
+      for (std::int64_t count : kSizes) {
+        INFO(what(n, count));
+        const std::vector<Tensor> in = member_tensors(e, n, count);
+        std::vector<Tensor> parts, full;
+        for (int r = 0; r < n; ++r) {
+          parts.push_back(Tensor::empty(e, Shape{par::chunk(count, n, r).size()}, Device::cpu(r)));
+          full.push_back(Tensor::empty(e, Shape{count}, Device::cpu(r)));
+        }
+        par::reduce_scatter(comm, in, parts, par::ReduceOp::sum, {.name = "grads"});
+        par::all_gather(comm, parts, full, {.name = "params"});
+        const std::vector<float> sum = reduced(n, count, par::ReduceOp::sum);
+        for (int r = 0; r < n; ++r) {
+          const par::Chunk k = par::chunk(count, n, r);
+          CHECK(parts[static_cast<std::size_t>(r)].to_host() ==
+                std::vector<float>(sum.begin() + k.begin, sum.begin() + k.end));
+          CHECK(full[static_cast<std::size_t>(r)].to_host() == sum);
+          CHECK(in[static_cast<std::size_t>(r)].to_host() == values(r, count));  // inputs are only read
+        }
+      }
+    }
+  });
+}
+
+TEST_CASE("many collectives in flight, interleaved with compute on the same tensors") {
+  for_each_engine([](Engine& e) {
+    const int n = kMaxMembers;
+    const par::Communicator comm = par::Communicator::local(e, devices(n));
+    const std::int64_t count = 257;
+    std::vector<Tensor> t = member_tensors(e, n, count);
+    std::vector<std::vector<float>> want(n);
+    for (int r = 0; r < n; ++r) want[static_cast<std::size_t>(r)] = values(r, count);
+    std::mt19937 rng(7);
+    // Each round: every member adds its rank to its tensor, then an
+    // allreduce (sum) or a broadcast from a random root; no wait in between.
+    for (int round = 0; round < 12; ++round) {
+      for (int r = 0; r < n; ++r) {
+        t[static_cast<std::size_t>(r)] = t[static_cast<std::size_t>(r)] + static_cast<float>(r);
+        for (float& x : want[static_cast<std::size_t>(r)]) x += static_cast<float>(r);
+      }
+      if (rng() % 2) {
+        par::allreduce(comm, t, par::ReduceOp::max, {.name = "round " + std::to_string(round)});
+        std::vector<float> m = want[0];
+        for (int r = 1; r < n; ++r)
+          for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::max(m[i], want[static_cast<std::size_t>(r)][i]);
+        for (auto& w : want) w = m;
+      } else {
+        const int root = static_cast<int>(rng() % n);
+        par::broadcast(comm, t, {.name = "round " + std::to_string(round), .root = root});
+        const std::vector<float> b = want[static_cast<std::size_t>(root)];
+        for (auto& w : want) w = b;
+      }
+    }
+    // And several independent allreduces at once, waited for in reverse.
+    std::vector<std::vector<Tensor>> many;
+    for (int k = 0; k < 8; ++k) {
+      many.push_back(member_tensors(e, n, 101 + k, k));
+      par::allreduce(comm, many.back(), par::ReduceOp::sum, {.name = "bucket " + std::to_string(k)});
+    }
+    par::barrier(comm, {.name = "end of step"});
+    for (int k = 7; k >= 0; --k)
+      for (int r = 0; r < n; ++r)
+        CHECK(many[static_cast<std::size_t>(k)][static_cast<std::size_t>(r)].to_host() ==
+              reduced(n, 101 + k, par::ReduceOp::sum, k));
+    for (int r = 0; r < n; ++r) CHECK(t[static_cast<std::size_t>(r)].to_host() == want[static_cast<std::size_t>(r)]);
+  });
+}
+
+TEST_CASE("a failed input fails the collective on every member, without hanging") {
+  for_each_engine([](Engine& e) {
+    const int n = 3;
+    const par::Communicator comm = par::Communicator::local(e, devices(n));
+    std::vector<Tensor> t = member_tensors(e, n, 10);
+    weft::push_tensor_op(Device::cpu(1), {}, {t[1]},
+                         [](weft::RunContext&, const weft::TensorData&) { throw std::runtime_error("data loader died"); },
+                         {.name = "load member 1"});
+    par::allreduce(comm, t, par::ReduceOp::sum, {.name = "grad.fc1"});
+    std::vector<Tensor> after(n);  // each member's tensor read after the collective: skipped too
+    for (int r = 0; r < n; ++r) after[static_cast<std::size_t>(r)] = t[static_cast<std::size_t>(r)] + 1.0f;
+    // Every member's tensor carries the failure, reported once (the first
+    // wait that reaches it throws it, with its own type).
+    try {
+      e.wait_to_read(after[0].var());
+      FAIL("member 0's allreduce did not fail");
+    } catch (const std::runtime_error& err) {
+      CHECK(std::string(err.what()) == "data loader died");
+    }
+    for (int r = 0; r < n; ++r) CHECK_NOTHROW(e.wait_to_read(t[static_cast<std::size_t>(r)].var()));
+    // The engine and the communicator go on.
+    std::vector<Tensor> u = member_tensors(e, n, 5);
+    par::allreduce(comm, u);
+    CHECK(u[2].to_host() == reduced(n, 5, par::ReduceOp::sum));
+  });
+}
+
+TEST_CASE("bad input is refused at push time, naming the collective and the member") {
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = kMaxMembers, .workers_per_cpu_device = 1});
+  const par::Communicator comm = par::Communicator::local(*e, devices(2));
+  CHECK(comm.str() == "in-process communicator of 2 members: cpu(0), cpu(1)");
+  auto message = [](auto&& call) {
+    try {
+      call();
+    } catch (const weft::InvalidArgument& err) {
+      return std::string(err.what());
+    }
+    return std::string("(no InvalidArgument)");
+  };
+  auto contains = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
+  const std::vector<Tensor> ok = member_tensors(*e, 2, 4);
+  const Tensor on0 = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
+  CHECK(contains(message([&] { par::allreduce(comm, {ok[0]}, par::ReduceOp::sum, {.name = "g"}); }),
+                 "1 tensors given, one per member wanted (2)"));
+  CHECK(contains(message([&] { par::allreduce(comm, {ok[0], on0}); }), "is not on the member's device cpu(1)"));
+  CHECK(contains(message([&] { par::allreduce(comm, {ok[0], ok[0]}); }), "same tensor"));
+  const Tensor longer = Tensor::zeros(*e, Shape{5}, Device::cpu(1));
+  CHECK(contains(message([&] { par::allreduce(comm, {ok[0], longer}, par::ReduceOp::sum, {.name = "g"}); }),
+                 "tensor sizes differ"));
+  const Tensor ints = Tensor::empty(*e, Shape{4}, Device::cpu(1), weft::DType::int32);
+  CHECK(contains(message([&] { par::allreduce(comm, {ok[0], ints}); }), "float32"));
+  CHECK(contains(message([&] { par::broadcast(comm, ok, {.root = 2}); }), "root 2 is not a member"));
+  CHECK(contains(message([&] { par::allreduce(comm, {ok[0], Tensor()}); }), "undefined"));
+  const std::vector<Tensor> bad_parts{Tensor::zeros(*e, Shape{3}, Device::cpu(0)),
+                                      Tensor::zeros(*e, Shape{2}, Device::cpu(1))};
+  CHECK(contains(message([&] { par::reduce_scatter(comm, ok, bad_parts); }), "should have 2 elements"));
+  CHECK(contains(message([&] { par::Communicator::local(*e, {Device::cpu(0), Device::cpu(0)}); }),
+                 "both cpu(0)"));
+  CHECK(contains(message([&] { par::Communicator::local(*e, {Device::cpu(9)}); }), "does not have"));
+  CHECK(contains(message([&] { par::Communicator::local(*e, {}); }), "no devices"));
+  e->wait_all();
+}
+
+}  // namespace
