@@ -141,6 +141,14 @@ void push_hold(const Call& call, const std::vector<Tensor>& reads, const std::ve
       OpOptions{.priority = options.priority, .name = call.label});
 }
 
+// The members' tensors in member order, `skip` left out.
+std::vector<Tensor> all_but(const std::vector<Tensor>& tensors, int skip) {
+  std::vector<Tensor> out;
+  for (std::size_t r = 0; r < tensors.size(); ++r)
+    if (static_cast<int>(r) != skip) out.push_back(tensors[r]);
+  return out;
+}
+
 // Internal variables of one data phase: v[row][chunk], deleted when the
 // last op holding them goes.
 struct PhaseVars {
@@ -225,12 +233,8 @@ void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, Col
   const int n = comm.size(), root = options.root;
   const std::size_t bytes = tensors[0].nbytes();
   const std::vector<Device> devices = call.state.devices;
-  // The root's tensor is read, the others written (outputs in member order,
-  // the root left out).
-  std::vector<Tensor> others;
-  for (int r = 0; r < n; ++r)
-    if (r != root) others.push_back(tensors[static_cast<std::size_t>(r)]);
-  push_hold(call, {tensors[static_cast<std::size_t>(root)]}, others, options,
+  // The root's tensor is read, the others written.
+  push_hold(call, {tensors[static_cast<std::size_t>(root)]}, all_but(tensors, root), options,
             [n, root, bytes, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
     for (int r = 0, k = 0; r < n; ++r) {
@@ -256,9 +260,7 @@ void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, Reduce
   const std::int64_t count = tensors[0].numel();
   const std::vector<Device> devices = call.state.devices;
   // Read: the others in member order, then the root (reduced in place).
-  std::vector<Tensor> reads;
-  for (int r = 0; r < n; ++r)
-    if (r != root) reads.push_back(tensors[static_cast<std::size_t>(r)]);
+  std::vector<Tensor> reads = all_but(tensors, root);
   reads.push_back(tensors[static_cast<std::size_t>(root)]);
   push_hold(call, reads, {tensors[static_cast<std::size_t>(root)]}, options,
             [n, count, op, devices, root, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
