@@ -14,12 +14,9 @@
 // groups will need one, and run_on_failed_input, so that a rank whose input
 // failed still tells its peers).
 #include <algorithm>
-#include <atomic>
 #include <cstring>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,7 @@ TEST_CASE("an async tensor op keeps its tensors until it completes") {
     Tensor out = Tensor::zeros(e, Shape{n});
     std::promise<void> release;
     std::shared_future<void> go = release.get_future().share();
+    std::mutex worker_mutex;
     std::thread worker;
     std::atomic<std::size_t> in_use_then{0};
     const bool naive = e.kind() == "naive";  // its push_async returns only when the op is done
@@ -62,7 +64,10 @@ TEST_CASE("an async tensor op keeps its tensors until it completes") {
       const Tensor in = Tensor::full(e, Shape{n}, 7.0f);  // dropped before the op completes
       weft::push_tensor_op_async(
           Device::cpu(0), {in}, {out},
-          [&worker, &in_use_then, &e, go, n](RunContext&, const TensorData& d, weft::Completion done) {
+          [&worker, &worker_mutex, &in_use_then, &e, go, n](RunContext&, const TensorData& d, weft::Completion done) {
+            // Stored under the lock: done() may wake the frontend before the
+            // assignment below has finished.
+            std::lock_guard lock(worker_mutex);
             worker = std::thread([d, done = std::move(done), go, n, &in_use_then, &e] {
               go.wait();  // the frontend has dropped `in` by now
               in_use_then = weft::memory_stats(e, Device::cpu(0)).in_use;  // `in` and `out` still held
@@ -74,7 +79,10 @@ TEST_CASE("an async tensor op keeps its tensors until it completes") {
       if (!naive) release.set_value();
     }
     const std::vector<float> v = out.to_host();
-    worker.join();
+    {
+      std::lock_guard lock(worker_mutex);
+      worker.join();
+    }
     CHECK(in_use_then.load() >= 2 * static_cast<std::size_t>(n) * sizeof(float));
     CHECK(v.front() == 8.0f);
     CHECK(v.back() == 8.0f);

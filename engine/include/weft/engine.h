@@ -186,7 +186,7 @@ class Engine {
   }
 
   // Block until all writes pushed before are done; rethrow the variable's error
-  // (once). Called from inside an op, they throw weft::Error naming the op.
+  // (once). Called from inside an op, they throw weft::OpError naming the op.
   virtual void wait_to_read(Var var) = 0;
   // As wait_to_read, and also until all reads pushed before are done.
   virtual void wait_to_write(Var var) = 0;
