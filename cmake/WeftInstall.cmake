@@ -26,5 +26,9 @@ if(WEFT_HAVE_CUDA)
 endif()
 list(TRANSFORM WEFT_PC_EXTRA_LIBS PREPEND "-l" REGEX "^[^-]")
 list(JOIN WEFT_PC_EXTRA_LIBS " " WEFT_PC_EXTRA_LIBS)
+# From the .pc's folder back to the prefix: "../.." for lib/pkgconfig,
+# "../../.." for lib/x86_64-linux-gnu/pkgconfig.
+file(RELATIVE_PATH WEFT_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" WEFT_PC_TO_PREFIX "${WEFT_PC_TO_PREFIX}")
 configure_file(cmake/weft.pc.in ${CMAKE_CURRENT_BINARY_DIR}/weft.pc @ONLY)
 install(FILES ${CMAKE_CURRENT_BINARY_DIR}/weft.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
