@@ -20,7 +20,7 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/weftConfig.cmake ${CMAKE_CURRENT_BINAR
 
 # pkg-config, for builds without CMake (tests/embed/check-embed.sh builds
 # examples/embed with it too). Relocatable: paths are relative to the .pc.
-set(WEFT_PC_EXTRA_LIBS ${CMAKE_DL_LIBS})
+set(WEFT_PC_EXTRA_LIBS boost_fiber boost_context ${CMAKE_DL_LIBS})
 if(WEFT_HAVE_CUDA)
   list(APPEND WEFT_PC_EXTRA_LIBS -L${CUDAToolkit_LIBRARY_DIR} -lcudnn -lcublas -lcudart)
 endif()

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs the whole test suite:
 #   1. AddressSanitizer + UBSan build, all tests;
-#   2. ThreadSanitizer build against a TSan-built oneTBB: engine, devices, ops and GPU tests
-#      (the GPU tests on simulated GPUs, as in every build);
+#   2. ThreadSanitizer build against a TSan-built oneTBB: engine, devices, ops, GPU and parallel
+#      tests (the GPU tests on simulated GPUs, as in every build; the multi-process ones under
+#      mpirun);
 #   3. Release build, all tests (its ctest summary closes the output).
 # Usage: scripts/test.sh [--fast]   (--fast: the Release suite only)
 set -euo pipefail
@@ -20,8 +21,9 @@ if [[ "${1:-}" != "--fast" ]]; then
   echo "== TSan =="
   bash scripts/build-tsan-tbb.sh
   cmake --preset tsan > /dev/null
-  cmake --build --preset tsan -j "$jobs" --target weft-tests-engine weft-tests-devices weft-tests-ops weft-tests-gpu
-  ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops|gpu)\.'
+  cmake --build --preset tsan -j "$jobs" --target weft-tests-engine weft-tests-devices weft-tests-ops weft-tests-gpu \
+    weft-tests-parallel weft-tests-parallel-mpi
+  ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops|gpu|parallel|parallel_mpi)\.'
 fi
 
 echo "== Release =="

@@ -82,7 +82,7 @@ TensorData materialize(const Bound& b, RunContext& ctx) {
 // The Completion an async tensor op's body gets: it forwards to the
 // engine's and keeps the tensors' storages alive until it is called (the
 // engine destroys an async op's function when the body returns, which may be
-// long before the op completes).
+// long before the op completes), and not a moment longer.
 class HoldingCompletion final : public detail::CompletionTarget {
  public:
   HoldingCompletion(Completion inner, std::shared_ptr<Bound> bound)
@@ -96,8 +96,11 @@ class HoldingCompletion final : public detail::CompletionTarget {
       inner_(std::move(error));  // the engine's completion says "called twice"
       return;
     }
+    // The tensors go first: once the engine's completion returns, a waiter
+    // may have seen the op complete and destroyed the engine (and with it
+    // the allocators that take the tensors' memory back).
+    bound_.reset();
     inner_(std::move(error));
-    bound_.reset();  // the op is complete: its tensors may go
   }
 
  private:

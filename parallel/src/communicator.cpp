@@ -42,26 +42,41 @@ Communicator Communicator::local(Engine& engine, std::vector<Device> devices) {
   }
   auto state = std::make_shared<detail::CommunicatorState>();
   state->engine = &engine;
+  state->size = static_cast<int>(devices.size());
+  for (int r = 0; r < state->size; ++r) state->local_ranks.push_back(r);
   state->devices = std::move(devices);
-  for (int r = 0; r < static_cast<int>(state->devices.size()); ++r) state->local_ranks.push_back(r);
+  state->backend = detail::make_local_backend(*state);
   return Communicator(std::move(state));
 }
 
-int Communicator::size() const noexcept { return static_cast<int>(state_->devices.size()); }
+Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOptions options) {
+  const std::vector<Device> known = engine.devices();
+  if (!device.is_cpu())
+    throw InvalidArgument("weft::parallel::Communicator::mpi: " + device.str() +
+                          " is not a CPU device; GPU members across processes are not built yet");
+  if (std::find(known.begin(), known.end(), device) == known.end())
+    throw InvalidArgument("weft::parallel::Communicator::mpi: " + device.str() + " is not a device of this engine");
+  auto state = std::make_shared<detail::CommunicatorState>();
+  state->engine = &engine;
+  state->devices = {device};
+  state->backend = detail::make_mpi_backend(*state, options);  // sets size and local_ranks
+  return Communicator(std::move(state));
+}
+
+int Communicator::size() const noexcept { return state_->size; }
 const std::vector<int>& Communicator::local_ranks() const noexcept { return state_->local_ranks; }
 Engine& Communicator::engine() const noexcept { return *state_->engine; }
 
 Device Communicator::device(int rank) const {
-  if (rank < 0 || rank >= size())
-    throw InvalidArgument("weft::parallel::Communicator::device: rank " + std::to_string(rank) + " outside " + str());
-  return state_->devices[static_cast<std::size_t>(rank)];
+  const auto& ranks = state_->local_ranks;
+  const auto it = std::find(ranks.begin(), ranks.end(), rank);
+  if (it == ranks.end())
+    throw InvalidArgument("weft::parallel::Communicator::device: rank " + std::to_string(rank) +
+                          (rank >= 0 && rank < size() ? " is driven by another process (" : " outside (") + str() + ")");
+  return state_->devices[static_cast<std::size_t>(it - ranks.begin())];
 }
 
-std::string Communicator::str() const {
-  std::string s = "in-process communicator of " + std::to_string(size()) + " member" + (size() == 1 ? "" : "s") + ":";
-  for (std::size_t i = 0; i < state_->devices.size(); ++i) s += (i ? ", " : " ") + state_->devices[i].str();
-  return s;
-}
+std::string Communicator::str() const { return state_->backend->str(); }
 
 const std::shared_ptr<detail::CommunicatorState>& state_of(const Communicator& comm) noexcept { return comm.state_; }
 

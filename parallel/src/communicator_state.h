@@ -1,25 +1,58 @@
-// What a Communicator shares among its copies (internal to parallel/).
+// What a Communicator shares among its copies, and the interface of its
+// backends (internal to parallel/).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "weft/device.h"
 #include "weft/engine.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
 
 namespace weft::parallel {
-class Communicator;
 
 namespace detail {
 
+class Call;
+
+// One backend per communicator: it pushes a collective whose arguments the
+// public entry points (collectives.cpp) have checked. Tensors come in
+// local_ranks() order.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string str() const = 0;
+  // Before the call is committed: what this backend cannot carry (throws
+  // InvalidArgument through call.refuse).
+  virtual void check(const Call& call, std::int64_t elements) const {
+    (void)call;
+    (void)elements;
+  }
+  virtual void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) = 0;
+  virtual void broadcast(const Call& call, const std::vector<Tensor>& tensors) = 0;
+  virtual void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) = 0;
+  virtual void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                              ReduceOp op) = 0;
+  virtual void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
+  virtual void barrier(const Call& call) = 0;
+};
+
 struct CommunicatorState {
   Engine* engine = nullptr;
-  std::vector<Device> devices;  // member r's device
-  std::vector<int> local_ranks;
+  int size = 0;                    // members in the group
+  std::vector<int> local_ranks;    // the members this process drives
+  std::vector<Device> devices;     // devices[k]: local_ranks[k]'s device
   std::atomic<std::uint64_t> sequence{0};  // collectives pushed so far (names them: "#3")
+  std::unique_ptr<Backend> backend;
 };
+
+std::unique_ptr<Backend> make_local_backend(CommunicatorState& state);
+// Joins MPI_COMM_WORLD (collective); sets state.size and state.local_ranks.
+std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options);
 
 }  // namespace detail
 

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "call.h"
 #include "communicator_state.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
@@ -62,72 +63,16 @@ void finish_average(float* p, std::int64_t n, ReduceOp op, int members) {
   for (std::int64_t i = 0; i < n; ++i) p[i] *= scale;
 }
 
-// ---- checks at push time -------------------------------------------------------
-
-struct Call {
-  const char* kind;
-  const Communicator& comm;
-  const detail::CommunicatorState& state;
-  std::string label;  // "allreduce 'grad' #3"
-
-  Call(const char* k, const Communicator& c, const CollectiveOptions& options)
-      : kind(k), comm(c), state(*state_of(c)) {
-    const std::uint64_t seq = state_of(c)->sequence.fetch_add(1, std::memory_order_relaxed) + 1;
-    label = std::string(kind) + (options.name.empty() ? "" : " '" + options.name + "'") + " #" + std::to_string(seq);
-  }
-
-  [[noreturn]] void refuse(const std::string& why) const {
-    throw InvalidArgument("weft::parallel::" + std::string(kind) + " (" + label + " on " + comm.str() + "): " + why);
-  }
-
-  void check_tensors(const std::vector<Tensor>& tensors, const char* what, bool float_only) const {
-    if (tensors.size() != comm.local_ranks().size())
-      refuse(std::to_string(tensors.size()) + " " + what + " given, one per member wanted (" +
-             std::to_string(comm.local_ranks().size()) + ")");
-    for (std::size_t r = 0; r < tensors.size(); ++r) {
-      const Tensor& t = tensors[r];
-      const std::string who = std::string(what) + " of member " + std::to_string(r);
-      if (!t.defined()) refuse(who + " is an undefined Tensor");
-      for (std::size_t q = 0; q < r; ++q)
-        if (tensors[q].var() == t.var()) refuse(std::string(what) + " of members " + std::to_string(q) + " and " +
-                                                std::to_string(r) + " are the same tensor");
-      if (&t.engine() != state.engine) refuse(who + ", " + t.str() + ", belongs to another engine");
-      if (t.device() != comm.device(static_cast<int>(r)))
-        refuse(who + ", " + t.str() + ", is not on the member's device " + comm.device(static_cast<int>(r)).str());
-      if (float_only && t.dtype() != DType::float32)
-        refuse(who + ", " + t.str() + ", is not float32 (reductions are float32 only)");
-    }
-  }
-
-  void check_same_size(const std::vector<Tensor>& tensors, const char* what) const {
-    for (std::size_t r = 1; r < tensors.size(); ++r)
-      if (tensors[r].numel() != tensors[0].numel() || tensors[r].dtype() != tensors[0].dtype())
-        refuse(std::string(what) + " differ: member 0 has " + tensors[0].str() + ", member " + std::to_string(r) +
-               " has " + tensors[r].str());
-  }
-
-  void check_root(int root) const {
-    if (root < 0 || root >= comm.size())
-      refuse("root " + std::to_string(root) + " is not a member (0.." + std::to_string(comm.size() - 1) + ")");
-  }
-
-  void check_distinct(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
-    for (std::size_t r = 0; r < inputs.size(); ++r)
-      if (inputs[r].var() == outputs[r].var())
-        refuse("member " + std::to_string(r) + "'s input and output are the same tensor");
-  }
-};
-
 // Pushes the hold op: `reads` and `writes` are every member's tensors, in
 // member order (either may be empty); `phase` is pushed by its body with
 // the members' memory.
 using PhaseStart = std::function<void(Engine&, const std::shared_ptr<Phase>&)>;
 
-void push_hold(const Call& call, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
-               const CollectiveOptions& options, PhaseStart start) {
+void push_hold(const detail::Call& call, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+               PhaseStart start) {
   push_tensor_op_async(
-      call.comm.device(call.comm.local_ranks().front()), reads, writes,
-      [what = call.label, start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
+      call.state().devices.front(), reads, writes,
+      [what = call.label(), start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
         auto phase = std::make_shared<Phase>();
         phase->what = what;
         phase->in.assign(d.inputs.begin(), d.inputs.end());
@@ -135,7 +80,7 @@ void push_hold(const Call& call, const std::vector<Tensor>& reads, const std::ve
         phase->done = std::move(done);
         start(*ctx.engine, phase);
       },
-      OpOptions{.priority = options.priority, .name = call.label});
+      OpOptions{.priority = call.options().priority, .name = call.label()});
 }
 
 // The members' tensors in member order, `skip` left out.
@@ -170,21 +115,36 @@ void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::shared
   e.push([phase, vars] { phase->done(); }, where, {}, vars->all(), {.priority = priority, .name = phase->what + " done"});
 }
 
-}  // namespace
+class LocalBackend final : public detail::Backend {
+ public:
+  explicit LocalBackend(const detail::CommunicatorState& state) : devices_(state.devices) {}
+  std::string str() const override {
+    const std::size_t n = devices_.size();
+    std::string s = "in-process communicator of " + std::to_string(n) + " member" + (n == 1 ? "" : "s") + ":";
+    for (std::size_t i = 0; i < n; ++i) s += (i ? ", " : " ") + devices_[i].str();
+    return s;
+  }
+  void allreduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override;
+  void broadcast(const detail::Call& call, const std::vector<Tensor>& tensors) override;
+  void reduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override;
+  void reduce_scatter(const detail::Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                      ReduceOp op) override;
+  void all_gather(const detail::Call& call, const std::vector<Tensor>& inputs,
+                  const std::vector<Tensor>& outputs) override;
+  void barrier(const detail::Call& call) override;
+
+ private:
+  std::vector<Device> devices_;  // member r's device
+};
 
 // ---- allreduce: a chunked ring -------------------------------------------------
 
-void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op,
-               CollectiveOptions options) {
-  Call call("allreduce", comm, options);
-  call.check_tensors(tensors, "tensors", true);
-  call.check_same_size(tensors, "tensor sizes");
-  const int n = comm.size();
+void LocalBackend::allreduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size());
   const std::int64_t count = tensors[0].numel();
-  const std::vector<Device> devices = call.state.devices;
   // Read and written in place: a failed input fails the collective.
-  push_hold(call, tensors, tensors, options,
-            [n, count, op, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, tensors, tensors,
+            [n, count, op, devices = devices_, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto vars = std::make_shared<PhaseVars>(e, phase->what, n, n);
     auto name = [&](const char* step, int s, int c) {
       return phase->what + " " + step + " " + std::to_string(s) + " chunk " + std::to_string(c);
@@ -222,17 +182,12 @@ void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, Red
 
 // ---- broadcast and reduce: direct, through shared memory ------------------------
 
-void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, CollectiveOptions options) {
-  Call call("broadcast", comm, options);
-  call.check_tensors(tensors, "tensors", false);
-  call.check_same_size(tensors, "tensor sizes");
-  call.check_root(options.root);
-  const int n = comm.size(), root = options.root;
+void LocalBackend::broadcast(const detail::Call& call, const std::vector<Tensor>& tensors) {
+  const int n = static_cast<int>(devices_.size()), root = call.options().root;
   const std::size_t bytes = tensors[0].nbytes();
-  const std::vector<Device> devices = call.state.devices;
   // The root's tensor is read, the others written.
-  push_hold(call, {tensors[static_cast<std::size_t>(root)]}, all_but(tensors, root), options,
-            [n, root, bytes, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, {tensors[static_cast<std::size_t>(root)]}, all_but(tensors, root),
+            [n, root, bytes, devices = devices_, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
     for (int r = 0, k = 0; r < n; ++r) {
       if (r == root) continue;
@@ -248,19 +203,14 @@ void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, Col
   });
 }
 
-void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op, CollectiveOptions options) {
-  Call call("reduce", comm, options);
-  call.check_tensors(tensors, "tensors", true);
-  call.check_same_size(tensors, "tensor sizes");
-  call.check_root(options.root);
-  const int n = comm.size(), root = options.root;
+void LocalBackend::reduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size()), root = call.options().root;
   const std::int64_t count = tensors[0].numel();
-  const std::vector<Device> devices = call.state.devices;
   // Read: the others in member order, then the root (reduced in place).
   std::vector<Tensor> reads = all_but(tensors, root);
   reads.push_back(tensors[static_cast<std::size_t>(root)]);
-  push_hold(call, reads, {tensors[static_cast<std::size_t>(root)]}, options,
-            [n, count, op, devices, root, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, reads, {tensors[static_cast<std::size_t>(root)]},
+            [n, count, op, devices = devices_, root, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // The root reduces chunk c of every member into its own: one op per
     // chunk, so that the root's workers share the work.
     auto vars = std::make_shared<PhaseVars>(e, phase->what, 1, n);
@@ -281,23 +231,12 @@ void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, Reduce
 
 // ---- reduce-scatter and all-gather: each member works on its own chunk --------
 
-void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                    ReduceOp op, CollectiveOptions options) {
-  Call call("reduce_scatter", comm, options);
-  call.check_tensors(inputs, "inputs", true);
-  call.check_tensors(outputs, "outputs", true);
-  call.check_same_size(inputs, "input sizes");
-  call.check_distinct(inputs, outputs);
-  const int n = comm.size();
+void LocalBackend::reduce_scatter(const detail::Call& call, const std::vector<Tensor>& inputs,
+                                  const std::vector<Tensor>& outputs, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size());
   const std::int64_t count = inputs[0].numel();
-  for (int r = 0; r < n; ++r)
-    if (outputs[static_cast<std::size_t>(r)].numel() != chunk(count, n, r).size())
-      call.refuse("output of member " + std::to_string(r) + ", " + outputs[static_cast<std::size_t>(r)].str() +
-                  ", should have " + std::to_string(chunk(count, n, r).size()) + " elements (chunk " +
-                  std::to_string(r) + " of " + std::to_string(count) + ")");
-  const std::vector<Device> devices = call.state.devices;
-  push_hold(call, inputs, outputs, options,
-            [n, count, op, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, inputs, outputs,
+            [n, count, op, devices = devices_, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
     for (int r = 0; r < n; ++r) {
       const Chunk k = chunk(count, n, r);
@@ -315,27 +254,13 @@ void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs,
   });
 }
 
-void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-                CollectiveOptions options) {
-  Call call("all_gather", comm, options);
-  call.check_tensors(inputs, "inputs", false);
-  call.check_tensors(outputs, "outputs", false);
-  call.check_same_size(outputs, "output sizes");
-  call.check_distinct(inputs, outputs);
-  const int n = comm.size();
+void LocalBackend::all_gather(const detail::Call& call, const std::vector<Tensor>& inputs,
+                              const std::vector<Tensor>& outputs) {
+  const int n = static_cast<int>(devices_.size());
   const std::int64_t count = outputs[0].numel();
-  for (int r = 0; r < n; ++r) {
-    const Tensor& in = inputs[static_cast<std::size_t>(r)];
-    if (in.numel() != chunk(count, n, r).size() || in.dtype() != outputs[0].dtype())
-      call.refuse("input of member " + std::to_string(r) + ", " + in.str() + ", should have " +
-                  std::to_string(chunk(count, n, r).size()) + " elements of " +
-                  std::string(to_string(outputs[0].dtype())) + " (chunk " + std::to_string(r) + " of the outputs' " +
-                  std::to_string(count) + ")");
-  }
   const std::size_t element = dtype_size(outputs[0].dtype());
-  const std::vector<Device> devices = call.state.devices;
-  push_hold(call, inputs, outputs, options,
-            [n, count, element, devices, priority = options.priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, inputs, outputs,
+            [n, count, element, devices = devices_, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
     for (int r = 0; r < n; ++r)
       e.push(
@@ -356,13 +281,17 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
 
 // ---- barrier ---------------------------------------------------------------------
 
-void barrier(const Communicator& comm, CollectiveOptions options) {
-  Call call("barrier", comm, options);
+void LocalBackend::barrier(const detail::Call& call) {
   // Every member is driven by this process, which reached the call: there
-  // is nobody to wait for. One op marks the point in traces (across
-  // processes the barrier will be a real exchange).
-  comm.engine().push([] {}, comm.device(comm.local_ranks().front()), {}, {},
-                     {.priority = options.priority, .name = call.label});
+  // is nobody to wait for. One op marks the point in traces.
+  call.state().engine->push([] {}, devices_.front(), {}, {},
+                            {.priority = call.options().priority, .name = call.label()});
+}
+
+}  // namespace
+
+std::unique_ptr<detail::Backend> detail::make_local_backend(CommunicatorState& state) {
+  return std::make_unique<LocalBackend>(state);
 }
 
 }  // namespace weft::parallel

@@ -241,7 +241,7 @@ TEST_CASE("bad input is refused at push time, naming the collective and the memb
   const std::vector<Tensor> ok = member_tensors(*e, 2, 4);
   const Tensor on0 = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
   CHECK(contains(message([&] { par::allreduce(comm, {ok[0]}, par::ReduceOp::sum, {.name = "g"}); }),
-                 "1 tensors given, one per member wanted (2)"));
+                 "1 tensors given, one per member this process drives wanted (2)"));
   CHECK(contains(message([&] { par::allreduce(comm, {ok[0], on0}); }), "is not on the member's device cpu(1)"));
   CHECK(contains(message([&] { par::allreduce(comm, {ok[0], ok[0]}); }), "same tensor"));
   const Tensor longer = Tensor::zeros(*e, Shape{5}, Device::cpu(1));

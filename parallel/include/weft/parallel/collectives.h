@@ -1,10 +1,9 @@
 // weft::parallel — collectives as engine ops.
 //
 // A Communicator is a group of members, each a device. A collective takes
-// the tensors of the members this process drives (today: all of them — an
-// in-process group; processes of an MPI job come next, with the same calls),
-// one per member in local_ranks() order, pushes engine ops and returns at
-// once. It is ordered with every other op on those tensors: ops pushed before
+// the tensors of the members this process drives — all of them in an
+// in-process group, this process's one in an MPI group — one per member in
+// local_ranks() order, pushes engine ops and returns at once. It is ordered with every other op on those tensors: ops pushed before
 // it that write them run first, ops pushed after it that touch them wait for
 // it. A failed input (its producer threw) fails the collective on every
 // member, naming the failure; nothing waits forever for a member that cannot
@@ -13,12 +12,25 @@
 // In-process groups run a chunked ring for allreduce (reduce-scatter, then
 // all-gather; each step of each member its own op on the receiving member's
 // device, so steps pipeline and overlap with other work) and direct
-// shared-memory forms for the rest. CPU devices today; GPU members come next
+// shared-memory forms for the rest. MPI groups (one member per process of an
+// mpirun job) run MPI's non-blocking collectives on a communication thread,
+// one fiber per collective in flight, so engine workers never wait for the
+// network. CPU devices today; GPU members come next
 // (docs/design/parallel-collectives.md).
+//
+// Across processes nothing hangs silently: before data moves, every rank
+// checks every other rank's fingerprint of the collective (sequence number,
+// kind, name, dtype, element count, root, reduce op); a mismatch fails the
+// collective on every rank with a weft::CommunicationError naming both
+// sides. A collective that cannot complete within the timeout fails naming
+// the ranks that never joined, and leaves the communicator broken (later
+// collectives on it fail at once: MPI cannot cancel a started collective).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,6 +49,19 @@ struct CollectiveOptions {
   int root = 0;      // broadcast and reduce
 };
 
+// How an MPI communicator guards against hangs. Unset fields come from the
+// environment, then the defaults.
+struct CommunicatorOptions {
+  // A collective not complete this long after this rank's input was ready
+  // fails (WEFT_COLLECTIVE_TIMEOUT, in seconds; default 300 s).
+  std::optional<std::chrono::milliseconds> timeout;
+  // Exchange fingerprints before each collective (WEFT_COLLECTIVE_CHECK=0
+  // turns them off for measured runs; default on). Without them a mismatch
+  // is undefined behaviour of MPI, and a rank whose input failed does not
+  // take part: its peers fail at the timeout.
+  std::optional<bool> fingerprints;
+};
+
 namespace detail {
 struct CommunicatorState;
 }
@@ -46,12 +71,22 @@ class Communicator {
   // An in-process group: member i is devices[i] (distinct devices of
   // `engine`). Throws weft::InvalidArgument naming the bad device.
   static Communicator local(Engine& engine, std::vector<Device> devices);
+  // One member per process of an MPI job (MPI_COMM_WORLD): this process is
+  // member MPI rank, on `device` (a CPU device of `engine`). Collective:
+  // every process creates its communicators in the same order. Initializes
+  // MPI (MPI_THREAD_MULTIPLE) if nobody has, and then finalizes it at exit;
+  // if you initialized it, ask for at least MPI_THREAD_SERIALIZED and keep
+  // MPI alive while collectives are in flight. Weft calls MPI from its
+  // communication thread only. Without mpirun it is a group of one.
+  static Communicator mpi(Engine& engine, Device device, CommunicatorOptions options = {});
 
   int size() const noexcept;                           // members in the group
   const std::vector<int>& local_ranks() const noexcept;  // the members this process drives
   Device device(int rank) const;                       // a local member's device
   Engine& engine() const noexcept;
-  std::string str() const;  // "in-process communicator of 2 members: cpu(0), cpu(1)"
+  // "in-process communicator of 2 members: cpu(0), cpu(1)",
+  // "MPI communicator of 4 ranks (rank 1 on cpu(0) here)"
+  std::string str() const;
 
  private:
   explicit Communicator(std::shared_ptr<detail::CommunicatorState> state) : state_(std::move(state)) {}

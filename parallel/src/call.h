@@ -1,0 +1,57 @@
+// One collective call on its way in: its kind, name and sequence number,
+// and the push-time checks every backend shares (internal to parallel/).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "communicator_state.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+
+namespace weft::parallel::detail {
+
+enum class Kind : std::uint8_t { allreduce, broadcast, reduce, reduce_scatter, all_gather, barrier };
+const char* to_string(Kind kind) noexcept;
+
+class Call {
+ public:
+  Call(Kind kind, const Communicator& comm, const CollectiveOptions& options);
+
+  Kind kind() const noexcept { return kind_; }
+  const CollectiveOptions& options() const noexcept { return options_; }
+  const Communicator& comm() const noexcept { return comm_; }
+  CommunicatorState& state() const noexcept { return state_; }
+  // The collective's number on its communicator (1, 2, ...), taken by
+  // commit() once the checks passed, so that refused calls leave no gap:
+  // across processes, rank k's n-th collective meets every other rank's n-th.
+  std::uint64_t sequence() const noexcept { return sequence_; }
+  // "allreduce 'grad.fc1' #17" ("#17" once committed).
+  const std::string& label() const noexcept { return label_; }
+
+  [[noreturn]] void refuse(const std::string& why) const;
+  // One tensor per local member, defined, of this engine, on the member's
+  // device, distinct; float32 where the collective reduces.
+  void check_tensors(const std::vector<Tensor>& tensors, const char* what, bool float_only) const;
+  // Equal element counts and dtypes among the local members.
+  void check_same_size(const std::vector<Tensor>& tensors, const char* what) const;
+  void check_root() const;
+  void check_distinct(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const;
+  // Member `local_ranks()[k]`'s tensor must hold `elements` elements.
+  void check_chunks(const std::vector<Tensor>& tensors, const char* what, std::int64_t count, DType dtype) const;
+  // "member 2" (in-process) or "rank 2" (across processes).
+  std::string member(std::size_t k) const;
+
+  void commit();
+
+ private:
+  Kind kind_;
+  const Communicator& comm_;
+  CommunicatorState& state_;
+  CollectiveOptions options_;
+  std::uint64_t sequence_ = 0;
+  std::string label_;
+};
+
+}  // namespace weft::parallel::detail

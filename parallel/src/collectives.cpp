@@ -1,0 +1,161 @@
+// The public collectives: push-time checks shared by every backend, then
+// the communicator's backend pushes the ops.
+#include <string>
+#include <vector>
+
+#include "call.h"
+#include "communicator_state.h"
+#include "weft/error.h"
+#include "weft/parallel/collectives.h"
+
+namespace weft::parallel {
+namespace detail {
+
+const char* to_string(Kind kind) noexcept {
+  switch (kind) {
+    case Kind::allreduce: return "allreduce";
+    case Kind::broadcast: return "broadcast";
+    case Kind::reduce: return "reduce";
+    case Kind::reduce_scatter: return "reduce_scatter";
+    case Kind::all_gather: return "all_gather";
+    case Kind::barrier: return "barrier";
+  }
+  return "?";
+}
+
+Call::Call(Kind kind, const Communicator& comm, const CollectiveOptions& options)
+    : kind_(kind), comm_(comm), state_(*state_of(comm)), options_(options) {
+  label_ = std::string(to_string(kind)) + (options.name.empty() ? "" : " '" + options.name + "'");
+}
+
+void Call::commit() {
+  sequence_ = state_.sequence.fetch_add(1, std::memory_order_relaxed) + 1;
+  label_ += " #" + std::to_string(sequence_);
+}
+
+std::string Call::member(std::size_t k) const {
+  const bool across_processes = state_.local_ranks.size() != static_cast<std::size_t>(state_.size);
+  return std::string(across_processes ? "rank " : "member ") + std::to_string(state_.local_ranks[k]);
+}
+
+void Call::refuse(const std::string& why) const {
+  throw InvalidArgument("weft::parallel::" + std::string(to_string(kind_)) + " (" + label_ + " on " + comm_.str() +
+                        "): " + why);
+}
+
+void Call::check_tensors(const std::vector<Tensor>& tensors, const char* what, bool float_only) const {
+  const std::size_t local = state_.local_ranks.size();
+  if (tensors.size() != local)
+    refuse(std::to_string(tensors.size()) + " " + what + " given, one per member this process drives wanted (" +
+           std::to_string(local) + ")");
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    const std::string who = std::string(what) + " of " + member(k);
+    if (!t.defined()) refuse(who + " is an undefined Tensor");
+    for (std::size_t q = 0; q < k; ++q)
+      if (tensors[q].var() == t.var())
+        refuse(std::string(what) + " of " + member(q) + " and " + member(k) + " are the same tensor");
+    if (&t.engine() != state_.engine) refuse(who + ", " + t.str() + ", belongs to another engine");
+    if (t.device() != state_.devices[k])
+      refuse(who + ", " + t.str() + ", is not on the member's device " + state_.devices[k].str());
+    if (float_only && t.dtype() != DType::float32)
+      refuse(who + ", " + t.str() + ", is not float32 (reductions are float32 only)");
+  }
+}
+
+void Call::check_same_size(const std::vector<Tensor>& tensors, const char* what) const {
+  for (std::size_t k = 1; k < tensors.size(); ++k)
+    if (tensors[k].numel() != tensors[0].numel() || tensors[k].dtype() != tensors[0].dtype())
+      refuse(std::string(what) + " differ: " + member(0) + " has " + tensors[0].str() + ", " + member(k) + " has " +
+             tensors[k].str());
+}
+
+void Call::check_root() const {
+  if (options_.root < 0 || options_.root >= state_.size)
+    refuse("root " + std::to_string(options_.root) + " is not a member (0.." + std::to_string(state_.size - 1) + ")");
+}
+
+void Call::check_distinct(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) const {
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].var() == outputs[k].var()) refuse(member(k) + "'s input and output are the same tensor");
+}
+
+void Call::check_chunks(const std::vector<Tensor>& tensors, const char* what, std::int64_t count, DType dtype) const {
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const Tensor& t = tensors[k];
+    const int r = state_.local_ranks[k];
+    const std::int64_t want = chunk(count, state_.size, r).size();
+    if (t.numel() != want || t.dtype() != dtype)
+      refuse(std::string(what) + " of " + member(k) + ", " + t.str() + ", should have " + std::to_string(want) +
+             " elements of " + std::string(weft::to_string(dtype)) + " (chunk " + std::to_string(r) + " of " +
+             std::to_string(count) + ")");
+  }
+}
+
+}  // namespace detail
+
+using detail::Call;
+using detail::Kind;
+
+void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op, CollectiveOptions options) {
+  Call call(Kind::allreduce, comm, options);
+  call.check_tensors(tensors, "tensors", true);
+  call.check_same_size(tensors, "tensor sizes");
+  call.state().backend->check(call, tensors[0].numel());
+  call.commit();
+  call.state().backend->allreduce(call, tensors, op);
+}
+
+void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, CollectiveOptions options) {
+  Call call(Kind::broadcast, comm, options);
+  call.check_tensors(tensors, "tensors", false);
+  call.check_same_size(tensors, "tensor sizes");
+  call.check_root();
+  call.state().backend->check(call, tensors[0].numel());
+  call.commit();
+  call.state().backend->broadcast(call, tensors);
+}
+
+void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op, CollectiveOptions options) {
+  Call call(Kind::reduce, comm, options);
+  call.check_tensors(tensors, "tensors", true);
+  call.check_same_size(tensors, "tensor sizes");
+  call.check_root();
+  call.state().backend->check(call, tensors[0].numel());
+  call.commit();
+  call.state().backend->reduce(call, tensors, op);
+}
+
+void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                    ReduceOp op, CollectiveOptions options) {
+  Call call(Kind::reduce_scatter, comm, options);
+  call.check_tensors(inputs, "inputs", true);
+  call.check_tensors(outputs, "outputs", true);
+  call.check_same_size(inputs, "input sizes");
+  call.check_distinct(inputs, outputs);
+  call.check_chunks(outputs, "output", inputs[0].numel(), DType::float32);
+  call.state().backend->check(call, inputs[0].numel());
+  call.commit();
+  call.state().backend->reduce_scatter(call, inputs, outputs, op);
+}
+
+void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                CollectiveOptions options) {
+  Call call(Kind::all_gather, comm, options);
+  call.check_tensors(inputs, "inputs", false);
+  call.check_tensors(outputs, "outputs", false);
+  call.check_same_size(outputs, "output sizes");
+  call.check_distinct(inputs, outputs);
+  call.check_chunks(inputs, "input", outputs[0].numel(), outputs[0].dtype());
+  call.state().backend->check(call, outputs[0].numel());
+  call.commit();
+  call.state().backend->all_gather(call, inputs, outputs);
+}
+
+void barrier(const Communicator& comm, CollectiveOptions options) {
+  Call call(Kind::barrier, comm, options);
+  call.commit();
+  call.state().backend->barrier(call);
+}
+
+}  // namespace weft::parallel

@@ -1,0 +1,87 @@
+// The communication thread: one per process, running one Boost.Fiber per
+// collective in flight, so that a multi-step protocol (fingerprints, then
+// the data phase, each polled with MPI_Test) is straight-line code and many
+// collectives progress at once without blocking engine workers (internal to
+// parallel/; docs/design/parallel-collectives.md).
+//
+// Fibers never leave this thread: other threads hand work in through
+// spawn() (a mutex-guarded queue) and get results back through engine
+// Completions or std::promise, so no fiber object is shared across threads.
+// Polling fibers yield to one another; when a whole round made no progress
+// for a while, the thread sleeps in short, growing steps (woken at once by
+// new work), so an idle wait on a slow peer does not burn a core.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "weft/unique_function.h"
+
+namespace weft::parallel::detail {
+
+using Clock = std::chrono::steady_clock;
+
+class CommThread {
+ public:
+  CommThread();
+  ~CommThread();  // stop()
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  // Runs `body` as a new fiber on the thread. Any thread.
+  void spawn(UniqueFunction<void()> body);
+  // Fibers still running see stopping() and give up; then the thread ends.
+  // Idempotent; not from the thread itself.
+  void stop();
+  bool on_this_thread() const noexcept { return std::this_thread::get_id() == thread_.get_id(); }
+
+  // ---- for fibers on the thread ----
+  enum class Wait { done, timeout, stopping };
+  // Yields to the other fibers until done() is true, the deadline passes,
+  // or the process is stopping the thread.
+  template <class Done>
+  Wait poll_until(Done&& done, Clock::time_point deadline) {
+    for (;;) {
+      if (done()) {
+        ++progress_;
+        return Wait::done;
+      }
+      if (stopping_) return Wait::stopping;
+      if (Clock::now() >= deadline) return Wait::timeout;
+      yield();
+    }
+  }
+  bool stopping() const noexcept { return stopping_; }
+
+ private:
+  static void yield();
+  void loop();
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<UniqueFunction<void()>> queue_;  // guarded by mutex_
+  bool stop_ = false;                         // guarded by mutex_
+  // Touched by the thread (its fibers) only.
+  int live_ = 0;
+  std::uint64_t progress_ = 0;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// Lets fibers through in sequence order: open(n) once pass(n - 1) was
+// called (n = 1 at once). Fibers wait for it with poll_until, so that a
+// wait has a deadline like every other. Fibers of one thread only.
+class SequenceGate {
+ public:
+  bool open(std::uint64_t n) const noexcept { return next_ >= n; }
+  void pass(std::uint64_t n) noexcept { next_ = next_ > n ? next_ : n + 1; }
+
+ private:
+  std::uint64_t next_ = 1;
+};
+
+}  // namespace weft::parallel::detail

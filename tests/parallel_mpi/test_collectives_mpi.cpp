@@ -1,0 +1,335 @@
+// Collectives across MPI processes. ctest runs this binary alone (a group
+// of one) and under mpirun with 2 and 3 ranks; every rank runs the same test
+// cases in the same order, so the collectives of one case meet. Checked:
+// every collective bit-exact against a serial reference (integer values in
+// float) at sizes 0, 1, prime and not divisible by the group; many in flight
+// whose inputs become ready in a different order on each rank; collectives
+// interleaved with compute on the same tensors; a mismatch named on every
+// rank; a rank that never joins named by the others within seconds; a
+// failed input failing every rank; bad input refused at push time. Each
+// scenario over the naive engine and the threaded one at 1, 2, 4 and 8
+// workers.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "weft/engine.h"
+#include "weft/error.h"
+#include "weft/ops.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+#include "weft/tensor_op.h"
+
+namespace {
+
+using weft::Device;
+using weft::Engine;
+using weft::Shape;
+using weft::Tensor;
+namespace par = weft::parallel;
+using namespace std::chrono_literals;
+
+const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
+
+struct Config {
+  std::string kind;
+  int workers;
+  std::string str() const { return kind + (kind == "threaded" ? " workers=" + std::to_string(workers) : ""); }
+};
+
+template <class F>
+void for_each_engine(F&& fn) {
+  std::vector<Config> configs{{"naive", 1}};
+  for (int w : {1, 2, 4, 8}) configs.push_back({"threaded", w});
+  for (const Config& c : configs) {
+    INFO("engine: " << c.str());
+    auto e = Engine::create({.kind = c.kind, .cpu_devices = 2, .workers_per_cpu_device = c.workers});
+    fn(*e);
+    e->wait_all();
+  }
+}
+
+// Rank r's value at element i: small integers, exact in float.
+float value(int rank, std::int64_t i) { return static_cast<float>((rank + 1) * (i % 7 + 1) - 3 * (i % 2)); }
+
+Tensor rank_tensor(Engine& e, int rank, std::int64_t n, Device d = Device::cpu(0)) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = value(rank, i);
+  return Tensor::from_host(e, Shape{n}, v, d);
+}
+
+float reduced(par::ReduceOp op, int size, std::int64_t i) {
+  float acc = value(0, i);
+  for (int r = 1; r < size; ++r) acc = op == par::ReduceOp::max ? std::max(acc, value(r, i)) : acc + value(r, i);
+  return op == par::ReduceOp::average && size > 1 ? acc * (1.0f / static_cast<float>(size)) : acc;
+}
+
+std::string error_of(const Tensor& t) {
+  try {
+    (void)t.to_host();
+  } catch (const std::exception& err) {
+    return err.what();
+  }
+  return "(no error)";
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Every rank leaves a test case together (a fresh communicator's barrier).
+void sync_ranks(Engine& e) {
+  const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+  par::barrier(comm, {.name = "end of test case"});
+  e.wait_all();
+}
+
+}  // namespace
+
+TEST_CASE("a group of the processes of the MPI job" * doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = 2});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(1));
+  REQUIRE(comm.local_ranks().size() == 1);
+  const int rank = comm.local_ranks()[0];
+  CHECK(rank < comm.size());
+  CHECK(comm.device(rank) == Device::cpu(1));
+  CHECK(comm.str() == "MPI communicator of " + std::to_string(comm.size()) + (comm.size() == 1 ? " rank" : " ranks") +
+                          " (rank " + std::to_string(rank) + " on cpu(1) here)");
+  if (comm.size() > 1) CHECK_THROWS_WITH_AS(comm.device((rank + 1) % comm.size()), doctest::Contains("driven by another process"), weft::InvalidArgument);
+  sync_ranks(*e);
+}
+
+TEST_CASE("every collective across processes is exact against a serial reference" * doctest::timeout(240)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    for (std::int64_t count : kSizes) {
+      INFO("elements: " << count << ", ranks: " << n);
+      std::vector<Tensor> sums, maxes, averages;
+      for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+        Tensor t = rank_tensor(e, rank, count);
+        par::allreduce(comm, {t}, op, {.name = "allreduce " + std::string(par::to_string(op))});
+        (op == par::ReduceOp::sum ? sums : op == par::ReduceOp::max ? maxes : averages).push_back(t);
+      }
+      std::vector<Tensor> broadcasts, reductions;
+      for (int root = 0; root < n; ++root) {
+        Tensor b = rank_tensor(e, rank, count);
+        par::broadcast(comm, {b}, {.name = "b", .root = root});
+        broadcasts.push_back(b);
+        Tensor r = rank_tensor(e, rank, count);
+        par::reduce(comm, {r}, par::ReduceOp::sum, {.name = "r", .root = root});
+        reductions.push_back(r);
+      }
+      const par::Chunk mine = par::chunk(count, n, rank);
+      Tensor input = rank_tensor(e, rank, count);
+      Tensor part = Tensor::zeros(e, Shape{mine.size()}, Device::cpu(0));
+      par::reduce_scatter(comm, {input}, {part}, par::ReduceOp::sum, {.name = "rs"});
+      std::vector<float> own(static_cast<std::size_t>(mine.size()));
+      for (std::int64_t i = 0; i < mine.size(); ++i) own[static_cast<std::size_t>(i)] = value(rank, mine.begin + i);
+      Tensor piece = Tensor::from_host(e, Shape{mine.size()}, own, Device::cpu(0));
+      Tensor gathered = Tensor::zeros(e, Shape{count}, Device::cpu(0));
+      par::all_gather(comm, {piece}, {gathered}, {.name = "ag"});
+      par::barrier(comm);
+
+      const auto s = sums[0].to_host(), m = maxes[0].to_host(), a = averages[0].to_host();
+      const auto rs = part.to_host(), ag = gathered.to_host();
+      for (std::int64_t i = 0; i < count; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        REQUIRE(s[k] == reduced(par::ReduceOp::sum, n, i));
+        REQUIRE(m[k] == reduced(par::ReduceOp::max, n, i));
+        REQUIRE(a[k] == reduced(par::ReduceOp::average, n, i));
+        int owner = 0;  // the rank whose piece element i is
+        while (i >= par::chunk(count, n, owner).end) ++owner;
+        REQUIRE(ag[k] == value(owner, i));
+      }
+      for (std::int64_t i = 0; i < mine.size(); ++i)
+        REQUIRE(rs[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::sum, n, mine.begin + i));
+      for (int root = 0; root < n; ++root) {
+        const auto b = broadcasts[static_cast<std::size_t>(root)].to_host();
+        const auto r = reductions[static_cast<std::size_t>(root)].to_host();
+        for (std::int64_t i = 0; i < count; ++i) {
+          const auto k = static_cast<std::size_t>(i);
+          REQUIRE(b[k] == value(root, i));
+          // The root holds the sum; the others' tensors are only read.
+          REQUIRE(r[k] == (rank == root ? reduced(par::ReduceOp::sum, n, i) : value(rank, i)));
+        }
+      }
+    }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("many collectives in flight, ready in a different order on each rank, interleaved with compute" *
+          doctest::timeout(240)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    constexpr int kTensors = 24;
+    constexpr std::int64_t kCount = 257;
+    std::mt19937 rng(static_cast<unsigned>(1234 + rank));  // a different readiness order on each rank
+    std::vector<Tensor> ts;
+    for (int k = 0; k < kTensors; ++k) {
+      Tensor t = rank_tensor(e, rank, kCount, Device::cpu(k % 2));
+      // A producer that takes a rank-dependent time: the collectives' inputs
+      // become ready out of order, and MPI must still see them in push order.
+      const auto delay = std::chrono::microseconds(rng() % 3000);
+      weft::push_tensor_op(t.device(), {}, {t}, [delay, k](weft::RunContext&, const weft::TensorData& d) {
+        std::this_thread::sleep_for(delay);
+        d.out(0)[0] += static_cast<float>(k);
+      }, {.name = std::string("produce ").append(std::to_string(k))});
+      ts.push_back(t);
+    }
+    // Tensors on cpu(1) go through a communicator of their own device.
+    const par::Communicator comm1 = par::Communicator::mpi(e, Device::cpu(1));
+    for (int k = 0; k < kTensors; ++k) {
+      const par::Communicator& c = k % 2 ? comm1 : comm;
+      par::allreduce(c, {ts[static_cast<std::size_t>(k)]}, par::ReduceOp::sum, {.name = std::string("t").append(std::to_string(k))});
+      // Compute on the result: waits for the collective, and the next
+      // collective on it waits for this.
+      Tensor& t = ts[static_cast<std::size_t>(k)];
+      weft::push_tensor_op(t.device(), {}, {t}, [](weft::RunContext&, const weft::TensorData& d) {
+        for (std::int64_t i = 0; i < kCount; ++i) d.out(0)[i] *= 2.0f;
+      }, {.name = "double"});
+      if (k % 3 == 0) par::allreduce(c, {t}, par::ReduceOp::max, {.name = std::string("again ").append(std::to_string(k))});
+    }
+    for (int k = 0; k < kTensors; ++k) {
+      const auto v = ts[static_cast<std::size_t>(k)].to_host();
+      for (std::int64_t i = 0; i < kCount; ++i) {
+        float want = reduced(par::ReduceOp::sum, n, i) + (i == 0 ? static_cast<float>(n * k) : 0.0f);
+        want *= 2.0f;  // max of equal values is the value
+        REQUIRE(v[static_cast<std::size_t>(i)] == want);
+      }
+    }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("collectives that differ across ranks fail on every rank, naming both sides" * doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n == 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  Tensor t = rank == 1 ? Tensor::zeros(*e, Shape{10}, Device::cpu(0)) : Tensor::zeros(*e, Shape{4096}, Device::cpu(0));
+  if (rank == 1) par::broadcast(comm, {t}, {.name = "w"});
+  else par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad.fc1"});
+  const std::string message = error_of(t);
+  MESSAGE("rank " << rank << ": " << message);
+  CHECK(contains(message, "rank 0 called allreduce(sum) 'grad.fc1' [4096] float32 as #1; "
+                          "rank 1 called broadcast 'w' [10] float32 root 0 as #1"));
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  // Every rank skipped the data phase: the communicator still works.
+  Tensor ok = rank_tensor(*e, rank, 5);
+  par::allreduce(comm, {ok}, par::ReduceOp::sum, {.name = "after"});
+  const auto v = ok.to_host();
+  for (std::int64_t i = 0; i < 5; ++i) CHECK(v[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::sum, n, i));
+  sync_ranks(*e);
+}
+
+TEST_CASE("a rank that never joins is named by the others within seconds" * doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n == 1) return;
+  const int absent = n - 1;
+  if (rank != absent) {
+    const auto start = std::chrono::steady_clock::now();
+    Tensor t = rank_tensor(*e, rank, 100);
+    par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad.fc2"});
+    const std::string message = error_of(t);
+    MESSAGE("rank " << rank << ": " << message);
+    CHECK(contains(message, "allreduce 'grad.fc2' #1"));
+    CHECK(contains(message, "rank " + std::to_string(absent) + " never joined within 1500 ms"));
+    const auto took = std::chrono::steady_clock::now() - start;
+    CHECK(took >= 1400ms);
+    CHECK(took < 10s);
+    try {
+      e->wait_to_read(t.var());
+    } catch (const weft::CommunicationError& err) {
+      CHECK(err.rank() == rank);
+      CHECK(err.peer() == absent);
+    }
+    // The communicator is broken: the next collective fails at once.
+    Tensor u = rank_tensor(*e, rank, 3);
+    par::allreduce(comm, {u}, par::ReduceOp::sum, {.name = "next"});
+    CHECK(contains(error_of(u), "the communicator is broken: allreduce 'grad.fc2' #1"));
+  }
+  sync_ranks(*e);
+}
+
+TEST_CASE("a failed input fails the collective on every rank, naming the rank" * doctest::timeout(120)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    const int failing = n - 1;
+    Tensor t = rank_tensor(e, rank, 16);
+    if (rank == failing)
+      weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData&) {
+        throw std::runtime_error("data loader died");
+      }, {.name = "load"});
+    par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad"});
+    const std::string message = error_of(t);
+    if (rank == failing) {
+      CHECK(contains(message, "data loader died"));
+    } else {
+      CHECK(contains(message, "rank " + std::to_string(failing) + "'s input failed: "));
+      CHECK(contains(message, "data loader died"));
+    }
+    // Nothing moved, on any rank: the communicator goes on.
+    Tensor ok = rank_tensor(e, rank, 4);
+    par::allreduce(comm, {ok}, par::ReduceOp::max, {.name = "after"});
+    const auto v = ok.to_host();
+    for (std::int64_t i = 0; i < 4; ++i) CHECK(v[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::max, n, i));
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("without fingerprints the collectives give the same results" * doctest::timeout(120)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0), {.fingerprints = false});
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    Tensor t = rank_tensor(e, rank, 1003);
+    par::allreduce(comm, {t}, par::ReduceOp::average, {.name = "unchecked"});
+    const auto v = t.to_host();
+    for (std::int64_t i = 0; i < 1003; ++i)
+      REQUIRE(v[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::average, n, i));
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("bad input is refused at push time, and a refused call takes no sequence number" * doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = 2});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0));
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  Tensor t = rank_tensor(*e, rank, 8);
+  Tensor other = rank_tensor(*e, rank, 8);
+  CHECK_THROWS_WITH_AS(par::allreduce(comm, {t, other}), doctest::Contains("2 tensors given, one per member this process drives wanted (1)"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::broadcast(comm, {t}, {.root = n}), doctest::Contains(("root " + std::to_string(n) + " is not a member").c_str()), weft::InvalidArgument);
+  Tensor on1 = rank_tensor(*e, rank, 8, Device::cpu(1));
+  CHECK_THROWS_WITH_AS(par::allreduce(comm, {on1}), doctest::Contains("is not on the member's device cpu(0)"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(7)), doctest::Contains("cpu(7) is not a device of this engine"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::gpu(0)), doctest::Contains("not a CPU device"), weft::InvalidArgument);
+  // Only rank 0 makes a refused call; if it took a number, rank 0's next
+  // collective would be #2 and everyone else's #1: a mismatch.
+  if (rank == 0) CHECK_THROWS_AS(par::allreduce(comm, {Tensor()}), weft::InvalidArgument);
+  par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "after refusals"});
+  const auto v = t.to_host();
+  for (std::int64_t i = 0; i < 8; ++i) CHECK(v[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::sum, n, i));
+  // Settings from the environment are checked too.
+  setenv("WEFT_COLLECTIVE_TIMEOUT", "soon", 1);
+  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)), doctest::Contains("WEFT_COLLECTIVE_TIMEOUT='soon'"), weft::InvalidArgument);
+  unsetenv("WEFT_COLLECTIVE_TIMEOUT");
+  setenv("WEFT_COLLECTIVE_CHECK", "maybe", 1);
+  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)), doctest::Contains("WEFT_COLLECTIVE_CHECK='maybe'"), weft::InvalidArgument);
+  unsetenv("WEFT_COLLECTIVE_CHECK");
+  sync_ranks(*e);
+}
