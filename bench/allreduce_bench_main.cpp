@@ -1,14 +1,18 @@
 // weft-bench-allreduce: allreduce time, algbw and busbw per size, nccl-tests
-// style (busbw = algbw * 2(n-1)/n), for Weft's in-process ring beside a
-// single-thread memcpy of the same bytes, in one run. JSON lines with --json.
-// (MPI peers — Weft over MPI and plain MPI_Allreduce — come with the MPI
-// backend.)
+// style (busbw = algbw * 2(n-1)/n), in one run: Weft's in-process ring and a
+// single-thread memcpy of the same bytes and, under mpirun, Weft over MPI
+// (fingerprints on, and off) beside plain MPI_Allreduce on the same buffers.
+// JSON lines with --json; rank 0 prints.
+#include <mpi.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <string>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -30,10 +34,16 @@ struct Options {
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-allreduce [--json] [--members N] [--min-bytes B] [--max-bytes B] [--reps N] [--quick]\n"
-               "  Float sum allreduce over N in-process members (cpu(0)..cpu(N-1), one worker each), sizes\n"
-               "  from --min-bytes to --max-bytes (default 4 B to 256 MiB, x4 steps); per size the median of\n"
-               "  --reps timed runs (default 5), each enough calls to take ~50 ms. Peers in the same run: a\n"
-               "  single-thread memcpy of the same bytes. --quick: up to 16 MiB, 3 reps.\n");
+               "       mpirun -np R weft-bench-allreduce [same flags]\n"
+               "  Float sum allreduce, sizes from --min-bytes to --max-bytes (default 4 B to 256 MiB, x4 steps);\n"
+               "  per size the median of --reps timed runs (default 5), each enough calls to take ~50 ms.\n"
+               "  weft_ring: N in-process members (cpu(0)..cpu(N-1), one worker each; rank 0 only, the other\n"
+               "  ranks sleep meanwhile); memcpy: a single-thread copy of the same bytes. Under mpirun, across\n"
+               "  the R ranks: weft_mpi (Weft's MPI communicator, fingerprints on), weft_mpi_unchecked\n"
+               "  (WEFT_COLLECTIVE_CHECK=0), both on one buffer, so each call waits for the one before through\n"
+               "  the engine; weft_mpi_4_in_flight (four buffers in turn, as gradient buckets are); and mpi\n"
+               "  (MPI_Allreduce in place). --quick: up to 16 MiB, 3 reps. Launch with --bind-to none: Weft's\n"
+               "  threads (engine workers, the communication thread) need more than one core per rank.\n");
   return rc;
 }
 
@@ -53,14 +63,15 @@ void print(const Row& r, bool json, double core_round_trip_ns) {
         "\"core_round_trip_ns\":%.1f}\n",
         r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes), r.time_us, algbw, busbw, core_round_trip_ns);
   else
-    std::printf("%-10s %5d %12lld %12.3f %10.3f %10.3f\n", r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes),
+    std::printf("%-20s %5d %12lld %12.3f %10.3f %10.3f\n", r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes),
                 r.time_us, algbw, busbw);
   std::fflush(stdout);
 }
 
-// Median over reps of the time per call, each rep running `calls` calls.
+// Median over reps of the time per call, each rep running `calls` calls (one
+// process alone).
 template <class F>
-double time_per_call_us(int reps, F&& run_calls) {
+double time_per_call_us_alone(int reps, F&& run_calls) {
   std::vector<double> per_call;
   run_calls(1);  // warm-up: caches, the allocator, first-touch of pages
   // Calibrate: enough calls for ~50 ms.
@@ -69,6 +80,46 @@ double time_per_call_us(int reps, F&& run_calls) {
   const double one = std::max(probe.seconds(), 1e-7);
   const int calls = static_cast<int>(std::clamp(0.05 / one, 1.0, 100000.0));
   for (int r = 0; r < reps; ++r) {
+    weft_bench::Stopwatch sw;
+    run_calls(calls);
+    per_call.push_back(sw.seconds() * 1e6 / calls);
+  }
+  return weft_bench::summarize(per_call).median;
+}
+
+// The MPI job: every rank runs every measurement; rank 0 prints.
+struct Job {
+  int rank = 0, size = 1;
+  // Ranks other than 0 wait here, sleeping, while rank 0 measures alone
+  // (MPI_Barrier would spin and take the cores the measurement needs).
+  void rank0_alone(const std::function<void()>& measure) const {
+    if (rank == 0) measure();
+    MPI_Request request;
+    MPI_Ibarrier(MPI_COMM_WORLD, &request);
+    for (int done = 0;;) {
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (done) break;
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+};
+
+// Median over reps of the time per call, each rep running `calls` calls;
+// every rank of the job calls it, and runs the same number of calls (rank
+// 0's calibration), starting together.
+template <class F>
+double time_per_call_us_together(int reps, F&& run_calls) {
+  std::vector<double> per_call;
+  run_calls(1);  // warm-up: caches, the allocator, first-touch of pages
+  // Calibrate: enough calls for ~50 ms.
+  MPI_Barrier(MPI_COMM_WORLD);
+  weft_bench::Stopwatch probe;
+  run_calls(1);
+  const double one = std::max(probe.seconds(), 1e-7);
+  int calls = static_cast<int>(std::clamp(0.05 / one, 1.0, 100000.0));
+  MPI_Bcast(&calls, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  for (int r = 0; r < reps; ++r) {
+    MPI_Barrier(MPI_COMM_WORLD);
     weft_bench::Stopwatch sw;
     run_calls(calls);
     per_call.push_back(sw.seconds() * 1e6 / calls);
@@ -101,33 +152,75 @@ int main(int argc, char** argv) {
   }
   const double rtt = weft_bench::core_round_trip_ns();
   auto engine = weft::Engine::create({.kind = "threaded", .cpu_devices = o.members, .workers_per_cpu_device = 1});
+  namespace par = weft::parallel;
+  // Weft initializes MPI (MPI_THREAD_MULTIPLE, so that this thread may call
+  // MPI_Allreduce too) and finalizes it at exit.
+  const par::Communicator across = par::Communicator::mpi(*engine, weft::Device::cpu(0));
+  const par::Communicator unchecked = par::Communicator::mpi(*engine, weft::Device::cpu(0), {.fingerprints = false});
+  const Job job{across.local_ranks()[0], across.size()};
+  const bool json = o.json, print_here = job.rank == 0;
   std::vector<weft::Device> devices;
   for (int r = 0; r < o.members; ++r) devices.push_back(weft::Device::cpu(r));
-  const weft::parallel::Communicator comm = weft::parallel::Communicator::local(*engine, devices);
-  std::fprintf(o.json ? stderr : stdout,
-               "weft-bench-allreduce: %s, %u hardware threads, core round trip %.1f ns\n", comm.str().c_str(),
-               std::thread::hardware_concurrency(), rtt);
-  if (!o.json) std::printf("%-10s %5s %12s %12s %10s %10s\n", "impl", "ranks", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+  const par::Communicator comm = par::Communicator::local(*engine, devices);
+  if (print_here) {
+    std::fprintf(json ? stderr : stdout,
+                 "weft-bench-allreduce: %s; %s; %u hardware threads, core round trip %.1f ns\n", comm.str().c_str(),
+                 across.str().c_str(), std::thread::hardware_concurrency(), rtt);
+    if (!json)
+      std::printf("%-20s %5s %12s %12s %10s %10s\n", "impl", "ranks", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+  }
+  auto report = [&](const Row& row) {
+    if (print_here) print(row, json, rtt);
+  };
 
   for (std::int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
     const std::int64_t count = bytes / 4;
-    std::vector<weft::Tensor> t;
-    for (int r = 0; r < o.members; ++r) t.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, devices[r]));
+    job.rank0_alone([&] {
+      std::vector<weft::Tensor> t;
+      for (int r = 0; r < o.members; ++r) t.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, devices[r]));
+      engine->wait_all();
+      const double ring_us = time_per_call_us_alone(o.reps, [&](int calls) {
+        for (int c = 0; c < calls; ++c) par::allreduce(comm, t);
+        engine->wait_all();
+      });
+      report({"weft_ring", o.members, bytes, ring_us});
+      std::vector<char> src(static_cast<std::size_t>(bytes), 1), dst(static_cast<std::size_t>(bytes));
+      const double memcpy_us = time_per_call_us_alone(o.reps, [&](int calls) {
+        for (int c = 0; c < calls; ++c) {
+          std::memcpy(dst.data(), src.data(), src.size());
+          src[static_cast<std::size_t>(c) % src.size()] ^= 1;  // keep the copies from being merged
+        }
+      });
+      report({"memcpy", 1, bytes, memcpy_us});
+    });
+    if (job.size == 1) continue;
+    // Across the ranks: the same buffer for every implementation.
+    weft::Tensor t = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0));
     engine->wait_all();
-    const double ring_us = time_per_call_us(o.reps, [&](int calls) {
-      for (int c = 0; c < calls; ++c) weft::parallel::allreduce(comm, t);
+    for (const auto& [impl, c] : {std::pair{"weft_mpi", &across}, std::pair{"weft_mpi_unchecked", &unchecked}}) {
+      const double us = time_per_call_us_together(o.reps, [&, c = c](int calls) {
+        for (int k = 0; k < calls; ++k) par::allreduce(*c, {t});
+        engine->wait_all();
+      });
+      report({impl, job.size, bytes, us});
+    }
+    // Four buffers in flight, as a data-parallel step's gradient buckets
+    // are: one collective's fingerprints and engine hand-offs overlap the
+    // data phase of the one before.
+    std::vector<weft::Tensor> bucket;
+    for (int k = 0; k < 4; ++k) bucket.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0)));
+    engine->wait_all();
+    const double pipelined_us = time_per_call_us_together(o.reps, [&](int calls) {
+      for (int k = 0; k < calls; ++k) par::allreduce(across, {bucket[static_cast<std::size_t>(k % 4)]});
       engine->wait_all();
     });
-    print({"weft_ring", o.members, bytes, ring_us}, o.json, rtt);
-
-    std::vector<char> src(static_cast<std::size_t>(bytes), 1), dst(static_cast<std::size_t>(bytes));
-    const double memcpy_us = time_per_call_us(o.reps, [&](int calls) {
-      for (int c = 0; c < calls; ++c) {
-        std::memcpy(dst.data(), src.data(), src.size());
-        src[static_cast<std::size_t>(c) % src.size()] ^= 1;  // keep the copies from being merged
-      }
+    report({"weft_mpi_4_in_flight", job.size, bytes, pipelined_us});
+    std::vector<float> buffer(static_cast<std::size_t>(count), 1.0f);
+    const double mpi_us = time_per_call_us_together(o.reps, [&](int calls) {
+      for (int k = 0; k < calls; ++k)
+        MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
     });
-    print({"memcpy", 1, bytes, memcpy_us}, o.json, rtt);
+    report({"mpi", job.size, bytes, mpi_us});
   }
   return 0;
 }

@@ -13,7 +13,10 @@ namespace {
 // MPI's progress engine runs on a fiber's stack inside MPI_Test.
 constexpr std::size_t kFiberStack = 256 * 1024;
 // Rounds without progress spin this long before the thread starts sleeping.
-constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSpin = std::chrono::microseconds(200);
+// With nothing in flight, the thread looks for new work this long before it
+// sleeps.
+constexpr auto kIdleSpin = std::chrono::microseconds(50);
 constexpr auto kMaxSleep = std::chrono::microseconds(500);
 }  // namespace
 
@@ -25,6 +28,7 @@ void CommThread::spawn(UniqueFunction<void()> body) {
   {
     std::lock_guard lock(mutex_);
     queue_.push_back(std::move(body));
+    queued_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_one();
 }
@@ -33,6 +37,7 @@ void CommThread::stop() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
+    queued_.fetch_add(1, std::memory_order_release);  // the loop looks
   }
   wake_.notify_one();
   if (thread_.joinable()) thread_.join();
@@ -45,23 +50,22 @@ void CommThread::loop() {
   Clock::time_point idle_since = Clock::now();
   for (;;) {
     std::deque<UniqueFunction<void()>> batch;
-    {
+    if (live_ == 0) {
+      // Nothing in flight: new work often follows at once (the next
+      // collective on a tensor is pushed by the completion of this one), so
+      // look for it a little while, giving the core away meanwhile, before
+      // sleeping until spawn() wakes the thread.
+      const Clock::time_point until = Clock::now() + kIdleSpin;
+      while (queued_.load(std::memory_order_acquire) == 0 && Clock::now() < until) std::this_thread::yield();
       std::unique_lock lock(mutex_);
-      auto woken = [&] { return stop_ || !queue_.empty(); };
-      if (live_ == 0) {
-        wake_.wait(lock, woken);
-      } else {
-        // Nothing progressed for a while: sleep a fraction of the idle time
-        // (a peer is late; waking often only burns the core it needs).
-        const auto idle = Clock::now() - idle_since;
-        if (idle > kSpin)
-          wake_.wait_for(lock, std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(idle / 16),
-                                          std::chrono::microseconds(5), kMaxSleep),
-                         woken);
-      }
+      wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    }
+    if (queued_.load(std::memory_order_acquire) != 0 || live_ == 0) {
+      std::lock_guard lock(mutex_);
       if (stop_) stopping_ = true;
       if (stop_ && queue_.empty() && live_ == 0) return;
       batch.swap(queue_);
+      queued_.store(0, std::memory_order_relaxed);
     }
     for (auto& body : batch) {
       ++live_;
@@ -78,6 +82,18 @@ void CommThread::loop() {
     if (!batch.empty() || progress_ != seen) {
       seen = progress_;
       idle_since = Clock::now();
+    } else if (const auto idle = Clock::now() - idle_since; idle > kSpin) {
+      // Nothing progressed for a while (a peer is late): sleep a fraction
+      // of the idle time, so that polling does not take the core the
+      // others need; spawn() cuts the sleep short.
+      std::unique_lock lock(mutex_);
+      wake_.wait_for(lock,
+                     std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(idle / 16),
+                                std::chrono::microseconds(5), kMaxSleep),
+                     [&] { return stop_ || !queue_.empty(); });
+      if (stop_) stopping_ = true;
+    } else {
+      std::this_thread::yield();  // polling: let the engine's threads on this core run
     }
   }
 }

@@ -12,6 +12,7 @@
 // new work), so an idle wait on a slow peer does not burn a core.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -65,6 +66,7 @@ class CommThread {
   std::condition_variable wake_;
   std::deque<UniqueFunction<void()>> queue_;  // guarded by mutex_
   bool stop_ = false;                         // guarded by mutex_
+  std::atomic<int> queued_{0};                // queue_ (or stop_) changed since the thread last looked
   // Touched by the thread (its fibers) only.
   int live_ = 0;
   std::uint64_t progress_ = 0;

@@ -207,6 +207,7 @@ struct MpiGroup {
   // ---- communication thread only ----
   SequenceGate check_gate, data_gate;
   std::string broken;  // set by the first error MPI cannot recover from
+  std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
 
   std::string str() const {
     return "MPI communicator of " + std::to_string(size) + " rank" + (size == 1 ? "" : "s") + " (rank " +
@@ -422,6 +423,120 @@ bool check_fingerprints(Job& job, CommThread& thread) {
   return true;
 }
 
+// How a data phase ended.
+struct Outcome {
+  int rc = MPI_SUCCESS;
+  CommThread::Wait waited = CommThread::Wait::done;
+  bool posted = false;  // MPI was given the tensors' memory
+};
+
+// A data phase that is one non-blocking MPI collective, polled.
+Outcome mpi_collective(Job& job, CommThread& thread) {
+  Outcome out;
+  MPI_Request request = MPI_REQUEST_NULL;
+  out.rc = post_data(job, &request);
+  job.group->data_gate.pass(job.mine.sequence);  // the next may post behind it
+  if (out.rc != MPI_SUCCESS) return out;
+  out.posted = true;
+  int flag = 0;
+  out.waited = thread.poll_until(
+      [&] {
+        out.rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+        return out.rc != MPI_SUCCESS || flag;
+      },
+      job.deadline);
+  if (out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done) finish_data(job);
+  return out;
+}
+
+// Allreduce of large buffers: Open MPI's non-blocking allreduce runs at
+// about half the speed of its blocking one, so large ones run Weft's own
+// chunked ring over non-blocking point-to-point messages (reduce-scatter,
+// then all-gather; the local_collectives.cpp ring across processes). Each
+// chunk travels in segments, reduced as each lands, so reduction overlaps
+// the transfer of the next. Rings hold the data gate until they end (their
+// messages carry the step as tag, unique while one ring runs at a time).
+constexpr std::int64_t kRingBytes = 256 * 1024;
+constexpr std::int64_t kRingSegment = 256 * 1024 / sizeof(float);
+
+Outcome ring_allreduce(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  const int n = g.size, r = g.rank, right = (r + 1) % n, left = (r + n - 1) % n;
+  auto member = [n](int x) { return ((x % n) + n) % n; };
+  float* buf = static_cast<float*>(job.out);
+  Outcome out;
+  out.posted = true;
+  std::vector<MPI_Request> recvs, sends;
+  auto wait = [&](MPI_Request& request) {
+    int flag = 0;
+    out.waited = thread.poll_until(
+        [&] {
+          out.rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
+          return out.rc != MPI_SUCCESS || flag;
+        },
+        job.deadline);
+    return out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done;
+  };
+  // On failure: no request is left holding this fiber's memory.
+  auto give_up = [&] {
+    for (auto* requests : {&recvs, &sends})
+      for (MPI_Request& q : *requests)
+        if (q != MPI_REQUEST_NULL) {
+          MPI_Cancel(&q);
+          MPI_Wait(&q, MPI_STATUS_IGNORE);
+        }
+    return out;
+  };
+  for (int step = 0; step < 2 * (n - 1); ++step) {
+    // Reduce-scatter steps send chunk r - s and add chunk r - s - 1 in;
+    // all-gather steps send chunk r + 1 - s and take chunk r - s as is.
+    const bool reducing = step < n - 1;
+    const int s = reducing ? step : step - (n - 1);
+    const Chunk send_chunk = chunk(job.count, n, reducing ? member(r - s) : member(r + 1 - s));
+    const Chunk recv_chunk = chunk(job.count, n, reducing ? member(r - s - 1) : member(r - s));
+    if (reducing && static_cast<std::int64_t>(g.scratch.size()) < recv_chunk.size())
+      g.scratch.resize(static_cast<std::size_t>(recv_chunk.size()));
+    float* landing = reducing ? g.scratch.data() : buf + recv_chunk.begin;
+    recvs.clear();
+    sends.clear();
+    for (std::int64_t off = 0; off < recv_chunk.size(); off += kRingSegment) {
+      recvs.push_back(MPI_REQUEST_NULL);
+      const int len = static_cast<int>(std::min(kRingSegment, recv_chunk.size() - off));
+      if ((out.rc = MPI_Irecv(landing + off, len, MPI_FLOAT, left, step, g.data, &recvs.back())) != MPI_SUCCESS)
+        return give_up();
+    }
+    for (std::int64_t off = 0; off < send_chunk.size(); off += kRingSegment) {
+      sends.push_back(MPI_REQUEST_NULL);
+      const int len = static_cast<int>(std::min(kRingSegment, send_chunk.size() - off));
+      if ((out.rc = MPI_Isend(buf + send_chunk.begin + off, len, MPI_FLOAT, right, step, g.data, &sends.back())) !=
+          MPI_SUCCESS)
+        return give_up();
+    }
+    for (std::size_t k = 0; k < recvs.size(); ++k) {
+      if (!wait(recvs[k])) return give_up();
+      if (!reducing) continue;
+      const std::int64_t off = static_cast<std::int64_t>(k) * kRingSegment;
+      const std::int64_t len = std::min(kRingSegment, recv_chunk.size() - off);
+      float* dst = buf + recv_chunk.begin + off;
+      const float* src = landing + off;
+      if (job.op == ReduceOp::max) {
+        for (std::int64_t i = 0; i < len; ++i) dst[i] = std::max(dst[i], src[i]);
+      } else {
+        for (std::int64_t i = 0; i < len; ++i) dst[i] += src[i];
+      }
+    }
+    for (MPI_Request& q : sends)
+      if (!wait(q)) return give_up();
+    if (reducing && step == n - 2 && job.op == ReduceOp::average) {
+      // This rank's chunk is complete: scaled once here, it travels scaled.
+      float* p = buf + recv_chunk.begin;
+      const float scale = 1.0f / static_cast<float>(n);
+      for (std::int64_t i = 0; i < recv_chunk.size(); ++i) p[i] *= scale;
+    }
+  }
+  return out;
+}
+
 // The fiber of one collective.
 void run(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
@@ -440,32 +555,22 @@ void run(Job& job, CommThread& thread) {
     } else if (!g.broken.empty()) {
       complete(job, comm_error(job, "the communicator is broken: " + g.broken));
     } else {
-      MPI_Request request = MPI_REQUEST_NULL;
-      const int posted = post_data(job, &request);
-      g.data_gate.pass(seq);
-      int rc = posted, flag = 0;
-      const CommThread::Wait waited =
-          posted != MPI_SUCCESS ? CommThread::Wait::done
-                                : thread.poll_until(
-                                      [&] {
-                                        rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-                                        return rc != MPI_SUCCESS || flag;
-                                      },
-                                      job.deadline);
-      if (rc != MPI_SUCCESS) {
-        if (posted == MPI_SUCCESS) abandon_memory(job);
-        fail_broken(job, "MPI failed: " + mpi_error_text(rc));
-      } else if (waited == CommThread::Wait::stopping) {
-        abandon_memory(job);
-        fail_broken(job, "the process is exiting");
-      } else if (waited == CommThread::Wait::timeout) {
-        abandon_memory(job);
-        fail_broken(job, std::string("the data phase did not complete within ") + seconds_text(g.timeout) +
-                             (g.fingerprints ? " although every rank joined"
-                                             : " (fingerprints are off, WEFT_COLLECTIVE_CHECK=0: the ranks that "
-                                               "never joined are unknown)"));
+      const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
+                        static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
+      const Outcome out = ring ? ring_allreduce(job, thread) : mpi_collective(job, thread);
+      if (out.rc != MPI_SUCCESS || out.waited != CommThread::Wait::done) {
+        if (out.posted) abandon_memory(job);
+        if (out.rc != MPI_SUCCESS) {
+          fail_broken(job, "MPI failed: " + mpi_error_text(out.rc));
+        } else if (out.waited == CommThread::Wait::stopping) {
+          fail_broken(job, "the process is exiting");
+        } else {
+          fail_broken(job, std::string("the data phase did not complete within ") + seconds_text(g.timeout) +
+                               (g.fingerprints ? " although every rank joined"
+                                               : " (fingerprints are off, WEFT_COLLECTIVE_CHECK=0: the ranks that "
+                                                 "never joined are unknown)"));
+        }
       } else {
-        finish_data(job);
         complete(job);
       }
     }

@@ -165,6 +165,30 @@ TEST_CASE("every collective across processes is exact against a serial reference
   sync_ranks(*e);
 }
 
+TEST_CASE("large allreduces (Weft's ring over MPI messages, several segments per chunk) are exact" *
+          doctest::timeout(240)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    for (std::int64_t count : {std::int64_t{65537}, std::int64_t{300007}}) {
+      INFO("elements: " << count << ", ranks: " << n);
+      std::vector<Tensor> ts;
+      for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+        Tensor t = rank_tensor(e, rank, count);
+        par::allreduce(comm, {t}, op, {.name = "large"});
+        ts.push_back(t);
+      }
+      int k = 0;
+      for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+        const auto v = ts[static_cast<std::size_t>(k++)].to_host();
+        for (std::int64_t i = 0; i < count; ++i) REQUIRE(v[static_cast<std::size_t>(i)] == reduced(op, n, i));
+      }
+    }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
 TEST_CASE("many collectives in flight, ready in a different order on each rank, interleaved with compute" *
           doctest::timeout(240)) {
   for_each_engine([](Engine& e) {
