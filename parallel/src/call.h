@@ -12,7 +12,7 @@
 
 namespace weft::parallel::detail {
 
-enum class Kind : std::uint8_t { allreduce, broadcast, reduce, reduce_scatter, all_gather, barrier };
+enum class Kind : std::uint8_t { allreduce, broadcast, reduce, reduce_scatter, all_gather, barrier, send, recv };
 const char* to_string(Kind kind) noexcept;
 
 class Call {
@@ -44,6 +44,12 @@ class Call {
   std::string member(std::size_t k) const;
 
   void commit();
+  // Point to point: the k-th message from one member to another is
+  // numbered k among those two ("send 'act' to rank 1 #3").
+  void commit_message(std::uint64_t k, int peer);
+  // The local member whose device `t` is on (push-time check), and a peer
+  // that is another member of the group.
+  std::size_t check_message(const Tensor& t, int peer) const;
 
  private:
   Kind kind_;

@@ -19,6 +19,8 @@ const char* to_string(Kind kind) noexcept {
     case Kind::reduce_scatter: return "reduce_scatter";
     case Kind::all_gather: return "all_gather";
     case Kind::barrier: return "barrier";
+    case Kind::send: return "send";
+    case Kind::recv: return "recv";
   }
   return "?";
 }
@@ -31,6 +33,26 @@ Call::Call(Kind kind, const Communicator& comm, const CollectiveOptions& options
 void Call::commit() {
   sequence_ = state_.sequence.fetch_add(1, std::memory_order_relaxed) + 1;
   label_ += " #" + std::to_string(sequence_);
+}
+
+void Call::commit_message(std::uint64_t k, int peer) {
+  sequence_ = k;
+  const bool across_processes = state_.local_ranks.size() != static_cast<std::size_t>(state_.size);
+  label_ += std::string(kind_ == Kind::send ? " to " : " from ") + (across_processes ? "rank " : "member ") +
+            std::to_string(peer) + " #" + std::to_string(k);
+}
+
+std::size_t Call::check_message(const Tensor& t, int peer) const {
+  if (!t.defined()) refuse("the tensor is undefined");
+  if (&t.engine() != state_.engine) refuse(t.str() + " belongs to another engine");
+  std::size_t k = 0;
+  while (k < state_.devices.size() && state_.devices[k] != t.device()) ++k;
+  if (k == state_.devices.size())
+    refuse(t.str() + " is not on the device of a member this process drives (" + comm_.str() + ")");
+  if (peer < 0 || peer >= state_.size)
+    refuse("peer " + std::to_string(peer) + " is not a member (0.." + std::to_string(state_.size - 1) + ")");
+  if (peer == state_.local_ranks[k]) refuse("peer " + std::to_string(peer) + " is the member itself");
+  return k;
 }
 
 std::string Call::member(std::size_t k) const {
@@ -156,6 +178,20 @@ void barrier(const Communicator& comm, CollectiveOptions options) {
   Call call(Kind::barrier, comm, options);
   call.commit();
   call.state().backend->barrier(call);
+}
+
+void send(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options) {
+  Call call(Kind::send, comm, options);
+  const std::size_t k = call.check_message(tensor, peer);
+  call.state().backend->check(call, tensor.numel());
+  call.state().backend->send(call, tensor, call.state().local_ranks[k], peer);
+}
+
+void recv(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options) {
+  Call call(Kind::recv, comm, options);
+  const std::size_t k = call.check_message(tensor, peer);
+  call.state().backend->check(call, tensor.numel());
+  call.state().backend->recv(call, tensor, peer, call.state().local_ranks[k]);
 }
 
 }  // namespace weft::parallel

@@ -39,6 +39,10 @@ class Backend {
                               ReduceOp op) = 0;
   virtual void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
   virtual void barrier(const Call& call) = 0;
+  // Point to point from member `from` to member `to` (one of them local);
+  // numbers the call with call.commit_message.
+  virtual void send(Call& call, const Tensor& tensor, int from, int to) = 0;
+  virtual void recv(Call& call, const Tensor& tensor, int from, int to) = 0;
 };
 
 struct CommunicatorState {

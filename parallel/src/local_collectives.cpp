@@ -15,6 +15,9 @@
 // failed still tells its peers).
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <string>
@@ -132,9 +135,19 @@ class LocalBackend final : public detail::Backend {
   void all_gather(const detail::Call& call, const std::vector<Tensor>& inputs,
                   const std::vector<Tensor>& outputs) override;
   void barrier(const detail::Call& call) override;
+  void send(detail::Call& call, const Tensor& tensor, int from, int to) override;
+  void recv(detail::Call& call, const Tensor& tensor, int from, int to) override;
 
  private:
   std::vector<Device> devices_;  // member r's device
+  // Point to point: per (from, to), the snapshots sent and not yet
+  // received, in push order, and the messages numbered so far.
+  struct Channel {
+    std::deque<Tensor> pending;
+    std::uint64_t sent = 0, received = 0;
+  };
+  std::mutex channels_mutex_;
+  std::map<std::pair<int, int>, Channel> channels_;
 };
 
 // ---- allreduce: a chunked ring -------------------------------------------------
@@ -286,6 +299,48 @@ void LocalBackend::barrier(const detail::Call& call) {
   // is nobody to wait for. One op marks the point in traces.
   call.state().engine->push([] {}, devices_.front(), {}, {},
                             {.priority = call.options().priority, .name = call.label()});
+}
+
+// ---- send and recv: a snapshot handed over in push order --------------------------
+
+void copy_bytes(RunContext&, const TensorData& d, std::size_t bytes) {
+  if (bytes > 0) std::memcpy(d.outputs[0], d.inputs[0], bytes);
+}
+
+void LocalBackend::send(detail::Call& call, const Tensor& tensor, int from, int to) {
+  // The snapshot is taken by an op pushed now: the sender may overwrite its
+  // tensor right after, and the recv copies what it held at the send.
+  Tensor snapshot = Tensor::empty(tensor.engine(), tensor.shape(), tensor.device(), tensor.dtype());
+  std::lock_guard lock(channels_mutex_);
+  Channel& channel = channels_[{from, to}];
+  call.commit_message(channel.sent + 1, to);
+  push_tensor_op(tensor.device(), {tensor}, {snapshot},
+                 [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
+                 {.priority = call.options().priority, .name = call.label()});
+  ++channel.sent;
+  channel.pending.push_back(std::move(snapshot));
+}
+
+void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int to) {
+  Tensor snapshot;
+  {
+    std::lock_guard lock(channels_mutex_);
+    Channel& channel = channels_[{from, to}];
+    if (channel.pending.empty())
+      call.refuse("no send from member " + std::to_string(from) + " to member " + std::to_string(to) +
+                  " is waiting for it (in-process, a recv is pushed after its send)");
+    const Tensor& sent = channel.pending.front();
+    if (sent.numel() != tensor.numel() || sent.dtype() != tensor.dtype())
+      call.refuse("member " + std::to_string(from) + " sent " + std::to_string(sent.numel()) + " elements of " +
+                  std::string(to_string(sent.dtype())) + ", this recv wants " + std::to_string(tensor.numel()) +
+                  " elements of " + std::string(to_string(tensor.dtype())) + " (" + tensor.str() + ")");
+    snapshot = std::move(channel.pending.front());
+    channel.pending.pop_front();
+    call.commit_message(++channel.received, from);
+  }
+  push_tensor_op(tensor.device(), {snapshot}, {tensor},
+                 [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
+                 {.priority = call.options().priority, .name = call.label()});
 }
 
 }  // namespace

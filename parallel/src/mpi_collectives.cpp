@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdint>
@@ -170,6 +171,8 @@ std::string describe(const Fingerprint& f) {
   if (kind != Kind::barrier)
     s += " [" + std::to_string(f.count) + "] " + std::string(weft::to_string(static_cast<DType>(f.dtype)));
   if (kind == Kind::broadcast || kind == Kind::reduce) s += " root " + std::to_string(f.root);
+  if (kind == Kind::send) s += " to rank " + std::to_string(f.root);
+  if (kind == Kind::recv) s += " from rank " + std::to_string(f.root);
   return s + " as #" + std::to_string(f.sequence);
 }
 
@@ -203,9 +206,13 @@ struct MpiGroup {
   bool fingerprints = true;
   MPI_Comm check = MPI_COMM_NULL;  // fingerprints (a duplicate of MPI_COMM_WORLD)
   MPI_Comm data = MPI_COMM_NULL;   // the collectives themselves (another)
+  MPI_Comm p2p = MPI_COMM_NULL;    // send and recv (a third)
+  // Messages pushed so far to and from each rank (frontend threads).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> sent, received;
 
   // ---- communication thread only ----
   SequenceGate check_gate, data_gate;
+  std::vector<SequenceGate> send_gate, recv_gate;  // per peer: messages posted in push order
   std::string broken;  // set by the first error MPI cannot recover from
   std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
 
@@ -219,12 +226,13 @@ struct MpiGroup {
     // A broken communicator may have requests in flight: leave it to MPI.
     if (!broken.empty()) return;
     CommThread& thread = MpiProcess::get().thread();
-    auto free = [check = check, data = data]() mutable {
+    auto free = [check = check, data = data, p2p = p2p]() mutable {
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (finalized) return;
       MPI_Comm_free(&check);
       MPI_Comm_free(&data);
+      MPI_Comm_free(&p2p);
     };
     if (thread.on_this_thread()) free();
     else thread.spawn(std::move(free));
@@ -286,6 +294,8 @@ int post_data(Job& job, MPI_Request* request) {
       return MPI_Iallgatherv(job.in, job.counts[static_cast<std::size_t>(g.rank)], job.type, job.out,
                              job.counts.data(), job.displs.data(), job.type, comm, request);
     case Kind::barrier: return MPI_Ibarrier(comm, request);
+    case Kind::send:
+    case Kind::recv: break;  // run_send, run_recv
   }
   return MPI_ERR_OTHER;
 }
@@ -537,8 +547,194 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
   return out;
 }
 
-// The fiber of one collective.
+// ---- send and recv ------------------------------------------------------------------
+//
+// Per pair of ranks, the k-th send meets the k-th recv: each side posts its
+// messages in push order through a per-peer gate. With fingerprints, the
+// sender sends its record and its data at once, the receiver checks the
+// record before taking the data (into the tensor, or into a scratch buffer
+// when it does not match) and replies with its own, so both ends see a
+// mismatch and name both sides.
+
+constexpr int kHeaderTag = 1, kDataTag = 2, kReplyTag = 3;
+
+struct Wire {
+  Fingerprint header, reply;
+};
+
+bool same_message(const Fingerprint& a, const Fingerprint& b) {
+  return a.name_hash == b.name_hash && a.count == b.count && a.dtype == b.dtype;
+}
+
+std::string message_mismatch(const Fingerprint& a, int rank_a, const Fingerprint& b, int rank_b) {
+  if (rank_b < rank_a) return message_mismatch(b, rank_b, a, rank_a);
+  return "send and recv differ: rank " + std::to_string(rank_a) + " called " + describe(a) + "; rank " +
+         std::to_string(rank_b) + " called " + describe(b);
+}
+
+bool test_all(std::initializer_list<MPI_Request*> requests, int& rc) {
+  for (MPI_Request* r : requests) {
+    if (*r == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    if ((rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return true;
+    if (!flag) return false;
+  }
+  return true;
+}
+
+// Leaves no buffer to MPI that is about to go: receives are cancelled (a
+// cancelled request's wait returns at once); a send still pending may be
+// matched by a slow receiver and cannot be taken back, so its memory (the
+// wire, the tensors) is never freed.
+void give_up(std::initializer_list<MPI_Request*> recvs, std::initializer_list<MPI_Request*> sends,
+             std::unique_ptr<Wire>& wire, Job& job) {
+  for (MPI_Request* r : recvs)
+    if (*r != MPI_REQUEST_NULL) {
+      MPI_Cancel(r);
+      MPI_Wait(r, MPI_STATUS_IGNORE);
+    }
+  bool left = false;
+  for (MPI_Request* r : sends)
+    if (*r != MPI_REQUEST_NULL) {
+      MPI_Request_free(r);
+      left = true;
+    }
+  if (left) {
+    static_cast<void>(wire.release());
+    abandon_memory(job);
+  }
+}
+
+// Waits for this message's turn at `gate`; false once the job was completed
+// (the communicator broke, or the deadline passed).
+bool wait_turn(Job& job, CommThread& thread, const SequenceGate& gate, const std::string& what) {
+  MpiGroup& g = *job.group;
+  if (g.broken.empty() &&
+      thread.poll_until([&] { return gate.open(job.mine.sequence) || !g.broken.empty(); }, job.deadline) !=
+          CommThread::Wait::done) {
+    fail_broken(job, "timed out after " + seconds_text(g.timeout) + " waiting for the " + what + " before it");
+    return false;
+  }
+  if (!g.broken.empty()) {
+    complete(job, comm_error(job, "the communicator is broken: " + g.broken));
+    return false;
+  }
+  return true;
+}
+
+std::string waited_text(int rc, CommThread::Wait waited, const std::string& late) {
+  if (rc != MPI_SUCCESS) return "MPI failed: " + mpi_error_text(rc);
+  if (waited == CommThread::Wait::stopping) return "the process is exiting";
+  return late;
+}
+
+void run_send(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  const int peer = job.root;
+  SequenceGate& gate = g.send_gate[static_cast<std::size_t>(peer)];
+  const std::uint64_t seq = job.mine.sequence;
+  if (!wait_turn(job, thread, gate, "sends to rank " + std::to_string(peer))) return gate.pass(seq);
+  if (!g.fingerprints && job.failed_input) {
+    // The receiver cannot be told: it fails at its timeout.
+    if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
+    complete(job, job.failed_input);
+    return gate.pass(seq);
+  }
+  auto wire = std::make_unique<Wire>();
+  wire->header = job.mine;
+  MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
+  int rc = MPI_SUCCESS;
+  if (g.fingerprints) {
+    rc = MPI_Isend(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, kHeaderTag, g.p2p, &header);
+    if (rc == MPI_SUCCESS) rc = MPI_Irecv(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, kReplyTag, g.p2p, &reply);
+  }
+  if (rc == MPI_SUCCESS && !job.failed_input)
+    rc = MPI_Isend(job.in, job.count, job.type, peer, kDataTag, g.p2p, &data);
+  gate.pass(seq);
+  const CommThread::Wait waited =
+      rc != MPI_SUCCESS ? CommThread::Wait::done
+                        : thread.poll_until([&] { return test_all({&header, &data, &reply}, rc); }, job.deadline);
+  if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
+    give_up({&reply}, {&header, &data}, wire, job);
+    fail_broken(job,
+                waited_text(rc, waited,
+                            "rank " + std::to_string(peer) + " did not receive it within " + seconds_text(g.timeout) +
+                                " (CommunicatorOptions::timeout, WEFT_COLLECTIVE_TIMEOUT)"),
+                peer);
+    return;
+  }
+  if (job.failed_input) return complete(job, job.failed_input);
+  if (g.fingerprints && !same_message(wire->header, wire->reply))
+    return complete(job, comm_error(job, message_mismatch(wire->header, g.rank, wire->reply, peer), peer));
+  complete(job);
+}
+
+void run_recv(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  const int peer = job.root;
+  SequenceGate& gate = g.recv_gate[static_cast<std::size_t>(peer)];
+  const std::uint64_t seq = job.mine.sequence;
+  if (!wait_turn(job, thread, gate, "recvs from rank " + std::to_string(peer))) return gate.pass(seq);
+  const std::string late = "rank " + std::to_string(peer) + " sent nothing within " + seconds_text(g.timeout) +
+                           " (CommunicatorOptions::timeout, WEFT_COLLECTIVE_TIMEOUT)";
+  auto wire = std::make_unique<Wire>();
+  wire->reply = job.mine;
+  MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
+  int rc = MPI_SUCCESS;
+  if (!g.fingerprints) {
+    rc = MPI_Irecv(job.out, job.count, job.type, peer, kDataTag, g.p2p, &data);
+    gate.pass(seq);
+    const CommThread::Wait waited =
+        rc != MPI_SUCCESS ? CommThread::Wait::done
+                          : thread.poll_until([&] { return test_all({&data}, rc); }, job.deadline);
+    if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
+      give_up({&data}, {}, wire, job);
+      return fail_broken(job, waited_text(rc, waited, late), peer);
+    }
+    return complete(job);
+  }
+  rc = MPI_Irecv(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, kHeaderTag, g.p2p, &header);
+  const CommThread::Wait heard =
+      rc != MPI_SUCCESS ? CommThread::Wait::done
+                        : thread.poll_until([&] { return test_all({&header}, rc); }, job.deadline);
+  if (rc != MPI_SUCCESS || heard != CommThread::Wait::done) {
+    give_up({&header}, {}, wire, job);
+    gate.pass(seq);
+    return fail_broken(job, waited_text(rc, heard, late), peer);
+  }
+  const Fingerprint& h = wire->header;
+  const bool match = same_message(h, job.mine);
+  std::vector<unsigned char> discard;  // a mismatched message's data, taken and dropped
+  if (!h.failed) {
+    if (match) {
+      rc = MPI_Irecv(job.out, job.count, job.type, peer, kDataTag, g.p2p, &data);
+    } else {
+      const auto type = static_cast<DType>(h.dtype);
+      discard.resize(static_cast<std::size_t>(h.count) * dtype_size(type));
+      rc = MPI_Irecv(discard.data(), static_cast<int>(h.count), mpi_type(type), peer, kDataTag, g.p2p, &data);
+    }
+  }
+  gate.pass(seq);  // this message's data receive is posted: the next may post its own
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Isend(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, kReplyTag, g.p2p, &reply);
+  const CommThread::Wait waited =
+      rc != MPI_SUCCESS ? CommThread::Wait::done
+                        : thread.poll_until([&] { return test_all({&data, &reply}, rc); }, job.deadline);
+  if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
+    give_up({&data}, {&reply}, wire, job);
+    return fail_broken(job, waited_text(rc, waited, late), peer);
+  }
+  if (h.failed)
+    return complete(job, comm_error(job, "rank " + std::to_string(peer) + "'s input failed: " + std::string(h.reason),
+                                    peer));
+  if (!match) return complete(job, comm_error(job, message_mismatch(h, peer, job.mine, g.rank), peer));
+  complete(job);
+}
+
+// The fiber of one collective (or message).
 void run(Job& job, CommThread& thread) {
+  if (job.kind == Kind::send) return run_send(job, thread);
+  if (job.kind == Kind::recv) return run_recv(job, thread);
   MpiGroup& g = *job.group;
   const std::uint64_t seq = job.mine.sequence;
   if (!g.broken.empty()) {
@@ -629,6 +825,20 @@ class MpiBackend final : public Backend {
       j.in = d.inputs[0];
       j.out = d.outputs[0];
     });
+  }
+  void send(Call& call, const Tensor& tensor, int from, int to) override {
+    (void)from;
+    call.commit_message(group_->sent[static_cast<std::size_t>(to)].fetch_add(1) + 1, to);
+    auto job = make_job(call, tensor, ReduceOp::sum);
+    job->root = job->mine.root = to;
+    push(call, std::move(job), {tensor}, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+  }
+  void recv(Call& call, const Tensor& tensor, int from, int to) override {
+    (void)to;
+    call.commit_message(group_->received[static_cast<std::size_t>(from)].fetch_add(1) + 1, from);
+    auto job = make_job(call, tensor, ReduceOp::sum);
+    job->root = job->mine.root = from;
+    push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
   }
   void barrier(const Call& call) override {
     auto job = make_job(call, Tensor(), ReduceOp::sum);
@@ -723,16 +933,20 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();
   group->size = process.size();
-  // Duplicate MPI_COMM_WORLD twice on the communication thread, with the
+  group->sent = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(group->size));
+  group->received = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(group->size));
+  group->send_gate.resize(static_cast<std::size_t>(group->size));
+  group->recv_gate.resize(static_cast<std::size_t>(group->size));
+  // Duplicate MPI_COMM_WORLD three times on the communication thread, with the
   // deadline (a rank that never creates its communicator must not hang the
   // others): MPI_Comm_idup is collective and non-blocking.
   std::promise<std::string> created;
   std::future<std::string> result = created.get_future();
   CommThread& thread = process.thread();
   thread.spawn([&created, &thread, g = group.get()] {
-    MPI_Comm comms[2] = {MPI_COMM_NULL, MPI_COMM_NULL};
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    for (int i = 0; i < 2; ++i)
+    MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+    MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    for (int i = 0; i < 3; ++i)
       if (const int rc = MPI_Comm_idup(MPI_COMM_WORLD, &comms[i], &requests[i]); rc != MPI_SUCCESS) {
         created.set_value("MPI_Comm_idup failed: " + mpi_error_text(rc));
         return;
@@ -740,7 +954,7 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
     int done = 0;
     const auto waited = thread.poll_until(
         [&] {
-          MPI_Testall(2, requests, &done, MPI_STATUSES_IGNORE);
+          MPI_Testall(3, requests, &done, MPI_STATUSES_IGNORE);
           return done != 0;
         },
         Clock::now() + g->timeout);
@@ -752,6 +966,7 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
     for (MPI_Comm c : comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     g->check = comms[0];
     g->data = comms[1];
+    g->p2p = comms[2];
     created.set_value("");
   });
   if (const std::string error = result.get(); !error.empty())

@@ -262,3 +262,58 @@ TEST_CASE("bad input is refused at push time, naming the collective and the memb
 }
 
 }  // namespace
+
+TEST_CASE("send and recv between members: snapshots in push order, a pipeline's hand-off") {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::local(e, devices(3));
+    for (std::int64_t count : kSizes) {
+      INFO(what(3, count));
+      // A three-stage chain, twice: member 0 -> 1 -> 2, each stage adding
+      // its number, the sender overwriting its tensor right after sending.
+      std::vector<Tensor> results;
+      for (int round = 0; round < 2; ++round) {
+        Tensor x = Tensor::from_host(e, Shape{count}, values(0, count, round), Device::cpu(0));
+        par::send(comm, x, 1, {.name = "act"});
+        weft::push_tensor_op(Device::cpu(0), {}, {x}, [count](weft::RunContext&, const weft::TensorData& d) {
+          for (std::int64_t i = 0; i < count; ++i) d.out(0)[i] = -7.0f;
+        }, {.name = "next batch"});
+        Tensor y = Tensor::zeros(e, Shape{count}, Device::cpu(1));
+        par::recv(comm, y, 0, {.name = "act"});
+        weft::push_tensor_op(Device::cpu(1), {}, {y}, [count](weft::RunContext&, const weft::TensorData& d) {
+          for (std::int64_t i = 0; i < count; ++i) d.out(0)[i] += 1.0f;
+        }, {.name = "stage 1"});
+        par::send(comm, y, 2, {.name = "act"});
+        Tensor z = Tensor::zeros(e, Shape{count}, Device::cpu(2));
+        par::recv(comm, z, 1, {.name = "act"});
+        results.push_back(z);
+      }
+      for (int round = 0; round < 2; ++round) {
+        std::vector<float> want = values(0, count, round);
+        for (float& v : want) v += 1.0f;
+        CHECK(results[static_cast<std::size_t>(round)].to_host() == want);
+      }
+    }
+  });
+}
+
+TEST_CASE("send and recv refuse what cannot meet: no send before the recv, sizes that differ, bad peers") {
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = kMaxMembers, .workers_per_cpu_device = 1});
+  const par::Communicator comm = par::Communicator::local(*e, devices(2));
+  const Tensor a = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
+  const Tensor b = Tensor::zeros(*e, Shape{5}, Device::cpu(1));
+  CHECK_THROWS_WITH_AS(par::recv(comm, b, 0, {.name = "early"}),
+                       doctest::Contains("no send from member 0 to member 1 is waiting for it"), weft::InvalidArgument);
+  par::send(comm, a, 1, {.name = "x"});
+  CHECK_THROWS_WITH_AS(par::recv(comm, b, 0), doctest::Contains("member 0 sent 4 elements of float32, this recv wants 5"),
+                       weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::send(comm, a, 0), doctest::Contains("is the member itself"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::send(comm, a, 2), doctest::Contains("peer 2 is not a member"), weft::InvalidArgument);
+  const Tensor elsewhere = Tensor::zeros(*e, Shape{4}, Device::cpu(3));
+  CHECK_THROWS_WITH_AS(par::send(comm, elsewhere, 1), doctest::Contains("not on the device of a member"),
+                       weft::InvalidArgument);
+  // The refused recv took nothing: the send still meets a matching recv.
+  const Tensor c = Tensor::ones(*e, Shape{4}, Device::cpu(1));
+  par::recv(comm, c, 0);
+  CHECK(c.to_host() == std::vector<float>(4, 0.0f));
+  e->wait_all();
+}

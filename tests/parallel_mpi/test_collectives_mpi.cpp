@@ -357,3 +357,124 @@ TEST_CASE("bad input is refused at push time, and a refused call takes no sequen
   unsetenv("WEFT_COLLECTIVE_CHECK");
   sync_ranks(*e);
 }
+
+TEST_CASE("send and recv between ranks arrive in push order, exact, whatever order their inputs become ready" *
+          doctest::timeout(240)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    if (n == 1) return;
+    const int right = (rank + 1) % n, left = (rank + n - 1) % n;
+    std::mt19937 rng(static_cast<unsigned>(77 + rank));
+    const std::vector<std::int64_t> sizes{0, 1, 1003, 300007, 5, 5, 5};
+    std::vector<Tensor> inbox;
+    auto post_sends = [&] {
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        Tensor t = rank_tensor(e, rank, sizes[k]);
+        const auto delay = std::chrono::microseconds(rng() % 2000);
+        weft::push_tensor_op(Device::cpu(0), {}, {t}, [delay, k](weft::RunContext&, const weft::TensorData& d) {
+          std::this_thread::sleep_for(delay);
+          if (d.outputs[0]) *d.out(0) += 0.0f * static_cast<float>(k);
+        }, {.name = "produce"});
+        if (sizes[k] > 0) {
+          // Message k carries k in its first element.
+          weft::push_tensor_op(Device::cpu(0), {}, {t}, [k](weft::RunContext&, const weft::TensorData& d) {
+            d.out(0)[0] = static_cast<float>(k);
+          }, {.name = "stamp"});
+        }
+        par::send(comm, t, right, {.name = std::string("m").append(std::to_string(k))});
+        // Overwriting after the send must not change what was sent.
+        if (sizes[k] > 0) weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData& d) {
+          d.out(0)[0] = -1.0f;
+        }, {.name = "overwrite"});
+      }
+    };
+    auto post_recvs = [&] {
+      for (std::size_t k = 0; k < sizes.size(); ++k) {
+        Tensor t = Tensor::zeros(e, Shape{sizes[k]}, Device::cpu(0));
+        par::recv(comm, t, left, {.name = std::string("m").append(std::to_string(k))});
+        inbox.push_back(t);
+      }
+    };
+    // Half the ranks push their recvs first: order of posting across a pair
+    // must not matter.
+    if (rank % 2) {
+      post_recvs();
+      post_sends();
+    } else {
+      post_sends();
+      post_recvs();
+    }
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      const auto v = inbox[k].to_host();
+      REQUIRE(static_cast<std::int64_t>(v.size()) == sizes[k]);
+      for (std::int64_t i = 0; i < sizes[k]; ++i)
+        REQUIRE(v[static_cast<std::size_t>(i)] == (i == 0 ? static_cast<float>(k) : value(left, i)));
+    }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("a send and recv that differ fail on both ends, naming both; a failed input reaches the receiver" *
+          doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n > 1 && rank < 2) {
+    const std::string want =
+        "send and recv differ: rank 0 called send 'a' [10] float32 to rank 1 as #1; rank 1 called recv 'b' [12] "
+        "float32 from rank 0 as #1";
+    if (rank == 0) {
+      Tensor t = rank_tensor(*e, rank, 10);
+      par::send(comm, t, 1, {.name = "a"});
+      // A send only reads its tensor: its error reaches wait_all.
+      CHECK_THROWS_WITH_AS(e->wait_all(), doctest::Contains(want.c_str()), weft::CommunicationError);
+      // The pair goes on: the next message matches.
+      Tensor next = rank_tensor(*e, rank, 3);
+      par::send(comm, next, 1, {.name = "c"});
+      // A failed input: the receiver learns why.
+      Tensor bad = rank_tensor(*e, rank, 4);
+      weft::push_tensor_op(Device::cpu(0), {}, {bad}, [](weft::RunContext&, const weft::TensorData&) {
+        throw std::runtime_error("activation overflow");
+      }, {.name = "forward"});
+      par::send(comm, bad, 1, {.name = "d"});
+      CHECK(contains(error_of(bad), "activation overflow"));
+      e->wait_all();  // the failure was reported once, through the tensor
+    } else {
+      Tensor t = Tensor::zeros(*e, Shape{12}, Device::cpu(0));
+      par::recv(comm, t, 0, {.name = "b"});
+      CHECK_THROWS_WITH_AS(e->wait_to_read(t.var()), doctest::Contains(want.c_str()), weft::CommunicationError);
+      Tensor next = Tensor::zeros(*e, Shape{3}, Device::cpu(0));
+      par::recv(comm, next, 0, {.name = "c"});
+      const auto v = next.to_host();
+      for (std::int64_t i = 0; i < 3; ++i) CHECK(v[static_cast<std::size_t>(i)] == value(0, i));
+      Tensor bad = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
+      par::recv(comm, bad, 0, {.name = "d"});
+      const std::string message = error_of(bad);
+      CHECK(contains(message, "rank 0's input failed: "));
+      CHECK(contains(message, "activation overflow"));
+    }
+  }
+  sync_ranks(*e);
+}
+
+TEST_CASE("a recv whose peer never sends is named within seconds; bad peers are refused at push time" *
+          doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  Tensor t = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
+  CHECK_THROWS_WITH_AS(par::send(comm, t, rank), doctest::Contains("is the member itself"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::recv(comm, t, n), doctest::Contains("is not a member"), weft::InvalidArgument);
+  if (n > 1 && rank == 1) {
+    const auto start = std::chrono::steady_clock::now();
+    par::recv(comm, t, 0, {.name = "never"});
+    const std::string message = error_of(t);
+    MESSAGE("rank " << rank << ": " << message);
+    CHECK(contains(message, "recv 'never' from rank 0 #1"));
+    CHECK(contains(message, "rank 0 sent nothing within 1500 ms"));
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  }
+  sync_ranks(*e);
+}

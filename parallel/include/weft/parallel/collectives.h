@@ -114,6 +114,18 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
 // Completes on every member once every member reached it.
 void barrier(const Communicator& comm, CollectiveOptions options = {});
 
+// Point to point, for pipeline stages. send: `tensor`, on the device of a
+// member this process drives, goes to member `peer` (read). recv: `tensor`,
+// on the device of a member this process drives, becomes what `peer` sends
+// (written). The k-th send from member a to member b meets b's k-th recv from
+// a; across processes they are checked like collectives (name, dtype,
+// element count) and a mismatch fails both ends, naming both (a send only
+// reads its tensor, so its errors reach wait_all). In-process, the send is a
+// snapshot taken in push order and its recv must be pushed after it.
+// options.root is unused.
+void send(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options = {});
+void recv(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options = {});
+
 // The elements of `count` that member `rank` of `size` owns in
 // reduce_scatter and all_gather: balanced, the first count % size members
 // one more.
