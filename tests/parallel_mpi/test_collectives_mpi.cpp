@@ -170,7 +170,7 @@ TEST_CASE("large allreduces (Weft's ring over MPI messages, several segments per
   for_each_engine([](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
-    for (std::int64_t count : {std::int64_t{65537}, std::int64_t{300007}}) {
+    for (std::int64_t count : {std::int64_t{65537}, std::int64_t{1100003}}) {
       INFO("elements: " << count << ", ranks: " << n);
       std::vector<Tensor> ts;
       for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
