@@ -22,7 +22,7 @@ if [[ "${1:-}" != "--fast" ]]; then
   bash scripts/build-tsan-tbb.sh
   cmake --preset tsan > /dev/null
   cmake --build --preset tsan -j "$jobs" --target weft-tests-engine weft-tests-devices weft-tests-ops weft-tests-gpu \
-    weft-tests-parallel weft-tests-parallel-mpi
+    weft-tests-parallel weft-tests-parallel-mpi weft-test-rank-dies
   ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops|gpu|parallel|parallel_mpi)\.'
 fi
 
