@@ -176,6 +176,7 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
 
 void barrier(const Communicator& comm, CollectiveOptions options) {
   Call call(Kind::barrier, comm, options);
+  call.state().backend->check(call, 0);
   call.commit();
   call.state().backend->barrier(call);
 }

@@ -63,6 +63,18 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
   return Communicator(std::move(state));
 }
 
+Communicator Communicator::mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options) {
+  if (devices.empty()) throw InvalidArgument("weft::parallel::Communicator::mpi: no devices");
+  if (devices.size() == 1) return mpi(engine, devices.front(), options);
+  // Checks the devices like an in-process group, then joins the processes.
+  Communicator local = Communicator::local(engine, devices);
+  auto state = std::make_shared<detail::CommunicatorState>();
+  state->engine = &engine;
+  state->devices = std::move(devices);
+  state->backend = detail::make_hierarchical_backend(*state, std::move(local), options);  // sets size, local_ranks
+  return Communicator(std::move(state));
+}
+
 int Communicator::size() const noexcept { return state_->size; }
 const std::vector<int>& Communicator::local_ranks() const noexcept { return state_->local_ranks; }
 Engine& Communicator::engine() const noexcept { return *state_->engine; }

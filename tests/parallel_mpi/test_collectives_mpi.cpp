@@ -82,6 +82,17 @@ std::string error_of(const Tensor& t) {
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// Every element as wanted; one assertion, naming the first element that is not.
+template <class Want>
+void require_values(const std::vector<float>& v, std::int64_t count, Want want) {
+  REQUIRE(static_cast<std::int64_t>(v.size()) == count);
+  for (std::int64_t i = 0; i < count; ++i)
+    if (v[static_cast<std::size_t>(i)] != want(i)) {
+      INFO("element " << i);
+      REQUIRE(v[static_cast<std::size_t>(i)] == want(i));
+    }
+}
+
 // Every rank leaves a test case together (a fresh communicator's barrier).
 void sync_ranks(Engine& e) {
   const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
@@ -180,8 +191,7 @@ TEST_CASE("large allreduces (Weft's ring over MPI messages, several segments per
       }
       int k = 0;
       for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
-        const auto v = ts[static_cast<std::size_t>(k++)].to_host();
-        for (std::int64_t i = 0; i < count; ++i) REQUIRE(v[static_cast<std::size_t>(i)] == reduced(op, n, i));
+        require_values(ts[static_cast<std::size_t>(k++)].to_host(), count, [&](std::int64_t i) { return reduced(op, n, i); });
       }
     }
   });
@@ -476,5 +486,46 @@ TEST_CASE("a recv whose peer never sends is named within seconds; bad peers are 
     CHECK(contains(message, "rank 0 sent nothing within 1500 ms"));
     CHECK(std::chrono::steady_clock::now() - start < 10s);
   }
+  sync_ranks(*e);
+}
+
+TEST_CASE("several devices per process: allreduce and broadcast over ranks x devices, exact" *
+          doctest::timeout(240)) {
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, {Device::cpu(0), Device::cpu(1)});
+    const int per = 2, n = comm.size(), processes = n / per;
+    REQUIRE(comm.local_ranks().size() == 2);
+    const int first = comm.local_ranks()[0];
+    CHECK(comm.local_ranks()[1] == first + 1);
+    CHECK(comm.device(first + 1) == Device::cpu(1));
+    CHECK(contains(comm.str(), std::to_string(processes) + " ranks x 2 devices"));
+    for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1003},
+                               std::int64_t{1100003}}) {
+      INFO("elements: " << count << ", members: " << n);
+      std::vector<std::vector<Tensor>> results;
+      for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+        std::vector<Tensor> ts{rank_tensor(e, first, count, Device::cpu(0)), rank_tensor(e, first + 1, count, Device::cpu(1))};
+        par::allreduce(comm, ts, op, {.name = "grad"});
+        results.push_back(ts);
+      }
+      int k = 0;
+      for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+        for (const Tensor& t : results[static_cast<std::size_t>(k)])
+          require_values(t.to_host(), count, [&](std::int64_t i) { return reduced(op, n, i); });
+        ++k;
+      }
+      if (count > 2000) continue;
+      for (int root = 0; root < n; ++root) {
+        std::vector<Tensor> ts{rank_tensor(e, first, count, Device::cpu(0)), rank_tensor(e, first + 1, count, Device::cpu(1))};
+        par::broadcast(comm, ts, {.name = "weights", .root = root});
+        for (const Tensor& t : ts) require_values(t.to_host(), count, [&](std::int64_t i) { return value(root, i); });
+      }
+    }
+    par::barrier(comm);
+    std::vector<Tensor> ts{rank_tensor(e, first, 4, Device::cpu(0)), rank_tensor(e, first + 1, 4, Device::cpu(1))};
+    CHECK_THROWS_WITH_AS(par::reduce(comm, ts), doctest::Contains("not built yet (allreduce, broadcast and barrier are)"),
+                         weft::InvalidArgument);
+  });
+  auto e = Engine::create({.kind = "threaded"});
   sync_ranks(*e);
 }

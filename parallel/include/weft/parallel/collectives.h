@@ -79,6 +79,15 @@ class Communicator {
   // MPI alive while collectives are in flight. Weft calls MPI from its
   // communication thread only. Without mpirun it is a group of one.
   static Communicator mpi(Engine& engine, Device device, CommunicatorOptions options = {});
+  // Several devices per process (hierarchical): every process gives as many
+  // distinct CPU devices of `engine`, and process p's devices[k] is member
+  // p * devices.size() + k. Allreduce reduce-scatters in-process, allreduces
+  // each part across processes (one MPI communicator per local device, so
+  // the parts travel at once), then all-gathers in-process; broadcast goes
+  // across processes first, then in-process; barrier waits for every process.
+  // Other collectives on such groups are not built yet (an InvalidArgument
+  // at push time). A single device is the form above.
+  static Communicator mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options = {});
 
   int size() const noexcept;                           // members in the group
   const std::vector<int>& local_ranks() const noexcept;  // the members this process drives

@@ -1,0 +1,137 @@
+// Collectives over several devices per process of an MPI job, composed of
+// the in-process and the MPI collectives (docs/design/parallel-collectives.md,
+// "Hierarchical"): each step is itself a collective pushed as engine ops, so
+// the steps are ordered by the tensors they share and a failure anywhere
+// reaches every member the way it does in each step.
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "call.h"
+#include "communicator_state.h"
+#include "weft/error.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor_op.h"
+
+namespace weft::parallel::detail {
+namespace {
+
+class HierarchicalBackend final : public Backend {
+ public:
+  HierarchicalBackend(Communicator local, std::vector<Communicator> across, int processes)
+      : local_(std::move(local)), across_(std::move(across)), processes_(processes) {}
+
+  std::string str() const override {
+    const int per = static_cast<int>(across_.size());
+    std::string devices;
+    for (int k = 0; k < per; ++k) devices += (k ? ", " : "") + local_.device(k).str();
+    return "MPI communicator of " + std::to_string(processes_ * per) + " members (" + std::to_string(processes_) +
+           " ranks x " + std::to_string(per) + " devices; rank " + std::to_string(rank()) + " with " + devices +
+           " here)";
+  }
+
+  void check(const Call& call, std::int64_t elements) const override {
+    const Kind kind = call.kind();
+    if (kind != Kind::allreduce && kind != Kind::broadcast && kind != Kind::barrier)
+      call.refuse(std::string(to_string(kind)) +
+                  " on a group with several devices per process is not built yet (allreduce, broadcast and "
+                  "barrier are); use one communicator per device");
+    // Each part of an allreduce, and a broadcast's whole tensor, crosses
+    // processes through one MPI communicator.
+    Call probe(kind, across_.front(), call.options());
+    state_of(across_.front())->backend->check(probe, elements);
+  }
+
+  void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    const int per = static_cast<int>(across_.size());
+    const std::int64_t count = tensors[0].numel();
+    const std::string& name = call.options().name;
+    const int priority = call.options().priority;
+    Engine& engine = tensors[0].engine();
+    // Average: summed everywhere, scaled once at the end (the sum of
+    // integers is exact, so results match a serial reference bit for bit).
+    const ReduceOp step = op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum;
+    std::vector<Tensor> parts;
+    for (int k = 0; k < per; ++k)
+      parts.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)));
+    parallel::reduce_scatter(local_, tensors, parts, step, {.name = name + " (in-process part)", .priority = priority});
+    for (int k = 0; k < per; ++k) {
+      Tensor& part = parts[static_cast<std::size_t>(k)];
+      parallel::allreduce(across_[static_cast<std::size_t>(k)], {part}, step,
+                          {.name = name + " (part " + std::to_string(k) + ")", .priority = priority});
+      if (op == ReduceOp::average) {
+        const float scale = 1.0f / static_cast<float>(processes_ * per);
+        push_tensor_op(
+            part.device(), {}, {part},
+            [n = part.numel(), scale](RunContext&, const TensorData& d) {
+              for (std::int64_t i = 0; i < n; ++i) d.out(0)[i] *= scale;
+            },
+            {.priority = priority, .name = call.label() + " average"});
+      }
+    }
+    parallel::all_gather(local_, parts, tensors, {.name = name + " (in-process whole)", .priority = priority});
+  }
+
+  void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
+    const int per = static_cast<int>(across_.size());
+    const int root = call.options().root, root_process = root / per, root_device = root % per;
+    const std::string& name = call.options().name;
+    const int priority = call.options().priority;
+    // Across processes on the root's device index, then within each process.
+    parallel::broadcast(across_[static_cast<std::size_t>(root_device)], {tensors[static_cast<std::size_t>(root_device)]},
+                        {.name = name, .priority = priority, .root = root_process});
+    parallel::broadcast(local_, tensors, {.name = name + " (in-process)", .priority = priority, .root = root_device});
+  }
+
+  void barrier(const Call& call) override {
+    parallel::barrier(across_.front(), {.name = call.options().name, .priority = call.options().priority});
+  }
+
+  void reduce(const Call& call, const std::vector<Tensor>&, ReduceOp) override { unreachable(call); }
+  void reduce_scatter(const Call& call, const std::vector<Tensor>&, const std::vector<Tensor>&, ReduceOp) override {
+    unreachable(call);
+  }
+  void all_gather(const Call& call, const std::vector<Tensor>&, const std::vector<Tensor>&) override {
+    unreachable(call);
+  }
+  void send(Call& call, const Tensor&, int, int) override { unreachable(call); }
+  void recv(Call& call, const Tensor&, int, int) override { unreachable(call); }
+
+ private:
+  int rank() const { return across_.front().local_ranks().front(); }
+  [[noreturn]] static void unreachable(const Call& call) { call.refuse("not built for this group (check() refuses it)"); }
+
+  Communicator local_;                // this process's devices
+  std::vector<Communicator> across_;  // across_[k]: device k of every process
+  int processes_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_hierarchical_backend(CommunicatorState& state, Communicator local,
+                                                   const CommunicatorOptions& options) {
+  Engine& engine = *state.engine;
+  const int per = static_cast<int>(state.devices.size());
+  std::vector<Communicator> across;
+  across.push_back(Communicator::mpi(engine, state.devices.front(), options));
+  const int processes = across.front().size(), rank = across.front().local_ranks().front();
+  // Every process must give as many devices: check on the first
+  // communicator before creating the others (a process creating fewer
+  // would leave the rest waiting in MPI).
+  Tensor counts = Tensor::from_host(engine, Shape{2}, std::vector<float>{static_cast<float>(per), -static_cast<float>(per)},
+                                    state.devices.front());
+  allreduce(across.front(), {counts}, ReduceOp::max, {.name = "devices per process"});
+  const std::vector<float> most_least = counts.to_host();
+  if (most_least[0] != static_cast<float>(per) || -most_least[1] != static_cast<float>(per))
+    throw InvalidArgument("weft::parallel::Communicator::mpi (rank " + std::to_string(rank) + "): this process gives " +
+                          std::to_string(per) + " devices, but the processes give between " +
+                          std::to_string(static_cast<int>(-most_least[1])) + " and " +
+                          std::to_string(static_cast<int>(most_least[0])) + "; every process must give as many");
+  for (int k = 1; k < per; ++k) across.push_back(Communicator::mpi(engine, state.devices[static_cast<std::size_t>(k)], options));
+  state.size = processes * per;
+  state.local_ranks.clear();
+  for (int k = 0; k < per; ++k) state.local_ranks.push_back(rank * per + k);
+  return std::make_unique<HierarchicalBackend>(std::move(local), std::move(across), processes);
+}
+
+}  // namespace weft::parallel::detail
