@@ -24,13 +24,15 @@ CommThread::CommThread() : thread_([this] { loop(); }) {}
 
 CommThread::~CommThread() { stop(); }
 
-void CommThread::spawn(UniqueFunction<void()> body) {
+bool CommThread::spawn(UniqueFunction<void()> body) {
   {
     std::lock_guard lock(mutex_);
+    if (stop_) return false;  // `body` goes with this frame
     queue_.push_back(std::move(body));
     queued_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_one();
+  return true;
 }
 
 void CommThread::stop() {

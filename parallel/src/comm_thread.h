@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "weft/unique_function.h"
@@ -33,8 +34,9 @@ class CommThread {
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
-  // Runs `body` as a new fiber on the thread. Any thread.
-  void spawn(UniqueFunction<void()> body);
+  // Runs `body` as a new fiber on the thread. Any thread. False, with
+  // `body` destroyed unrun, once stop() was called.
+  bool spawn(UniqueFunction<void()> body);
   // Fibers still running see stopping() and give up; then the thread ends.
   // Idempotent; not from the thread itself.
   void stop();
@@ -74,16 +76,26 @@ class CommThread {
   std::thread thread_;
 };
 
-// Lets fibers through in sequence order: open(n) once pass(n - 1) was
-// called (n = 1 at once). Fibers wait for it with poll_until, so that a
-// wait has a deadline like every other. Fibers of one thread only.
+// Lets fibers through in sequence order: open(n) once 1..n-1 have all been
+// passed. A number passed early (a collective that ended without posting,
+// say) is kept until those before it pass, so a gate never opens past a
+// collective still running. Fibers wait for it with poll_until. Fibers of
+// one thread only.
 class SequenceGate {
  public:
   bool open(std::uint64_t n) const noexcept { return next_ >= n; }
-  void pass(std::uint64_t n) noexcept { next_ = next_ > n ? next_ : n + 1; }
+  void pass(std::uint64_t n) {
+    if (n < next_) return;
+    early_.insert(n);
+    while (!early_.empty() && *early_.begin() == next_) {
+      early_.erase(early_.begin());
+      ++next_;
+    }
+  }
 
  private:
   std::uint64_t next_ = 1;
+  std::set<std::uint64_t> early_;  // passed, waiting for the ones before
 };
 
 }  // namespace weft::parallel::detail

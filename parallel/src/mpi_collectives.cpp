@@ -90,7 +90,8 @@ class MpiProcess {
     if (provided < MPI_THREAD_SERIALIZED)
       throw InvalidArgument(
           "weft::parallel::Communicator::mpi: MPI was initialized with thread level " + std::to_string(provided) +
-          "; Weft calls MPI from its communication thread and needs MPI_THREAD_SERIALIZED or more (MPI_Init_thread)");
+          "; Weft calls MPI from its communication thread and needs MPI_THREAD_SERIALIZED or more (MPI_Init_thread; "
+          "with SERIALIZED, the application must not call MPI while Weft's collectives are in flight)");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     thread_ = std::make_unique<CommThread>();
@@ -235,7 +236,7 @@ struct MpiGroup {
       MPI_Comm_free(&p2p);
     };
     if (thread.on_this_thread()) free();
-    else thread.spawn(std::move(free));
+    else static_cast<void>(thread.spawn(std::move(free)));  // after exit: MPI is gone anyway
   }
 };
 
@@ -330,43 +331,67 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-// Exchanges fingerprints; returns false once the job has been completed
-// (mismatch, failed input, timeout, MPI error).
-bool check_fingerprints(Job& job, CommThread& thread) {
+// Waits until `gate` lets `seq` through; false once the job was completed
+// (the communicator broke, or the process is exiting). No deadline of its
+// own: the collectives before it have theirs, and whatever ends them passes
+// the gate. The job's deadline then counts from the gate's opening, so that
+// a collective whose input was ready early does not time out behind one
+// whose input is legitimately late.
+bool wait_turn(Job& job, CommThread& thread, const SequenceGate& gate, std::uint64_t seq) {
   MpiGroup& g = *job.group;
-  const int n = g.size;
-  if (thread.poll_until([&] { return g.check_gate.open(job.mine.sequence) || !g.broken.empty(); }, job.deadline) !=
-      CommThread::Wait::done) {
-    fail_broken(job, "timed out after " + seconds_text(g.timeout) + " waiting for the collectives before it to start");
+  if (thread.poll_until([&] { return gate.open(seq) || !g.broken.empty(); }, Clock::time_point::max()) ==
+      CommThread::Wait::stopping) {
+    fail_broken(job, "the process is exiting");
     return false;
   }
   if (!g.broken.empty()) {
     complete(job, comm_error(job, "the communicator is broken: " + g.broken));
     return false;
   }
+  job.deadline = std::max(job.deadline, Clock::now() + g.timeout);
+  return true;
+}
+
+// Exchanges fingerprints; returns false once the job has been completed
+// (mismatch, failed input, timeout, MPI error).
+bool check_fingerprints(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  const int n = g.size;
+  if (!wait_turn(job, thread, g.check_gate, job.mine.sequence)) return false;
   std::vector<Fingerprint> theirs(static_cast<std::size_t>(n));
   theirs[static_cast<std::size_t>(g.rank)] = job.mine;
+  // What this rank sends lives on the heap: a send still pending when the
+  // fiber gives up cannot be taken back, and its buffer is then left to MPI.
+  auto mine = std::make_unique<Fingerprint>(job.mine);
   std::vector<MPI_Request> recvs(static_cast<std::size_t>(n), MPI_REQUEST_NULL), sends = recvs;
-  // Leaves no buffer of this fiber to MPI: a cancelled request's wait
-  // returns at once whatever the peers do (MPI 4.1, section 3.8.4). Returns
-  // the peers whose fingerprint never came.
+  // Leaves no buffer of this fiber to MPI: a cancelled receive's wait
+  // returns at once whatever the peers do (MPI 4.1, section 3.8.4); pending
+  // sends are freed and keep their buffer. Returns the peers whose
+  // fingerprint never came.
   auto cancel_pending = [&] {
     std::vector<int> missing;
+    bool sending = false;
     for (int peer = 0; peer < n; ++peer) {
-      for (MPI_Request* r : {&recvs[static_cast<std::size_t>(peer)], &sends[static_cast<std::size_t>(peer)]}) {
-        if (*r == MPI_REQUEST_NULL) continue;
-        if (r == &recvs[static_cast<std::size_t>(peer)]) missing.push_back(peer);
-        MPI_Cancel(r);
-        MPI_Wait(r, MPI_STATUS_IGNORE);
+      MPI_Request& r = recvs[static_cast<std::size_t>(peer)];
+      if (r != MPI_REQUEST_NULL) {
+        missing.push_back(peer);
+        MPI_Cancel(&r);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+      }
+      MPI_Request& q = sends[static_cast<std::size_t>(peer)];
+      if (q != MPI_REQUEST_NULL) {
+        MPI_Request_free(&q);
+        sending = true;
       }
     }
+    if (sending) static_cast<void>(mine.release());
     return missing;
   };
   for (int peer = 0; peer < n; ++peer) {
     if (peer == g.rank) continue;
     const auto p = static_cast<std::size_t>(peer);
     int rc = MPI_Irecv(&theirs[p], sizeof(Fingerprint), MPI_BYTE, peer, 0, g.check, &recvs[p]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(&job.mine, sizeof(Fingerprint), MPI_BYTE, peer, 0, g.check, &sends[p]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(mine.get(), sizeof(Fingerprint), MPI_BYTE, peer, 0, g.check, &sends[p]);
     if (rc != MPI_SUCCESS) {
       cancel_pending();
       g.check_gate.pass(job.mine.sequence);
@@ -376,8 +401,11 @@ bool check_fingerprints(Job& job, CommThread& thread) {
     }
   }
   g.check_gate.pass(job.mine.sequence);
+  // Every request is tested every round (so that, at the deadline, the ones
+  // still open name exactly the ranks that never joined).
   int mpi_rc = MPI_SUCCESS;
   auto all_done = [&](std::vector<MPI_Request>& requests) {
+    bool done = true;
     for (MPI_Request& r : requests) {
       if (r == MPI_REQUEST_NULL) continue;
       int flag = 0;
@@ -385,11 +413,16 @@ bool check_fingerprints(Job& job, CommThread& thread) {
         mpi_rc = rc;
         return true;
       }
-      if (!flag) return false;
+      done = done && flag;
     }
-    return true;
+    return done;
   };
-  const CommThread::Wait waited = thread.poll_until([&] { return all_done(recvs) && all_done(sends); }, job.deadline);
+  const CommThread::Wait waited = thread.poll_until(
+      [&] {
+        const bool received = all_done(recvs);
+        return all_done(sends) && received;
+      },
+      job.deadline);
   if (mpi_rc != MPI_SUCCESS) {
     cancel_pending();
     fail_broken(job, "exchanging fingerprints failed: " + mpi_error_text(mpi_rc));
@@ -489,14 +522,17 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
         job.deadline);
     return out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done;
   };
-  // On failure: no request is left holding this fiber's memory.
+  // On failure: receives are cancelled (their wait returns at once, so the
+  // scratch chunk is free again); sends cannot be taken back and are freed,
+  // leaving the tensor to MPI (the caller abandons its memory).
   auto give_up = [&] {
-    for (auto* requests : {&recvs, &sends})
-      for (MPI_Request& q : *requests)
-        if (q != MPI_REQUEST_NULL) {
-          MPI_Cancel(&q);
-          MPI_Wait(&q, MPI_STATUS_IGNORE);
-        }
+    for (MPI_Request& q : recvs)
+      if (q != MPI_REQUEST_NULL) {
+        MPI_Cancel(&q);
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+      }
+    for (MPI_Request& q : sends)
+      if (q != MPI_REQUEST_NULL) MPI_Request_free(&q);
     return out;
   };
   for (int step = 0; step < 2 * (n - 1); ++step) {
@@ -607,23 +643,6 @@ void give_up(std::initializer_list<MPI_Request*> recvs, std::initializer_list<MP
   }
 }
 
-// Waits for this message's turn at `gate`; false once the job was completed
-// (the communicator broke, or the deadline passed).
-bool wait_turn(Job& job, CommThread& thread, const SequenceGate& gate, const std::string& what) {
-  MpiGroup& g = *job.group;
-  if (g.broken.empty() &&
-      thread.poll_until([&] { return gate.open(job.mine.sequence) || !g.broken.empty(); }, job.deadline) !=
-          CommThread::Wait::done) {
-    fail_broken(job, "timed out after " + seconds_text(g.timeout) + " waiting for the " + what + " before it");
-    return false;
-  }
-  if (!g.broken.empty()) {
-    complete(job, comm_error(job, "the communicator is broken: " + g.broken));
-    return false;
-  }
-  return true;
-}
-
 std::string waited_text(int rc, CommThread::Wait waited, const std::string& late) {
   if (rc != MPI_SUCCESS) return "MPI failed: " + mpi_error_text(rc);
   if (waited == CommThread::Wait::stopping) return "the process is exiting";
@@ -635,7 +654,7 @@ void run_send(Job& job, CommThread& thread) {
   const int peer = job.root;
   SequenceGate& gate = g.send_gate[static_cast<std::size_t>(peer)];
   const std::uint64_t seq = job.mine.sequence;
-  if (!wait_turn(job, thread, gate, "sends to rank " + std::to_string(peer))) return gate.pass(seq);
+  if (!wait_turn(job, thread, gate, seq)) return gate.pass(seq);
   if (!g.fingerprints && job.failed_input) {
     // The receiver cannot be told: it fails at its timeout.
     if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
@@ -676,7 +695,7 @@ void run_recv(Job& job, CommThread& thread) {
   const int peer = job.root;
   SequenceGate& gate = g.recv_gate[static_cast<std::size_t>(peer)];
   const std::uint64_t seq = job.mine.sequence;
-  if (!wait_turn(job, thread, gate, "recvs from rank " + std::to_string(peer))) return gate.pass(seq);
+  if (!wait_turn(job, thread, gate, seq)) return gate.pass(seq);
   const std::string late = "rank " + std::to_string(peer) + " sent nothing within " + seconds_text(g.timeout) +
                            " (CommunicatorOptions::timeout, WEFT_COLLECTIVE_TIMEOUT)";
   auto wire = std::make_unique<Wire>();
@@ -724,7 +743,11 @@ void run_recv(Job& job, CommThread& thread) {
                         : thread.poll_until([&] { return test_all({&data, &reply}, rc); }, job.deadline);
   if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
     give_up({&data}, {&reply}, wire, job);
-    return fail_broken(job, waited_text(rc, waited, late), peer);
+    return fail_broken(job,
+                       waited_text(rc, waited,
+                                   "rank " + std::to_string(peer) + " announced the message, but its data did not "
+                                                                   "arrive within " + seconds_text(g.timeout)),
+                       peer);
   }
   if (h.failed)
     return complete(job, comm_error(job, "rank " + std::to_string(peer) + "'s input failed: " + std::string(h.reason),
@@ -747,12 +770,7 @@ void run(Job& job, CommThread& thread) {
       // timeout, and this rank stops using the communicator too.
       if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
       complete(job, job.failed_input);
-    } else if (thread.poll_until([&] { return g.data_gate.open(seq) || !g.broken.empty(); }, job.deadline) !=
-               CommThread::Wait::done) {
-      fail_broken(job, "timed out after " + seconds_text(g.timeout) + " waiting for the collectives before it");
-    } else if (!g.broken.empty()) {
-      complete(job, comm_error(job, "the communicator is broken: " + g.broken));
-    } else {
+    } else if (wait_turn(job, thread, g.data_gate, seq)) {
       const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
                         static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
       const Outcome out = ring ? ring_allreduce(job, thread) : mpi_collective(job, thread);
@@ -844,11 +862,16 @@ class MpiBackend final : public Backend {
   }
   void barrier(const Call& call) override {
     auto job = make_job(call, Tensor(), ReduceOp::sum);
-    call.state().engine->push_async(
-        [job = std::shared_ptr<Job>(std::move(job))](RunContext& ctx, Completion done) mutable {
-          start(std::move(job), ctx, std::move(done));
-        },
-        group_->device, {}, {}, OpOptions{.priority = call.options().priority, .name = call.label()});
+    try {
+      call.state().engine->push_async(
+          [job = std::shared_ptr<Job>(std::move(job))](RunContext& ctx, Completion done) mutable {
+            start(std::move(job), ctx, std::move(done));
+          },
+          group_->device, {}, {}, OpOptions{.priority = call.options().priority, .name = call.label()});
+    } catch (...) {
+      break_after_failed_push(call);
+      throw;
+    }
   }
 
  private:
@@ -894,14 +917,29 @@ class MpiBackend final : public Backend {
             const std::vector<Tensor>& writes, Bind bind) {
     for (const Tensor& t : reads) job->tensors.push_back(t);
     for (const Tensor& t : writes) job->tensors.push_back(t);
-    push_tensor_op_async(
-        group_->device, reads, writes,
-        [job = std::shared_ptr<Job>(std::move(job)), bind](RunContext& ctx, const TensorData& d,
-                                                           Completion done) mutable {
-          if (!ctx.failed_input) bind(*job, d);
-          start(std::move(job), ctx, std::move(done));
-        },
-        OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true});
+    try {
+      push_tensor_op_async(
+          group_->device, reads, writes,
+          [job = std::shared_ptr<Job>(std::move(job)), bind](RunContext& ctx, const TensorData& d,
+                                                             Completion done) mutable {
+            if (!ctx.failed_input) bind(*job, d);
+            start(std::move(job), ctx, std::move(done));
+          },
+          OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true});
+    } catch (...) {
+      break_after_failed_push(call);
+      throw;
+    }
+  }
+
+  // The call took its number but its push failed: later collectives would
+  // wait at the gates for it, and the peers for its fingerprint. The
+  // communicator is broken (on the communication thread, which owns that
+  // state): later calls fail at once, the peers at their deadline.
+  void break_after_failed_push(const Call& call) {
+    static_cast<void>(MpiProcess::get().thread().spawn([group = group_, label = call.label()] {
+      if (group->broken.empty()) group->broken = label + ": its push failed on this rank";
+    }));
   }
 
   static void start(std::shared_ptr<Job> job, RunContext& ctx, Completion done) {
@@ -919,7 +957,9 @@ class MpiBackend final : public Backend {
     }
     job->deadline = Clock::now() + job->group->timeout;
     CommThread& thread = MpiProcess::get().thread();
-    thread.spawn([job = std::move(job), &thread] { run(*job, thread); });
+    const std::shared_ptr<Job> kept = job;
+    if (!thread.spawn([job = std::move(job), &thread] { run(*job, thread); }))
+      complete(*kept, comm_error(*kept, "the process is exiting (Weft's MPI communication thread has stopped)"));
   }
 
   std::shared_ptr<MpiGroup> group_;
@@ -945,32 +985,43 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
   std::promise<std::string> created;
   std::future<std::string> result = created.get_future();
   CommThread& thread = process.thread();
-  thread.spawn([&created, &thread, g = group.get()] {
-    MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
-    MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  const bool spawned = thread.spawn([&created, &thread, g = group.get()] {
+    // On the heap: MPI writes the new communicators when the requests
+    // complete, which a rank arriving after the deadline makes happen after
+    // this fiber has given up (the block is then left to MPI).
+    struct Pending {
+      MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+      MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    };
+    auto pending = std::make_unique<Pending>();
     for (int i = 0; i < 3; ++i)
-      if (const int rc = MPI_Comm_idup(MPI_COMM_WORLD, &comms[i], &requests[i]); rc != MPI_SUCCESS) {
+      if (const int rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending->comms[i], &pending->requests[i]); rc != MPI_SUCCESS) {
+        if (i > 0) static_cast<void>(pending.release());
         created.set_value("MPI_Comm_idup failed: " + mpi_error_text(rc));
         return;
       }
     int done = 0;
     const auto waited = thread.poll_until(
         [&] {
-          MPI_Testall(3, requests, &done, MPI_STATUSES_IGNORE);
+          MPI_Testall(3, pending->requests, &done, MPI_STATUSES_IGNORE);
           return done != 0;
         },
         Clock::now() + g->timeout);
     if (waited != CommThread::Wait::done) {
-      created.set_value("not every rank created its communicator within " + seconds_text(g->timeout) +
-                        " (communicators are created collectively, in the same order on every rank)");
+      static_cast<void>(pending.release());
+      created.set_value(waited == CommThread::Wait::stopping
+                            ? std::string("the process is exiting")
+                            : "not every rank created its communicator within " + seconds_text(g->timeout) +
+                                  " (communicators are created collectively, in the same order on every rank)");
       return;
     }
-    for (MPI_Comm c : comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    g->check = comms[0];
-    g->data = comms[1];
-    g->p2p = comms[2];
+    for (MPI_Comm c : pending->comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    g->check = pending->comms[0];
+    g->data = pending->comms[1];
+    g->p2p = pending->comms[2];
     created.set_value("");
   });
+  if (!spawned) created.set_value("the process is exiting (Weft's MPI communication thread has stopped)");
   if (const std::string error = result.get(); !error.empty())
     throw CommunicationError("weft::parallel::Communicator::mpi (rank " + std::to_string(group->rank) + " of " +
                                  std::to_string(group->size) + "): " + error,

@@ -303,12 +303,22 @@ TEST_CASE("a failed input fails the collective on every rank, naming the rank" *
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
     const int failing = n - 1;
+    // Large allreduces (Weft's ring) on both sides of the failed one: the
+    // failed one ends without a data phase, and must not let the second
+    // ring start while the first still runs.
+    constexpr std::int64_t kLarge = 400003;
+    Tensor before = rank_tensor(e, rank, kLarge);
+    par::allreduce(comm, {before}, par::ReduceOp::sum, {.name = "large before"});
     Tensor t = rank_tensor(e, rank, 16);
     if (rank == failing)
       weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData&) {
         throw std::runtime_error("data loader died");
       }, {.name = "load"});
     par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad"});
+    Tensor after = rank_tensor(e, rank, kLarge);
+    par::allreduce(comm, {after}, par::ReduceOp::max, {.name = "large after"});
+    require_values(before.to_host(), kLarge, [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, i); });
+    require_values(after.to_host(), kLarge, [&](std::int64_t i) { return reduced(par::ReduceOp::max, n, i); });
     const std::string message = error_of(t);
     if (rank == failing) {
       CHECK(contains(message, "data loader died"));
