@@ -466,6 +466,18 @@ bool check_fingerprints(Job& job, CommThread& thread) {
   return true;
 }
 
+// Tests each request once; true when all are done, or when a test failed
+// (`rc` says which).
+bool test_all(std::initializer_list<MPI_Request*> requests, int& rc) {
+  for (MPI_Request* r : requests) {
+    if (*r == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    if ((rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return true;
+    if (!flag) return false;
+  }
+  return true;
+}
+
 // How a data phase ended.
 struct Outcome {
   int rc = MPI_SUCCESS;
@@ -481,13 +493,7 @@ Outcome mpi_collective(Job& job, CommThread& thread) {
   job.group->data_gate.pass(job.mine.sequence);  // the next may post behind it
   if (out.rc != MPI_SUCCESS) return out;
   out.posted = true;
-  int flag = 0;
-  out.waited = thread.poll_until(
-      [&] {
-        out.rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-        return out.rc != MPI_SUCCESS || flag;
-      },
-      job.deadline);
+  out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline);
   if (out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done) finish_data(job);
   return out;
 }
@@ -513,13 +519,7 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
   out.posted = true;
   std::vector<MPI_Request> recvs, sends;
   auto wait = [&](MPI_Request& request) {
-    int flag = 0;
-    out.waited = thread.poll_until(
-        [&] {
-          out.rc = MPI_Test(&request, &flag, MPI_STATUS_IGNORE);
-          return out.rc != MPI_SUCCESS || flag;
-        },
-        job.deadline);
+    out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline);
     return out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done;
   };
   // On failure: receives are cancelled (their wait returns at once, so the
@@ -610,15 +610,6 @@ std::string message_mismatch(const Fingerprint& a, int rank_a, const Fingerprint
          std::to_string(rank_b) + " called " + describe(b);
 }
 
-bool test_all(std::initializer_list<MPI_Request*> requests, int& rc) {
-  for (MPI_Request* r : requests) {
-    if (*r == MPI_REQUEST_NULL) continue;
-    int flag = 0;
-    if ((rc = MPI_Test(r, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return true;
-    if (!flag) return false;
-  }
-  return true;
-}
 
 // Leaves no buffer to MPI that is about to go: receives are cancelled (a
 // cancelled request's wait returns at once); a send still pending may be

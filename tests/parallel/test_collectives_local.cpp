@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_test_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"
@@ -25,6 +26,10 @@
 namespace {
 
 using weft::Device;
+using weft_test::all_configs;
+using weft_test::Config;
+using weft_test::contains;
+using weft_test::make_engine;
 using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
@@ -33,20 +38,13 @@ namespace par = weft::parallel;
 constexpr int kMaxMembers = 4;
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
-struct Config {
-  std::string kind;
-  int workers;
-  std::string str() const { return kind + (kind == "threaded" ? " workers=" + std::to_string(workers) : ""); }
-};
-
-// {naive} ∪ {threaded × {1, 2, 4, 8} workers per device}, four CPU devices.
+// Each scenario over the naive engine and the threaded one at 1, 2, 4 and 8
+// workers per device (engine_test_util.h).
 template <class F>
 void for_each_engine(F&& fn) {
-  std::vector<Config> configs{{"naive", 1}};
-  for (int w : {1, 2, 4, 8}) configs.push_back({"threaded", w});
-  for (const Config& c : configs) {
+  for (const Config& c : all_configs(kMaxMembers)) {
     INFO("engine: " << c.str());
-    auto e = Engine::create({.kind = c.kind, .cpu_devices = kMaxMembers, .workers_per_cpu_device = c.workers});
+    auto e = make_engine(c);
     fn(*e);
     e->wait_all();
   }
@@ -237,7 +235,6 @@ TEST_CASE("bad input is refused at push time, naming the collective and the memb
     }
     return std::string("(no InvalidArgument)");
   };
-  auto contains = [](const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; };
   const std::vector<Tensor> ok = member_tensors(*e, 2, 4);
   const Tensor on0 = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
   CHECK(contains(message([&] { par::allreduce(comm, {ok[0]}, par::ReduceOp::sum, {.name = "g"}); }),

@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/engine_test_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"
@@ -30,6 +31,10 @@
 namespace {
 
 using weft::Device;
+using weft_test::all_configs;
+using weft_test::Config;
+using weft_test::contains;
+using weft_test::make_engine;
 using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
@@ -38,19 +43,13 @@ using namespace std::chrono_literals;
 
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
-struct Config {
-  std::string kind;
-  int workers;
-  std::string str() const { return kind + (kind == "threaded" ? " workers=" + std::to_string(workers) : ""); }
-};
-
+// Each scenario over the naive engine and the threaded one at 1, 2, 4 and 8
+// workers per device (engine_test_util.h).
 template <class F>
 void for_each_engine(F&& fn) {
-  std::vector<Config> configs{{"naive", 1}};
-  for (int w : {1, 2, 4, 8}) configs.push_back({"threaded", w});
-  for (const Config& c : configs) {
+  for (const Config& c : all_configs(2)) {
     INFO("engine: " << c.str());
-    auto e = Engine::create({.kind = c.kind, .cpu_devices = 2, .workers_per_cpu_device = c.workers});
+    auto e = make_engine(c);
     fn(*e);
     e->wait_all();
   }
@@ -79,8 +78,6 @@ std::string error_of(const Tensor& t) {
   }
   return "(no error)";
 }
-
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Every element as wanted; one assertion, naming the first element that is not.
 template <class Want>
