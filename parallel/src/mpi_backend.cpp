@@ -1,0 +1,292 @@
+// The MPI backend: Communicator::mpi's settings, the hold ops that hand
+// collectives and messages to the communication thread, and the creation of
+// a communicator (mpi_group.h; docs/design/parallel-collectives.md).
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mpi_group.h"
+#include "weft/tensor_op.h"
+
+namespace weft::parallel::detail {
+namespace {
+
+// ---- options from the environment -----------------------------------------------
+
+std::chrono::milliseconds resolve_timeout(const CommunicatorOptions& options) {
+  if (options.timeout) {
+    if (options.timeout->count() <= 0)
+      throw InvalidArgument("weft::parallel::Communicator::mpi: CommunicatorOptions::timeout must be positive");
+    return *options.timeout;
+  }
+  const char* text = std::getenv("WEFT_COLLECTIVE_TIMEOUT");
+  if (!text || !*text) return std::chrono::minutes(5);
+  char* end = nullptr;
+  errno = 0;
+  const double seconds = std::strtod(text, &end);
+  if (errno != 0 || end == text || *end != '\0' || !(seconds > 0) || seconds > 1e7)
+    throw InvalidArgument("WEFT_COLLECTIVE_TIMEOUT='" + std::string(text) +
+                          "': want a positive number of seconds, such as 300 or 2.5");
+  return std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
+}
+
+bool resolve_fingerprints(const CommunicatorOptions& options) {
+  if (options.fingerprints) return *options.fingerprints;
+  const char* text = std::getenv("WEFT_COLLECTIVE_CHECK");
+  if (!text || !*text) return true;
+  const std::string value(text);
+  if (value == "1") return true;
+  if (value == "0") return false;
+  throw InvalidArgument("WEFT_COLLECTIVE_CHECK='" + value + "': want 1 (fingerprints on, the default) or 0 (off)");
+}
+
+// The fiber of one job.
+void run(Job& job, CommThread& thread) {
+  if (job.kind == Kind::send) return run_send(job, thread);
+  if (job.kind == Kind::recv) return run_recv(job, thread);
+  run_collective(job, thread);
+}
+
+// ---- the backend ----------------------------------------------------------------------
+
+class MpiBackend final : public Backend {
+ public:
+  explicit MpiBackend(std::shared_ptr<MpiGroup> group) : group_(std::move(group)) {}
+  std::string str() const override { return group_->str(); }
+
+  void check(const Call& call, std::int64_t elements) const override {
+    if (elements > INT_MAX)
+      call.refuse(std::to_string(elements) + " elements: more than MPI's int counts can hold (" +
+                  std::to_string(INT_MAX) + ")");
+  }
+
+  void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    auto job = make_job(call, tensors[0], op);
+    push(call, std::move(job), tensors, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+  }
+  void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
+    auto job = make_job(call, tensors[0], ReduceOp::sum);
+    if (group_->rank == job->root) {
+      push(call, std::move(job), tensors, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+    } else {
+      push(call, std::move(job), {}, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+    }
+  }
+  void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    auto job = make_job(call, tensors[0], op);
+    if (group_->rank == job->root) {
+      push(call, std::move(job), tensors, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+    } else {
+      push(call, std::move(job), tensors, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+    }
+  }
+  void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                      ReduceOp op) override {
+    auto job = make_job(call, inputs[0], op);
+    job->counts = chunk_counts(inputs[0].numel(), &job->displs);
+    push(call, std::move(job), inputs, outputs, [](Job& j, const TensorData& d) {
+      j.in = d.inputs[0];
+      j.out = d.outputs[0];
+    });
+  }
+  void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
+    auto job = make_job(call, outputs[0], ReduceOp::sum);
+    job->counts = chunk_counts(outputs[0].numel(), &job->displs);
+    push(call, std::move(job), inputs, outputs, [](Job& j, const TensorData& d) {
+      j.in = d.inputs[0];
+      j.out = d.outputs[0];
+    });
+  }
+  void send(Call& call, const Tensor& tensor, int from, int to) override {
+    (void)from;
+    call.commit_message(group_->sent[static_cast<std::size_t>(to)].fetch_add(1) + 1, to);
+    auto job = make_job(call, tensor, ReduceOp::sum);
+    job->root = job->mine.root = to;
+    push(call, std::move(job), {tensor}, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+  }
+  void recv(Call& call, const Tensor& tensor, int from, int to) override {
+    (void)to;
+    call.commit_message(group_->received[static_cast<std::size_t>(from)].fetch_add(1) + 1, from);
+    auto job = make_job(call, tensor, ReduceOp::sum);
+    job->root = job->mine.root = from;
+    push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+  }
+  void barrier(const Call& call) override {
+    auto job = make_job(call, Tensor(), ReduceOp::sum);
+    try {
+      call.state().engine->push_async(
+          [job = std::shared_ptr<Job>(std::move(job))](RunContext& ctx, Completion done) mutable {
+            start(std::move(job), ctx, std::move(done));
+          },
+          group_->device, {}, {}, OpOptions{.priority = call.options().priority, .name = call.label()});
+    } catch (...) {
+      break_after_failed_push(call);
+      throw;
+    }
+  }
+
+ private:
+  std::unique_ptr<Job> make_job(const Call& call, const Tensor& t, ReduceOp op) const {
+    auto job = std::make_unique<Job>();
+    job->group = group_;
+    job->label = call.label();
+    job->kind = call.kind();
+    job->op = op;
+    const bool rooted = call.kind() == Kind::broadcast || call.kind() == Kind::reduce;
+    job->root = rooted ? call.options().root : 0;
+    Fingerprint& f = job->mine;
+    f.sequence = call.sequence();
+    f.kind = static_cast<std::uint8_t>(call.kind());
+    f.op = reduces(call.kind()) ? static_cast<std::uint8_t>(op) : 0;
+    f.root = job->root;
+    f.name_hash = std::hash<std::string>{}(call.options().name);
+    copy_text(f.name, sizeof f.name, call.options().name);
+    if (t.defined()) {
+      job->type = mpi_type(t.dtype());
+      job->count = static_cast<int>(t.numel());
+      f.count = t.numel();
+      f.dtype = static_cast<std::uint8_t>(t.dtype());
+    }
+    return job;
+  }
+
+  std::vector<int> chunk_counts(std::int64_t count, std::vector<int>* displs) const {
+    std::vector<int> counts;
+    for (int r = 0; r < group_->size; ++r) {
+      const Chunk k = chunk(count, group_->size, r);
+      counts.push_back(static_cast<int>(k.size()));
+      displs->push_back(static_cast<int>(k.begin));
+    }
+    return counts;
+  }
+
+  // The hold op: holds the tensors (reads / writes) until the fiber
+  // completes it; runs even when an input failed, so that the peers learn
+  // of it instead of waiting.
+  template <class Bind>
+  void push(const Call& call, std::unique_ptr<Job> job, const std::vector<Tensor>& reads,
+            const std::vector<Tensor>& writes, Bind bind) {
+    for (const Tensor& t : reads) job->tensors.push_back(t);
+    for (const Tensor& t : writes) job->tensors.push_back(t);
+    try {
+      push_tensor_op_async(
+          group_->device, reads, writes,
+          [job = std::shared_ptr<Job>(std::move(job)), bind](RunContext& ctx, const TensorData& d,
+                                                             Completion done) mutable {
+            if (!ctx.failed_input) bind(*job, d);
+            start(std::move(job), ctx, std::move(done));
+          },
+          OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true});
+    } catch (...) {
+      break_after_failed_push(call);
+      throw;
+    }
+  }
+
+  // The call took its number but its push failed: later collectives would
+  // wait at the gates for it, and the peers for its fingerprint. The
+  // communicator is broken (on the communication thread, which owns that
+  // state): later calls fail at once, the peers at their deadline.
+  void break_after_failed_push(const Call& call) {
+    static_cast<void>(MpiProcess::get().thread().spawn([group = group_, label = call.label()] {
+      if (group->broken.empty()) group->broken = label + ": its push failed on this rank";
+    }));
+  }
+
+  static void start(std::shared_ptr<Job> job, RunContext& ctx, Completion done) {
+    job->done = std::move(done);
+    job->failed_input = ctx.failed_input;
+    if (job->failed_input) {
+      job->mine.failed = 1;
+      try {
+        std::rethrow_exception(job->failed_input);
+      } catch (const std::exception& e) {
+        copy_text(job->mine.reason, sizeof job->mine.reason, e.what());
+      } catch (...) {
+        copy_text(job->mine.reason, sizeof job->mine.reason, "(not a std::exception)");
+      }
+    }
+    job->deadline = Clock::now() + job->group->timeout;
+    CommThread& thread = MpiProcess::get().thread();
+    const std::shared_ptr<Job> kept = job;
+    if (!thread.spawn([job = std::move(job), &thread] { run(*job, thread); }))
+      complete(*kept, comm_error(*kept, "the process is exiting (Weft's MPI communication thread has stopped)"));
+  }
+
+  std::shared_ptr<MpiGroup> group_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options) {
+  auto group = std::make_shared<MpiGroup>();
+  group->device = state.devices.front();
+  group->timeout = resolve_timeout(options);
+  group->fingerprints = resolve_fingerprints(options);
+  MpiProcess& process = MpiProcess::get();
+  group->rank = process.rank();
+  group->size = process.size();
+  group->sent = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(group->size));
+  group->received = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(group->size));
+  group->send_gate.resize(static_cast<std::size_t>(group->size));
+  group->recv_gate.resize(static_cast<std::size_t>(group->size));
+  // Duplicate MPI_COMM_WORLD three times on the communication thread, with the
+  // deadline (a rank that never creates its communicator must not hang the
+  // others): MPI_Comm_idup is collective and non-blocking.
+  std::promise<std::string> created;
+  std::future<std::string> result = created.get_future();
+  CommThread& thread = process.thread();
+  const bool spawned = thread.spawn([&created, &thread, g = group.get()] {
+    // On the heap: MPI writes the new communicators when the requests
+    // complete, which a rank arriving after the deadline makes happen after
+    // this fiber has given up (the block is then left to MPI).
+    struct Pending {
+      MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+      MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    };
+    auto pending = std::make_unique<Pending>();
+    for (int i = 0; i < 3; ++i)
+      if (const int rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending->comms[i], &pending->requests[i]); rc != MPI_SUCCESS) {
+        if (i > 0) static_cast<void>(pending.release());
+        created.set_value("MPI_Comm_idup failed: " + mpi_error_text(rc));
+        return;
+      }
+    int done = 0;
+    const auto waited = thread.poll_until(
+        [&] {
+          MPI_Testall(3, pending->requests, &done, MPI_STATUSES_IGNORE);
+          return done != 0;
+        },
+        Clock::now() + g->timeout);
+    if (waited != CommThread::Wait::done) {
+      static_cast<void>(pending.release());
+      created.set_value(waited == CommThread::Wait::stopping
+                            ? std::string("the process is exiting")
+                            : "not every rank created its communicator within " + seconds_text(g->timeout) +
+                                  " (communicators are created collectively, in the same order on every rank)");
+      return;
+    }
+    for (MPI_Comm c : pending->comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    g->check = pending->comms[0];
+    g->data = pending->comms[1];
+    g->p2p = pending->comms[2];
+    created.set_value("");
+  });
+  if (!spawned) created.set_value("the process is exiting (Weft's MPI communication thread has stopped)");
+  if (const std::string error = result.get(); !error.empty())
+    throw CommunicationError("weft::parallel::Communicator::mpi (rank " + std::to_string(group->rank) + " of " +
+                                 std::to_string(group->size) + "): " + error,
+                             group->rank);
+  state.size = group->size;
+  state.local_ranks = {group->rank};
+  return std::make_unique<MpiBackend>(std::move(group));
+}
+
+}  // namespace weft::parallel::detail

@@ -1,0 +1,198 @@
+// The MPI backend's shared pieces (internal to parallel/): MPI in this
+// process, a communicator's state, one collective's job, its fingerprint,
+// and the helpers every fiber uses to finish a job. Only the communication
+// thread touches a job or a group's mutable state (see comm_thread.h).
+// docs/design/parallel-collectives.md, "As built".
+#pragma once
+
+#include <mpi.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <exception>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "call.h"
+#include "comm_thread.h"
+#include "communicator_state.h"
+#include "weft/completion.h"
+#include "weft/error.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+
+namespace weft::parallel::detail {
+
+std::string mpi_error_text(int code);
+std::string seconds_text(std::chrono::milliseconds t);  // "2 s", "1500 ms"
+
+// ---- MPI in this process ---------------------------------------------------------
+
+// MPI initialized (by Weft or by the application) and the communication
+// thread running; lives until exit, when the thread stops and, if Weft
+// initialized MPI, MPI is finalized.
+class MpiProcess {
+ public:
+  static MpiProcess& get() {
+    static MpiProcess* process = [] {
+      auto* p = new MpiProcess();  // never deleted: at_exit ends what needs ending
+      std::atexit(at_exit);
+      return p;
+    }();
+    return *process;
+  }
+  CommThread& thread() { return *thread_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+
+ private:
+  MpiProcess() {
+    int initialized = 0, finalized = 0, provided = 0;
+    MPI_Initialized(&initialized);
+    MPI_Finalized(&finalized);
+    if (finalized) throw InvalidArgument("weft::parallel::Communicator::mpi: MPI was already finalized");
+    if (!initialized) {
+      if (const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS)
+        throw CommunicationError("weft::parallel::Communicator::mpi: MPI_Init_thread failed: " + mpi_error_text(rc),
+                                 -1);
+      owns_ = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw InvalidArgument(
+          "weft::parallel::Communicator::mpi: MPI was initialized with thread level " + std::to_string(provided) +
+          "; Weft calls MPI from its communication thread and needs MPI_THREAD_SERIALIZED or more (MPI_Init_thread; "
+          "with SERIALIZED, the application must not call MPI while Weft's collectives are in flight)");
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    thread_ = std::make_unique<CommThread>();
+  }
+
+  static void at_exit() {
+    MpiProcess& p = get();
+    p.thread_->stop();
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (p.owns_ && !finalized) MPI_Finalize();
+  }
+
+  bool owns_ = false;
+  int rank_ = 0, size_ = 1;
+  std::unique_ptr<CommThread> thread_;
+};
+
+// ---- fingerprints ------------------------------------------------------------------
+
+// What every rank says about its n-th collective, compared before data
+// moves. Fixed size, sent as bytes.
+struct Fingerprint {
+  std::uint64_t sequence = 0;
+  std::int64_t count = 0;       // elements (the whole buffer for reduce_scatter and all_gather)
+  std::uint64_t name_hash = 0;  // of the whole name (name holds its start)
+  std::int32_t root = 0;        // broadcast and reduce; 0 otherwise
+  std::uint8_t kind = 0, op = 0, dtype = 0, failed = 0;
+  char name[40] = {};
+  char reason[88] = {};  // failed: what the input's failure said (its start)
+};
+static_assert(std::is_trivially_copyable_v<Fingerprint>);
+
+// Same collective: everything but the failed flag and the reason.
+bool same_call(const Fingerprint& a, const Fingerprint& b);
+bool reduces(Kind kind);
+// "allreduce(sum) 'grad.fc1' [4096] float32 as #17"
+std::string describe(const Fingerprint& f);
+void copy_text(char* dst, std::size_t capacity, const std::string& text);
+MPI_Datatype mpi_type(DType t);
+
+// ---- one communicator ----------------------------------------------------------------
+
+// What the fibers of one communicator share. The MPI handles and the
+// settings are fixed at creation; the rest is touched by fibers only.
+struct MpiGroup {
+  int rank = 0, size = 1;
+  Device device;
+  std::chrono::milliseconds timeout{};
+  bool fingerprints = true;
+  MPI_Comm check = MPI_COMM_NULL;  // fingerprints (a duplicate of MPI_COMM_WORLD)
+  MPI_Comm data = MPI_COMM_NULL;   // the collectives themselves (another)
+  MPI_Comm p2p = MPI_COMM_NULL;    // send and recv (a third)
+  // Messages pushed so far to and from each rank (frontend threads).
+  std::unique_ptr<std::atomic<std::uint64_t>[]> sent, received;
+
+  // ---- communication thread only ----
+  SequenceGate check_gate, data_gate;
+  std::vector<SequenceGate> send_gate, recv_gate;  // per peer: messages posted in push order
+  std::string broken;  // set by the first error MPI cannot recover from
+  std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
+
+  std::string str() const {
+    return "MPI communicator of " + std::to_string(size) + " rank" + (size == 1 ? "" : "s") + " (rank " +
+           std::to_string(rank) + " on " + device.str() + " here)";
+  }
+
+  ~MpiGroup() {
+    if (check == MPI_COMM_NULL) return;
+    // A broken communicator may have requests in flight: leave it to MPI.
+    if (!broken.empty()) return;
+    CommThread& thread = MpiProcess::get().thread();
+    auto free = [check = check, data = data, p2p = p2p]() mutable {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (finalized) return;
+      MPI_Comm_free(&check);
+      MPI_Comm_free(&data);
+      MPI_Comm_free(&p2p);
+    };
+    if (thread.on_this_thread()) free();
+    else static_cast<void>(thread.spawn(std::move(free)));  // after exit: MPI is gone anyway
+  }
+};
+
+// One collective on its way through the communication thread.
+struct Job {
+  std::shared_ptr<MpiGroup> group;
+  Fingerprint mine;
+  std::string label;  // "allreduce 'grad' #3"
+  Kind kind = Kind::barrier;
+  ReduceOp op = ReduceOp::sum;
+  MPI_Datatype type = MPI_BYTE;
+  int count = 0, root = 0;
+  const void* in = nullptr;  // what this rank sends (null: in place)
+  void* out = nullptr;       // what it receives
+  std::vector<int> counts, displs;  // reduce_scatter and all_gather: per rank
+  // The tensors, so that an abandoned collective can keep their memory
+  // (fail_broken); dropped before the hold op completes otherwise.
+  std::vector<Tensor> tensors;
+  // Set by the hold op; called through complete() or fail_broken().
+  Completion done;
+  std::exception_ptr failed_input;
+  Clock::time_point deadline;
+};
+// Completes the hold op. The job lets go of the tensors first: once the
+// hold op is complete, a waiter may destroy the engine they belong to.
+void complete(Job& job, std::exception_ptr error = nullptr);
+std::exception_ptr comm_error(const Job& job, const std::string& why, int peer = CommunicationError::kNoPeer);
+// The communicator cannot be trusted any more (MPI cannot cancel a started
+// collective): later collectives on it fail at once with this message.
+void fail_broken(Job& job, const std::string& why, int peer = CommunicationError::kNoPeer);
+// A data phase that never completed: MPI may still write into the tensors'
+// memory, so it is never freed.
+void abandon_memory(Job& job);
+// Waits until `gate` lets `seq` through; false once the job was completed.
+bool wait_turn(Job& job, CommThread& thread, const SequenceGate& gate, std::uint64_t seq);
+// Tests each request once; true when all are done, or when a test failed
+// (`rc` says which).
+bool test_all(std::initializer_list<MPI_Request*> requests, int& rc);
+
+// The fibers: a collective (mpi_collectives.cpp), a send and a recv
+// (mpi_messages.cpp).
+void run_collective(Job& job, CommThread& thread);
+void run_send(Job& job, CommThread& thread);
+void run_recv(Job& job, CommThread& thread);
+
+}  // namespace weft::parallel::detail
