@@ -102,6 +102,18 @@ void for_each_threaded(F&& fn, int min_workers = 1, int cpu_devices = 1, std::si
 
 inline std::unique_ptr<weft::Engine> make_engine(const Config& c) { return weft::Engine::create(c.engine_config()); }
 
+// fn(engine) on a fresh engine of every configuration in all_configs,
+// waiting for all its work after each.
+template <class F>
+void with_each_engine(int cpu_devices, F&& fn) {
+  for (const Config& c : all_configs(cpu_devices)) {
+    INFO("engine config: " << c.str());
+    auto e = make_engine(c);
+    fn(*e);
+    e->wait_all();
+  }
+}
+
 // Polls `pred` until it holds or `timeout` passes. Used to detect a missing
 // event without hanging the binary; a passing test never depends on the time.
 template <class Pred>

@@ -26,10 +26,7 @@
 namespace {
 
 using weft::Device;
-using weft_test::all_configs;
-using weft_test::Config;
 using weft_test::contains;
-using weft_test::make_engine;
 using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
@@ -39,15 +36,10 @@ constexpr int kMaxMembers = 4;
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
 // Each scenario over the naive engine and the threaded one at 1, 2, 4 and 8
-// workers per device (engine_test_util.h).
+// workers per device.
 template <class F>
 void for_each_engine(F&& fn) {
-  for (const Config& c : all_configs(kMaxMembers)) {
-    INFO("engine: " << c.str());
-    auto e = make_engine(c);
-    fn(*e);
-    e->wait_all();
-  }
+  weft_test::with_each_engine(kMaxMembers, fn);
 }
 
 std::vector<Device> devices(int n) {

@@ -31,10 +31,7 @@
 namespace {
 
 using weft::Device;
-using weft_test::all_configs;
-using weft_test::Config;
 using weft_test::contains;
-using weft_test::make_engine;
 using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
@@ -44,15 +41,10 @@ using namespace std::chrono_literals;
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
 // Each scenario over the naive engine and the threaded one at 1, 2, 4 and 8
-// workers per device (engine_test_util.h).
+// workers per device.
 template <class F>
 void for_each_engine(F&& fn) {
-  for (const Config& c : all_configs(2)) {
-    INFO("engine: " << c.str());
-    auto e = make_engine(c);
-    fn(*e);
-    e->wait_all();
-  }
+  weft_test::with_each_engine(2, fn);
 }
 
 // Rank r's value at element i: small integers, exact in float.
