@@ -3,6 +3,7 @@
 // "Hierarchical"): each step is itself a collective pushed as engine ops, so
 // the steps are ordered by the tensors they share and a failure anywhere
 // reaches every member the way it does in each step.
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,8 +19,9 @@ namespace {
 
 class HierarchicalBackend final : public Backend {
  public:
-  HierarchicalBackend(Communicator local, std::vector<Communicator> across, int processes)
-      : local_(std::move(local)), across_(std::move(across)), processes_(processes) {}
+  HierarchicalBackend(const CommunicatorState& state, Communicator local, std::vector<Communicator> across,
+                      int processes)
+      : state_(&state), local_(std::move(local)), across_(std::move(across)), processes_(processes) {}
 
   std::string str() const override {
     const int per = static_cast<int>(across_.size());
@@ -32,44 +34,54 @@ class HierarchicalBackend final : public Backend {
 
   void check(const Call& call, std::int64_t elements) const override {
     const Kind kind = call.kind();
-    if (kind != Kind::allreduce && kind != Kind::broadcast && kind != Kind::barrier)
+    if (kind == Kind::all_gather || kind == Kind::send || kind == Kind::recv)
       call.refuse(std::string(to_string(kind)) +
-                  " on a group with several devices per process is not built yet (allreduce, broadcast and "
-                  "barrier are); use one communicator per device");
-    // Each part of an allreduce, and a broadcast's whole tensor, crosses
+                  " on a group with several devices per process is not built yet (allreduce, broadcast, reduce, "
+                  "reduce_scatter and barrier are); use one communicator per device");
+    // Each part of an allreduce, and a whole tensor otherwise, crosses
     // processes through one MPI communicator.
     Call probe(kind, across_.front(), call.options());
     state_of(across_.front())->backend->check(probe, elements);
   }
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    allreduce_in_place(tensors, op, call.options().name, call.options().priority, call.label());
+  }
+
+  // The root member's tensor becomes the reduction; every other tensor is
+  // only read. In-process reduce into a copy of the root device's tensor,
+  // then across processes on that device's communicator, then (on the root's
+  // process) into the root's tensor.
+  void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
     const int per = static_cast<int>(across_.size());
-    const std::int64_t count = tensors[0].numel();
+    const int root = call.options().root, root_process = root / per, root_device = root % per;
     const std::string& name = call.options().name;
     const int priority = call.options().priority;
-    Engine& engine = tensors[0].engine();
-    // Average: summed everywhere, scaled once at the end (the sum of
-    // integers is exact, so results match a serial reference bit for bit).
-    const ReduceOp step = op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum;
-    std::vector<Tensor> parts;
-    for (int k = 0; k < per; ++k)
-      parts.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)));
-    parallel::reduce_scatter(local_, tensors, parts, step, {.name = name + " (in-process part)", .priority = priority});
-    for (int k = 0; k < per; ++k) {
-      Tensor& part = parts[static_cast<std::size_t>(k)];
-      parallel::allreduce(across_[static_cast<std::size_t>(k)], {part}, step,
-                          {.name = name + " (part " + std::to_string(k) + ")", .priority = priority});
-      if (op == ReduceOp::average) {
-        const float scale = 1.0f / static_cast<float>(processes_ * per);
-        push_tensor_op(
-            part.device(), {}, {part},
-            [n = part.numel(), scale](RunContext&, const TensorData& d) {
-              for (std::int64_t i = 0; i < n; ++i) d.out(0)[i] *= scale;
-            },
-            {.priority = priority, .name = call.label() + " average"});
-      }
+    const auto k = static_cast<std::size_t>(root_device);
+    Tensor partial = copy_of(tensors[k], call.label() + " copy");
+    std::vector<Tensor> in_process = tensors;
+    in_process[k] = partial;
+    parallel::reduce(local_, in_process, step_of(op),
+                     {.name = name + " (in-process)", .priority = priority, .root = root_device});
+    parallel::reduce(across_[k], {partial}, step_of(op), {.name = name, .priority = priority, .root = root_process});
+    if (rank() != root_process) return;
+    if (op == ReduceOp::average) scale(partial, call.label() + " average", priority);
+    copy_into(tensors[k], partial, 0, partial.numel(), call.label() + " result", priority);
+  }
+
+  // Member m's output becomes chunk m of the reduction of every input: an
+  // allreduce of copies of the inputs, then each member takes its chunk.
+  void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                      ReduceOp op) override {
+    const std::int64_t count = inputs[0].numel();
+    std::vector<Tensor> whole;
+    for (const Tensor& t : inputs) whole.push_back(copy_of(t, call.label() + " copy"));
+    allreduce_in_place(whole, op, call.options().name, call.options().priority, call.label());
+    const std::vector<int>& members = state_of_this().local_ranks;
+    for (std::size_t k = 0; k < outputs.size(); ++k) {
+      const Chunk c = chunk(count, processes_ * static_cast<int>(across_.size()), members[k]);
+      copy_into(outputs[k], whole[k], c.begin, c.size(), call.label() + " chunk", call.options().priority);
     }
-    parallel::all_gather(local_, parts, tensors, {.name = name + " (in-process whole)", .priority = priority});
   }
 
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -87,10 +99,6 @@ class HierarchicalBackend final : public Backend {
     parallel::barrier(across_.front(), {.name = call.options().name, .priority = call.options().priority});
   }
 
-  void reduce(const Call& call, const std::vector<Tensor>&, ReduceOp) override { unreachable(call); }
-  void reduce_scatter(const Call& call, const std::vector<Tensor>&, const std::vector<Tensor>&, ReduceOp) override {
-    unreachable(call);
-  }
   void all_gather(const Call& call, const std::vector<Tensor>&, const std::vector<Tensor>&) override {
     unreachable(call);
   }
@@ -99,8 +107,68 @@ class HierarchicalBackend final : public Backend {
 
  private:
   int rank() const { return across_.front().local_ranks().front(); }
+  const CommunicatorState& state_of_this() const { return *state_; }
+  static ReduceOp step_of(ReduceOp op) { return op == ReduceOp::max ? ReduceOp::max : ReduceOp::sum; }
+
+  // In-process reduce-scatter into one part per device, an MPI allreduce of
+  // each part on its device's communicator (the parts cross at once), then
+  // in-process all-gather. Average: summed everywhere, scaled once (the sum
+  // of integers is exact, so results match a serial reference bit for bit).
+  void allreduce_in_place(const std::vector<Tensor>& tensors, ReduceOp op, const std::string& name, int priority,
+                          const std::string& label) {
+    const int per = static_cast<int>(across_.size());
+    const std::int64_t count = tensors[0].numel();
+    Engine& engine = tensors[0].engine();
+    std::vector<Tensor> parts;
+    for (int k = 0; k < per; ++k)
+      parts.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)));
+    parallel::reduce_scatter(local_, tensors, parts, step_of(op),
+                             {.name = name + " (in-process part)", .priority = priority});
+    for (int k = 0; k < per; ++k) {
+      Tensor& part = parts[static_cast<std::size_t>(k)];
+      parallel::allreduce(across_[static_cast<std::size_t>(k)], {part}, step_of(op),
+                          {.name = name + " (part " + std::to_string(k) + ")", .priority = priority});
+      if (op == ReduceOp::average) scale(part, label + " average", priority);
+    }
+    parallel::all_gather(local_, parts, tensors, {.name = name + " (in-process whole)", .priority = priority});
+  }
+
+  // x *= 1 / members.
+  void scale(const Tensor& x, const std::string& name, int priority) const {
+    const float factor = 1.0f / static_cast<float>(processes_ * static_cast<int>(across_.size()));
+    push_tensor_op(
+        x.device(), {}, {x},
+        [n = x.numel(), factor](RunContext&, const TensorData& d) {
+          for (std::int64_t i = 0; i < n; ++i) d.out(0)[i] *= factor;
+        },
+        {.priority = priority, .name = name});
+  }
+
+  // A new tensor on t's device with t's values.
+  static Tensor copy_of(const Tensor& t, const std::string& name) {
+    Tensor out = Tensor::empty(t.engine(), t.shape(), t.device(), t.dtype());
+    push_tensor_op(
+        t.device(), {t}, {out},
+        [bytes = t.nbytes()](RunContext&, const TensorData& d) {
+          if (bytes > 0) std::memcpy(d.outputs[0], d.inputs[0], bytes);
+        },
+        {.name = name});
+    return out;
+  }
+
+  // dst (whole) = src[begin, begin + n), float32.
+  static void copy_into(const Tensor& dst, const Tensor& src, std::int64_t begin, std::int64_t n,
+                        const std::string& name, int priority) {
+    push_tensor_op(
+        dst.device(), {src}, {dst},
+        [begin, n](RunContext&, const TensorData& d) {
+          if (n > 0) std::memcpy(d.out(0), d.in(0) + begin, static_cast<std::size_t>(n) * sizeof(float));
+        },
+        {.priority = priority, .name = name});
+  }
   [[noreturn]] static void unreachable(const Call& call) { call.refuse("not built for this group (check() refuses it)"); }
 
+  const CommunicatorState* state_;    // the group's (outlives its backend)
   Communicator local_;                // this process's devices
   std::vector<Communicator> across_;  // across_[k]: device k of every process
   int processes_;
@@ -131,7 +199,7 @@ std::unique_ptr<Backend> make_hierarchical_backend(CommunicatorState& state, Com
   state.size = processes * per;
   state.local_ranks.clear();
   for (int k = 0; k < per; ++k) state.local_ranks.push_back(rank * per + k);
-  return std::make_unique<HierarchicalBackend>(std::move(local), std::move(across), processes);
+  return std::make_unique<HierarchicalBackend>(state, std::move(local), std::move(across), processes);
 }
 
 }  // namespace weft::parallel::detail

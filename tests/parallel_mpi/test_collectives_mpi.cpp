@@ -488,7 +488,7 @@ TEST_CASE("a recv whose peer never sends is named within seconds; bad peers are 
   sync_ranks(*e);
 }
 
-TEST_CASE("several devices per process: allreduce and broadcast over ranks x devices, exact" *
+TEST_CASE("several devices per process: allreduce, broadcast, reduce and reduce_scatter over ranks x devices, exact" *
           doctest::timeout(240)) {
   for_each_engine([](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, {Device::cpu(0), Device::cpu(1)});
@@ -518,11 +518,37 @@ TEST_CASE("several devices per process: allreduce and broadcast over ranks x dev
         std::vector<Tensor> ts{rank_tensor(e, first, count, Device::cpu(0)), rank_tensor(e, first + 1, count, Device::cpu(1))};
         par::broadcast(comm, ts, {.name = "weights", .root = root});
         for (const Tensor& t : ts) require_values(t.to_host(), count, [&](std::int64_t i) { return value(root, i); });
+        for (auto op : {par::ReduceOp::sum, par::ReduceOp::average}) {
+          std::vector<Tensor> rs{rank_tensor(e, first, count, Device::cpu(0)),
+                                 rank_tensor(e, first + 1, count, Device::cpu(1))};
+          par::reduce(comm, rs, op, {.name = "loss", .root = root});
+          for (int k = 0; k < 2; ++k) {
+            // The root holds the reduction; every other tensor is only read.
+            const int member = first + k;
+            require_values(rs[static_cast<std::size_t>(k)].to_host(), count, [&](std::int64_t i) {
+              return member == root ? reduced(op, n, i) : value(member, i);
+            });
+          }
+        }
+      }
+      std::vector<Tensor> inputs{rank_tensor(e, first, count, Device::cpu(0)),
+                                 rank_tensor(e, first + 1, count, Device::cpu(1))};
+      std::vector<Tensor> parts;
+      for (int k = 0; k < 2; ++k)
+        parts.push_back(Tensor::zeros(e, Shape{par::chunk(count, n, first + k).size()}, Device::cpu(k)));
+      par::reduce_scatter(comm, inputs, parts, par::ReduceOp::max, {.name = "shards"});
+      for (int k = 0; k < 2; ++k) {
+        const par::Chunk c = par::chunk(count, n, first + k);
+        require_values(parts[static_cast<std::size_t>(k)].to_host(), c.size(),
+                       [&](std::int64_t i) { return reduced(par::ReduceOp::max, n, c.begin + i); });
+        require_values(inputs[static_cast<std::size_t>(k)].to_host(), count,
+                       [&](std::int64_t i) { return value(first + k, i); });  // only read
       }
     }
     par::barrier(comm);
     std::vector<Tensor> ts{rank_tensor(e, first, 4, Device::cpu(0)), rank_tensor(e, first + 1, 4, Device::cpu(1))};
-    CHECK_THROWS_WITH_AS(par::reduce(comm, ts), doctest::Contains("not built yet (allreduce, broadcast and barrier are)"),
+    std::vector<Tensor> gathered{Tensor::zeros(e, Shape{4 * n}, Device::cpu(0)), Tensor::zeros(e, Shape{4 * n}, Device::cpu(1))};
+    CHECK_THROWS_WITH_AS(par::all_gather(comm, ts, gathered), doctest::Contains("all_gather on a group with several devices per process is not built yet"),
                          weft::InvalidArgument);
   });
   auto e = Engine::create({.kind = "threaded"});

@@ -84,9 +84,11 @@ class Communicator {
   // p * devices.size() + k. Allreduce reduce-scatters in-process, allreduces
   // each part across processes (one MPI communicator per local device, so
   // the parts travel at once), then all-gathers in-process; broadcast goes
-  // across processes first, then in-process; barrier waits for every process.
-  // Other collectives on such groups are not built yet (an InvalidArgument
-  // at push time). A single device is the form above.
+  // across processes first, then in-process; reduce goes in-process into a
+  // copy, then across processes; reduce_scatter is an allreduce of copies
+  // of which each member keeps its chunk; barrier waits for every process.
+  // all_gather and send/recv on such groups are not built yet (an
+  // InvalidArgument at push time). A single device is the form above.
   static Communicator mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options = {});
 
   int size() const noexcept;                           // members in the group
