@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "cpu/cpu_kernels.h"
 #include "launch.h"
 #include "storage.h"
 #include "weft/error.h"
@@ -24,8 +25,10 @@ struct Bound {
   Engine* engine = nullptr;
 };
 
+// `holds`: an async op on a CPU device may hold GPU tensors (their addresses
+// go to GPU ops it pushes; see tensor_op.h).
 Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-           const std::string& name) {
+                   const std::string& name, bool holds) {
   Bound b;
   const std::string op = std::string(call) + " (op '" + name + "')";
   auto check = [&](const Tensor& t, const char* role, std::size_t k) {
@@ -34,11 +37,11 @@ Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& i
       throw InvalidArgument(op + ": " + t.str() + " belongs to another engine than the op's other tensors");
     b.engine = &t.engine();
     const Device memory = t.device();
-    const bool reachable = device.is_gpu() ? memory == device : !memory.is_gpu();
+    const bool reachable = device.is_gpu() ? memory == device : (!memory.is_gpu() || holds);
     if (!reachable)
       throw InvalidArgument(op + " on " + device.str() + ": cannot touch " + t.str() +
                             (device.is_gpu() ? " (a GPU op touches its own GPU's memory)"
-                                             : " (a CPU op touches host memory only)"));
+                                             : " (a CPU op touches host memory only; an async one may hold GPU tensors)"));
   };
   for (std::size_t k = 0; k < inputs.size(); ++k) check(inputs[k], "input", k);
   for (std::size_t k = 0; k < outputs.size(); ++k) check(outputs[k], "output", k);
@@ -64,6 +67,8 @@ TensorData materialize(const Bound& b, RunContext& ctx) {
     d.outputs.assign(b.out.size(), nullptr);
     return d;
   }
+  // A CPU op holding GPU tensors allocates them for no stream (nullptr): the
+  // GPU work it hands them to is done before it completes.
   gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
   for (std::size_t k = 0; k < b.out.size(); ++k) {
     if (k < 32 && (b.creates & (1u << k))) b.out[k]->materialize(stream);
@@ -116,7 +121,7 @@ class HoldingCompletion final : public detail::CompletionTarget {
 void push_tensor_op(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                     TensorOpFunction body, OpOptions options) {
   if (!body) throw InvalidArgument("push_tensor_op (op '" + options.name + "'): the body is empty");
-  Bound b = bind_tensors("push_tensor_op", device, inputs, outputs, options.name);
+  Bound b = bind_tensors("push_tensor_op", device, inputs, outputs, options.name, false);
   Engine& engine = *b.engine;
   const std::vector<Var> reads = std::move(b.reads), writes = std::move(b.writes);
   engine.push(
@@ -130,7 +135,7 @@ void push_tensor_op(Device device, const std::vector<Tensor>& inputs, const std:
 void push_tensor_op_async(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                           AsyncTensorOpFunction body, OpOptions options) {
   if (!body) throw InvalidArgument("push_tensor_op_async (op '" + options.name + "'): the body is empty");
-  Bound b = bind_tensors("push_tensor_op_async", device, inputs, outputs, options.name);
+  Bound b = bind_tensors("push_tensor_op_async", device, inputs, outputs, options.name, !device.is_gpu());
   Engine& engine = *b.engine;
   const std::vector<Var> reads = std::move(b.reads), writes = std::move(b.writes);
   engine.push_async(
@@ -139,6 +144,34 @@ void push_tensor_op_async(Device device, const std::vector<Tensor>& inputs, cons
         body(ctx, d, Completion(new HoldingCompletion(std::move(done), std::move(b))));
       },
       device, reads, writes, std::move(options));
+}
+
+// ---- element work for op bodies -------------------------------------------
+
+void accumulate(RunContext& ctx, float* y, const float* x, std::int64_t n, Accumulate how) {
+  if (n <= 0) return;
+  detail::OpIO io;
+  auto kernel = [y, x, n, how](RunContext& c, detail::OpIO&) {
+    if (!c.gpu) {
+      if (how == Accumulate::max) kernels::cpu::maximum(y, y, x, n);
+      else kernels::cpu::add(y, y, x, n);
+    } else if (how == Accumulate::max) {
+      WEFT_GPU_KERNEL("accumulate", maximum(*c.gpu, y, y, x, n));
+    } else {
+      WEFT_GPU_KERNEL("accumulate", add(*c.gpu, y, y, x, n));
+    }
+  };
+  detail::run_kernel(ctx, io, kernel, detail::Body::kernels);
+}
+
+void scale(RunContext& ctx, float* y, float factor, std::int64_t n) {
+  if (n <= 0) return;
+  detail::OpIO io;
+  auto kernel = [y, factor, n](RunContext& c, detail::OpIO&) {
+    if (!c.gpu) kernels::cpu::mul_scalar(y, y, factor, n);
+    else WEFT_GPU_KERNEL("scale", mul_scalar(*c.gpu, y, y, factor, n));
+  };
+  detail::run_kernel(ctx, io, kernel, detail::Body::kernels);
 }
 
 }  // namespace weft

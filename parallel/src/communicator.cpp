@@ -29,9 +29,13 @@ Communicator Communicator::local(Engine& engine, std::vector<Device> devices) {
   const std::vector<Device> known = engine.devices();
   for (std::size_t i = 0; i < devices.size(); ++i) {
     const Device d = devices[i];
-    if (!d.is_cpu())
+    if (!d.is_cpu() && !d.is_gpu())
       throw InvalidArgument("weft::parallel::Communicator::local: member " + std::to_string(i) + " is " + d.str() +
-                            "; in-process groups of GPUs are not built yet (CPU devices only)");
+                            "; members are CPU devices or GPUs");
+    if (d.is_gpu() != devices.front().is_gpu())
+      throw InvalidArgument("weft::parallel::Communicator::local: member " + std::to_string(i) + " is " + d.str() +
+                            " but member 0 is " + devices.front().str() +
+                            "; a group's members are all CPU devices or all GPUs");
     if (std::find(known.begin(), known.end(), d) == known.end())
       throw InvalidArgument("weft::parallel::Communicator::local: member " + std::to_string(i) + " is " + d.str() +
                             ", which this engine does not have");
@@ -66,6 +70,10 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
 Communicator Communicator::mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options) {
   if (devices.empty()) throw InvalidArgument("weft::parallel::Communicator::mpi: no devices");
   if (devices.size() == 1) return mpi(engine, devices.front(), options);
+  for (const Device d : devices)
+    if (!d.is_cpu())
+      throw InvalidArgument("weft::parallel::Communicator::mpi: " + d.str() +
+                            " is not a CPU device; GPU members across processes are not built yet");
   // Checks the devices like an in-process group, then joins the processes.
   Communicator local = Communicator::local(engine, devices);
   auto state = std::make_shared<detail::CommunicatorState>();

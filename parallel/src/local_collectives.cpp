@@ -1,18 +1,5 @@
-// In-process collectives (docs/design/parallel-collectives.md).
-//
-// A collective is one *hold op*: an async tensor op on the first member's
-// device that holds every member's tensors (writes what the collective
-// writes, reads what it only reads) from the moment all their producers are
-// done until the collective is done. Its body pushes the data phase: ops on
-// the members' devices, ordered among themselves by internal per-chunk
-// variables (never by the tensors, which the hold op holds); the last op
-// completes the hold op. So the collective is ordered with the rest of the
-// program like any op, and a failed input fails it on every member through
-// the engine's own rule (the hold op is skipped and its writes carry the
-// failure). Every process drives all members here, so members never wait
-// for one another across threads: no rendezvous is needed (cross-process
-// groups will need one, and run_on_failed_input, so that a rank whose input
-// failed still tells its peers).
+// In-process collectives on CPU members (the shape every in-process
+// collective shares: local_phase.h; GPU members: local_gpu_collectives.cpp).
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -25,6 +12,7 @@
 #include <vector>
 
 #include "call.h"
+#include "local_phase.h"
 #include "communicator_state.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
@@ -32,19 +20,6 @@
 
 namespace weft::parallel {
 namespace {
-
-// ---- one collective in flight ------------------------------------------------------
-
-// The members' memory and the hold op's completion, shared by the data
-// phase's ops.
-struct Phase {
-  std::string what;                 // "allreduce 'grad' #3"
-  std::vector<const void*> in;      // member r's input (read-only members, or the input of two-tensor collectives)
-  std::vector<void*> out;           // member r's output (written members)
-  Completion done;                  // the hold op's
-  const float* in_f(int r) const { return static_cast<const float*>(in[static_cast<std::size_t>(r)]); }
-  float* out_f(int r) const { return static_cast<float*>(out[static_cast<std::size_t>(r)]); }
-};
 
 // ---- element loops of the data phase -------------------------------------------
 
@@ -66,56 +41,18 @@ void finish_average(float* p, std::int64_t n, ReduceOp op, int members) {
   for (std::int64_t i = 0; i < n; ++i) p[i] *= scale;
 }
 
-// Pushes the hold op: `reads` and `writes` are every member's tensors, in
-// member order (either may be empty); `phase` is pushed by its body with
-// the members' memory.
-using PhaseStart = std::function<void(Engine&, const std::shared_ptr<Phase>&)>;
+using detail::all_but;
+using detail::Phase;
+using detail::PhaseVars;
 
+// On CPU members the hold op and the last op run on the first member's device.
 void push_hold(const detail::Call& call, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
-               PhaseStart start) {
-  push_tensor_op_async(
-      call.state().devices.front(), reads, writes,
-      [what = call.label(), start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
-        auto phase = std::make_shared<Phase>();
-        phase->what = what;
-        phase->in.assign(d.inputs.begin(), d.inputs.end());
-        phase->out = d.outputs;
-        phase->done = std::move(done);
-        start(*ctx.engine, phase);
-      },
-      OpOptions{.priority = call.options().priority, .name = call.label()});
+               detail::PhaseStart start) {
+  detail::push_hold(call, call.state().devices.front(), reads, writes, std::move(start));
 }
-
-// The members' tensors in member order, `skip` left out.
-std::vector<Tensor> all_but(const std::vector<Tensor>& tensors, int skip) {
-  std::vector<Tensor> out;
-  for (std::size_t r = 0; r < tensors.size(); ++r)
-    if (static_cast<int>(r) != skip) out.push_back(tensors[r]);
-  return out;
-}
-
-// Internal variables of one data phase: v[row][chunk], deleted when the
-// last op holding them goes.
-struct PhaseVars {
-  std::vector<std::vector<SharedVar>> v;
-  PhaseVars(Engine& e, const std::string& label, int rows, int chunks) : v(static_cast<std::size_t>(rows)) {
-    for (int m = 0; m < rows; ++m)
-      for (int c = 0; c < chunks; ++c)
-        v[static_cast<std::size_t>(m)].emplace_back(e, label + " v" + std::to_string(m) + "." + std::to_string(c));
-  }
-  const Var& at(int row, int c) const { return v[static_cast<std::size_t>(row)][static_cast<std::size_t>(c)]; }
-  std::vector<Var> all() const {
-    std::vector<Var> out;
-    for (const auto& row : v) out.insert(out.end(), row.begin(), row.end());
-    return out;
-  }
-};
-
-// The phase's last op: waits for every op of the phase (it writes all the
-// phase's variables), then completes the hold op.
 void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::shared_ptr<PhaseVars>& vars, Device where,
                int priority) {
-  e.push([phase, vars] { phase->done(); }, where, {}, vars->all(), {.priority = priority, .name = phase->what + " done"});
+  detail::push_done(e, phase, {vars}, where, priority);
 }
 
 class LocalBackend final : public detail::Backend {
@@ -346,6 +283,7 @@ void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int 
 }  // namespace
 
 std::unique_ptr<detail::Backend> detail::make_local_backend(CommunicatorState& state) {
+  if (state.devices.front().is_gpu()) return make_local_gpu_backend(state);
   return std::make_unique<LocalBackend>(state);
 }
 

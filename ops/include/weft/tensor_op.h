@@ -13,7 +13,12 @@
 // writes it. A CPU op may touch host memory of any device (cpu(i),
 // cpu_pinned(0)); a GPU op only its own GPU's memory, and it must enqueue its
 // work on ctx.gpu->stream (CUDA kernels, gpu::memcpy_async,
-// gpu::launch_host_func), never wait for it. Throws weft::InvalidArgument at
+// gpu::launch_host_func), never wait for it. An async op on a CPU device may
+// also *hold* GPU tensors: it gets their device addresses, which it must not
+// dereference, to hand to ops it pushes on their GPUs (ordered among
+// themselves by variables of their own) and completes once that work is
+// done (parallel/'s collectives on GPUs hold their members' tensors so; a
+// held GPU tensor no op wrote yet is allocated by the hold). Throws weft::InvalidArgument at
 // push time for an undefined tensor, one of another engine, or memory the
 // device cannot touch, naming the op and the tensor. With
 // OpOptions::run_on_failed_input, a body called with ctx.failed_input set
@@ -21,6 +26,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "weft/engine.h"
@@ -51,5 +57,16 @@ void push_tensor_op(Device device, const std::vector<Tensor>& inputs, const std:
 // devices only, as Engine::push_async).
 void push_tensor_op_async(Device device, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                           AsyncTensorOpFunction body, OpOptions options = {});
+
+// ---- element work on raw memory, for op bodies ---------------------------
+// float32, `n` elements of memory the op's device owns (outputs may alias
+// inputs exactly). In a CPU op they run at once; in a GPU op they are
+// enqueued on ctx.gpu->stream (a CUDA kernel; on a simulated GPU the CPU
+// loop, run by that stream). Results are bit-identical across devices.
+enum class Accumulate : unsigned char { sum, max };
+// y[i] = y[i] + x[i]  (sum)  or  max(y[i], x[i])  (max).
+void accumulate(RunContext& ctx, float* y, const float* x, std::int64_t n, Accumulate how);
+// y[i] = y[i] * factor.
+void scale(RunContext& ctx, float* y, float factor, std::int64_t n);
 
 }  // namespace weft

@@ -24,6 +24,7 @@ void copy(float* y, const float* x, std::int64_t n);
 void add(float* y, const float* a, const float* b, std::int64_t n);
 void sub(float* y, const float* a, const float* b, std::int64_t n);
 void mul(float* y, const float* a, const float* b, std::int64_t n);
+void maximum(float* y, const float* a, const float* b, std::int64_t n);
 void add_scalar(float* y, const float* x, float s, std::int64_t n);
 void mul_scalar(float* y, const float* x, float s, std::int64_t n);
 void axpy(float* y, float alpha, const float* x, std::int64_t n);  // y += alpha * x

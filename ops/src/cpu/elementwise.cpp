@@ -32,6 +32,9 @@ void sub(float* y, const float* a, const float* b, std::int64_t n) {
 void mul(float* y, const float* a, const float* b, std::int64_t n) {
   map2(y, a, b, n, [](float u, float v) { return u * v; });
 }
+void maximum(float* y, const float* a, const float* b, std::int64_t n) {
+  map2(y, a, b, n, [](float u, float v) { return u < v ? v : u; });
+}
 void add_scalar(float* y, const float* x, float s, std::int64_t n) {
   map1(y, x, n, [s](float u) { return u + s; });
 }

@@ -71,6 +71,11 @@ struct Mul {
   const float *a, *b;
   __device__ void operator()(std::int64_t i) const { y[i] = a[i] * b[i]; }
 };
+struct Maximum {
+  float* y;
+  const float *a, *b;
+  __device__ void operator()(std::int64_t i) const { y[i] = a[i] < b[i] ? b[i] : a[i]; }
+};
 struct AddScalar {
   float* y;
   const float* x;
@@ -149,6 +154,9 @@ void sub(const WorkerHandles& h, float* y, const float* a, const float* b, std::
 }
 void mul(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n) {
   launch_map(h, n, Mul{y, a, b});
+}
+void maximum(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n) {
+  launch_map(h, n, Maximum{y, a, b});
 }
 void add_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n) {
   launch_map(h, n, AddScalar{y, x, s});

@@ -22,6 +22,7 @@ void normal(const WorkerHandles& h, float* y, std::int64_t n, float mean, float 
 void add(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
 void sub(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
 void mul(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
+void maximum(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
 void add_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n);
 void mul_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n);
 void axpy(const WorkerHandles& h, float* y, float alpha, const float* x, std::int64_t n);

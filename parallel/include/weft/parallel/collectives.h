@@ -12,11 +12,14 @@
 // In-process groups run a chunked ring for allreduce (reduce-scatter, then
 // all-gather; each step of each member its own op on the receiving member's
 // device, so steps pipeline and overlap with other work) and direct
-// shared-memory forms for the rest. MPI groups (one member per process of an
-// mpirun job) run MPI's non-blocking collectives on a communication thread,
-// one fiber per collective in flight, so engine workers never wait for the
-// network. CPU devices today; GPU members come next
-// (docs/design/parallel-collectives.md).
+// shared-memory forms for the rest. An in-process group is all CPU devices
+// or all GPUs; on GPUs the same ring runs over peer copies (each step a copy
+// on the receiving GPU's copy stream, then a reduction on its compute
+// stream, ordered across GPUs by stream waits), on real and simulated GPUs
+// alike. MPI groups (one member per process of an mpirun job) run MPI's
+// non-blocking collectives on a communication thread, one fiber per
+// collective in flight, so engine workers never wait for the network; their
+// members are CPU devices (docs/design/parallel-collectives.md).
 //
 // Across processes nothing hangs silently: before data moves, every rank
 // checks every other rank's fingerprint of the collective (sequence number,
@@ -69,7 +72,10 @@ struct CommunicatorState;
 class Communicator {
  public:
   // An in-process group: member i is devices[i] (distinct devices of
-  // `engine`). Throws weft::InvalidArgument naming the bad device.
+  // `engine`, all CPU devices or all GPUs). Throws weft::InvalidArgument
+  // naming the bad device. On GPUs each collective's hold op runs on cpu(0)
+  // and waits there, on the host, for its inputs' GPU producers; its GPU
+  // steps never block a worker.
   static Communicator local(Engine& engine, std::vector<Device> devices);
   // One member per process of an MPI job (MPI_COMM_WORLD): this process is
   // member MPI rank, on `device` (a CPU device of `engine`). Collective:

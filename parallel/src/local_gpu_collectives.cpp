@@ -1,0 +1,342 @@
+// In-process collectives on GPU members: the chunked ring and its siblings
+// over device copies (local_phase.h has the shape they share).
+//
+// The hold op runs on cpu(0) and only holds the members' tensors (and the
+// scratch buffers the phase receives chunks into); each step of the data
+// phase is a GPU op on the member that receives: a peer copy on that GPU's
+// copy worker (its own stream, so copies overlap with reductions of other
+// chunks), then, for the reducing collectives, an accumulate kernel on its
+// compute stream. Steps of different GPUs order themselves by stream waits on
+// the phase's variables, never by host waits; only the phase's last op, on
+// cpu(0), waits on the host for the last steps before completing the hold.
+//
+// This is the form for simulated GPUs and for real ones without NCCL; sums
+// come out in the same order as on CPU members, so results are bit-identical
+// to theirs.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "call.h"
+#include "communicator_state.h"
+#include "local_phase.h"
+#include "weft/error.h"
+#include "weft/gpu_streams.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor_op.h"
+
+namespace weft::parallel::detail {
+namespace {
+
+// Enqueues on the op's stream a copy from `src` (on GPU `from`) to `dst`
+// (on the op's GPU).
+void copy_in(RunContext& ctx, void* dst, const void* src, Device from, std::size_t bytes) {
+  if (bytes == 0) return;
+  if (from == ctx.device)
+    gpu::memcpy_async(dst, src, bytes, gpu::CopyKind::device_to_device, ctx.gpu->stream);
+  else
+    gpu::memcpy_peer_async(dst, ctx.device.index(), src, from.index(), bytes, ctx.gpu->stream);
+}
+
+Accumulate accumulate_of(ReduceOp op) { return op == ReduceOp::max ? Accumulate::max : Accumulate::sum; }
+
+void finish_average(RunContext& ctx, float* p, std::int64_t n, ReduceOp op, int members) {
+  if (op == ReduceOp::average && members > 1) scale(ctx, p, 1.0f / static_cast<float>(members), n);
+}
+
+const Device kHoldDevice = Device::cpu(0);
+
+// Pushes a step of the data phase on `gpu`.
+template <class Body>
+void step(Engine& e, Device gpu, std::vector<Var> reads, std::vector<Var> writes, OpProperty property, int priority,
+          std::string name, Body body) {
+  e.push(std::move(body), gpu, std::move(reads), std::move(writes),
+         {.priority = priority, .name = std::move(name), .property = property});
+}
+
+template <class T>
+T& at(std::vector<T>& v, int k) {
+  return v[static_cast<std::size_t>(k)];
+}
+template <class T>
+const T& at(const std::vector<T>& v, int k) {
+  return v[static_cast<std::size_t>(k)];
+}
+
+class LocalGpuBackend final : public Backend {
+ public:
+  explicit LocalGpuBackend(const CommunicatorState& state) : devices_(state.devices) {}
+  std::string str() const override {
+    const std::size_t n = devices_.size();
+    std::string s = "in-process communicator of " + std::to_string(n) + " GPU member" + (n == 1 ? "" : "s") + ":";
+    for (std::size_t i = 0; i < n; ++i) s += (i ? ", " : " ") + devices_[i].str();
+    return s;
+  }
+  void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override;
+  void broadcast(const Call& call, const std::vector<Tensor>& tensors) override;
+  void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override;
+  void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                      ReduceOp op) override;
+  void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override;
+  void barrier(const Call& call) override;
+  void send(Call& call, const Tensor& tensor, int from, int to) override;
+  void recv(Call& call, const Tensor& tensor, int from, int to) override;
+
+ private:
+  // A scratch buffer of `count` floats on member r's GPU, held by the hold op.
+  Tensor scratch(const Call& call, int r, std::int64_t count) const {
+    return Tensor::empty(*call.state().engine, Shape{count}, at(devices_, r), DType::float32)
+        .set_name(call.label() + " scratch on member " + std::to_string(r));
+  }
+  std::vector<Device> devices_;  // member r's GPU
+  // Point to point: per (from, to), the snapshots sent and not yet received.
+  struct Channel {
+    std::vector<Tensor> pending;  // front first
+    std::uint64_t sent = 0, received = 0;
+  };
+  std::mutex channels_mutex_;
+  std::map<std::pair<int, int>, Channel> channels_;
+};
+
+
+// ---- allreduce: the chunked ring over peer copies ----------------------------------
+
+void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size());
+  const std::int64_t count = tensors[0].numel();
+  const int priority = call.options().priority;
+  // Member r's chunks arrive in scratch r at their own offsets.
+  std::vector<Tensor> writes = tensors;
+  if (n > 1)
+    for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, count));
+  push_hold(call, kHoldDevice, tensors, writes, [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    // v: member r's chunk c; s: scratch r's chunk c.
+    auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
+    auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, n);
+    auto name = [&](const char* what, int step, int c) {
+      return phase->what + " " + what + " " + std::to_string(step) + " chunk " + std::to_string(c);
+    };
+    // Reduce-scatter: in step t, member i's chunk (i - t) is copied into
+    // member i + 1's scratch and added to its chunk there; after n - 1
+    // steps member i holds the reduction of chunk i + 1.
+    for (int t = 0; t + 1 < n; ++t)
+      for (int i = 0; i < n; ++i) {
+        const int dst = (i + 1) % n, c = ((i - t) % n + n) % n;
+        const Chunk k = chunk(count, n, c);
+        const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
+        const Device from = at(devices, i);
+        step(e, at(devices, dst), {v->at(i, c)}, {s->at(dst, c)}, OpProperty::copy_peer, priority, name("reduce-scatter copy", t, c),
+             [phase, i, dst, n, k, bytes, from](RunContext& ctx) {
+               copy_in(ctx, phase->out_f(n + dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
+             });
+        const bool last = t + 2 == n;
+        step(e, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c)}, OpProperty::normal, priority, name("reduce-scatter add", t, c),
+             [phase, dst, n, k, op, last](RunContext& ctx) {
+               float* d = phase->out_f(dst) + k.begin;
+               accumulate(ctx, d, phase->out_f(n + dst) + k.begin, k.size(), accumulate_of(op));
+               if (last) finish_average(ctx, d, k.size(), op, n);
+             });
+      }
+    // All-gather: in step t, member i's reduced chunk (i + 1 - t) is copied
+    // to member i + 1.
+    for (int t = 0; t + 1 < n; ++t)
+      for (int i = 0; i < n; ++i) {
+        const int dst = (i + 1) % n, c = ((i + 1 - t) % n + n) % n;
+        const Chunk k = chunk(count, n, c);
+        const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
+        const Device from = at(devices, i);
+        step(e, at(devices, dst), {v->at(i, c)}, {v->at(dst, c)}, OpProperty::copy_peer, priority, name("all-gather copy", t, c),
+             [phase, i, dst, k, bytes, from](RunContext& ctx) {
+               copy_in(ctx, phase->out_f(dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
+             });
+      }
+    push_done(e, phase, {v, s}, kHoldDevice, priority);
+  });
+}
+
+// ---- broadcast and reduce --------------------------------------------------------------
+
+void LocalGpuBackend::broadcast(const Call& call, const std::vector<Tensor>& tensors) {
+  const int n = static_cast<int>(devices_.size()), root = call.options().root, priority = call.options().priority;
+  const std::size_t bytes = tensors[0].nbytes();
+  // The root's tensor is read, the others written.
+  push_hold(call, kHoldDevice, {at(tensors, root)}, all_but(tensors, root),
+            [devices = devices_, n, root, bytes, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    auto v = std::make_shared<PhaseVars>(e, phase->what, n, 1);
+    const Device from = at(devices, root);
+    for (int r = 0, slot = 0; r < n; ++r) {
+      if (r == root) continue;
+      step(e, at(devices, r), {}, {v->at(r, 0)}, OpProperty::copy_peer, priority, phase->what + " to member " + std::to_string(r),
+           [phase, slot, bytes, from](RunContext& ctx) { copy_in(ctx, phase->out_at(slot), phase->in_at(0), from, bytes); });
+      ++slot;
+    }
+    push_done(e, phase, {v}, kHoldDevice, priority);
+  });
+}
+
+void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size()), root = call.options().root, priority = call.options().priority;
+  const std::int64_t count = tensors[0].numel();
+  // Read: the others in member order, then the root (reduced in place);
+  // written: the root's tensor and a scratch buffer beside it.
+  std::vector<Tensor> reads = all_but(tensors, root);
+  reads.push_back(at(tensors, root));
+  std::vector<Tensor> writes = {at(tensors, root)};
+  if (n > 1) writes.push_back(scratch(call, root, count));
+  push_hold(call, kHoldDevice, reads, writes, [devices = devices_, n, count, op, root, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    // Per chunk, the others' parts come in one after the other through the
+    // scratch chunk and are added to the root's; chunks pipeline.
+    auto v = std::make_shared<PhaseVars>(e, phase->what, 1, n);
+    auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", 1, n);
+    for (int c = 0; c < n; ++c) {
+      const Chunk k = chunk(count, n, c);
+      const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
+      for (int m = 0, slot = 0; m < n; ++m) {
+        if (m == root) continue;
+        const Device from = at(devices, m);
+        const std::string part = phase->what + " member " + std::to_string(m) + " chunk " + std::to_string(c);
+        step(e, at(devices, root), {}, {s->at(0, c)}, OpProperty::copy_peer, priority, part + " copy",
+             [phase, slot, k, bytes, from](RunContext& ctx) {
+               copy_in(ctx, phase->out_f(1) + k.begin, phase->in_f(slot) + k.begin, from, bytes);
+             });
+        const bool last = slot + 2 == n;
+        step(e, at(devices, root), {s->at(0, c)}, {v->at(0, c)}, OpProperty::normal, priority, part + " add",
+             [phase, k, op, last, n](RunContext& ctx) {
+               float* d = phase->out_f(0) + k.begin;
+               accumulate(ctx, d, phase->out_f(1) + k.begin, k.size(), accumulate_of(op));
+               if (last) finish_average(ctx, d, k.size(), op, n);
+             });
+        ++slot;
+      }
+    }
+    push_done(e, phase, {v, s}, kHoldDevice, priority);
+  });
+}
+
+// ---- reduce-scatter and all-gather --------------------------------------------------
+
+void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>& inputs,
+                                     const std::vector<Tensor>& outputs, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size()), priority = call.options().priority;
+  const std::int64_t count = inputs[0].numel();
+  // Written: the outputs, then a scratch buffer of its chunk per member.
+  std::vector<Tensor> writes = outputs;
+  if (n > 1)
+    for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, chunk(count, n, r).size()));
+  push_hold(call, kHoldDevice, inputs, writes, [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    // Member r: its output starts as member 0's chunk r, then member m's
+    // chunk r is added for m = 1 .. n - 1 (through its scratch unless m is r).
+    auto o = std::make_shared<PhaseVars>(e, phase->what, n, 1);
+    auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, 1);
+    for (int r = 0; r < n; ++r) {
+      const Chunk k = chunk(count, n, r);
+      const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
+      const std::string on = phase->what + " on member " + std::to_string(r);
+      step(e, at(devices, r), {}, {o->at(r, 0)}, OpProperty::copy_peer, priority, on + " from member 0",
+           [phase, r, k, bytes, from = at(devices, 0)](RunContext& ctx) {
+             copy_in(ctx, phase->out_at(r), phase->in_f(0) + k.begin, from, bytes);
+           });
+      for (int m = 1; m < n; ++m) {
+        const bool last = m + 1 == n;
+        const std::string part = on + " from member " + std::to_string(m);
+        if (m == r) {
+          step(e, at(devices, r), {}, {o->at(r, 0)}, OpProperty::normal, priority, part,
+               [phase, r, k, op, last, n](RunContext& ctx) {
+                 accumulate(ctx, phase->out_f(r), phase->in_f(r) + k.begin, k.size(), accumulate_of(op));
+                 if (last) finish_average(ctx, phase->out_f(r), k.size(), op, n);
+               });
+          continue;
+        }
+        step(e, at(devices, r), {}, {s->at(r, 0)}, OpProperty::copy_peer, priority, part + " copy",
+             [phase, r, m, n, k, bytes, from = at(devices, m)](RunContext& ctx) {
+               copy_in(ctx, phase->out_at(n + r), phase->in_f(m) + k.begin, from, bytes);
+             });
+        step(e, at(devices, r), {s->at(r, 0)}, {o->at(r, 0)}, OpProperty::normal, priority, part + " add",
+             [phase, r, n, k, op, last](RunContext& ctx) {
+               accumulate(ctx, phase->out_f(r), phase->out_f(n + r), k.size(), accumulate_of(op));
+               if (last) finish_average(ctx, phase->out_f(r), k.size(), op, n);
+             });
+      }
+    }
+    push_done(e, phase, {o, s}, kHoldDevice, priority);
+  });
+}
+
+void LocalGpuBackend::all_gather(const Call& call, const std::vector<Tensor>& inputs,
+                                 const std::vector<Tensor>& outputs) {
+  const int n = static_cast<int>(devices_.size()), priority = call.options().priority;
+  const std::int64_t count = outputs[0].numel();
+  const std::size_t element = dtype_size(outputs[0].dtype());
+  push_hold(call, kHoldDevice, inputs, outputs,
+            [devices = devices_, n, count, element, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+    // Member r receives member m's input at chunk m of its output: n * n
+    // independent copies.
+    auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
+    for (int r = 0; r < n; ++r)
+      for (int m = 0; m < n; ++m) {
+        const Chunk k = chunk(count, n, m);
+        step(e, at(devices, r), {}, {v->at(r, m)}, OpProperty::copy_peer, priority,
+             phase->what + " member " + std::to_string(m) + " to member " + std::to_string(r),
+             [phase, r, m, k, element, from = at(devices, m)](RunContext& ctx) {
+               copy_in(ctx, static_cast<unsigned char*>(phase->out_at(r)) + static_cast<std::size_t>(k.begin) * element,
+                       phase->in_at(m), from, static_cast<std::size_t>(k.size()) * element);
+             });
+      }
+    push_done(e, phase, {v}, kHoldDevice, priority);
+  });
+}
+
+// ---- barrier ----------------------------------------------------------------------------
+
+void LocalGpuBackend::barrier(const Call& call) {
+  // Every member is driven by this process, which reached the call.
+  call.state().engine->push([] {}, kHoldDevice, {}, {}, {.priority = call.options().priority, .name = call.label()});
+}
+
+// ---- send and recv: a snapshot on the receiver's GPU, handed over in push order --
+
+void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
+  // The copy to the receiver's GPU is pushed now: the sender may overwrite
+  // its tensor right after, and the recv takes what it held at the send.
+  std::lock_guard lock(channels_mutex_);
+  Channel& channel = channels_[{from, to}];
+  call.commit_message(channel.sent + 1, to);
+  Tensor snapshot = tensor.copy_to(at(devices_, to));
+  snapshot.set_name(call.label());
+  ++channel.sent;
+  channel.pending.push_back(std::move(snapshot));
+}
+
+void LocalGpuBackend::recv(Call& call, const Tensor& tensor, int from, int to) {
+  Tensor snapshot;
+  {
+    std::lock_guard lock(channels_mutex_);
+    Channel& channel = channels_[{from, to}];
+    if (channel.pending.empty())
+      call.refuse("no send from member " + std::to_string(from) + " to member " + std::to_string(to) +
+                  " is waiting for it (in-process, a recv is pushed after its send)");
+    const Tensor& sent = channel.pending.front();
+    if (sent.numel() != tensor.numel() || sent.dtype() != tensor.dtype())
+      call.refuse("member " + std::to_string(from) + " sent " + std::to_string(sent.numel()) + " elements of " +
+                  std::string(to_string(sent.dtype())) + ", this recv wants " + std::to_string(tensor.numel()) +
+                  " elements of " + std::string(to_string(tensor.dtype())) + " (" + tensor.str() + ")");
+    snapshot = std::move(channel.pending.front());
+    channel.pending.erase(channel.pending.begin());
+    call.commit_message(++channel.received, from);
+  }
+  Tensor into = tensor;
+  into.copy_from(snapshot.reshape(tensor.shape()));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_local_gpu_backend(CommunicatorState& state) {
+  return std::make_unique<LocalGpuBackend>(state);
+}
+
+}  // namespace weft::parallel::detail

@@ -1,0 +1,111 @@
+// The shape every in-process collective shares (internal to parallel/;
+// docs/design/parallel-collectives.md).
+//
+// A collective is one *hold op*: an async tensor op that holds every
+// member's tensors (writes what the collective writes, reads what it only
+// reads) from the moment all their producers are done until the collective
+// is done. Its body pushes the data phase: ops on the members' devices,
+// ordered among themselves by internal per-chunk variables (never by the
+// tensors, which the hold op holds); the phase's last op completes the hold
+// op. So the collective is ordered with the rest of the program like any op,
+// and a failed input fails it on every member through the engine's own rule
+// (the hold op is skipped and its writes carry the failure). Every process
+// drives all its members, so members never wait for one another across
+// threads: no rendezvous is needed.
+//
+// On CPU members the hold op runs on the first member's device and the data
+// phase touches memory directly. On GPU members the hold op runs on cpu(0)
+// and only holds the tensors (tensor_op.h): the data phase is GPU ops on the
+// members' streams, and the last op, on cpu(0), completes the hold once their
+// work is done.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "call.h"
+#include "weft/engine.h"
+#include "weft/tensor.h"
+#include "weft/tensor_op.h"
+
+namespace weft::parallel::detail {
+
+// The members' memory and the hold op's completion, shared by the data
+// phase's ops.
+struct Phase {
+  std::string what;                 // "allreduce 'grad' #3"
+  std::vector<const void*> in;      // what the hold op reads, in the order given to push_hold
+  std::vector<void*> out;           // what it writes, likewise
+  Completion done;                  // the hold op's
+  const float* in_f(int k) const { return static_cast<const float*>(in[static_cast<std::size_t>(k)]); }
+  float* out_f(int k) const { return static_cast<float*>(out[static_cast<std::size_t>(k)]); }
+  const void* in_at(int k) const { return in[static_cast<std::size_t>(k)]; }
+  void* out_at(int k) const { return out[static_cast<std::size_t>(k)]; }
+};
+
+// Pushes the hold op on `where`: `reads` and `writes` as the collective
+// documents them (either may be empty); `start` pushes the data phase with
+// the members' memory.
+using PhaseStart = std::function<void(Engine&, const std::shared_ptr<Phase>&)>;
+inline void push_hold(const Call& call, Device where, const std::vector<Tensor>& reads,
+                      const std::vector<Tensor>& writes, PhaseStart start) {
+  push_tensor_op_async(
+      where, reads, writes,
+      [what = call.label(), start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
+        auto phase = std::make_shared<Phase>();
+        phase->what = what;
+        phase->in.assign(d.inputs.begin(), d.inputs.end());
+        phase->out = d.outputs;
+        phase->done = std::move(done);
+        start(*ctx.engine, phase);
+      },
+      OpOptions{.priority = call.options().priority, .name = call.label()});
+}
+
+// The members' tensors in member order, `skip` left out.
+inline std::vector<Tensor> all_but(const std::vector<Tensor>& tensors, int skip) {
+  std::vector<Tensor> out;
+  for (std::size_t r = 0; r < tensors.size(); ++r)
+    if (static_cast<int>(r) != skip) out.push_back(tensors[r]);
+  return out;
+}
+
+// Internal variables of one data phase: v[row][chunk], deleted when the
+// last op holding them goes.
+struct PhaseVars {
+  std::vector<std::vector<SharedVar>> v;
+  PhaseVars(Engine& e, const std::string& label, int rows, int chunks) : v(static_cast<std::size_t>(rows)) {
+    for (int m = 0; m < rows; ++m)
+      for (int c = 0; c < chunks; ++c)
+        v[static_cast<std::size_t>(m)].emplace_back(e, label + " v" + std::to_string(m) + "." + std::to_string(c));
+  }
+  const Var& at(int row, int c) const { return v[static_cast<std::size_t>(row)][static_cast<std::size_t>(c)]; }
+  std::vector<Var> all() const {
+    std::vector<Var> out;
+    for (const auto& row : v) out.insert(out.end(), row.begin(), row.end());
+    return out;
+  }
+};
+
+// The phase's last op, on `where`: waits for every op of the phase (it
+// writes all the phase's variables; on a CPU device that includes waiting
+// for their GPU work), then completes the hold op — with the failure of a
+// phase op, if one failed.
+inline void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::vector<std::shared_ptr<PhaseVars>>& vars,
+                      Device where, int priority) {
+  std::vector<Var> writes;
+  for (const auto& v : vars) {
+    std::vector<Var> all = v->all();
+    writes.insert(writes.end(), all.begin(), all.end());
+  }
+  // Read and written: a failure a phase op left on them reaches the body.
+  e.push([phase, vars](RunContext& ctx) { phase->done(ctx.failed_input); }, where, writes, writes,
+         {.priority = priority, .name = phase->what + " done", .run_on_failed_input = true});
+}
+
+std::unique_ptr<Backend> make_local_gpu_backend(CommunicatorState& state);
+
+}  // namespace weft::parallel::detail

@@ -1,0 +1,285 @@
+// In-process collectives on GPU members (the ring over peer copies; on
+// simulated GPUs in CI): every collective bit-exact against a serial
+// reference (integer values in float) and against the same collective on CPU
+// members, groups of 1 to all the GPUs (2 in the default run, 4 in
+// gpu.collectives.sim4), sizes 0, 1, prime and not divisible by the group;
+// outputs no op wrote before; many collectives in flight interleaved with GPU
+// compute on the same tensors; a failed input failing every member; send and
+// recv along a chain of GPUs; tensors dropped while their collective is in
+// flight. Each scenario over the naive engine and the threaded one at 1, 2, 4
+// and 8 workers per device (compute streams per GPU), and no GPU worker ever
+// waits on the host.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpu_test_util.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor_op.h"
+
+namespace {
+
+using gputest::make_engine;
+using weft::Device;
+using weft::Engine;
+using weft::Shape;
+using weft::Tensor;
+namespace par = weft::parallel;
+
+const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
+
+int gpus() { return std::min(weft::gpu::device_count(), 4); }
+
+// Each scenario on fresh engines: naive, and threaded at 1, 2, 4 and 8
+// workers per CPU device and compute streams per GPU; then no GPU worker
+// may have waited on the host.
+template <class F>
+void for_each_engine(F&& fn) {
+  const std::uint64_t gpu_worker_waits = weft::gpu::host_waits().of(weft::gpu::WaitCause::gpu_worker);
+  {
+    INFO("naive engine");
+    auto e = make_engine({.kind = "naive", .cpu_devices = 1, .gpu_devices = gpus()});
+    fn(*e);
+    e->wait_all();
+  }
+  for (int workers : {1, 2, 4, 8}) {
+    INFO("threaded engine, " << workers << " workers per device");
+    auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = workers,
+                          .gpu_devices = gpus(), .compute_streams_per_gpu = workers});
+    fn(*e);
+    e->wait_all();
+  }
+  CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::gpu_worker) == gpu_worker_waits);
+}
+
+std::vector<Device> gpu_members(int n) {
+  std::vector<Device> d;
+  for (int r = 0; r < n; ++r) d.push_back(Device::gpu(r));
+  return d;
+}
+
+// Integer values, distinct per member and element, small enough that sums
+// of four are exact in float.
+std::vector<float> values(int member, std::int64_t count, int salt = 0) {
+  std::vector<float> v(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i)
+    v[static_cast<std::size_t>(i)] = static_cast<float>(((member + 1) * 7919 + i * 31 + salt * 13) % 2003 - 1000);
+  return v;
+}
+
+std::vector<Tensor> member_tensors(Engine& e, int n, std::int64_t count, int salt = 0) {
+  std::vector<Tensor> t;
+  for (int r = 0; r < n; ++r) t.push_back(Tensor::from_host(e, Shape{count}, values(r, count, salt), Device::gpu(r)));
+  return t;
+}
+
+std::vector<float> reduced(int n, std::int64_t count, par::ReduceOp op, int salt = 0) {
+  std::vector<float> out = values(0, count, salt);
+  for (int r = 1; r < n; ++r) {
+    const std::vector<float> v = values(r, count, salt);
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = op == par::ReduceOp::max ? std::max(out[i], v[i]) : out[i] + v[i];
+  }
+  if (op == par::ReduceOp::average && n > 1)
+    for (float& x : out) x *= 1.0f / static_cast<float>(n);
+  return out;
+}
+
+std::string what(int n, std::int64_t count) { return std::to_string(n) + " GPUs, " + std::to_string(count) + " elements"; }
+
+template <class T>
+const T& at(const std::vector<T>& v, int k) {
+  return v[static_cast<std::size_t>(k)];
+}
+
+}  // namespace
+
+TEST_CASE("gpu collectives - allreduce sum, average and max, bit-exact, the same as on CPU members" *
+          doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  for_each_engine([](Engine& e) {
+    for (int n = 1; n <= gpus(); ++n) {
+      const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+      for (std::int64_t count : kSizes)
+        for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
+          INFO(what(n, count) << ", " << par::to_string(op));
+          std::vector<Tensor> t = member_tensors(e, n, count);
+          par::allreduce(comm, t, op, {.name = "grad"});
+          const std::vector<float> want = reduced(n, count, op);
+          for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == want);
+        }
+    }
+  });
+}
+
+TEST_CASE("gpu collectives - broadcast and reduce from and to every root" * doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  for_each_engine([](Engine& e) {
+    for (int n = 1; n <= gpus(); ++n) {
+      const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+      for (std::int64_t count : kSizes)
+        for (int root = 0; root < n; ++root) {
+          INFO(what(n, count) << ", root " << root);
+          std::vector<Tensor> b = member_tensors(e, n, count);
+          par::broadcast(comm, b, {.name = "w", .root = root});
+          for (int r = 0; r < n; ++r) CHECK(at(b, r).to_host() == values(root, count));
+
+          for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
+            std::vector<Tensor> t = member_tensors(e, n, count);
+            par::reduce(comm, t, op, {.name = "loss", .root = root});
+            for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == (r == root ? reduced(n, count, op) : values(r, count)));
+          }
+        }
+    }
+  });
+}
+
+TEST_CASE("gpu collectives - reduce_scatter and all_gather into outputs no op wrote yet" * doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  for_each_engine([](Engine& e) {
+    for (int n = 1; n <= gpus(); ++n) {
+      const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+      for (std::int64_t count : kSizes)
+        for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
+          INFO(what(n, count) << ", " << par::to_string(op));
+          const std::vector<Tensor> in = member_tensors(e, n, count);
+          std::vector<Tensor> parts, full;
+          for (int r = 0; r < n; ++r) {
+            parts.push_back(Tensor::empty(e, Shape{par::chunk(count, n, r).size()}, Device::gpu(r)));
+            full.push_back(Tensor::empty(e, Shape{count}, Device::gpu(r)));
+          }
+          par::reduce_scatter(comm, in, parts, op, {.name = "grads"});
+          par::all_gather(comm, parts, full, {.name = "params"});
+          const std::vector<float> want = reduced(n, count, op);
+          for (int r = 0; r < n; ++r) {
+            const par::Chunk k = par::chunk(count, n, r);
+            CHECK(at(parts, r).to_host() == std::vector<float>(want.begin() + k.begin, want.begin() + k.end));
+            CHECK(at(full, r).to_host() == want);
+            CHECK(at(in, r).to_host() == values(r, count));  // inputs are only read
+          }
+        }
+    }
+  });
+}
+
+TEST_CASE("gpu collectives - many in flight, interleaved with GPU compute on the same tensors" *
+          doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  for_each_engine([](Engine& e) {
+    const int n = gpus();
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+    const std::int64_t count = 257;
+    std::vector<Tensor> t = member_tensors(e, n, count);
+    std::vector<std::vector<float>> want;
+    for (int r = 0; r < n; ++r) want.push_back(values(r, count));
+    std::mt19937 rng(7);
+    // Each round: every member adds its rank to its tensor on its GPU, then
+    // an allreduce (max) or a broadcast from a random root; no wait between.
+    for (int round = 0; round < 12; ++round) {
+      for (int r = 0; r < n; ++r) {
+        t[static_cast<std::size_t>(r)] = at(t, r) + static_cast<float>(r);
+        for (float& x : want[static_cast<std::size_t>(r)]) x += static_cast<float>(r);
+      }
+      if (rng() % 2) {
+        par::allreduce(comm, t, par::ReduceOp::max, {.name = "round " + std::to_string(round)});
+        std::vector<float> m = want[0];
+        for (int r = 1; r < n; ++r)
+          for (std::size_t i = 0; i < m.size(); ++i) m[i] = std::max(m[i], at(want, r)[i]);
+        for (auto& w : want) w = m;
+      } else {
+        const int root = static_cast<int>(rng() % static_cast<unsigned>(n));
+        par::broadcast(comm, t, {.name = "round " + std::to_string(round), .root = root});
+        const std::vector<float> b = at(want, root);
+        for (auto& w : want) w = b;
+      }
+    }
+    // Several independent allreduces at once, the handles of every other
+    // one dropped right after the push; read back in reverse.
+    std::vector<std::vector<Tensor>> many;
+    for (int k = 0; k < 8; ++k) {
+      std::vector<Tensor> bucket = member_tensors(e, n, 101 + k, k);
+      par::allreduce(comm, bucket, par::ReduceOp::sum, {.name = "bucket " + std::to_string(k)});
+      many.push_back(k % 2 ? std::vector<Tensor>{} : bucket);
+    }
+    par::barrier(comm, {.name = "end of step"});
+    for (int k = 6; k >= 0; k -= 2)
+      for (int r = 0; r < n; ++r)
+        CHECK(at(at(many, k), r).to_host() == reduced(n, 101 + k, par::ReduceOp::sum, k));
+    for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == at(want, r));
+  });
+}
+
+TEST_CASE("gpu collectives - a failed input fails the collective on every member, without hanging" *
+          doctest::timeout(300)) {
+  WEFT_REQUIRE_GPU();
+  if (gpus() < 2) return;
+  for_each_engine([](Engine& e) {
+    const int n = gpus();
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+    std::vector<Tensor> t = member_tensors(e, n, 10);
+    weft::push_tensor_op(Device::gpu(1), {}, {t[1]},
+                         [](weft::RunContext&, const weft::TensorData&) { throw std::runtime_error("data loader died"); },
+                         {.name = "load member 1"});
+    par::allreduce(comm, t, par::ReduceOp::sum, {.name = "grad.fc1"});
+    std::vector<Tensor> after;  // each member's tensor read after the collective: skipped too
+    for (int r = 0; r < n; ++r) after.push_back(at(t, r) + 1.0f);
+    try {
+      e.wait_to_read(after[0].var());
+      FAIL("member 0's allreduce did not fail");
+    } catch (const std::runtime_error& err) {
+      CHECK(std::string(err.what()) == "data loader died");
+    }
+    for (int r = 0; r < n; ++r) CHECK_NOTHROW(e.wait_to_read(at(t, r).var()));
+    // The engine and the communicator go on.
+    std::vector<Tensor> u = member_tensors(e, n, 5);
+    par::allreduce(comm, u);
+    CHECK(u[1].to_host() == reduced(n, 5, par::ReduceOp::sum));
+  });
+}
+
+TEST_CASE("gpu collectives - send and recv along a chain of GPUs, the sender overwriting right after" *
+          doctest::timeout(300)) {
+  WEFT_REQUIRE_GPU();
+  if (gpus() < 2) return;
+  for_each_engine([](Engine& e) {
+    const int n = gpus();
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+    for (std::int64_t count : kSizes) {
+      INFO(what(n, count));
+      // Member 0 -> 1 -> ... -> n - 1, each stage adding 1 on its GPU.
+      Tensor x = Tensor::from_host(e, Shape{count}, values(0, count), Device::gpu(0));
+      for (int r = 0; r + 1 < n; ++r) {
+        par::send(comm, x, r + 1, {.name = "act"});
+        x.copy_from(Tensor::full(e, Shape{count}, -7.0f, Device::gpu(r)));  // the next batch
+        Tensor y = Tensor::zeros(e, Shape{count}, Device::gpu(r + 1));
+        par::recv(comm, y, r, {.name = "act"});
+        x = y + 1.0f;
+      }
+      std::vector<float> want = values(0, count);
+      for (float& v : want) v += static_cast<float>(n - 1);
+      CHECK(x.to_host() == want);
+    }
+  });
+}
+
+TEST_CASE("gpu collectives - groups are all GPUs or all CPU devices; bad input named at push time") {
+  WEFT_REQUIRE_GPU();
+  auto e = make_engine({.kind = "threaded", .cpu_devices = 2, .gpu_devices = gpus()});
+  CHECK_THROWS_WITH_AS(par::Communicator::local(*e, {Device::gpu(0), Device::cpu(1)}),
+                       doctest::Contains("member 1 is cpu(1) but member 0 is gpu(0)"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::Communicator::local(*e, {Device::gpu(0), Device::gpu(0)}),
+                       doctest::Contains("both gpu(0)"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::Communicator::local(*e, {Device::gpu(9)}), doctest::Contains("does not have"),
+                       weft::InvalidArgument);
+  const par::Communicator comm = par::Communicator::local(*e, {Device::gpu(0)});
+  CHECK(comm.str() == "in-process communicator of 1 GPU member: gpu(0)");
+  const Tensor on_cpu = Tensor::zeros(*e, Shape{4}, Device::cpu(0));
+  CHECK_THROWS_WITH_AS(par::allreduce(comm, {on_cpu}), doctest::Contains("is not on the member's device gpu(0)"),
+                       weft::InvalidArgument);
+  e->wait_all();
+}
