@@ -19,6 +19,7 @@
 #include "arg_cursor.h"
 #include "measure.h"
 #include "weft/engine.h"
+#include "weft/gpu.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 
@@ -43,7 +44,11 @@ int usage(std::FILE* out, int rc) {
                "  (WEFT_COLLECTIVE_CHECK=0), both on one buffer, so each call waits for the one before through\n"
                "  the engine; weft_mpi_4_in_flight (four buffers in turn, as gradient buckets are); and mpi\n"
                "  (MPI_Allreduce in place). --quick: up to 16 MiB, 3 reps. Launch with --bind-to none: Weft's\n"
-               "  threads (engine workers, the communication thread) need more than one core per rank.\n");
+               "  threads (engine workers, the communication thread) need more than one core per rank.\n"
+               "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
+               "  weft_ring_sim_gpu), the in-process ring over min(N, GPUs) GPU members, and under mpirun\n"
+               "  weft_mpi_gpu (or weft_mpi_sim_gpu), gpu(0) of every rank, staged through host memory.\n"
+               "  Simulated GPUs run at CPU speed: their figures exercise the paths, they do not rate them.\n");
   return rc;
 }
 
@@ -162,6 +167,17 @@ int main(int argc, char** argv) {
   std::vector<weft::Device> devices;
   for (int r = 0; r < o.members; ++r) devices.push_back(weft::Device::cpu(r));
   const par::Communicator comm = par::Communicator::local(*engine, devices);
+  // GPU members where GPUs answer.
+  const int gpus = std::min(o.members, weft::gpu::device_count());
+  const bool simulated = gpus > 0 && weft::gpu::properties(0).simulated;
+  const std::string gpu_suffix = simulated ? "_sim_gpu" : "_gpu";
+  std::vector<weft::Device> gpu_devices;
+  for (int r = 0; r < gpus; ++r) gpu_devices.push_back(weft::Device::gpu(r));
+  std::optional<par::Communicator> gpu_comm, gpu_across;
+  if (gpus > 0) {
+    gpu_comm = par::Communicator::local(*engine, gpu_devices);
+    gpu_across = par::Communicator::mpi(*engine, weft::Device::gpu(0));
+  }
   if (print_here) {
     std::fprintf(json ? stderr : stdout,
                  "weft-bench-allreduce: %s; %s; %u hardware threads, core round trip %.1f ns\n", comm.str().c_str(),
@@ -192,8 +208,27 @@ int main(int argc, char** argv) {
         }
       });
       report({"memcpy", 1, bytes, memcpy_us});
+      if (!gpu_comm) return;
+      std::vector<weft::Tensor> g;
+      for (int r = 0; r < gpus; ++r)
+        g.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, gpu_devices[static_cast<std::size_t>(r)]));
+      engine->wait_all();
+      const double gpu_ring_us = time_per_call_us_alone(o.reps, [&](int calls) {
+        for (int c = 0; c < calls; ++c) par::allreduce(*gpu_comm, g);
+        engine->wait_all();
+      });
+      report({"weft_ring" + gpu_suffix, gpus, bytes, gpu_ring_us});
     });
     if (job.size == 1) continue;
+    if (gpu_across) {
+      weft::Tensor g = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::gpu(0));
+      engine->wait_all();
+      const double us = time_per_call_us_together(o.reps, [&](int calls) {
+        for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
+        engine->wait_all();
+      });
+      report({"weft_mpi" + gpu_suffix, job.size, bytes, us});
+    }
     // Across the ranks: the same buffer for every implementation.
     weft::Tensor t = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0));
     engine->wait_all();

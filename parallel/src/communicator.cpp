@@ -55,25 +55,24 @@ Communicator Communicator::local(Engine& engine, std::vector<Device> devices) {
 
 Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOptions options) {
   const std::vector<Device> known = engine.devices();
-  if (!device.is_cpu())
+  if (!device.is_cpu() && !device.is_gpu())
     throw InvalidArgument("weft::parallel::Communicator::mpi: " + device.str() +
-                          " is not a CPU device; GPU members across processes are not built yet");
+                          " is neither a CPU device nor a GPU");
   if (std::find(known.begin(), known.end(), device) == known.end())
     throw InvalidArgument("weft::parallel::Communicator::mpi: " + device.str() + " is not a device of this engine");
   auto state = std::make_shared<detail::CommunicatorState>();
   state->engine = &engine;
   state->devices = {device};
-  state->backend = detail::make_mpi_backend(*state, options);  // sets size and local_ranks
+  if (device.is_gpu())  // through host memory, on a communicator of cpu(0)
+    state->backend = detail::make_staged_backend(*state, Communicator::mpi(engine, Device::cpu(0), options));
+  else
+    state->backend = detail::make_mpi_backend(*state, options);  // sets size and local_ranks
   return Communicator(std::move(state));
 }
 
 Communicator Communicator::mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options) {
   if (devices.empty()) throw InvalidArgument("weft::parallel::Communicator::mpi: no devices");
   if (devices.size() == 1) return mpi(engine, devices.front(), options);
-  for (const Device d : devices)
-    if (!d.is_cpu())
-      throw InvalidArgument("weft::parallel::Communicator::mpi: " + d.str() +
-                            " is not a CPU device; GPU members across processes are not built yet");
   // Checks the devices like an in-process group, then joins the processes.
   Communicator local = Communicator::local(engine, devices);
   auto state = std::make_shared<detail::CommunicatorState>();

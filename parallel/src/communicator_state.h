@@ -57,6 +57,9 @@ struct CommunicatorState {
 std::unique_ptr<Backend> make_local_backend(CommunicatorState& state);
 // Joins MPI_COMM_WORLD (collective); sets state.size and state.local_ranks.
 std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options);
+// A GPU member across processes without NCCL: staged through host memory,
+// over `host` (the same ranks on cpu(0)); sets state.size and local_ranks.
+std::unique_ptr<Backend> make_staged_backend(CommunicatorState& state, Communicator host);
 // Several devices per process: `local` over them, one MPI communicator per
 // device (collective); sets state.size and state.local_ranks.
 std::unique_ptr<Backend> make_hierarchical_backend(CommunicatorState& state, Communicator local,

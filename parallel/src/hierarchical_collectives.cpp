@@ -11,6 +11,7 @@
 #include "call.h"
 #include "communicator_state.h"
 #include "weft/error.h"
+#include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor_op.h"
 
@@ -138,10 +139,18 @@ class HierarchicalBackend final : public Backend {
     const float factor = 1.0f / static_cast<float>(processes_ * static_cast<int>(across_.size()));
     push_tensor_op(
         x.device(), {}, {x},
-        [n = x.numel(), factor](RunContext&, const TensorData& d) {
-          for (std::int64_t i = 0; i < n; ++i) d.out(0)[i] *= factor;
-        },
+        [n = x.numel(), factor](RunContext& ctx, const TensorData& d) { weft::scale(ctx, d.out(0), factor, n); },
         {.priority = priority, .name = name});
+  }
+
+  // Within one device's memory: a memcpy on a CPU device, a copy enqueued on
+  // the op's stream on a GPU.
+  static void copy_bytes(RunContext& ctx, void* dst, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    if (ctx.gpu)
+      gpu::memcpy_async(dst, src, bytes, gpu::CopyKind::device_to_device, ctx.gpu->stream);
+    else
+      std::memcpy(dst, src, bytes);
   }
 
   // A new tensor on t's device with t's values.
@@ -149,8 +158,8 @@ class HierarchicalBackend final : public Backend {
     Tensor out = Tensor::empty(t.engine(), t.shape(), t.device(), t.dtype());
     push_tensor_op(
         t.device(), {t}, {out},
-        [bytes = t.nbytes()](RunContext&, const TensorData& d) {
-          if (bytes > 0) std::memcpy(d.outputs[0], d.inputs[0], bytes);
+        [bytes = t.nbytes()](RunContext& ctx, const TensorData& d) {
+          copy_bytes(ctx, d.outputs[0], d.inputs[0], bytes);
         },
         {.name = name});
     return out;
@@ -161,8 +170,8 @@ class HierarchicalBackend final : public Backend {
                         const std::string& name, int priority) {
     push_tensor_op(
         dst.device(), {src}, {dst},
-        [begin, n](RunContext&, const TensorData& d) {
-          if (n > 0) std::memcpy(d.out(0), d.in(0) + begin, static_cast<std::size_t>(n) * sizeof(float));
+        [begin, n](RunContext& ctx, const TensorData& d) {
+          copy_bytes(ctx, d.out(0), d.in(0) + begin, static_cast<std::size_t>(n) * sizeof(float));
         },
         {.priority = priority, .name = name});
   }

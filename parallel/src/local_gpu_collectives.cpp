@@ -303,6 +303,8 @@ void LocalGpuBackend::barrier(const Call& call) {
 void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
   // The copy to the receiver's GPU is pushed now: the sender may overwrite
   // its tensor right after, and the recv takes what it held at the send.
+  if (tensor.dtype() != DType::float32)
+    call.refuse(tensor.str() + ": GPU members send float32 only (the engine's GPU copies are float32)");
   std::lock_guard lock(channels_mutex_);
   Channel& channel = channels_[{from, to}];
   call.commit_message(channel.sent + 1, to);

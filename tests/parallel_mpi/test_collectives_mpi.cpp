@@ -350,7 +350,7 @@ TEST_CASE("bad input is refused at push time, and a refused call takes no sequen
   Tensor on1 = rank_tensor(*e, rank, 8, Device::cpu(1));
   CHECK_THROWS_WITH_AS(par::allreduce(comm, {on1}), doctest::Contains("is not on the member's device cpu(0)"), weft::InvalidArgument);
   CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(7)), doctest::Contains("cpu(7) is not a device of this engine"), weft::InvalidArgument);
-  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::gpu(0)), doctest::Contains("not a CPU device"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu_pinned(0)), doctest::Contains("neither a CPU device nor a GPU"), weft::InvalidArgument);
   // Only rank 0 makes a refused call; if it took a number, rank 0's next
   // collective would be #2 and everyone else's #1: a mismatch.
   if (rank == 0) CHECK_THROWS_AS(par::allreduce(comm, {Tensor()}), weft::InvalidArgument);

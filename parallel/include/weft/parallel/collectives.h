@@ -18,8 +18,10 @@
 // stream, ordered across GPUs by stream waits), on real and simulated GPUs
 // alike. MPI groups (one member per process of an mpirun job) run MPI's
 // non-blocking collectives on a communication thread, one fiber per
-// collective in flight, so engine workers never wait for the network; their
-// members are CPU devices (docs/design/parallel-collectives.md).
+// collective in flight, so engine workers never wait for the network. A GPU
+// member across processes is staged through host memory (copied to cpu(0)
+// by the engine's copy workers, carried over MPI, copied back); NCCL is not
+// built yet (docs/design/parallel-collectives.md).
 //
 // Across processes nothing hangs silently: before data moves, every rank
 // checks every other rank's fingerprint of the collective (sequence number,
@@ -78,7 +80,8 @@ class Communicator {
   // steps never block a worker.
   static Communicator local(Engine& engine, std::vector<Device> devices);
   // One member per process of an MPI job (MPI_COMM_WORLD): this process is
-  // member MPI rank, on `device` (a CPU device of `engine`). Collective:
+  // member MPI rank, on `device` (a CPU device or a GPU of `engine`; a GPU's
+  // tensors are staged through cpu(0), float32 only). Collective:
   // every process creates its communicators in the same order. Initializes
   // MPI (MPI_THREAD_MULTIPLE) if nobody has, and then finalizes it at exit;
   // if you initialized it, ask for at least MPI_THREAD_SERIALIZED and keep
