@@ -3,6 +3,7 @@
 // "Hierarchical"): each step is itself a collective pushed as engine ops, so
 // the steps are ordered by the tensors they share and a failure anywhere
 // reaches every member the way it does in each step.
+#include <array>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -35,10 +36,10 @@ class HierarchicalBackend final : public Backend {
 
   void check(const Call& call, std::int64_t elements) const override {
     const Kind kind = call.kind();
-    if (kind == Kind::all_gather || kind == Kind::send || kind == Kind::recv)
+    if (kind == Kind::send || kind == Kind::recv)
       call.refuse(std::string(to_string(kind)) +
-                  " on a group with several devices per process is not built yet (allreduce, broadcast, reduce, "
-                  "reduce_scatter and barrier are); use one communicator per device");
+                  " on a group with several devices per process is not built yet (the collectives are); use one "
+                  "communicator per device");
     // Each part of an allreduce, and a whole tensor otherwise, crosses
     // processes through one MPI communicator.
     Call probe(kind, across_.front(), call.options());
@@ -100,8 +101,53 @@ class HierarchicalBackend final : public Backend {
     parallel::barrier(across_.front(), {.name = call.options().name, .priority = call.options().priority});
   }
 
-  void all_gather(const Call& call, const std::vector<Tensor>&, const std::vector<Tensor>&) override {
-    unreachable(call);
+  // Member (p, k) — process p's device k, member p * per + k — contributes
+  // chunk(count, N, p * per + k). The members of one device index k form a
+  // column whose chunks, in process order, are exactly chunk(C_k, P, p) of
+  // their total C_k = chunk(count, per, k).size() (both give the first ones
+  // one element more). So: gather each column across processes on its
+  // device's communicator, gather the columns in-process ([column 0 |
+  // column 1 | ...], column k at chunk(count, per, k)), and let each member
+  // put the pieces in member order.
+  void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
+    const int per = static_cast<int>(across_.size()), members = processes_ * per;
+    const std::int64_t count = outputs[0].numel();
+    const DType dtype = outputs[0].dtype();
+    const std::string& name = call.options().name;
+    const int priority = call.options().priority;
+    Engine& engine = outputs[0].engine();
+    std::vector<Tensor> columns, gathered;
+    for (int k = 0; k < per; ++k) {
+      const auto kk = static_cast<std::size_t>(k);
+      columns.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k), dtype));
+      parallel::all_gather(across_[kk], {inputs[kk]}, {columns[kk]},
+                           {.name = name + " (column " + std::to_string(k) + ")", .priority = priority});
+      gathered.push_back(Tensor::empty(engine, Shape{count}, local_.device(k), dtype));
+    }
+    parallel::all_gather(local_, columns, gathered, {.name = name + " (in-process)", .priority = priority});
+    // (destination, source, elements) of each member's piece.
+    std::vector<std::array<std::int64_t, 3>> pieces;
+    for (int p = 0; p < processes_; ++p)
+      for (int k = 0; k < per; ++k) {
+        const Chunk to = chunk(count, members, p * per + k);
+        const Chunk column = chunk(count, per, k);
+        const Chunk from = chunk(column.size(), processes_, p);
+        pieces.push_back({to.begin, column.begin + from.begin, to.size()});
+      }
+    const std::size_t element = dtype_size(dtype);
+    for (int k = 0; k < per; ++k) {
+      const auto kk = static_cast<std::size_t>(k);
+      push_tensor_op(
+          outputs[kk].device(), {gathered[kk]}, {outputs[kk]},
+          [pieces, element](RunContext& ctx, const TensorData& d) {
+            auto* out = static_cast<unsigned char*>(d.outputs[0]);
+            const auto* in = static_cast<const unsigned char*>(d.inputs[0]);
+            for (const auto& [to, from, n] : pieces)
+              copy_bytes(ctx, out + static_cast<std::size_t>(to) * element, in + static_cast<std::size_t>(from) * element,
+                         static_cast<std::size_t>(n) * element);
+          },
+          {.priority = priority, .name = call.label() + " in member order"});
+    }
   }
   void send(Call& call, const Tensor&, int, int) override { unreachable(call); }
   void recv(Call& call, const Tensor&, int, int) override { unreachable(call); }

@@ -191,8 +191,7 @@ TEST_CASE("GPU members across processes: two GPUs per process, in-process ring t
         par::allreduce(comm, ts, op, {.name = "grad"});
         for (const Tensor& t : ts) require_values(t, count, [&](std::int64_t i) { return reduced(op, n, i); });
       }
-      if (count > 2000) continue;
-      for (int root = 0; root < n; ++root) {
+      for (int root = 0; root < n && count < 2000; ++root) {
         std::vector<Tensor> ts{member_tensor(e, first, count, Device::gpu(0)),
                                member_tensor(e, first + 1, count, Device::gpu(1))};
         par::broadcast(comm, ts, {.name = "weights", .root = root});
@@ -216,6 +215,9 @@ TEST_CASE("GPU members across processes: two GPUs per process, in-process ring t
         require_values(parts[static_cast<std::size_t>(k)], c.size(),
                        [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, c.begin + i); });
       }
+      std::vector<Tensor> wholes{Tensor::empty(e, Shape{count}, Device::gpu(0)), Tensor::empty(e, Shape{count}, Device::gpu(1))};
+      par::all_gather(comm, parts, wholes, {.name = "params"});
+      for (const Tensor& w : wholes) require_values(w, count, [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, i); });
     }
     par::barrier(comm);
   });

@@ -89,15 +89,17 @@ class Communicator {
   // communication thread only. Without mpirun it is a group of one.
   static Communicator mpi(Engine& engine, Device device, CommunicatorOptions options = {});
   // Several devices per process (hierarchical): every process gives as many
-  // distinct CPU devices of `engine`, and process p's devices[k] is member
+  // distinct CPU devices or GPUs of `engine`, and process p's devices[k] is member
   // p * devices.size() + k. Allreduce reduce-scatters in-process, allreduces
   // each part across processes (one MPI communicator per local device, so
   // the parts travel at once), then all-gathers in-process; broadcast goes
   // across processes first, then in-process; reduce goes in-process into a
   // copy, then across processes; reduce_scatter is an allreduce of copies
-  // of which each member keeps its chunk; barrier waits for every process.
-  // all_gather and send/recv on such groups are not built yet (an
-  // InvalidArgument at push time). A single device is the form above.
+  // of which each member keeps its chunk; all_gather gathers each device
+  // index's column across processes, then the columns in-process, then
+  // puts the pieces in member order; barrier waits for every process.
+  // send/recv on such groups is not built yet (an InvalidArgument at push
+  // time). A single device is the form above.
   static Communicator mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options = {});
 
   int size() const noexcept;                           // members in the group
