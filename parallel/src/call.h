@@ -50,6 +50,12 @@ class Call {
   // The local member whose device `t` is on (push-time check), and a peer
   // that is another member of the group.
   std::size_t check_message(const Tensor& t, int peer) const;
+  // send and recv: the channel (0 for the public calls). Messages between
+  // two members on different channels never meet; each channel keeps its
+  // own push order.
+  static constexpr int kMaxChannels = 1024;
+  int channel() const noexcept { return channel_; }
+  void set_channel(int channel);
 
  private:
   Kind kind_;
@@ -57,7 +63,12 @@ class Call {
   CommunicatorState& state_;
   CollectiveOptions options_;
   std::uint64_t sequence_ = 0;
+  int channel_ = 0;
   std::string label_;
 };
+
+// send and recv on a channel of `comm` (the public send/recv use channel 0).
+void send_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options);
+void recv_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options);
 
 }  // namespace weft::parallel::detail

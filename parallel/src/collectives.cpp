@@ -55,6 +55,12 @@ std::size_t Call::check_message(const Tensor& t, int peer) const {
   return k;
 }
 
+void Call::set_channel(int channel) {
+  if (channel < 0 || channel >= kMaxChannels)
+    refuse("channel " + std::to_string(channel) + " is outside 0.." + std::to_string(kMaxChannels - 1));
+  channel_ = channel;
+}
+
 std::string Call::member(std::size_t k) const {
   const bool across_processes = state_.local_ranks.size() != static_cast<std::size_t>(state_.size);
   return std::string(across_processes ? "rank " : "member ") + std::to_string(state_.local_ranks[k]);
@@ -182,17 +188,31 @@ void barrier(const Communicator& comm, CollectiveOptions options) {
 }
 
 void send(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options) {
+  detail::send_on(comm, tensor, peer, 0, options);
+}
+
+void recv(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options) {
+  detail::recv_on(comm, tensor, peer, 0, options);
+}
+
+namespace detail {
+
+void send_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options) {
   Call call(Kind::send, comm, options);
+  call.set_channel(channel);
   const std::size_t k = call.check_message(tensor, peer);
   call.state().backend->check(call, tensor.numel());
   call.state().backend->send(call, tensor, call.state().local_ranks[k], peer);
 }
 
-void recv(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options) {
+void recv_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options) {
   Call call(Kind::recv, comm, options);
+  call.set_channel(channel);
   const std::size_t k = call.check_message(tensor, peer);
   call.state().backend->check(call, tensor.numel());
   call.state().backend->recv(call, tensor, peer, call.state().local_ranks[k]);
 }
+
+}  // namespace detail
 
 }  // namespace weft::parallel

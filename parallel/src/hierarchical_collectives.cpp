@@ -4,6 +4,8 @@
 // the steps are ordered by the tensors they share and a failure anywhere
 // reaches every member the way it does in each step.
 #include <array>
+#include <map>
+#include <mutex>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -36,10 +38,6 @@ class HierarchicalBackend final : public Backend {
 
   void check(const Call& call, std::int64_t elements) const override {
     const Kind kind = call.kind();
-    if (kind == Kind::send || kind == Kind::recv)
-      call.refuse(std::string(to_string(kind)) +
-                  " on a group with several devices per process is not built yet (the collectives are); use one "
-                  "communicator per device");
     // Each part of an allreduce, and a whole tensor otherwise, crosses
     // processes through one MPI communicator.
     Call probe(kind, across_.front(), call.options());
@@ -149,8 +147,38 @@ class HierarchicalBackend final : public Backend {
           {.priority = priority, .name = call.label() + " in member order"});
     }
   }
-  void send(Call& call, const Tensor&, int, int) override { unreachable(call); }
-  void recv(Call& call, const Tensor&, int, int) override { unreachable(call); }
+  // Member (p, k) to member (q, j): within a process, the in-process
+  // communicator's send; across processes, device k's communicator from
+  // rank p to rank q on channel j (the receiver's device), so that each
+  // pair of members has its own channel and push order. The receiver takes
+  // the message on its device k into a tensor there, then copies it to its
+  // own device j.
+  void send(Call& call, const Tensor& tensor, int from, int to) override {
+    const int per = static_cast<int>(across_.size());
+    const int k = from % per, q = to / per, j = to % per;
+    const CollectiveOptions options = message_options(call, from, to);
+    if (q == rank())
+      parallel::send(local_, tensor, j, options);
+    else
+      send_on(across_[static_cast<std::size_t>(k)], tensor, q, j, options);
+    number(call, sent_, from, to, to);
+  }
+  void recv(Call& call, const Tensor& tensor, int from, int to) override {
+    const int per = static_cast<int>(across_.size());
+    const int p = from / per, k = from % per, j = to % per;
+    const CollectiveOptions options = message_options(call, from, to);
+    if (p == rank()) {
+      parallel::recv(local_, tensor, k, options);
+    } else if (k == j) {
+      recv_on(across_[static_cast<std::size_t>(k)], tensor, p, j, options);
+    } else {
+      Tensor landing = Tensor::empty(tensor.engine(), tensor.shape(), local_.device(k), tensor.dtype());
+      recv_on(across_[static_cast<std::size_t>(k)], landing, p, j, options);
+      Tensor into = tensor;
+      into.copy_from(landing);
+    }
+    number(call, received_, from, to, from);
+  }
 
  private:
   int rank() const { return across_.front().local_ranks().front(); }
@@ -221,12 +249,25 @@ class HierarchicalBackend final : public Backend {
         },
         {.priority = priority, .name = name});
   }
-  [[noreturn]] static void unreachable(const Call& call) { call.refuse("not built for this group (check() refuses it)"); }
+  // The steps of a message carry both members in their name, so that a
+  // mismatch names them, not only the processes.
+  static CollectiveOptions message_options(const Call& call, int from, int to) {
+    CollectiveOptions o = call.options();
+    o.name += " (member " + std::to_string(from) + " to member " + std::to_string(to) + ")";
+    return o;
+  }
+  // Numbers the call among the messages of its pair of members.
+  void number(Call& call, std::map<std::pair<int, int>, std::uint64_t>& counts, int from, int to, int peer) {
+    std::lock_guard lock(mutex_);
+    call.commit_message(++counts[{from, to}], peer);
+  }
 
   const CommunicatorState* state_;    // the group's (outlives its backend)
   Communicator local_;                // this process's devices
   std::vector<Communicator> across_;  // across_[k]: device k of every process
   int processes_;
+  std::mutex mutex_;
+  std::map<std::pair<int, int>, std::uint64_t> sent_, received_;  // messages per (from, to) member
 };
 
 }  // namespace

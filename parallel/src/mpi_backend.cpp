@@ -106,16 +106,24 @@ class MpiBackend final : public Backend {
   }
   void send(Call& call, const Tensor& tensor, int from, int to) override {
     (void)from;
-    call.commit_message(group_->sent[static_cast<std::size_t>(to)].fetch_add(1) + 1, to);
+    {
+      std::lock_guard lock(group_->messages_mutex);
+      call.commit_message(++group_->sent[{to, call.channel()}], to);
+    }
     auto job = make_job(call, tensor, ReduceOp::sum);
     job->root = job->mine.root = to;
+    job->channel = call.channel();
     push(call, std::move(job), {tensor}, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
   }
   void recv(Call& call, const Tensor& tensor, int from, int to) override {
     (void)to;
-    call.commit_message(group_->received[static_cast<std::size_t>(from)].fetch_add(1) + 1, from);
+    {
+      std::lock_guard lock(group_->messages_mutex);
+      call.commit_message(++group_->received[{from, call.channel()}], from);
+    }
     auto job = make_job(call, tensor, ReduceOp::sum);
     job->root = job->mine.root = from;
+    job->channel = call.channel();
     push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
   }
   void barrier(const Call& call) override {
@@ -233,10 +241,6 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();
   group->size = process.size();
-  group->sent = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(group->size));
-  group->received = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(group->size));
-  group->send_gate.resize(static_cast<std::size_t>(group->size));
-  group->recv_gate.resize(static_cast<std::size_t>(group->size));
   // Duplicate MPI_COMM_WORLD three times on the communication thread, with the
   // deadline (a rank that never creates its communicator must not hang the
   // others): MPI_Comm_idup is collective and non-blocking.

@@ -14,6 +14,9 @@
 #include <exception>
 #include <initializer_list>
 #include <memory>
+#include <utility>
+#include <mutex>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -121,12 +124,15 @@ struct MpiGroup {
   MPI_Comm check = MPI_COMM_NULL;  // fingerprints (a duplicate of MPI_COMM_WORLD)
   MPI_Comm data = MPI_COMM_NULL;   // the collectives themselves (another)
   MPI_Comm p2p = MPI_COMM_NULL;    // send and recv (a third)
-  // Messages pushed so far to and from each rank (frontend threads).
-  std::unique_ptr<std::atomic<std::uint64_t>[]> sent, received;
+  // Messages pushed so far to and from each (rank, channel) (frontend
+  // threads, under the mutex). Channels keep apart the messages of
+  // different pairs of members that share two ranks (hierarchical groups).
+  std::mutex messages_mutex;
+  std::map<std::pair<int, int>, std::uint64_t> sent, received;
 
   // ---- communication thread only ----
   SequenceGate check_gate, data_gate;
-  std::vector<SequenceGate> send_gate, recv_gate;  // per peer: messages posted in push order
+  std::map<std::pair<int, int>, SequenceGate> send_gate, recv_gate;  // per (peer, channel): in push order
   std::string broken;  // set by the first error MPI cannot recover from
   std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
 
@@ -162,6 +168,7 @@ struct Job {
   ReduceOp op = ReduceOp::sum;
   MPI_Datatype type = MPI_BYTE;
   int count = 0, root = 0;
+  int channel = 0;  // send and recv: tags of its own per channel
   const void* in = nullptr;  // what this rank sends (null: in place)
   void* out = nullptr;       // what it receives
   std::vector<int> counts, displs;  // reduce_scatter and all_gather: per rank

@@ -18,7 +18,13 @@ namespace {
 // when it does not match) and replies with its own, so both ends see a
 // mismatch and name both sides.
 
+// Channel c uses tags 3c + 1 .. 3c + 3 (Call::kMaxChannels keeps them under
+// the 32767 every MPI allows).
 constexpr int kHeaderTag = 1, kDataTag = 2, kReplyTag = 3;
+struct Tags {
+  int header, data, reply;
+  explicit Tags(int channel) : header(3 * channel + kHeaderTag), data(3 * channel + kDataTag), reply(3 * channel + kReplyTag) {}
+};
 
 struct Wire {
   Fingerprint header, reply;
@@ -69,7 +75,8 @@ std::string waited_text(int rc, CommThread::Wait waited, const std::string& late
 void run_send(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   const int peer = job.root;
-  SequenceGate& gate = g.send_gate[static_cast<std::size_t>(peer)];
+  SequenceGate& gate = g.send_gate[{peer, job.channel}];
+  const Tags tags(job.channel);
   const std::uint64_t seq = job.mine.sequence;
   if (!wait_turn(job, thread, gate, seq)) return gate.pass(seq);
   if (!g.fingerprints && job.failed_input) {
@@ -83,11 +90,11 @@ void run_send(Job& job, CommThread& thread) {
   MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
   int rc = MPI_SUCCESS;
   if (g.fingerprints) {
-    rc = MPI_Isend(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, kHeaderTag, g.p2p, &header);
-    if (rc == MPI_SUCCESS) rc = MPI_Irecv(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, kReplyTag, g.p2p, &reply);
+    rc = MPI_Isend(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, tags.header, g.p2p, &header);
+    if (rc == MPI_SUCCESS) rc = MPI_Irecv(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, tags.reply, g.p2p, &reply);
   }
   if (rc == MPI_SUCCESS && !job.failed_input)
-    rc = MPI_Isend(job.in, job.count, job.type, peer, kDataTag, g.p2p, &data);
+    rc = MPI_Isend(job.in, job.count, job.type, peer, tags.data, g.p2p, &data);
   gate.pass(seq);
   const CommThread::Wait waited =
       rc != MPI_SUCCESS ? CommThread::Wait::done
@@ -110,7 +117,8 @@ void run_send(Job& job, CommThread& thread) {
 void run_recv(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   const int peer = job.root;
-  SequenceGate& gate = g.recv_gate[static_cast<std::size_t>(peer)];
+  SequenceGate& gate = g.recv_gate[{peer, job.channel}];
+  const Tags tags(job.channel);
   const std::uint64_t seq = job.mine.sequence;
   if (!wait_turn(job, thread, gate, seq)) return gate.pass(seq);
   const std::string late = "rank " + std::to_string(peer) + " sent nothing within " + seconds_text(g.timeout) +
@@ -120,7 +128,7 @@ void run_recv(Job& job, CommThread& thread) {
   MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
   int rc = MPI_SUCCESS;
   if (!g.fingerprints) {
-    rc = MPI_Irecv(job.out, job.count, job.type, peer, kDataTag, g.p2p, &data);
+    rc = MPI_Irecv(job.out, job.count, job.type, peer, tags.data, g.p2p, &data);
     gate.pass(seq);
     const CommThread::Wait waited =
         rc != MPI_SUCCESS ? CommThread::Wait::done
@@ -131,7 +139,7 @@ void run_recv(Job& job, CommThread& thread) {
     }
     return complete(job);
   }
-  rc = MPI_Irecv(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, kHeaderTag, g.p2p, &header);
+  rc = MPI_Irecv(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, tags.header, g.p2p, &header);
   const CommThread::Wait heard =
       rc != MPI_SUCCESS ? CommThread::Wait::done
                         : thread.poll_until([&] { return test_all({&header}, rc); }, job.deadline);
@@ -145,16 +153,16 @@ void run_recv(Job& job, CommThread& thread) {
   std::vector<unsigned char> discard;  // a mismatched message's data, taken and dropped
   if (!h.failed) {
     if (match) {
-      rc = MPI_Irecv(job.out, job.count, job.type, peer, kDataTag, g.p2p, &data);
+      rc = MPI_Irecv(job.out, job.count, job.type, peer, tags.data, g.p2p, &data);
     } else {
       const auto type = static_cast<DType>(h.dtype);
       discard.resize(static_cast<std::size_t>(h.count) * dtype_size(type));
-      rc = MPI_Irecv(discard.data(), static_cast<int>(h.count), mpi_type(type), peer, kDataTag, g.p2p, &data);
+      rc = MPI_Irecv(discard.data(), static_cast<int>(h.count), mpi_type(type), peer, tags.data, g.p2p, &data);
     }
   }
   gate.pass(seq);  // this message's data receive is posted: the next may post its own
   if (rc == MPI_SUCCESS)
-    rc = MPI_Isend(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, kReplyTag, g.p2p, &reply);
+    rc = MPI_Isend(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, tags.reply, g.p2p, &reply);
   const CommThread::Wait waited =
       rc != MPI_SUCCESS ? CommThread::Wait::done
                         : thread.poll_until([&] { return test_all({&data, &reply}, rc); }, job.deadline);

@@ -82,18 +82,18 @@ class StagedBackend final : public Backend {
   void send(Call& call, const Tensor& tensor, int, int to) override {
     require_float32(call, {tensor});
     Tensor h = staged(tensor);
-    parallel::send(host_, h, to, call.options());
+    send_on(host_, h, to, call.channel(), call.options());
     std::lock_guard lock(mutex_);
-    call.commit_message(++sent_[to], to);
+    call.commit_message(++sent_[{to, call.channel()}], to);
   }
 
   void recv(Call& call, const Tensor& tensor, int from, int) override {
     require_float32(call, {tensor});
     Tensor h = Tensor::empty(tensor.engine(), tensor.shape(), kHost);
-    parallel::recv(host_, h, from, call.options());
+    recv_on(host_, h, from, call.channel(), call.options());
     unstage(tensor, h);
     std::lock_guard lock(mutex_);
-    call.commit_message(++received_[from], from);
+    call.commit_message(++received_[{from, call.channel()}], from);
   }
 
  private:
@@ -114,7 +114,7 @@ class StagedBackend final : public Backend {
   Device gpu_;
   Communicator host_;  // the same ranks, on cpu(0)
   std::mutex mutex_;
-  std::map<int, std::uint64_t> sent_, received_;  // messages numbered per peer
+  std::map<std::pair<int, int>, std::uint64_t> sent_, received_;  // messages numbered per (peer, channel)
 };
 
 }  // namespace

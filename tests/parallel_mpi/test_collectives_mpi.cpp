@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
+#include "parallel_mpi/member_rings.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"
@@ -566,9 +567,17 @@ TEST_CASE("several devices per process: allreduce, broadcast, reduce, reduce_sca
       par::all_gather(comm, mine, gathered, {.name = "params"});
       for (const Tensor& g : gathered) require_values(g.to_host(), count, whole_value);
     }
-    std::vector<Tensor> ts{rank_tensor(e, first, 4, Device::cpu(0)), rank_tensor(e, first + 1, 4, Device::cpu(1))};
-    CHECK_THROWS_WITH_AS(par::send(comm, ts[0], first + 1), doctest::Contains("send on a group with several devices per process is not built yet"),
-                         weft::InvalidArgument);
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("several devices per process: send and recv between any two members, in push order per pair" *
+          doctest::timeout(240)) {
+  for_each_engine([](Engine& e) {
+    const std::vector<Device> devices{Device::cpu(0), Device::cpu(1)};
+    const par::Communicator comm = par::Communicator::mpi(e, devices);
+    mpi_test::member_rings(e, comm, devices, e.kind() != "naive");
   });
   auto e = Engine::create({.kind = "threaded"});
   sync_ranks(*e);

@@ -21,6 +21,7 @@
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 #include "weft/tensor_op.h"
+#include "parallel_mpi/member_rings.h"
 
 namespace {
 
@@ -220,5 +221,15 @@ TEST_CASE("GPU members across processes: two GPUs per process, in-process ring t
       for (const Tensor& w : wholes) require_values(w, count, [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, i); });
     }
     par::barrier(comm);
+  });
+}
+
+TEST_CASE("GPU members across processes: two GPUs per process, send and recv between any two members" *
+          doctest::timeout(600)) {
+  if (no_gpus(2)) return;
+  for_each_engine(2, [](Engine& e) {
+    const std::vector<Device> devices{Device::gpu(0), Device::gpu(1)};
+    const par::Communicator comm = par::Communicator::mpi(e, devices);
+    mpi_test::member_rings(e, comm, devices, e.kind() != "naive");
   });
 }

@@ -97,9 +97,11 @@ class Communicator {
   // copy, then across processes; reduce_scatter is an allreduce of copies
   // of which each member keeps its chunk; all_gather gathers each device
   // index's column across processes, then the columns in-process, then
-  // puts the pieces in member order; barrier waits for every process.
-  // send/recv on such groups is not built yet (an InvalidArgument at push
-  // time). A single device is the form above.
+  // puts the pieces in member order; barrier waits for every process;
+  // send/recv between members of two processes travels on the sender's
+  // device's communicator, on a channel of the receiver's device, so each
+  // pair of members keeps its own push order. A single device is the form
+  // above.
   static Communicator mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options = {});
 
   int size() const noexcept;                           // members in the group

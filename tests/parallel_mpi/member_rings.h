@@ -1,0 +1,128 @@
+// A scenario shared by the tests of groups with two devices per process,
+// on CPU devices and on GPUs: messages between members of different devices
+// and processes.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "weft/engine.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+#include "weft/tensor_op.h"
+
+namespace mpi_test {
+
+using weft::Device;
+using weft::Engine;
+using weft::Shape;
+using weft::Tensor;
+namespace par = weft::parallel;
+
+inline float ring_value(int member, std::int64_t i) { return static_cast<float>((member + 1) * (i % 5 + 1) - 2 * (i % 3)); }
+
+// Two rings over the members of a group with two devices per process, one
+// forward (member m to m + 1: device 0 to device 1 in-process, device 1 to
+// the next process's device 0) and one backward (m to m - 1: device 1 to
+// device 0 in-process, device 0 to the previous process's device 1), each
+// message stamped with its sender and round in its first element, the
+// sender overwriting its tensor right after the send. Odd processes post
+// their receives from other processes first: the naive engine completes
+// each op within its push, as blocking MPI calls would.
+inline void member_rings(Engine& e, const par::Communicator& comm, const std::vector<Device>& devices,
+                         bool crossed_order) {
+  const int n = comm.size(), per = 2, first = comm.local_ranks()[0], process = first / per;
+  for (int step : {1, -1}) {
+    for (std::int64_t count : {std::int64_t{1}, std::int64_t{1003}, std::int64_t{300007}}) {
+      INFO("ring step " << step << ", " << count << " elements, " << n << " members");
+      auto stamp = [&](int member, int round) { return static_cast<float>(1000 * member + round); };
+      auto post_sends = [&](bool remote) {
+        for (int k = 0; k < per; ++k) {
+          const int me = first + k, to = ((me + step) % n + n) % n;
+          if ((to / per != process) != remote) continue;
+          for (int round = 0; round < 2; ++round) {
+            std::vector<float> v(static_cast<std::size_t>(count));
+            for (std::int64_t i = 0; i < count; ++i) v[static_cast<std::size_t>(i)] = ring_value(me, i);
+            v[0] = stamp(me, round);
+            Tensor t = Tensor::from_host(e, Shape{count}, v, devices[static_cast<std::size_t>(k)]);
+            par::send(comm, t, to, {.name = "act"});
+            weft::push_tensor_op(devices[static_cast<std::size_t>(k)], {}, {t},
+                                 [](weft::RunContext& ctx, const weft::TensorData& d) {
+                                   weft::scale(ctx, d.out(0), -1.0f, 1);
+                                 },
+                                 {.name = "overwrite after send"});
+          }
+        }
+      };
+      std::vector<std::vector<Tensor>> got(2);
+      auto post_recvs = [&](bool remote) {
+        for (int k = 0; k < per; ++k) {
+          const int me = first + k, from = ((me - step) % n + n) % n;
+          if ((from / per != process) != remote) continue;
+          for (int round = 0; round < 2; ++round) {
+            Tensor t = Tensor::zeros(e, Shape{count}, devices[static_cast<std::size_t>(k)]);
+            par::recv(comm, t, from, {.name = "act"});
+            got[static_cast<std::size_t>(k)].push_back(t);
+          }
+        }
+      };
+      if (process % 2) {
+        post_recvs(true);
+        post_sends(true);
+        post_sends(false);
+        post_recvs(false);
+      } else {
+        post_sends(true);
+        post_sends(false);
+        post_recvs(true);
+        post_recvs(false);
+      }
+      for (int k = 0; k < per; ++k) {
+        const int me = first + k, from = ((me - step) % n + n) % n;
+        for (int round = 0; round < 2; ++round)
+        {
+          const std::vector<float> v = got[static_cast<std::size_t>(k)][static_cast<std::size_t>(round)].to_host();
+          REQUIRE(static_cast<std::int64_t>(v.size()) == count);
+          for (std::int64_t i = 0; i < count; ++i) {
+            const float want = i == 0 ? stamp(from, round) : ring_value(from, i);
+            if (v[static_cast<std::size_t>(i)] != want) {
+              INFO("member " << me << " from member " << from << ", round " << round << ", element " << i);
+              REQUIRE(v[static_cast<std::size_t>(i)] == want);
+            }
+          }
+        }
+      }
+    }
+  }
+  // Every member to every member of the next process, received in the
+  // reverse order of the sends: each pair of members has its own channel,
+  // so the order between pairs does not matter (threaded engines only: the
+  // naive one would wait forever in the first push, as blocking MPI would).
+  const int processes = n / per;
+  if (!crossed_order || processes < 2) return;
+  const int next = (process + 1) % processes, previous = (process + processes - 1) % processes;
+  std::vector<Tensor> got;
+  for (int k = 0; k < per; ++k)
+    for (int j = 0; j < per; ++j) {
+      const int me = first + k, to = next * per + j;
+      std::vector<float> v(17, static_cast<float>(1000 * me + to));
+      par::send(comm, Tensor::from_host(e, Shape{17}, v, devices[static_cast<std::size_t>(k)]), to, {.name = "crossed"});
+    }
+  std::vector<std::pair<int, int>> pairs;  // (from, to), in the order received
+  for (int j = per - 1; j >= 0; --j)
+    for (int k = per - 1; k >= 0; --k) {
+      const int me = first + j, from = previous * per + k;
+      Tensor t = Tensor::zeros(e, Shape{17}, devices[static_cast<std::size_t>(j)]);
+      par::recv(comm, t, from, {.name = "crossed"});
+      got.push_back(t);
+      pairs.emplace_back(from, me);
+    }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("member " << pairs[i].second << " from member " << pairs[i].first);
+    CHECK(got[i].to_host() == std::vector<float>(17, static_cast<float>(1000 * pairs[i].first + pairs[i].second)));
+  }
+}
+
+}  // namespace mpi_test
