@@ -4,6 +4,10 @@
 // (fingerprints on, and off) beside plain MPI_Allreduce on the same buffers.
 // JSON lines with --json; rank 0 prints.
 #include <mpi.h>
+#if WEFT_BENCH_NCCL
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <chrono>
 #include <thread>
@@ -48,6 +53,8 @@ int usage(std::FILE* out, int rc) {
                "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
                "  weft_ring_sim_gpu), the in-process ring over min(N, GPUs) GPU members, and under mpirun\n"
                "  weft_mpi_gpu (or weft_mpi_sim_gpu), gpu(0) of every rank, staged through host memory.\n"
+               "  Where Weft uses NCCL (real GPUs, WEFT_NCCL unset or 1) those rows are weft_nccl_gpu and\n"
+               "  weft_nccl_mpi_gpu, beside nccl: ncclAllReduce called directly on the same GPUs (in-process).\n"
                "  Simulated GPUs run at CPU speed: their figures exercise the paths, they do not rate them.\n");
   return rc;
 }
@@ -132,6 +139,46 @@ double time_per_call_us_together(int reps, F&& run_calls) {
   return weft_bench::summarize(per_call).median;
 }
 
+#if WEFT_BENCH_NCCL
+// The peer of Weft's GPU members: ncclAllReduce called directly, one
+// communicator per GPU of this process, each call waited for.
+double direct_nccl_us(int gpus, std::int64_t count, int reps) {
+  auto check = [](ncclResult_t rc, const char* what) {
+    if (rc != ncclSuccess) throw std::runtime_error(std::string(what) + ": " + ncclGetErrorString(rc));
+  };
+  std::vector<ncclComm_t> comms(static_cast<std::size_t>(gpus));
+  std::vector<int> ordinals;
+  for (int g = 0; g < gpus; ++g) ordinals.push_back(g);
+  check(ncclCommInitAll(comms.data(), gpus, ordinals.data()), "ncclCommInitAll");
+  std::vector<cudaStream_t> streams(static_cast<std::size_t>(gpus));
+  std::vector<float*> buffers(static_cast<std::size_t>(gpus));
+  for (int g = 0; g < gpus; ++g) {
+    cudaSetDevice(g);
+    cudaStreamCreate(&streams[static_cast<std::size_t>(g)]);
+    cudaMalloc(&buffers[static_cast<std::size_t>(g)], static_cast<std::size_t>(count) * sizeof(float) + 4);
+  }
+  const double us = time_per_call_us_alone(reps, [&](int calls) {
+    for (int c = 0; c < calls; ++c) {
+      check(ncclGroupStart(), "ncclGroupStart");
+      for (int g = 0; g < gpus; ++g)
+        check(ncclAllReduce(buffers[static_cast<std::size_t>(g)], buffers[static_cast<std::size_t>(g)],
+                            static_cast<std::size_t>(count), ncclFloat32, ncclSum, comms[static_cast<std::size_t>(g)],
+                            streams[static_cast<std::size_t>(g)]),
+              "ncclAllReduce");
+      check(ncclGroupEnd(), "ncclGroupEnd");
+      for (int g = 0; g < gpus; ++g) cudaStreamSynchronize(streams[static_cast<std::size_t>(g)]);
+    }
+  });
+  for (int g = 0; g < gpus; ++g) {
+    cudaSetDevice(g);
+    cudaFree(buffers[static_cast<std::size_t>(g)]);
+    cudaStreamDestroy(streams[static_cast<std::size_t>(g)]);
+    ncclCommDestroy(comms[static_cast<std::size_t>(g)]);
+  }
+  return us;
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,12 +218,15 @@ int main(int argc, char** argv) {
   const int gpus = std::min(o.members, weft::gpu::device_count());
   const bool simulated = gpus > 0 && weft::gpu::properties(0).simulated;
   const std::string gpu_suffix = simulated ? "_sim_gpu" : "_gpu";
+  std::string gpu_ring_impl = "weft_ring" + gpu_suffix, gpu_mpi_impl = "weft_mpi" + gpu_suffix;
   std::vector<weft::Device> gpu_devices;
   for (int r = 0; r < gpus; ++r) gpu_devices.push_back(weft::Device::gpu(r));
   std::optional<par::Communicator> gpu_comm, gpu_across;
   if (gpus > 0) {
     gpu_comm = par::Communicator::local(*engine, gpu_devices);
     gpu_across = par::Communicator::mpi(*engine, weft::Device::gpu(0));
+    if (gpu_comm->str().find("NCCL") != std::string::npos) gpu_ring_impl = "weft_nccl_gpu";
+    if (gpu_across->str().find("NCCL") != std::string::npos) gpu_mpi_impl = "weft_nccl_mpi_gpu";
   }
   if (print_here) {
     std::fprintf(json ? stderr : stdout,
@@ -217,7 +267,10 @@ int main(int argc, char** argv) {
         for (int c = 0; c < calls; ++c) par::allreduce(*gpu_comm, g);
         engine->wait_all();
       });
-      report({"weft_ring" + gpu_suffix, gpus, bytes, gpu_ring_us});
+      report({gpu_ring_impl, gpus, bytes, gpu_ring_us});
+#if WEFT_BENCH_NCCL
+      if (!simulated) report({"nccl", gpus, bytes, direct_nccl_us(gpus, count, o.reps)});
+#endif
     });
     if (job.size == 1) continue;
     if (gpu_across) {
@@ -227,7 +280,7 @@ int main(int argc, char** argv) {
         for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
         engine->wait_all();
       });
-      report({"weft_mpi" + gpu_suffix, job.size, bytes, us});
+      report({gpu_mpi_impl, job.size, bytes, us});
     }
     // Across the ranks: the same buffer for every implementation.
     weft::Tensor t = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0));

@@ -9,6 +9,11 @@ install(TARGETS weft weft_parallel weft_ops weft_engine weft_devices EXPORT weft
 install(DIRECTORY devices/include/weft engine/include/weft ops/include/weft parallel/include/weft
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 set(WEFT_INSTALL_HAVE_CUDA ${WEFT_HAVE_CUDA})
+if(TARGET weft::nccl)
+  set(WEFT_INSTALL_HAVE_NCCL ON)
+else()
+  set(WEFT_INSTALL_HAVE_NCCL OFF)
+endif()
 install(EXPORT weftTargets NAMESPACE weft:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/weft)
 
 configure_package_config_file(cmake/weftConfig.cmake.in ${CMAKE_CURRENT_BINARY_DIR}/weftConfig.cmake
@@ -23,6 +28,9 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/weftConfig.cmake ${CMAKE_CURRENT_BINAR
 set(WEFT_PC_EXTRA_LIBS boost_fiber boost_context ${CMAKE_DL_LIBS})
 if(WEFT_HAVE_CUDA)
   list(APPEND WEFT_PC_EXTRA_LIBS -L${CUDAToolkit_LIBRARY_DIR} -lcudnn -lcublas -lcudart)
+endif()
+if(TARGET weft::nccl)
+  list(APPEND WEFT_PC_EXTRA_LIBS -lnccl)
 endif()
 list(TRANSFORM WEFT_PC_EXTRA_LIBS PREPEND "-l" REGEX "^[^-]")
 list(JOIN WEFT_PC_EXTRA_LIBS " " WEFT_PC_EXTRA_LIBS)

@@ -307,6 +307,7 @@ void Event::stream_wait(Stream* stream) const {
 }
 
 void Event::host_wait() const { runtime().event_synchronize(event_); }
+bool Event::done() const { return runtime().event_done(event_); }
 
 // ---- stream-ordered work -------------------------------------------------------
 

@@ -67,6 +67,13 @@ class Call {
   std::string label_;
 };
 
+// Pushes only the fingerprint check of a collective `kind` of `described`
+// (its size and dtype) on an MPI communicator: fails `token` (written; any
+// device) on every rank when the ranks disagree, an input failed or a rank
+// is missing; moves no data.
+void check_across(const Communicator& comm, Kind kind, const Tensor& described, const Tensor& token, ReduceOp op,
+                  const CollectiveOptions& options);
+
 // send and recv on a channel of `comm` (the public send/recv use channel 0).
 void send_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options);
 void recv_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options);

@@ -63,10 +63,19 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
   auto state = std::make_shared<detail::CommunicatorState>();
   state->engine = &engine;
   state->devices = {device};
-  if (device.is_gpu())  // through host memory, on a communicator of cpu(0)
-    state->backend = detail::make_staged_backend(*state, Communicator::mpi(engine, Device::cpu(0), options));
-  else
+  if (device.is_gpu()) {
+    // NCCL where built and wanted, else through host memory; either way
+    // over a communicator of cpu(0).
+    Communicator host = Communicator::mpi(engine, Device::cpu(0), options);
+#if WEFT_HAVE_NCCL
+    if (detail::nccl_wanted())
+      state->backend = detail::make_nccl_mpi_backend(*state, std::move(host), options);
+    else
+#endif
+      state->backend = detail::make_staged_backend(*state, std::move(host));
+  } else {
     state->backend = detail::make_mpi_backend(*state, options);  // sets size and local_ranks
+  }
   return Communicator(std::move(state));
 }
 

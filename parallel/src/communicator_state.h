@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,8 +56,20 @@ struct CommunicatorState {
 };
 
 std::unique_ptr<Backend> make_local_backend(CommunicatorState& state);
+// The deadline of one collective: options.timeout, else WEFT_COLLECTIVE_TIMEOUT
+// (seconds), else 5 minutes. Throws InvalidArgument for a bad setting.
+std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options);
 // Joins MPI_COMM_WORLD (collective); sets state.size and state.local_ranks.
 std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options);
+// NCCL (nccl_collectives.cpp, built where NCCL was found: WEFT_HAVE_NCCL):
+// wanted on the CUDA runtime unless WEFT_NCCL=0. In-process, with `ring` for
+// what NCCL does not carry; across processes, bootstrapped and checked over
+// `host` (the same ranks on cpu(0)), staged through it for the rest; sets
+// state.size and local_ranks.
+bool nccl_wanted();
+std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique_ptr<Backend> ring);
+std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communicator host,
+                                               const CommunicatorOptions& options);
 // A GPU member across processes without NCCL: staged through host memory,
 // over `host` (the same ranks on cpu(0)); sets state.size and local_ranks.
 std::unique_ptr<Backend> make_staged_backend(CommunicatorState& state, Communicator host);

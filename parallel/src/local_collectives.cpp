@@ -283,7 +283,13 @@ void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int 
 }  // namespace
 
 std::unique_ptr<detail::Backend> detail::make_local_backend(CommunicatorState& state) {
-  if (state.devices.front().is_gpu()) return make_local_gpu_backend(state);
+  if (state.devices.front().is_gpu()) {
+    std::unique_ptr<Backend> ring = make_local_gpu_backend(state);
+#if WEFT_HAVE_NCCL
+    if (nccl_wanted()) return make_nccl_backend(state, std::move(ring));
+#endif
+    return ring;
+  }
   return std::make_unique<LocalBackend>(state);
 }
 

@@ -106,6 +106,7 @@ inline void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std:
          {.priority = priority, .name = phase->what + " done", .run_on_failed_input = true});
 }
 
+// GPU members: the ring over device copies (or NCCL: communicator_state.h).
 std::unique_ptr<Backend> make_local_gpu_backend(CommunicatorState& state);
 
 }  // namespace weft::parallel::detail

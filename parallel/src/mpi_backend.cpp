@@ -16,14 +16,13 @@
 #include "weft/tensor_op.h"
 
 namespace weft::parallel::detail {
-namespace {
 
 // ---- options from the environment -----------------------------------------------
 
-std::chrono::milliseconds resolve_timeout(const CommunicatorOptions& options) {
+std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options) {
   if (options.timeout) {
     if (options.timeout->count() <= 0)
-      throw InvalidArgument("weft::parallel::Communicator::mpi: CommunicatorOptions::timeout must be positive");
+      throw InvalidArgument("weft::parallel::Communicator: CommunicatorOptions::timeout must be positive");
     return *options.timeout;
   }
   const char* text = std::getenv("WEFT_COLLECTIVE_TIMEOUT");
@@ -36,6 +35,8 @@ std::chrono::milliseconds resolve_timeout(const CommunicatorOptions& options) {
                           "': want a positive number of seconds, such as 300 or 2.5");
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
 }
+
+namespace {
 
 bool resolve_fingerprints(const CommunicatorOptions& options) {
   if (options.fingerprints) return *options.fingerprints;
@@ -126,6 +127,16 @@ class MpiBackend final : public Backend {
     job->channel = call.channel();
     push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
   }
+  // The fingerprint check of a collective whose data another library moves
+  // (NCCL): the hold op writes `token`, so that a mismatch, a failed input
+  // or a missing rank fails it on every rank and the data phase, which
+  // reads it, learns of it.
+  void check_only(const Call& call, const Tensor& described, const Tensor& token, ReduceOp op) {
+    auto job = make_job(call, described, op);
+    job->check_only = true;
+    push(call, std::move(job), {}, {token}, [](Job&, const TensorData&) {});
+  }
+
   void barrier(const Call& call) override {
     auto job = make_job(call, Tensor(), ReduceOp::sum);
     try {
@@ -233,10 +244,19 @@ class MpiBackend final : public Backend {
 
 }  // namespace
 
+void check_across(const Communicator& comm, Kind kind, const Tensor& described, const Tensor& token, ReduceOp op,
+                  const CollectiveOptions& options) {
+  auto* backend = dynamic_cast<MpiBackend*>(state_of(comm)->backend.get());
+  if (!backend) throw Error("weft::parallel: check_across on a communicator that is not an MPI one");
+  Call call(kind, comm, options);
+  call.commit();
+  backend->check_only(call, described, token, op);
+}
+
 std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options) {
   auto group = std::make_shared<MpiGroup>();
   group->device = state.devices.front();
-  group->timeout = resolve_timeout(options);
+  group->timeout = collective_timeout(options);
   group->fingerprints = resolve_fingerprints(options);
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();

@@ -309,6 +309,8 @@ void run_collective(Job& job, CommThread& thread) {
       // timeout, and this rank stops using the communicator too.
       if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
       complete(job, job.failed_input);
+    } else if (job.check_only) {
+      complete(job);
     } else if (wait_turn(job, thread, g.data_gate, seq)) {
       const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
                         static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;

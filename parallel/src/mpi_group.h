@@ -169,6 +169,7 @@ struct Job {
   MPI_Datatype type = MPI_BYTE;
   int count = 0, root = 0;
   int channel = 0;  // send and recv: tags of its own per channel
+  bool check_only = false;  // fingerprints, then done: the data moves elsewhere (NCCL)
   const void* in = nullptr;  // what this rank sends (null: in place)
   void* out = nullptr;       // what it receives
   std::vector<int> counts, displs;  // reduce_scatter and all_gather: per rank

@@ -55,6 +55,10 @@ class Event {
   // wait_to_read only); work that failed on the stream surfaces here as a
   // weft::DeviceError.
   void host_wait() const;
+  // Whether the work before the recording has completed, without waiting
+  // (for threads that poll many events, such as parallel/'s communication
+  // thread); work that failed surfaces here as a weft::DeviceError.
+  bool done() const;
   Stream* stream() const noexcept { return stream_; }
   int device() const noexcept { return device_; }
 

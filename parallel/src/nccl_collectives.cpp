@@ -1,0 +1,520 @@
+// Collectives on real GPUs through NCCL (built where NCCL was found; used
+// on the CUDA runtime unless WEFT_NCCL=0): in-process over the group's GPUs,
+// and across MPI processes bootstrapped over MPI (the unique id broadcast
+// through Weft's own MPI communicator, as Horovod does). NEVER RUN YET: no
+// session has had a GPU machine for it (docs/gpu-validation.md).
+//
+// One NCCL communicator per local member, each with a communication stream
+// of its own. A collective is a hold op on cpu(0) (it holds the GPU
+// tensors; run_on_failed_input) whose body hands the launch to a fiber of a
+// communication thread. The fiber launches the collectives of one clique in
+// sequence order (NCCL deadlocks when ranks launch in different orders, and
+// inputs become ready in any order), the local members' calls as one NCCL
+// group, from that one thread; records an event on each communication
+// stream; and polls the events and the communicators' asynchronous errors
+// until the work is done, then completes the hold op. Past the deadline
+// (WEFT_COLLECTIVE_TIMEOUT) or on an asynchronous error it aborts the
+// communicators (ncclCommAbort): the collective fails naming itself, later
+// ones fail at once.
+//
+// Across processes each collective is first checked: Weft's MPI
+// communicator of cpu(0) exchanges its fingerprint (check_across) and
+// fails a token tensor on every rank when the ranks disagree, an input
+// failed or a rank is missing; the NCCL hold op reads the token, so no rank
+// then launches NCCL, and none waits. Uneven reduce_scatter and
+// all_gather, barrier and send/recv take the other path: the ring over
+// device copies in-process, host staging across processes.
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "call.h"
+#include "comm_thread.h"
+#include "communicator_state.h"
+#include "local_phase.h"
+#include "weft/error.h"
+#include "weft/gpu_streams.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor_op.h"
+
+namespace weft::parallel::detail {
+namespace {
+
+[[noreturn]] void nccl_failed(const char* call, ncclResult_t rc, const std::string& what) {
+  throw CommunicationError(what + ": " + call + " failed: " + ncclGetErrorString(rc) + " (" +
+                               ncclGetLastError(nullptr) + ")",
+                           CommunicationError::kNoPeer);
+}
+// One checked-call macro for NCCL, as WEFT_CUDA_CHECK for CUDA. ncclInProgress
+// is not a failure: a non-blocking communicator is still working.
+#define WEFT_NCCL_CHECK(call, what)                                                             \
+  do {                                                                                          \
+    const ncclResult_t weft_nccl_rc_ = (call);                                                  \
+    if (weft_nccl_rc_ != ncclSuccess && weft_nccl_rc_ != ncclInProgress) nccl_failed(#call, weft_nccl_rc_, what); \
+  } while (0)
+
+// The communication thread of NCCL's fibers (MPI's is MpiProcess's: this
+// one must not initialize MPI).
+CommThread& nccl_thread() {
+  static CommThread* thread = [] {
+    auto* t = new CommThread();  // never deleted: stopped at exit
+    std::atexit([] { nccl_thread().stop(); });
+    return t;
+  }();
+  return *thread;
+}
+
+// What the collectives of one communicator share.
+struct Clique {
+  std::vector<Device> devices;  // the local members'
+  std::vector<ncclComm_t> comms;
+  std::vector<std::unique_ptr<gpu::StreamResources>> streams;  // one communication stream per local member
+  std::chrono::milliseconds timeout{};
+  std::mutex mutex;
+  std::string broken;  // under the mutex: why the communicators were aborted
+  SequenceGate gate;   // fibers only: launches in sequence order
+
+  ~Clique() {
+    // Every collective keeps the clique until its work is done: nothing of
+    // ours is in flight. Aborted communicators are gone already.
+    if (!broken.empty()) return;
+    for (ncclComm_t c : comms) ncclCommDestroy(c);
+  }
+  int size() const { return static_cast<int>(devices.size()); }
+  ncclComm_t comm(int r) const { return comms[static_cast<std::size_t>(r)]; }
+  gpu::Stream* stream(int r) const { return streams[static_cast<std::size_t>(r)]->handles().stream; }
+  cudaStream_t native(int r) const { return static_cast<cudaStream_t>(gpu::native_handle(stream(r))); }
+  std::string broken_now() {
+    std::lock_guard lock(mutex);
+    return broken;
+  }
+  // No NCCL call of ours may hang after a failure.
+  void abort(const std::string& why) {
+    std::lock_guard lock(mutex);
+    if (!broken.empty()) return;
+    broken = why;
+    for (ncclComm_t c : comms) ncclCommAbort(c);
+  }
+  // An asynchronous error of a member's communicator ("" while none), and
+  // whether one is still working (non-blocking communicators).
+  std::string async_error(bool* in_progress) const {
+    for (int r = 0; r < size(); ++r) {
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm(r), &state);
+      if (state == ncclInProgress) {
+        if (in_progress) *in_progress = true;
+      } else if (state != ncclSuccess) {
+        return "local member " + std::to_string(r) + " (" + devices[static_cast<std::size_t>(r)].str() +
+               "): " + ncclGetErrorString(state) + " (" + ncclGetLastError(comm(r)) + ")";
+      }
+    }
+    return "";
+  }
+};
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::average: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+// The NCCL calls of one collective: local member r's, given the memory.
+using Calls = std::function<void(int r, const Phase& phase)>;
+
+// The fiber of one collective: waits for its turn, launches, polls, completes.
+void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& phase, std::uint64_t seq,
+         const Calls& calls, std::exception_ptr failed_input, CommThread& thread) {
+  auto fail = [&](const std::string& why) {
+    clique->abort(phase->what + ": " + why);
+    phase->done(std::make_exception_ptr(CommunicationError(phase->what + ": " + why, CommunicationError::kNoPeer)));
+  };
+  // The collectives before this one have deadlines of their own.
+  if (thread.poll_until([&] { return clique->gate.open(seq); }, Clock::time_point::max()) ==
+      CommThread::Wait::stopping) {
+    clique->gate.pass(seq);
+    return phase->done(std::make_exception_ptr(
+        CommunicationError(phase->what + ": the process is exiting", CommunicationError::kNoPeer)));
+  }
+  if (failed_input) {
+    clique->gate.pass(seq);
+    return phase->done(failed_input);
+  }
+  if (const std::string broken = clique->broken_now(); !broken.empty()) {
+    clique->gate.pass(seq);
+    return phase->done(std::make_exception_ptr(
+        CommunicationError(phase->what + ": the NCCL communicator is broken: " + broken, CommunicationError::kNoPeer)));
+  }
+  const auto deadline = Clock::now() + clique->timeout;
+  std::vector<gpu::EventRef> events;
+  try {
+    WEFT_NCCL_CHECK(ncclGroupStart(), phase->what);
+    for (int r = 0; r < clique->size(); ++r) calls(r, *phase);
+    WEFT_NCCL_CHECK(ncclGroupEnd(), phase->what);
+  } catch (const std::exception& e) {
+    clique->gate.pass(seq);
+    return fail(std::string("launching failed: ") + e.what());  // some members may have launched
+  }
+  clique->gate.pass(seq);
+  // A non-blocking communicator enqueues after ncclGroupEnd returned: the
+  // events go on the streams once it is done.
+  std::string async;
+  const CommThread::Wait enqueued = thread.poll_until(
+      [&] {
+        bool in_progress = false;
+        async = clique->async_error(&in_progress);
+        return !async.empty() || !in_progress;
+      },
+      deadline);
+  if (enqueued != CommThread::Wait::done) return fail("NCCL did not enqueue it in time; the communicator was aborted");
+  if (!async.empty()) return fail("NCCL reported " + async + "; the communicator was aborted");
+  std::exception_ptr error;
+  try {
+    for (int r = 0; r < clique->size(); ++r)
+      events.emplace_back(gpu::Event::record(clique->devices[static_cast<std::size_t>(r)].index(), clique->stream(r)));
+  } catch (const std::exception& e) {
+    return fail(std::string("recording its events failed: ") + e.what());
+  }
+  const CommThread::Wait waited = thread.poll_until(
+      [&] {
+        async = clique->async_error(nullptr);
+        if (!async.empty()) return true;
+        try {
+          for (const gpu::EventRef& e : events)
+            if (!e->done()) return false;
+        } catch (...) {
+          error = std::current_exception();  // the stream's work failed
+        }
+        return true;
+      },
+      deadline);
+  if (waited == CommThread::Wait::timeout)
+    return fail("not complete within " + std::to_string(clique->timeout.count()) +
+                " ms (WEFT_COLLECTIVE_TIMEOUT); the communicator was aborted");
+  if (waited == CommThread::Wait::stopping) return fail("the process is exiting");
+  if (!async.empty()) return fail("NCCL reported " + async + "; the communicator was aborted");
+  phase->done(error);
+}
+
+const Device kHold = Device::cpu(0);
+
+// The hold op of one NCCL collective (reads, then writes, as the collective
+// documents them; `reads` may end with a check token), run even when an
+// input failed, so that it passes its turn.
+void push_nccl(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
+               const std::vector<Tensor>& writes, Calls calls) {
+  push_tensor_op_async(
+      kHold, reads, writes,
+      [clique, what = call.label(), seq = call.sequence(), calls = std::move(calls)](
+          RunContext& ctx, const TensorData& d, Completion done) mutable {
+        auto phase = std::make_shared<Phase>();
+        phase->what = what;
+        phase->in.assign(d.inputs.begin(), d.inputs.end());
+        phase->out = d.outputs;
+        phase->done = std::move(done);
+        CommThread& thread = nccl_thread();
+        if (!thread.spawn([clique, phase, seq, calls = std::move(calls), failed = ctx.failed_input, &thread] {
+              run(clique, phase, seq, calls, failed, thread);
+            }))
+          phase->done(std::make_exception_ptr(
+              CommunicationError(what + ": the process is exiting", CommunicationError::kNoPeer)));
+      },
+      OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true});
+}
+
+// A call another path carries took a sequence number: let the next through.
+void pass_turn(const std::shared_ptr<Clique>& clique, std::uint64_t seq) {
+  static_cast<void>(nccl_thread().spawn([clique, seq] { clique->gate.pass(seq); }));
+}
+
+std::string members_text(const std::vector<Device>& devices) {
+  std::string s;
+  for (std::size_t i = 0; i < devices.size(); ++i) s += (i ? ", " : " ") + devices[i].str();
+  return s;
+}
+
+// ---- in-process: one clique over the group's GPUs ----------------------------------
+
+class NcclLocalBackend final : public Backend {
+ public:
+  NcclLocalBackend(std::shared_ptr<Clique> clique, std::unique_ptr<Backend> ring)
+      : clique_(std::move(clique)), ring_(std::move(ring)) {}
+
+  std::string str() const override {
+    const int n = clique_->size();
+    return "in-process NCCL communicator of " + std::to_string(n) + " GPU member" + (n == 1 ? "" : "s") + ":" +
+           members_text(clique_->devices);
+  }
+
+  void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    const auto count = static_cast<std::size_t>(tensors[0].numel());
+    push_nccl(call, clique_, tensors, tensors, [clique = clique_, count, op](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclAllReduce(p.out_at(r), p.out_at(r), count, ncclFloat32, nccl_op(op), clique->comm(r),
+                                    clique->native(r)),
+                      p.what);
+    });
+  }
+  void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
+    const int root = call.options().root;
+    const std::size_t bytes = tensors[0].nbytes();
+    // The root's tensor is read, the others written (as bytes: any dtype).
+    push_nccl(call, clique_, {tensors[static_cast<std::size_t>(root)]}, all_but(tensors, root),
+              [clique = clique_, root, bytes](int r, const Phase& p) {
+                void* into = r == root ? const_cast<void*>(p.in_at(0)) : p.out_at(r < root ? r : r - 1);
+                WEFT_NCCL_CHECK(ncclBroadcast(p.in_at(0), into, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
+                                p.what);
+              });
+  }
+  void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    const int root = call.options().root;
+    const auto count = static_cast<std::size_t>(tensors[0].numel());
+    // Read: the others in member order, then the root (reduced in place).
+    std::vector<Tensor> reads = all_but(tensors, root);
+    reads.push_back(tensors[static_cast<std::size_t>(root)]);
+    push_nccl(call, clique_, reads, {tensors[static_cast<std::size_t>(root)]},
+              [clique = clique_, root, count, op](int r, const Phase& p) {
+                const void* from = r == root ? p.out_at(0) : p.in_at(r < root ? r : r - 1);
+                void* into = r == root ? p.out_at(0) : nullptr;
+                WEFT_NCCL_CHECK(ncclReduce(from, into, count, ncclFloat32, nccl_op(op), root, clique->comm(r),
+                                           clique->native(r)),
+                                p.what);
+              });
+  }
+  // NCCL's reduce-scatter and all-gather take equal chunks; uneven ones
+  // take the ring.
+  void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                      ReduceOp op) override {
+    const std::int64_t count = inputs[0].numel();
+    if (count % clique_->size() != 0) {
+      pass_turn(clique_, call.sequence());
+      return ring_->reduce_scatter(call, inputs, outputs, op);
+    }
+    const auto part = static_cast<std::size_t>(count / clique_->size());
+    push_nccl(call, clique_, inputs, outputs, [clique = clique_, part, op](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(r), p.out_at(r), part, ncclFloat32, nccl_op(op), clique->comm(r),
+                                        clique->native(r)),
+                      p.what);
+    });
+  }
+  void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
+    const std::int64_t count = outputs[0].numel();
+    if (count % clique_->size() != 0) {
+      pass_turn(clique_, call.sequence());
+      return ring_->all_gather(call, inputs, outputs);
+    }
+    const std::size_t part_bytes = outputs[0].nbytes() / static_cast<std::size_t>(clique_->size());
+    push_nccl(call, clique_, inputs, outputs, [clique = clique_, part_bytes](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclAllGather(p.in_at(r), p.out_at(r), part_bytes, ncclUint8, clique->comm(r), clique->native(r)),
+                      p.what);
+    });
+  }
+  void barrier(const Call& call) override {
+    pass_turn(clique_, call.sequence());
+    ring_->barrier(call);
+  }
+  void send(Call& call, const Tensor& tensor, int from, int to) override { ring_->send(call, tensor, from, to); }
+  void recv(Call& call, const Tensor& tensor, int from, int to) override { ring_->recv(call, tensor, from, to); }
+
+ private:
+  std::shared_ptr<Clique> clique_;
+  std::unique_ptr<Backend> ring_;  // what NCCL does not carry
+};
+
+// ---- across processes: this rank's GPU in a clique bootstrapped over MPI ------------
+
+class NcclAcrossBackend final : public Backend {
+ public:
+  NcclAcrossBackend(std::shared_ptr<Clique> clique, Communicator host, std::unique_ptr<Backend> staged)
+      : clique_(std::move(clique)), host_(std::move(host)), staged_(std::move(staged)) {}
+
+  std::string str() const override {
+    return "NCCL communicator of " + std::to_string(host_.size()) + " ranks (rank " +
+           std::to_string(host_.local_ranks().front()) + " with" + members_text(clique_->devices) +
+           " here, bootstrapped and checked over MPI)";
+  }
+  void check(const Call& call, std::int64_t elements) const override { staged_->check(call, elements); }
+
+  void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    const Tensor& t = tensors[0];
+    const auto count = static_cast<std::size_t>(t.numel());
+    push_checked(call, t, op, {t}, {t}, [clique = clique_, count, op](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclAllReduce(p.out_at(0), p.out_at(0), count, ncclFloat32, nccl_op(op), clique->comm(r),
+                                    clique->native(r)),
+                      p.what);
+    });
+  }
+  void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
+    const Tensor& t = tensors[0];
+    const int root = call.options().root;
+    const std::size_t bytes = t.nbytes();
+    const bool here = rank() == root;
+    push_checked(call, t, ReduceOp::sum, here ? std::vector<Tensor>{t} : std::vector<Tensor>{},
+                 here ? std::vector<Tensor>{} : std::vector<Tensor>{t},
+                 [clique = clique_, root, bytes, here](int r, const Phase& p) {
+                   void* buffer = here ? const_cast<void*>(p.in_at(0)) : p.out_at(0);
+                   WEFT_NCCL_CHECK(ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
+                                   p.what);
+                 });
+  }
+  void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    const Tensor& t = tensors[0];
+    const int root = call.options().root;
+    const auto count = static_cast<std::size_t>(t.numel());
+    const bool here = rank() == root;
+    push_checked(call, t, op, {t}, here ? std::vector<Tensor>{t} : std::vector<Tensor>{},
+                 [clique = clique_, root, count, op, here](int r, const Phase& p) {
+                   void* into = here ? p.out_at(0) : nullptr;
+                   WEFT_NCCL_CHECK(ncclReduce(p.in_at(0), into, count, ncclFloat32, nccl_op(op), root, clique->comm(r),
+                                              clique->native(r)),
+                                   p.what);
+                 });
+  }
+  void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                      ReduceOp op) override {
+    const std::int64_t count = inputs[0].numel();
+    if (count % host_.size() != 0) {
+      pass_turn(clique_, call.sequence());
+      return staged_->reduce_scatter(call, inputs, outputs, op);
+    }
+    const auto part = static_cast<std::size_t>(count / host_.size());
+    push_checked(call, inputs[0], op, inputs, outputs, [clique = clique_, part, op](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(0), p.out_at(0), part, ncclFloat32, nccl_op(op), clique->comm(r),
+                                        clique->native(r)),
+                      p.what);
+    });
+  }
+  void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
+    const std::int64_t count = outputs[0].numel();
+    if (count % host_.size() != 0) {
+      pass_turn(clique_, call.sequence());
+      return staged_->all_gather(call, inputs, outputs);
+    }
+    const std::size_t part_bytes = outputs[0].nbytes() / static_cast<std::size_t>(host_.size());
+    push_checked(call, outputs[0], ReduceOp::sum, inputs, outputs, [clique = clique_, part_bytes](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclAllGather(p.in_at(0), p.out_at(0), part_bytes, ncclUint8, clique->comm(r), clique->native(r)),
+                      p.what);
+    });
+  }
+  void barrier(const Call& call) override {
+    pass_turn(clique_, call.sequence());
+    staged_->barrier(call);
+  }
+  void send(Call& call, const Tensor& tensor, int from, int to) override { staged_->send(call, tensor, from, to); }
+  void recv(Call& call, const Tensor& tensor, int from, int to) override { staged_->recv(call, tensor, from, to); }
+
+ private:
+  int rank() const { return host_.local_ranks().front(); }
+  // The fingerprint check over MPI, then the NCCL hold op, which reads the
+  // check's token (the last of its reads).
+  void push_checked(const Call& call, const Tensor& described, ReduceOp op, std::vector<Tensor> reads,
+                    const std::vector<Tensor>& writes, Calls calls) {
+    Tensor token = Tensor::empty(described.engine(), Shape{0}, kHold);
+    check_across(host_, call.kind(), described, token, op, call.options());
+    reads.push_back(token);
+    push_nccl(call, clique_, reads, writes, std::move(calls));
+  }
+
+  std::shared_ptr<Clique> clique_;
+  Communicator host_;                 // the same ranks on cpu(0): bootstrap and fingerprints
+  std::unique_ptr<Backend> staged_;   // what NCCL does not carry
+};
+
+std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const CommunicatorOptions& options) {
+  auto clique = std::make_shared<Clique>();
+  clique->devices = devices;
+  clique->timeout = collective_timeout(options);
+  for (const Device d : devices)
+    clique->streams.push_back(std::make_unique<gpu::StreamResources>(d.index(), gpu::StreamRole::peer, 0));
+  return clique;
+}
+
+}  // namespace
+
+bool nccl_wanted() {
+  if (gpu::backend() != gpu::Backend::cuda) return false;
+  const char* text = std::getenv("WEFT_NCCL");
+  if (!text || !*text) return true;
+  const std::string v(text);
+  if (v == "0") return false;
+  if (v == "1") return true;
+  throw InvalidArgument("WEFT_NCCL='" + v + "': want 1 (NCCL for GPU members, the default) or 0 (Weft's own paths)");
+}
+
+std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique_ptr<Backend> ring) {
+  std::shared_ptr<Clique> clique = new_clique(state.devices, {});
+  const int n = clique->size();
+  std::vector<int> ordinals;
+  for (const Device d : clique->devices) ordinals.push_back(d.index());
+  clique->comms.resize(static_cast<std::size_t>(n));
+  const ncclResult_t rc = ncclCommInitAll(clique->comms.data(), n, ordinals.data());
+  if (rc != ncclSuccess) {
+    clique->broken = "never created";  // nothing to destroy
+    nccl_failed("ncclCommInitAll", rc, "weft::parallel::Communicator::local (NCCL over" + members_text(state.devices) + ")");
+  }
+  return std::make_unique<NcclLocalBackend>(std::move(clique), std::move(ring));
+}
+
+std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communicator host,
+                                               const CommunicatorOptions& options) {
+  Engine& engine = *state.engine;
+  const Device gpu = state.devices.front();
+  const int rank = host.local_ranks().front(), size = host.size();
+  const std::string what = "weft::parallel::Communicator::mpi (rank " + std::to_string(rank) + ", NCCL on " +
+                           gpu.str() + ")";
+  // Rank 0's unique id, broadcast through MPI as the bits of 32 floats
+  // (copied, never computed on).
+  static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0);
+  constexpr std::size_t kFloats = sizeof(ncclUniqueId) / sizeof(float);
+  ncclUniqueId id{};
+  std::vector<float> bits(kFloats, 0.0f);
+  if (rank == 0) {
+    WEFT_NCCL_CHECK(ncclGetUniqueId(&id), what);
+    std::memcpy(bits.data(), &id, sizeof id);
+  }
+  Tensor shared = Tensor::from_host(engine, Shape{static_cast<std::int64_t>(kFloats)}, bits, kHold);
+  parallel::broadcast(host, {shared}, {.name = "NCCL unique id", .root = 0});
+  bits = shared.to_host();  // throws, naming the rank, if a rank never joined
+  std::memcpy(&id, bits.data(), sizeof id);
+  // Non-blocking creation, polled with the deadline: a rank that never
+  // creates its communicator must not hang the others.
+  std::shared_ptr<Clique> clique = new_clique({gpu}, options);
+  clique->comms.resize(1);
+  gpu::set_device(gpu.index());
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  const ncclResult_t rc = ncclCommInitRankConfig(&clique->comms[0], size, id, rank, &config);
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    clique->broken = "never created";
+    nccl_failed("ncclCommInitRankConfig", rc, what);
+  }
+  const auto deadline = Clock::now() + clique->timeout;
+  for (;;) {
+    ncclResult_t state_now = ncclInProgress;
+    ncclCommGetAsyncError(clique->comms[0], &state_now);
+    if (state_now == ncclSuccess) break;
+    if (state_now != ncclInProgress || Clock::now() >= deadline) {
+      clique->abort("not created");
+      throw CommunicationError(what + ": the NCCL communicator was not created" +
+                                   (state_now != ncclInProgress ? std::string(": ") + ncclGetErrorString(state_now)
+                                                                : " within " + std::to_string(clique->timeout.count()) +
+                                                                      " ms (a rank never joined)"),
+                               rank);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  std::unique_ptr<Backend> staged = make_staged_backend(state, host);  // sets size and local_ranks
+  return std::make_unique<NcclAcrossBackend>(std::move(clique), std::move(host), std::move(staged));
+}
+
+}  // namespace weft::parallel::detail
