@@ -68,11 +68,12 @@ class Call {
 };
 
 // Pushes only the fingerprint check of a collective `kind` of `described`
-// (its size and dtype) on an MPI communicator: fails `token` (written; any
-// device) on every rank when the ranks disagree, an input failed or a rank
-// is missing; moves no data.
-void check_across(const Communicator& comm, Kind kind, const Tensor& described, const Tensor& token, ReduceOp op,
-                  const CollectiveOptions& options);
+// (its size and dtype) on an MPI communicator, reading the collective's
+// `reads` (any device: it holds them): fails `token` (written) on every
+// rank when the ranks disagree, one of their inputs failed or a rank is
+// missing; moves no data.
+void check_across(const Communicator& comm, Kind kind, const Tensor& described, const std::vector<Tensor>& reads,
+                  const Tensor& token, ReduceOp op, const CollectiveOptions& options);
 
 // send and recv on a channel of `comm` (the public send/recv use channel 0).
 void send_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options);

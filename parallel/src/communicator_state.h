@@ -59,6 +59,9 @@ std::unique_ptr<Backend> make_local_backend(CommunicatorState& state);
 // The deadline of one collective: options.timeout, else WEFT_COLLECTIVE_TIMEOUT
 // (seconds), else 5 minutes. Throws InvalidArgument for a bad setting.
 std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options);
+// Whether fingerprints are exchanged: options.fingerprints, else
+// WEFT_COLLECTIVE_CHECK (0 or 1), else on.
+bool collective_fingerprints(const CommunicatorOptions& options);
 // Joins MPI_COMM_WORLD (collective); sets state.size and state.local_ranks.
 std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options);
 // NCCL (nccl_collectives.cpp, built where NCCL was found: WEFT_HAVE_NCCL):

@@ -154,6 +154,7 @@ class HierarchicalBackend final : public Backend {
   // the message on its device k into a tensor there, then copies it to its
   // own device j.
   void send(Call& call, const Tensor& tensor, int from, int to) override {
+    if (call.channel() != 0) call.refuse("channels are this group's own (one per pair of devices)");
     const int per = static_cast<int>(across_.size());
     const int k = from % per, q = to / per, j = to % per;
     const CollectiveOptions options = message_options(call, from, to);
@@ -164,6 +165,7 @@ class HierarchicalBackend final : public Backend {
     number(call, sent_, from, to, to);
   }
   void recv(Call& call, const Tensor& tensor, int from, int to) override {
+    if (call.channel() != 0) call.refuse("channels are this group's own (one per pair of devices)");
     const int per = static_cast<int>(across_.size());
     const int p = from / per, k = from % per, j = to % per;
     const CollectiveOptions options = message_options(call, from, to);

@@ -247,6 +247,7 @@ void copy_bytes(RunContext&, const TensorData& d, std::size_t bytes) {
 void LocalBackend::send(detail::Call& call, const Tensor& tensor, int from, int to) {
   // The snapshot is taken by an op pushed now: the sender may overwrite its
   // tensor right after, and the recv copies what it held at the send.
+  if (call.channel() != 0) call.refuse("in-process messages have no channels");
   Tensor snapshot = Tensor::empty(tensor.engine(), tensor.shape(), tensor.device(), tensor.dtype());
   std::lock_guard lock(channels_mutex_);
   Channel& channel = channels_[{from, to}];
@@ -259,6 +260,7 @@ void LocalBackend::send(detail::Call& call, const Tensor& tensor, int from, int 
 }
 
 void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int to) {
+  if (call.channel() != 0) call.refuse("in-process messages have no channels");
   Tensor snapshot;
   {
     std::lock_guard lock(channels_mutex_);

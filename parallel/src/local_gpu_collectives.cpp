@@ -305,6 +305,7 @@ void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
   // its tensor right after, and the recv takes what it held at the send.
   if (tensor.dtype() != DType::float32)
     call.refuse(tensor.str() + ": GPU members send float32 only (the engine's GPU copies are float32)");
+  if (call.channel() != 0) call.refuse("in-process messages have no channels");
   std::lock_guard lock(channels_mutex_);
   Channel& channel = channels_[{from, to}];
   call.commit_message(channel.sent + 1, to);
@@ -315,6 +316,7 @@ void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
 }
 
 void LocalGpuBackend::recv(Call& call, const Tensor& tensor, int from, int to) {
+  if (call.channel() != 0) call.refuse("in-process messages have no channels");
   Tensor snapshot;
   {
     std::lock_guard lock(channels_mutex_);

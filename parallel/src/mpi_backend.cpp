@@ -36,9 +36,7 @@ std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options)
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
 }
 
-namespace {
-
-bool resolve_fingerprints(const CommunicatorOptions& options) {
+bool collective_fingerprints(const CommunicatorOptions& options) {
   if (options.fingerprints) return *options.fingerprints;
   const char* text = std::getenv("WEFT_COLLECTIVE_CHECK");
   if (!text || !*text) return true;
@@ -47,6 +45,8 @@ bool resolve_fingerprints(const CommunicatorOptions& options) {
   if (value == "0") return false;
   throw InvalidArgument("WEFT_COLLECTIVE_CHECK='" + value + "': want 1 (fingerprints on, the default) or 0 (off)");
 }
+
+namespace {
 
 // The fiber of one job.
 void run(Job& job, CommThread& thread) {
@@ -128,13 +128,15 @@ class MpiBackend final : public Backend {
     push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
   }
   // The fingerprint check of a collective whose data another library moves
-  // (NCCL): the hold op writes `token`, so that a mismatch, a failed input
-  // or a missing rank fails it on every rank and the data phase, which
-  // reads it, learns of it.
-  void check_only(const Call& call, const Tensor& described, const Tensor& token, ReduceOp op) {
+  // (NCCL): the hold op reads the collective's inputs (so that a failed one
+  // reaches every rank) and writes `token`, so that a mismatch, a failed
+  // input or a missing rank fails it on every rank and the data phase,
+  // which reads it, learns of it.
+  void check_only(const Call& call, const Tensor& described, const std::vector<Tensor>& reads, const Tensor& token,
+                  ReduceOp op) {
     auto job = make_job(call, described, op);
     job->check_only = true;
-    push(call, std::move(job), {}, {token}, [](Job&, const TensorData&) {});
+    push(call, std::move(job), reads, {token}, [](Job&, const TensorData&) {});
   }
 
   void barrier(const Call& call) override {
@@ -244,20 +246,20 @@ class MpiBackend final : public Backend {
 
 }  // namespace
 
-void check_across(const Communicator& comm, Kind kind, const Tensor& described, const Tensor& token, ReduceOp op,
-                  const CollectiveOptions& options) {
+void check_across(const Communicator& comm, Kind kind, const Tensor& described, const std::vector<Tensor>& reads,
+                  const Tensor& token, ReduceOp op, const CollectiveOptions& options) {
   auto* backend = dynamic_cast<MpiBackend*>(state_of(comm)->backend.get());
   if (!backend) throw Error("weft::parallel: check_across on a communicator that is not an MPI one");
   Call call(kind, comm, options);
   call.commit();
-  backend->check_only(call, described, token, op);
+  backend->check_only(call, described, reads, token, op);
 }
 
 std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options) {
   auto group = std::make_shared<MpiGroup>();
   group->device = state.devices.front();
   group->timeout = collective_timeout(options);
-  group->fingerprints = resolve_fingerprints(options);
+  group->fingerprints = collective_fingerprints(options);
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();
   group->size = process.size();

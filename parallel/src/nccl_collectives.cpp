@@ -79,8 +79,11 @@ struct Clique {
   std::vector<ncclComm_t> comms;
   std::vector<std::unique_ptr<gpu::StreamResources>> streams;  // one communication stream per local member
   std::chrono::milliseconds timeout{};
+  // Across processes with fingerprints off: a rank whose input failed
+  // cannot tell its peers, so it aborts (they fail at their deadline).
+  bool peers_unchecked = false;
   std::mutex mutex;
-  std::string broken;  // under the mutex: why the communicators were aborted
+  std::string broken;  // under the mutex: why the communicators were aborted (then null)
   SequenceGate gate;   // fibers only: launches in sequence order
 
   ~Clique() {
@@ -97,16 +100,22 @@ struct Clique {
     std::lock_guard lock(mutex);
     return broken;
   }
-  // No NCCL call of ours may hang after a failure.
+  // No NCCL call of ours may hang after a failure. Fibers of other
+  // collectives still polling see `broken` and stop touching the handles.
   void abort(const std::string& why) {
     std::lock_guard lock(mutex);
     if (!broken.empty()) return;
     broken = why;
-    for (ncclComm_t c : comms) ncclCommAbort(c);
+    for (ncclComm_t& c : comms) {
+      ncclCommAbort(c);
+      c = nullptr;
+    }
   }
-  // An asynchronous error of a member's communicator ("" while none), and
-  // whether one is still working (non-blocking communicators).
-  std::string async_error(bool* in_progress) const {
+  // The communicators' trouble ("" while none): aborted, or an asynchronous
+  // error of a member's; and whether one is still working (non-blocking
+  // communicators). Fibers only (abort runs on fibers or before any).
+  std::string async_error(bool* in_progress) {
+    if (std::string b = broken_now(); !b.empty()) return "the communicator was aborted (" + b + ")";
     for (int r = 0; r < size(); ++r) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm(r), &state);
@@ -149,6 +158,7 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
   }
   if (failed_input) {
     clique->gate.pass(seq);
+    if (clique->peers_unchecked) clique->abort(phase->what + ": this rank's input failed (fingerprints are off)");
     return phase->done(failed_input);
   }
   if (const std::string broken = clique->broken_now(); !broken.empty()) {
@@ -157,18 +167,22 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
         CommunicationError(phase->what + ": the NCCL communicator is broken: " + broken, CommunicationError::kNoPeer)));
   }
   const auto deadline = Clock::now() + clique->timeout;
-  std::vector<gpu::EventRef> events;
   try {
     WEFT_NCCL_CHECK(ncclGroupStart(), phase->what);
-    for (int r = 0; r < clique->size(); ++r) calls(r, *phase);
+    try {
+      for (int r = 0; r < clique->size(); ++r) calls(r, *phase);
+    } catch (...) {
+      ncclGroupEnd();  // the group depth is per thread, shared by every clique
+      throw;
+    }
     WEFT_NCCL_CHECK(ncclGroupEnd(), phase->what);
   } catch (const std::exception& e) {
     clique->gate.pass(seq);
     return fail(std::string("launching failed: ") + e.what());  // some members may have launched
   }
-  clique->gate.pass(seq);
   // A non-blocking communicator enqueues after ncclGroupEnd returned: the
-  // events go on the streams once it is done.
+  // next collective may be launched, and the events recorded, once it is
+  // done.
   std::string async;
   const CommThread::Wait enqueued = thread.poll_until(
       [&] {
@@ -177,15 +191,17 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
         return !async.empty() || !in_progress;
       },
       deadline);
+  clique->gate.pass(seq);
   if (enqueued != CommThread::Wait::done) return fail("NCCL did not enqueue it in time; the communicator was aborted");
   if (!async.empty()) return fail("NCCL reported " + async + "; the communicator was aborted");
-  std::exception_ptr error;
+  std::vector<gpu::EventRef> events;
   try {
     for (int r = 0; r < clique->size(); ++r)
       events.emplace_back(gpu::Event::record(clique->devices[static_cast<std::size_t>(r)].index(), clique->stream(r)));
   } catch (const std::exception& e) {
     return fail(std::string("recording its events failed: ") + e.what());
   }
+  std::string stream_failure;
   const CommThread::Wait waited = thread.poll_until(
       [&] {
         async = clique->async_error(nullptr);
@@ -193,8 +209,8 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
         try {
           for (const gpu::EventRef& e : events)
             if (!e->done()) return false;
-        } catch (...) {
-          error = std::current_exception();  // the stream's work failed
+        } catch (const std::exception& e) {
+          stream_failure = e.what();  // the stream's work failed
         }
         return true;
       },
@@ -204,16 +220,40 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
                 " ms (WEFT_COLLECTIVE_TIMEOUT); the communicator was aborted");
   if (waited == CommThread::Wait::stopping) return fail("the process is exiting");
   if (!async.empty()) return fail("NCCL reported " + async + "; the communicator was aborted");
-  phase->done(error);
+  if (!stream_failure.empty()) return fail("its stream failed: " + stream_failure + "; the communicator was aborted");
+  phase->done();
 }
 
 const Device kHold = Device::cpu(0);
+
+void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
+             const std::vector<Tensor>& writes, Calls calls);
+
+// A call that took a sequence number and will never launch (its push
+// failed): the communicator is aborted — peers across processes would wait
+// for this rank's launch — and the next collectives pass, failing at once.
+void give_up_turn(const std::shared_ptr<Clique>& clique, std::uint64_t seq, const std::string& why) {
+  static_cast<void>(nccl_thread().spawn([clique, seq, why] {
+    clique->abort(why);
+    clique->gate.pass(seq);
+  }));
+}
 
 // The hold op of one NCCL collective (reads, then writes, as the collective
 // documents them; `reads` may end with a check token), run even when an
 // input failed, so that it passes its turn.
 void push_nccl(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
                const std::vector<Tensor>& writes, Calls calls) {
+  try {
+    push_op(call, clique, reads, writes, std::move(calls));
+  } catch (...) {
+    give_up_turn(clique, call.sequence(), call.label() + ": its push failed on this rank");
+    throw;
+  }
+}
+
+void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
+             const std::vector<Tensor>& writes, Calls calls) {
   push_tensor_op_async(
       kHold, reads, writes,
       [clique, what = call.label(), seq = call.sequence(), calls = std::move(calls)](
@@ -420,7 +460,12 @@ class NcclAcrossBackend final : public Backend {
   void push_checked(const Call& call, const Tensor& described, ReduceOp op, std::vector<Tensor> reads,
                     const std::vector<Tensor>& writes, Calls calls) {
     Tensor token = Tensor::empty(described.engine(), Shape{0}, kHold);
-    check_across(host_, call.kind(), described, token, op, call.options());
+    try {
+      check_across(host_, call.kind(), described, reads, token, op, call.options());
+    } catch (...) {
+      give_up_turn(clique_, call.sequence(), call.label() + ": its check failed to push on this rank");
+      throw;
+    }
     reads.push_back(token);
     push_nccl(call, clique_, reads, writes, std::move(calls));
   }
@@ -489,8 +534,9 @@ std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communi
   // Non-blocking creation, polled with the deadline: a rank that never
   // creates its communicator must not hang the others.
   std::shared_ptr<Clique> clique = new_clique({gpu}, options);
+  clique->peers_unchecked = !collective_fingerprints(options);
   clique->comms.resize(1);
-  gpu::set_device(gpu.index());
+  gpu::set_device(gpu.index());  // ncclCommInitRank's device: the calling thread's current one (left so)
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   const ncclResult_t rc = ncclCommInitRankConfig(&clique->comms[0], size, id, rank, &config);
