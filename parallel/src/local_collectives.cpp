@@ -77,14 +77,7 @@ class LocalBackend final : public detail::Backend {
 
  private:
   std::vector<Device> devices_;  // member r's device
-  // Point to point: per (from, to), the snapshots sent and not yet
-  // received, in push order, and the messages numbered so far.
-  struct Channel {
-    std::deque<Tensor> pending;
-    std::uint64_t sent = 0, received = 0;
-  };
-  std::mutex channels_mutex_;
-  std::map<std::pair<int, int>, Channel> channels_;
+  detail::Mailboxes mailboxes_;  // send and recv
 };
 
 // ---- allreduce: a chunked ring -------------------------------------------------
@@ -247,36 +240,17 @@ void copy_bytes(RunContext&, const TensorData& d, std::size_t bytes) {
 void LocalBackend::send(detail::Call& call, const Tensor& tensor, int from, int to) {
   // The snapshot is taken by an op pushed now: the sender may overwrite its
   // tensor right after, and the recv copies what it held at the send.
-  if (call.channel() != 0) call.refuse("in-process messages have no channels");
-  Tensor snapshot = Tensor::empty(tensor.engine(), tensor.shape(), tensor.device(), tensor.dtype());
-  std::lock_guard lock(channels_mutex_);
-  Channel& channel = channels_[{from, to}];
-  call.commit_message(channel.sent + 1, to);
-  push_tensor_op(tensor.device(), {tensor}, {snapshot},
-                 [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
-                 {.priority = call.options().priority, .name = call.label()});
-  ++channel.sent;
-  channel.pending.push_back(std::move(snapshot));
+  mailboxes_.post(call, from, to, [&] {
+    Tensor snapshot = Tensor::empty(tensor.engine(), tensor.shape(), tensor.device(), tensor.dtype());
+    push_tensor_op(tensor.device(), {tensor}, {snapshot},
+                   [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
+                   {.priority = call.options().priority, .name = call.label()});
+    return snapshot;
+  });
 }
 
 void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int to) {
-  if (call.channel() != 0) call.refuse("in-process messages have no channels");
-  Tensor snapshot;
-  {
-    std::lock_guard lock(channels_mutex_);
-    Channel& channel = channels_[{from, to}];
-    if (channel.pending.empty())
-      call.refuse("no send from member " + std::to_string(from) + " to member " + std::to_string(to) +
-                  " is waiting for it (in-process, a recv is pushed after its send)");
-    const Tensor& sent = channel.pending.front();
-    if (sent.numel() != tensor.numel() || sent.dtype() != tensor.dtype())
-      call.refuse("member " + std::to_string(from) + " sent " + std::to_string(sent.numel()) + " elements of " +
-                  std::string(to_string(sent.dtype())) + ", this recv wants " + std::to_string(tensor.numel()) +
-                  " elements of " + std::string(to_string(tensor.dtype())) + " (" + tensor.str() + ")");
-    snapshot = std::move(channel.pending.front());
-    channel.pending.pop_front();
-    call.commit_message(++channel.received, from);
-  }
+  Tensor snapshot = mailboxes_.take(call, tensor, from, to);
   push_tensor_op(tensor.device(), {snapshot}, {tensor},
                  [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
                  {.priority = call.options().priority, .name = call.label()});

@@ -94,13 +94,7 @@ class LocalGpuBackend final : public Backend {
         .set_name(call.label() + " scratch on member " + std::to_string(r));
   }
   std::vector<Device> devices_;  // member r's GPU
-  // Point to point: per (from, to), the snapshots sent and not yet received.
-  struct Channel {
-    std::vector<Tensor> pending;  // front first
-    std::uint64_t sent = 0, received = 0;
-  };
-  std::mutex channels_mutex_;
-  std::map<std::pair<int, int>, Channel> channels_;
+  Mailboxes mailboxes_;  // send and recv
 };
 
 
@@ -305,34 +299,15 @@ void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
   // its tensor right after, and the recv takes what it held at the send.
   if (tensor.dtype() != DType::float32)
     call.refuse(tensor.str() + ": GPU members send float32 only (the engine's GPU copies are float32)");
-  if (call.channel() != 0) call.refuse("in-process messages have no channels");
-  std::lock_guard lock(channels_mutex_);
-  Channel& channel = channels_[{from, to}];
-  call.commit_message(channel.sent + 1, to);
-  Tensor snapshot = tensor.copy_to(at(devices_, to));
-  snapshot.set_name(call.label());
-  ++channel.sent;
-  channel.pending.push_back(std::move(snapshot));
+  mailboxes_.post(call, from, to, [&] {
+    Tensor snapshot = tensor.copy_to(at(devices_, to));
+    snapshot.set_name(call.label());
+    return snapshot;
+  });
 }
 
 void LocalGpuBackend::recv(Call& call, const Tensor& tensor, int from, int to) {
-  if (call.channel() != 0) call.refuse("in-process messages have no channels");
-  Tensor snapshot;
-  {
-    std::lock_guard lock(channels_mutex_);
-    Channel& channel = channels_[{from, to}];
-    if (channel.pending.empty())
-      call.refuse("no send from member " + std::to_string(from) + " to member " + std::to_string(to) +
-                  " is waiting for it (in-process, a recv is pushed after its send)");
-    const Tensor& sent = channel.pending.front();
-    if (sent.numel() != tensor.numel() || sent.dtype() != tensor.dtype())
-      call.refuse("member " + std::to_string(from) + " sent " + std::to_string(sent.numel()) + " elements of " +
-                  std::string(to_string(sent.dtype())) + ", this recv wants " + std::to_string(tensor.numel()) +
-                  " elements of " + std::string(to_string(tensor.dtype())) + " (" + tensor.str() + ")");
-    snapshot = std::move(channel.pending.front());
-    channel.pending.erase(channel.pending.begin());
-    call.commit_message(++channel.received, from);
-  }
+  Tensor snapshot = mailboxes_.take(call, tensor, from, to);
   Tensor into = tensor;
   into.copy_from(snapshot.reshape(tensor.shape()));
 }

@@ -20,8 +20,12 @@
 // work is done.
 #pragma once
 
+#include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -105,6 +109,51 @@ inline void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std:
   e.push([phase, vars](RunContext& ctx) { phase->done(ctx.failed_input); }, where, writes, writes,
          {.priority = priority, .name = phase->what + " done", .run_on_failed_input = true});
 }
+
+// In-process send and recv: per (from, to), the snapshots sent and not yet
+// received, in push order (no op waits for another member's push, so the
+// naive engine runs them too).
+class Mailboxes {
+ public:
+  // Numbers the send and keeps the snapshot `make()` pushes (under the lock:
+  // one pair's snapshots stay in push order).
+  template <class Make>
+  void post(Call& call, int from, int to, Make make) {
+    if (call.channel() != 0) call.refuse("in-process messages have no channels");
+    std::lock_guard lock(mutex_);
+    Box& box = boxes_[{from, to}];
+    call.commit_message(box.sent + 1, to);
+    box.pending.push_back(make());
+    ++box.sent;
+  }
+  // The oldest snapshot from `from` to `to`, refused unless one waits with
+  // `tensor`'s size and dtype; numbers the recv.
+  Tensor take(Call& call, const Tensor& tensor, int from, int to) {
+    if (call.channel() != 0) call.refuse("in-process messages have no channels");
+    std::lock_guard lock(mutex_);
+    Box& box = boxes_[{from, to}];
+    if (box.pending.empty())
+      call.refuse("no send from member " + std::to_string(from) + " to member " + std::to_string(to) +
+                  " is waiting for it (in-process, a recv is pushed after its send)");
+    const Tensor& sent = box.pending.front();
+    if (sent.numel() != tensor.numel() || sent.dtype() != tensor.dtype())
+      call.refuse("member " + std::to_string(from) + " sent " + std::to_string(sent.numel()) + " elements of " +
+                  std::string(to_string(sent.dtype())) + ", this recv wants " + std::to_string(tensor.numel()) +
+                  " elements of " + std::string(to_string(tensor.dtype())) + " (" + tensor.str() + ")");
+    Tensor snapshot = std::move(box.pending.front());
+    box.pending.pop_front();
+    call.commit_message(++box.received, from);
+    return snapshot;
+  }
+
+ private:
+  struct Box {
+    std::deque<Tensor> pending;
+    std::uint64_t sent = 0, received = 0;
+  };
+  std::mutex mutex_;
+  std::map<std::pair<int, int>, Box> boxes_;
+};
 
 // GPU members: the ring over device copies (or NCCL: communicator_state.h).
 std::unique_ptr<Backend> make_local_gpu_backend(CommunicatorState& state);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
+#include "parallel/collective_values.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"
@@ -48,30 +49,11 @@ std::vector<Device> devices(int n) {
   return d;
 }
 
-// Integer values, distinct per member and element, small enough that sums
-// of four are exact in float.
-std::vector<float> values(int member, std::int64_t count, int salt = 0) {
-  std::vector<float> v(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i)
-    v[static_cast<std::size_t>(i)] = static_cast<float>(((member + 1) * 7919 + i * 31 + salt * 13) % 2003 - 1000);
-  return v;
-}
+using collective_test::reduced;
+using collective_test::values;
 
 std::vector<Tensor> member_tensors(Engine& e, int n, std::int64_t count, int salt = 0) {
-  std::vector<Tensor> t;
-  for (int r = 0; r < n; ++r) t.push_back(Tensor::from_host(e, Shape{count}, values(r, count, salt), Device::cpu(r)));
-  return t;
-}
-
-std::vector<float> reduced(int n, std::int64_t count, par::ReduceOp op, int salt = 0) {
-  std::vector<float> out = values(0, count, salt);
-  for (int r = 1; r < n; ++r) {
-    const std::vector<float> v = values(r, count, salt);
-    for (std::size_t i = 0; i < out.size(); ++i) out[i] = op == par::ReduceOp::max ? std::max(out[i], v[i]) : out[i] + v[i];
-  }
-  if (op == par::ReduceOp::average && n > 1)
-    for (float& x : out) x *= 1.0f / static_cast<float>(n);
-  return out;
+  return collective_test::member_tensors(e, n, count, [](int r) { return Device::cpu(r); }, salt);
 }
 
 std::string what(int n, std::int64_t count) { return std::to_string(n) + " members, " + std::to_string(count) + " elements"; }

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel_mpi/member_rings.h"
+#include "parallel_mpi/mpi_test_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"
@@ -38,6 +38,11 @@ using weft::Shape;
 using weft::Tensor;
 namespace par = weft::parallel;
 using namespace std::chrono_literals;
+using mpi_test::error_of;
+using mpi_test::rank_tensor;
+using mpi_test::reduced;
+using mpi_test::require_values;
+using mpi_test::value;
 
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
@@ -46,41 +51,6 @@ const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 template <class F>
 void for_each_engine(F&& fn) {
   weft_test::with_each_engine(2, fn);
-}
-
-// Rank r's value at element i: small integers, exact in float.
-float value(int rank, std::int64_t i) { return static_cast<float>((rank + 1) * (i % 7 + 1) - 3 * (i % 2)); }
-
-Tensor rank_tensor(Engine& e, int rank, std::int64_t n, Device d = Device::cpu(0)) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = value(rank, i);
-  return Tensor::from_host(e, Shape{n}, v, d);
-}
-
-float reduced(par::ReduceOp op, int size, std::int64_t i) {
-  float acc = value(0, i);
-  for (int r = 1; r < size; ++r) acc = op == par::ReduceOp::max ? std::max(acc, value(r, i)) : acc + value(r, i);
-  return op == par::ReduceOp::average && size > 1 ? acc * (1.0f / static_cast<float>(size)) : acc;
-}
-
-std::string error_of(const Tensor& t) {
-  try {
-    (void)t.to_host();
-  } catch (const std::exception& err) {
-    return err.what();
-  }
-  return "(no error)";
-}
-
-// Every element as wanted; one assertion, naming the first element that is not.
-template <class Want>
-void require_values(const std::vector<float>& v, std::int64_t count, Want want) {
-  REQUIRE(static_cast<std::int64_t>(v.size()) == count);
-  for (std::int64_t i = 0; i < count; ++i)
-    if (v[static_cast<std::size_t>(i)] != want(i)) {
-      INFO("element " << i);
-      REQUIRE(v[static_cast<std::size_t>(i)] == want(i));
-    }
 }
 
 // Every rank leaves a test case together (a fresh communicator's barrier).

@@ -21,7 +21,7 @@
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 #include "weft/tensor_op.h"
-#include "parallel_mpi/member_rings.h"
+#include "parallel_mpi/mpi_test_util.h"
 
 namespace {
 
@@ -56,41 +56,11 @@ void for_each_engine(int gpus, F&& fn) {
   }
 }
 
-// Member m's value at element i: small integers, exact in float.
-float value(int member, std::int64_t i) { return static_cast<float>((member + 1) * (i % 7 + 1) - 3 * (i % 2)); }
-
-Tensor member_tensor(Engine& e, int member, std::int64_t n, Device d) {
-  std::vector<float> v(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = value(member, i);
-  return Tensor::from_host(e, Shape{n}, v, d);
-}
-
-float reduced(par::ReduceOp op, int size, std::int64_t i) {
-  float acc = value(0, i);
-  for (int r = 1; r < size; ++r) acc = op == par::ReduceOp::max ? std::max(acc, value(r, i)) : acc + value(r, i);
-  return op == par::ReduceOp::average && size > 1 ? acc * (1.0f / static_cast<float>(size)) : acc;
-}
-
-// Every element as wanted; one assertion, naming the first element that is not.
-template <class Want>
-void require_values(const Tensor& t, std::int64_t count, Want want) {
-  const std::vector<float> v = t.to_host();
-  REQUIRE(static_cast<std::int64_t>(v.size()) == count);
-  for (std::int64_t i = 0; i < count; ++i)
-    if (v[static_cast<std::size_t>(i)] != want(i)) {
-      INFO("element " << i);
-      REQUIRE(v[static_cast<std::size_t>(i)] == want(i));
-    }
-}
-
-std::string error_of(const Tensor& t) {
-  try {
-    (void)t.to_host();
-  } catch (const std::exception& err) {
-    return err.what();
-  }
-  return "(no error)";
-}
+using mpi_test::error_of;
+using mpi_test::reduced;
+using mpi_test::require_values;
+using mpi_test::value;
+Tensor member_tensor(Engine& e, int member, std::int64_t n, Device d) { return mpi_test::rank_tensor(e, member, n, d); }
 
 const std::int64_t kCounts[] = {0, 1, 7, 1003, 300007};
 

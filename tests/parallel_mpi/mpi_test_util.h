@@ -1,11 +1,15 @@
-// A scenario shared by the tests of groups with two devices per process,
-// on CPU devices and on GPUs: messages between members of different devices
-// and processes.
+// Helpers shared by the multi-process tests (every rank runs every case in
+// the same order): values exact in float, references, and the message
+// scenario of groups with two devices per process, on CPU devices and GPUs.
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "weft/engine.h"
@@ -21,7 +25,45 @@ using weft::Shape;
 using weft::Tensor;
 namespace par = weft::parallel;
 
-inline float ring_value(int member, std::int64_t i) { return static_cast<float>((member + 1) * (i % 5 + 1) - 2 * (i % 3)); }
+// Member (or rank) m's value at element i: small integers, exact in float.
+inline float value(int member, std::int64_t i) { return static_cast<float>((member + 1) * (i % 7 + 1) - 3 * (i % 2)); }
+
+inline Tensor rank_tensor(Engine& e, int member, std::int64_t n, Device d = Device::cpu(0)) {
+  std::vector<float> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = value(member, i);
+  return Tensor::from_host(e, Shape{n}, v, d);
+}
+
+// Element i of the reduction over members 0 .. size - 1.
+inline float reduced(par::ReduceOp op, int size, std::int64_t i) {
+  float acc = value(0, i);
+  for (int r = 1; r < size; ++r) acc = op == par::ReduceOp::max ? std::max(acc, value(r, i)) : acc + value(r, i);
+  return op == par::ReduceOp::average && size > 1 ? acc * (1.0f / static_cast<float>(size)) : acc;
+}
+
+inline std::string error_of(const Tensor& t) {
+  try {
+    (void)t.to_host();
+  } catch (const std::exception& err) {
+    return err.what();
+  }
+  return "(no error)";
+}
+
+// Every element as wanted; one assertion, naming the first element that is not.
+template <class Want>
+void require_values(const std::vector<float>& v, std::int64_t count, Want want) {
+  REQUIRE(static_cast<std::int64_t>(v.size()) == count);
+  for (std::int64_t i = 0; i < count; ++i)
+    if (v[static_cast<std::size_t>(i)] != want(i)) {
+      INFO("element " << i);
+      REQUIRE(v[static_cast<std::size_t>(i)] == want(i));
+    }
+}
+template <class Want>
+void require_values(const Tensor& t, std::int64_t count, Want want) {
+  require_values(t.to_host(), count, want);
+}
 
 // Two rings over the members of a group with two devices per process, one
 // forward (member m to m + 1: device 0 to device 1 in-process, device 1 to
@@ -44,7 +86,7 @@ inline void member_rings(Engine& e, const par::Communicator& comm, const std::ve
           if ((to / per != process) != remote) continue;
           for (int round = 0; round < 2; ++round) {
             std::vector<float> v(static_cast<std::size_t>(count));
-            for (std::int64_t i = 0; i < count; ++i) v[static_cast<std::size_t>(i)] = ring_value(me, i);
+            for (std::int64_t i = 0; i < count; ++i) v[static_cast<std::size_t>(i)] = value(me, i);
             v[0] = stamp(me, round);
             Tensor t = Tensor::from_host(e, Shape{count}, v, devices[static_cast<std::size_t>(k)]);
             par::send(comm, t, to, {.name = "act"});
@@ -83,15 +125,9 @@ inline void member_rings(Engine& e, const par::Communicator& comm, const std::ve
         const int me = first + k, from = ((me - step) % n + n) % n;
         for (int round = 0; round < 2; ++round)
         {
-          const std::vector<float> v = got[static_cast<std::size_t>(k)][static_cast<std::size_t>(round)].to_host();
-          REQUIRE(static_cast<std::int64_t>(v.size()) == count);
-          for (std::int64_t i = 0; i < count; ++i) {
-            const float want = i == 0 ? stamp(from, round) : ring_value(from, i);
-            if (v[static_cast<std::size_t>(i)] != want) {
-              INFO("member " << me << " from member " << from << ", round " << round << ", element " << i);
-              REQUIRE(v[static_cast<std::size_t>(i)] == want);
-            }
-          }
+          INFO("member " << me << " from member " << from << ", round " << round);
+          require_values(got[static_cast<std::size_t>(k)][static_cast<std::size_t>(round)], count,
+                         [&](std::int64_t i) { return i == 0 ? stamp(from, round) : value(from, i); });
         }
       }
     }
