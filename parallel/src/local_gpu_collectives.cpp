@@ -108,7 +108,8 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
   std::vector<Tensor> writes = tensors;
   if (n > 1)
     for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, count));
-  push_hold(call, kHoldDevice, tensors, writes, [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, kHoldDevice, tensors, writes,
+            [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // v: member r's chunk c; s: scratch r's chunk c.
     auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
     auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, n);
@@ -124,12 +125,14 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
         const Chunk k = chunk(count, n, c);
         const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
         const Device from = at(devices, i);
-        step(e, at(devices, dst), {v->at(i, c)}, {s->at(dst, c)}, OpProperty::copy_peer, priority, name("reduce-scatter copy", t, c),
+        step(e, at(devices, dst), {v->at(i, c)}, {s->at(dst, c)}, OpProperty::copy_peer, priority,
+             name("reduce-scatter copy", t, c),
              [phase, i, dst, n, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(n + dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
         const bool last = t + 2 == n;
-        step(e, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c)}, OpProperty::normal, priority, name("reduce-scatter add", t, c),
+        step(e, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c)}, OpProperty::normal, priority,
+             name("reduce-scatter add", t, c),
              [phase, dst, n, k, op, last](RunContext& ctx) {
                float* d = phase->out_f(dst) + k.begin;
                accumulate(ctx, d, phase->out_f(n + dst) + k.begin, k.size(), accumulate_of(op));
@@ -144,7 +147,8 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
         const Chunk k = chunk(count, n, c);
         const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
         const Device from = at(devices, i);
-        step(e, at(devices, dst), {v->at(i, c)}, {v->at(dst, c)}, OpProperty::copy_peer, priority, name("all-gather copy", t, c),
+        step(e, at(devices, dst), {v->at(i, c)}, {v->at(dst, c)}, OpProperty::copy_peer, priority,
+             name("all-gather copy", t, c),
              [phase, i, dst, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
@@ -165,7 +169,8 @@ void LocalGpuBackend::broadcast(const Call& call, const std::vector<Tensor>& ten
     const Device from = at(devices, root);
     for (int r = 0, slot = 0; r < n; ++r) {
       if (r == root) continue;
-      step(e, at(devices, r), {}, {v->at(r, 0)}, OpProperty::copy_peer, priority, phase->what + " to member " + std::to_string(r),
+      step(e, at(devices, r), {}, {v->at(r, 0)}, OpProperty::copy_peer, priority,
+           phase->what + " to member " + std::to_string(r),
            [phase, slot, bytes, from](RunContext& ctx) { copy_in(ctx, phase->out_at(slot), phase->in_at(0), from, bytes); });
       ++slot;
     }
@@ -182,7 +187,8 @@ void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensor
   reads.push_back(at(tensors, root));
   std::vector<Tensor> writes = {at(tensors, root)};
   if (n > 1) writes.push_back(scratch(call, root, count));
-  push_hold(call, kHoldDevice, reads, writes, [devices = devices_, n, count, op, root, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, kHoldDevice, reads, writes,
+            [devices = devices_, n, count, op, root, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // Per chunk, the others' parts come in one after the other through the
     // scratch chunk and are added to the root's; chunks pipeline.
     auto v = std::make_shared<PhaseVars>(e, phase->what, 1, n);
@@ -222,7 +228,8 @@ void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>
   std::vector<Tensor> writes = outputs;
   if (n > 1)
     for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, chunk(count, n, r).size()));
-  push_hold(call, kHoldDevice, inputs, writes, [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_hold(call, kHoldDevice, inputs, writes,
+            [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // Member r: its output starts as member 0's chunk r, then member m's
     // chunk r is added for m = 1 .. n - 1 (through its scratch unless m is r).
     auto o = std::make_shared<PhaseVars>(e, phase->what, n, 1);

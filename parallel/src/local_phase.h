@@ -40,10 +40,10 @@ namespace weft::parallel::detail {
 // The members' memory and the hold op's completion, shared by the data
 // phase's ops.
 struct Phase {
-  std::string what;                 // "allreduce 'grad' #3"
-  std::vector<const void*> in;      // what the hold op reads, in the order given to push_hold
-  std::vector<void*> out;           // what it writes, likewise
-  Completion done;                  // the hold op's
+  std::string what;             // "allreduce 'grad' #3"
+  std::vector<const void*> in;  // what the hold op reads, in the order given to push_hold
+  std::vector<void*> out;       // what it writes, likewise
+  Completion done;              // the hold op's
   const float* in_f(int k) const { return static_cast<const float*>(in[static_cast<std::size_t>(k)]); }
   float* out_f(int k) const { return static_cast<float*>(out[static_cast<std::size_t>(k)]); }
   const void* in_at(int k) const { return in[static_cast<std::size_t>(k)]; }
@@ -98,8 +98,8 @@ struct PhaseVars {
 // writes all the phase's variables; on a CPU device that includes waiting
 // for their GPU work), then completes the hold op — with the failure of a
 // phase op, if one failed.
-inline void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::vector<std::shared_ptr<PhaseVars>>& vars,
-                      Device where, int priority) {
+inline void push_done(Engine& e, const std::shared_ptr<Phase>& phase,
+                      const std::vector<std::shared_ptr<PhaseVars>>& vars, Device where, int priority) {
   std::vector<Var> writes;
   for (const auto& v : vars) {
     std::vector<Var> all = v->all();

@@ -50,15 +50,15 @@ namespace weft::parallel::detail {
 namespace {
 
 [[noreturn]] void nccl_failed(const char* call, ncclResult_t rc, const std::string& what) {
-  throw CommunicationError(what + ": " + call + " failed: " + ncclGetErrorString(rc) + " (" +
-                               ncclGetLastError(nullptr) + ")",
-                           CommunicationError::kNoPeer);
+  throw CommunicationError(
+      what + ": " + call + " failed: " + ncclGetErrorString(rc) + " (" + ncclGetLastError(nullptr) + ")",
+      CommunicationError::kNoPeer);
 }
 // One checked-call macro for NCCL, as WEFT_CUDA_CHECK for CUDA. ncclInProgress
 // is not a failure: a non-blocking communicator is still working.
-#define WEFT_NCCL_CHECK(call, what)                                                             \
-  do {                                                                                          \
-    const ncclResult_t weft_nccl_rc_ = (call);                                                  \
+#define WEFT_NCCL_CHECK(call, what)                                                                               \
+  do {                                                                                                            \
+    const ncclResult_t weft_nccl_rc_ = (call);                                                                    \
     if (weft_nccl_rc_ != ncclSuccess && weft_nccl_rc_ != ncclInProgress) nccl_failed(#call, weft_nccl_rc_, what); \
   } while (0)
 
@@ -300,9 +300,9 @@ class NcclLocalBackend final : public Backend {
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
     const auto count = static_cast<std::size_t>(tensors[0].numel());
     push_nccl(call, clique_, tensors, tensors, [clique = clique_, count, op](int r, const Phase& p) {
-      WEFT_NCCL_CHECK(ncclAllReduce(p.out_at(r), p.out_at(r), count, ncclFloat32, nccl_op(op), clique->comm(r),
-                                    clique->native(r)),
-                      p.what);
+      WEFT_NCCL_CHECK(
+          ncclAllReduce(p.out_at(r), p.out_at(r), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)),
+          p.what);
     });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -312,8 +312,9 @@ class NcclLocalBackend final : public Backend {
     push_nccl(call, clique_, {tensors[static_cast<std::size_t>(root)]}, all_but(tensors, root),
               [clique = clique_, root, bytes](int r, const Phase& p) {
                 void* into = r == root ? const_cast<void*>(p.in_at(0)) : p.out_at(r < root ? r : r - 1);
-                WEFT_NCCL_CHECK(ncclBroadcast(p.in_at(0), into, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
-                                p.what);
+                WEFT_NCCL_CHECK(
+                    ncclBroadcast(p.in_at(0), into, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
+                    p.what);
               });
   }
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -326,9 +327,9 @@ class NcclLocalBackend final : public Backend {
               [clique = clique_, root, count, op](int r, const Phase& p) {
                 const void* from = r == root ? p.out_at(0) : p.in_at(r < root ? r : r - 1);
                 void* into = r == root ? p.out_at(0) : nullptr;
-                WEFT_NCCL_CHECK(ncclReduce(from, into, count, ncclFloat32, nccl_op(op), root, clique->comm(r),
-                                           clique->native(r)),
-                                p.what);
+                WEFT_NCCL_CHECK(
+                    ncclReduce(from, into, count, ncclFloat32, nccl_op(op), root, clique->comm(r), clique->native(r)),
+                    p.what);
               });
   }
   // NCCL's reduce-scatter and all-gather take equal chunks; uneven ones
@@ -389,9 +390,9 @@ class NcclAcrossBackend final : public Backend {
     const Tensor& t = tensors[0];
     const auto count = static_cast<std::size_t>(t.numel());
     push_checked(call, t, op, {t}, {t}, [clique = clique_, count, op](int r, const Phase& p) {
-      WEFT_NCCL_CHECK(ncclAllReduce(p.out_at(0), p.out_at(0), count, ncclFloat32, nccl_op(op), clique->comm(r),
-                                    clique->native(r)),
-                      p.what);
+      WEFT_NCCL_CHECK(
+          ncclAllReduce(p.out_at(0), p.out_at(0), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)),
+          p.what);
     });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -403,8 +404,9 @@ class NcclAcrossBackend final : public Backend {
                  here ? std::vector<Tensor>{} : std::vector<Tensor>{t},
                  [clique = clique_, root, bytes, here](int r, const Phase& p) {
                    void* buffer = here ? const_cast<void*>(p.in_at(0)) : p.out_at(0);
-                   WEFT_NCCL_CHECK(ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
-                                   p.what);
+                   WEFT_NCCL_CHECK(
+                       ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
+                       p.what);
                  });
   }
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -441,10 +443,12 @@ class NcclAcrossBackend final : public Backend {
       return staged_->all_gather(call, inputs, outputs);
     }
     const std::size_t part_bytes = outputs[0].nbytes() / static_cast<std::size_t>(host_.size());
-    push_checked(call, outputs[0], ReduceOp::sum, inputs, outputs, [clique = clique_, part_bytes](int r, const Phase& p) {
-      WEFT_NCCL_CHECK(ncclAllGather(p.in_at(0), p.out_at(0), part_bytes, ncclUint8, clique->comm(r), clique->native(r)),
-                      p.what);
-    });
+    push_checked(
+        call, outputs[0], ReduceOp::sum, inputs, outputs, [clique = clique_, part_bytes](int r, const Phase& p) {
+          WEFT_NCCL_CHECK(
+              ncclAllGather(p.in_at(0), p.out_at(0), part_bytes, ncclUint8, clique->comm(r), clique->native(r)),
+              p.what);
+        });
   }
   void barrier(const Call& call) override {
     pass_turn(clique_, call.sequence());
@@ -471,8 +475,8 @@ class NcclAcrossBackend final : public Backend {
   }
 
   std::shared_ptr<Clique> clique_;
-  Communicator host_;                 // the same ranks on cpu(0): bootstrap and fingerprints
-  std::unique_ptr<Backend> staged_;   // what NCCL does not carry
+  Communicator host_;                // the same ranks on cpu(0): bootstrap and fingerprints
+  std::unique_ptr<Backend> staged_;  // what NCCL does not carry
 };
 
 std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const CommunicatorOptions& options) {
@@ -505,7 +509,8 @@ std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique
   const ncclResult_t rc = ncclCommInitAll(clique->comms.data(), n, ordinals.data());
   if (rc != ncclSuccess) {
     clique->broken = "never created";  // nothing to destroy
-    nccl_failed("ncclCommInitAll", rc, "weft::parallel::Communicator::local (NCCL over" + members_text(state.devices) + ")");
+    nccl_failed("ncclCommInitAll", rc,
+                "weft::parallel::Communicator::local (NCCL over" + members_text(state.devices) + ")");
   }
   return std::make_unique<NcclLocalBackend>(std::move(clique), std::move(ring));
 }
@@ -515,8 +520,8 @@ std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communi
   Engine& engine = *state.engine;
   const Device gpu = state.devices.front();
   const int rank = host.local_ranks().front(), size = host.size();
-  const std::string what = "weft::parallel::Communicator::mpi (rank " + std::to_string(rank) + ", NCCL on " +
-                           gpu.str() + ")";
+  const std::string what =
+      "weft::parallel::Communicator::mpi (rank " + std::to_string(rank) + ", NCCL on " + gpu.str() + ")";
   // Rank 0's unique id, broadcast through MPI as the bits of 32 floats
   // (copied, never computed on).
   static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0);
