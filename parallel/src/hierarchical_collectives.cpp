@@ -69,18 +69,33 @@ class HierarchicalBackend final : public Backend {
     copy_into(tensors[k], partial, 0, partial.numel(), call.label() + " result", priority);
   }
 
-  // Member m's output becomes chunk m of the reduction of every input: an
-  // allreduce of copies of the inputs, then each member takes its chunk.
+  // Member m's output becomes chunk m of the reduction of every input. Each
+  // member reorders its input into column order (see all_gather), the
+  // process reduce-scatters it into one part per device (part k: column k),
+  // and each device's communicator reduce-scatters its part across the
+  // processes, which leaves member (p, k)'s chunk on it: every byte crosses
+  // each link once, as in a plain reduce-scatter.
   void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                       ReduceOp op) override {
+    const int per = static_cast<int>(across_.size());
     const std::int64_t count = inputs[0].numel();
-    std::vector<Tensor> whole;
-    for (const Tensor& t : inputs) whole.push_back(copy_of(t, call.label() + " copy"));
-    allreduce_in_place(whole, op, call.options().name, call.options().priority, call.label());
-    const std::vector<int>& members = state_of_this().local_ranks;
-    for (std::size_t k = 0; k < outputs.size(); ++k) {
-      const Chunk c = chunk(count, processes_ * static_cast<int>(across_.size()), members[k]);
-      copy_into(outputs[k], whole[k], c.begin, c.size(), call.label() + " chunk", call.options().priority);
+    const std::string& name = call.options().name;
+    const int priority = call.options().priority;
+    Engine& engine = inputs[0].engine();
+    std::vector<Tensor> columns, parts;
+    for (int k = 0; k < per; ++k) {
+      const auto kk = static_cast<std::size_t>(k);
+      columns.push_back(Tensor::empty(engine, Shape{count}, local_.device(k)));
+      permute(inputs[kk], columns[kk], column_order(count, /*to_columns=*/true), call.label() + " in column order",
+              priority);
+      parts.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)));
+    }
+    parallel::reduce_scatter(local_, columns, parts, step_of(op), {.name = name + " (in-process)", .priority = priority});
+    for (int k = 0; k < per; ++k) {
+      const auto kk = static_cast<std::size_t>(k);
+      parallel::reduce_scatter(across_[kk], {parts[kk]}, {outputs[kk]}, step_of(op),
+                               {.name = name + " (column " + std::to_string(k) + ")", .priority = priority});
+      if (op == ReduceOp::average) scale(outputs[kk], call.label() + " average", priority);
     }
   }
 
@@ -108,7 +123,7 @@ class HierarchicalBackend final : public Backend {
   // column 1 | ...], column k at chunk(count, per, k)), and let each member
   // put the pieces in member order.
   void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
-    const int per = static_cast<int>(across_.size()), members = processes_ * per;
+    const int per = static_cast<int>(across_.size());
     const std::int64_t count = outputs[0].numel();
     const DType dtype = outputs[0].dtype();
     const std::string& name = call.options().name;
@@ -123,30 +138,46 @@ class HierarchicalBackend final : public Backend {
       gathered.push_back(Tensor::empty(engine, Shape{count}, local_.device(k), dtype));
     }
     parallel::all_gather(local_, columns, gathered, {.name = name + " (in-process)", .priority = priority});
-    // (destination, source, elements) of each member's piece.
+    for (int k = 0; k < per; ++k) {
+      const auto kk = static_cast<std::size_t>(k);
+      permute(gathered[kk], outputs[kk], column_order(count, /*to_columns=*/false), call.label() + " in member order",
+              priority);
+    }
+  }
+
+  // Member order (member p * per + k's chunk of `count` at chunk(count,
+  // members, p * per + k)) against column order (column k at chunk(count,
+  // per, k), member (p, k) at chunk(C_k, processes, p) within it): each
+  // member's piece as (destination, source, elements), to columns or back.
+  std::vector<std::array<std::int64_t, 3>> column_order(std::int64_t count, bool to_columns) const {
+    const int per = static_cast<int>(across_.size()), members = processes_ * per;
     std::vector<std::array<std::int64_t, 3>> pieces;
     for (int p = 0; p < processes_; ++p)
       for (int k = 0; k < per; ++k) {
-        const Chunk to = chunk(count, members, p * per + k);
+        const Chunk member = chunk(count, members, p * per + k);
         const Chunk column = chunk(count, per, k);
-        const Chunk from = chunk(column.size(), processes_, p);
-        pieces.push_back({to.begin, column.begin + from.begin, to.size()});
+        const std::int64_t in_column = column.begin + chunk(column.size(), processes_, p).begin;
+        pieces.push_back(to_columns ? std::array{in_column, member.begin, member.size()}
+                                    : std::array{member.begin, in_column, member.size()});
       }
-    const std::size_t element = dtype_size(dtype);
-    for (int k = 0; k < per; ++k) {
-      const auto kk = static_cast<std::size_t>(k);
-      push_tensor_op(
-          outputs[kk].device(), {gathered[kk]}, {outputs[kk]},
-          [pieces, element](RunContext& ctx, const TensorData& d) {
-            auto* out = static_cast<unsigned char*>(d.outputs[0]);
-            const auto* in = static_cast<const unsigned char*>(d.inputs[0]);
-            for (const auto& [to, from, n] : pieces)
-              copy_bytes(ctx, out + static_cast<std::size_t>(to) * element, in + static_cast<std::size_t>(from) * element,
-                         static_cast<std::size_t>(n) * element);
-          },
-          {.priority = priority, .name = call.label() + " in member order"});
-    }
+    return pieces;
   }
+
+  // dst = src with its pieces moved (same device, same dtype).
+  static void permute(const Tensor& src, const Tensor& dst, std::vector<std::array<std::int64_t, 3>> pieces,
+                      const std::string& name, int priority) {
+    push_tensor_op(
+        dst.device(), {src}, {dst},
+        [pieces = std::move(pieces), element = dtype_size(dst.dtype())](RunContext& ctx, const TensorData& d) {
+          auto* out = static_cast<unsigned char*>(d.outputs[0]);
+          const auto* in = static_cast<const unsigned char*>(d.inputs[0]);
+          for (const auto& [to, from, n] : pieces)
+            copy_bytes(ctx, out + static_cast<std::size_t>(to) * element, in + static_cast<std::size_t>(from) * element,
+                       static_cast<std::size_t>(n) * element);
+        },
+        {.priority = priority, .name = name});
+  }
+
   // Member (p, k) to member (q, j): within a process, the in-process
   // communicator's send; across processes, device k's communicator from
   // rank p to rank q on channel j (the receiver's device), so that each

@@ -502,18 +502,20 @@ TEST_CASE("several devices per process: allreduce, broadcast, reduce, reduce_sca
           }
         }
       }
-      std::vector<Tensor> inputs{rank_tensor(e, first, count, Device::cpu(0)),
-                                 rank_tensor(e, first + 1, count, Device::cpu(1))};
-      std::vector<Tensor> parts;
-      for (int k = 0; k < 2; ++k)
-        parts.push_back(Tensor::zeros(e, Shape{par::chunk(count, n, first + k).size()}, Device::cpu(k)));
-      par::reduce_scatter(comm, inputs, parts, par::ReduceOp::max, {.name = "shards"});
-      for (int k = 0; k < 2; ++k) {
-        const par::Chunk c = par::chunk(count, n, first + k);
-        require_values(parts[static_cast<std::size_t>(k)].to_host(), c.size(),
-                       [&](std::int64_t i) { return reduced(par::ReduceOp::max, n, c.begin + i); });
-        require_values(inputs[static_cast<std::size_t>(k)].to_host(), count,
-                       [&](std::int64_t i) { return value(first + k, i); });  // only read
+      for (auto op : {par::ReduceOp::max, par::ReduceOp::average}) {
+        std::vector<Tensor> inputs{rank_tensor(e, first, count, Device::cpu(0)),
+                                   rank_tensor(e, first + 1, count, Device::cpu(1))};
+        std::vector<Tensor> parts;
+        for (int k = 0; k < 2; ++k)
+          parts.push_back(Tensor::zeros(e, Shape{par::chunk(count, n, first + k).size()}, Device::cpu(k)));
+        par::reduce_scatter(comm, inputs, parts, op, {.name = "shards"});
+        for (int k = 0; k < 2; ++k) {
+          const par::Chunk c = par::chunk(count, n, first + k);
+          require_values(parts[static_cast<std::size_t>(k)].to_host(), c.size(),
+                         [&](std::int64_t i) { return reduced(op, n, c.begin + i); });
+          require_values(inputs[static_cast<std::size_t>(k)].to_host(), count,
+                         [&](std::int64_t i) { return value(first + k, i); });  // only read
+        }
       }
     }
     par::barrier(comm);

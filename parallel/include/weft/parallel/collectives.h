@@ -94,10 +94,11 @@ class Communicator {
   // each part across processes (one MPI communicator per local device, so
   // the parts travel at once), then all-gathers in-process; broadcast goes
   // across processes first, then in-process; reduce goes in-process into a
-  // copy, then across processes; reduce_scatter is an allreduce of copies
-  // of which each member keeps its chunk; all_gather gathers each device
-  // index's column across processes, then the columns in-process, then
-  // puts the pieces in member order; barrier waits for every process;
+  // copy, then across processes; all_gather gathers each device index's
+  // column of members across processes, then the columns in-process, then
+  // puts the pieces in member order; reduce_scatter is the reverse
+  // (reorder into columns, reduce-scatter in-process, then each column
+  // across processes); barrier waits for every process;
   // send/recv between members of two processes travels on the sender's
   // device's communicator, on a channel of the receiver's device, so each
   // pair of members keeps its own push order. A single device is the form
