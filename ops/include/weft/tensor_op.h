@@ -16,11 +16,11 @@
 // gpu::launch_host_func), never wait for it. An async op on a CPU device may
 // also *hold* GPU tensors: it gets their device addresses, which it must not
 // dereference, to hand to ops it pushes on their GPUs (ordered among
-// themselves by variables of their own) and completes once that work is
+// themselves by variables of their own), and completes once that work is
 // done (parallel/'s collectives on GPUs hold their members' tensors so; a
-// held GPU tensor no op wrote yet is allocated by the hold). Throws weft::InvalidArgument at
-// push time for an undefined tensor, one of another engine, or memory the
-// device cannot touch, naming the op and the tensor. With
+// held GPU tensor no op wrote yet is allocated by the hold). Throws
+// weft::InvalidArgument at push time for an undefined tensor, one of another
+// engine, or memory the device cannot touch, naming the op and the tensor. With
 // OpOptions::run_on_failed_input, a body called with ctx.failed_input set
 // gets null pointers: an input's producer failed.
 #pragma once
