@@ -158,6 +158,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
   op->bytes = options.bytes;
   op->run_on_failed_input = options.run_on_failed_input;
+  op->run_inline = options.run_inline;
   op->unblocked_by.store(0, std::memory_order_relaxed);
   op->push_ns = -1;
   if (profiler_->running()) [[unlikely]] {
@@ -187,6 +188,10 @@ void EngineBase::record_push(OpBlock& op) {
 void EngineBase::push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {
   NvtxRange range(nvtx_.push(), options.name.c_str(), options.property);
   if (!fn) throw InvalidArgument("push (op '" + options.name + "'): the op function is empty");
+  if (options.run_inline)
+    throw InvalidArgument("push (op '" + options.name +
+                          "'): OpOptions::run_inline is for push_async ops (a body that hands its work to another "
+                          "thread and returns at once)");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
   launch(op);

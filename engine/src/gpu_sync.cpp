@@ -65,6 +65,21 @@ void host_op_wait(OpBlock& op) {
   }
 }
 
+bool host_op_would_wait(OpBlock& op) noexcept {
+  for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+    if (!state_of(*e->slot)) continue;
+    EventList events;
+    try {
+      collect_events(*e->slot, e->write, events);
+      for (const gpu::EventRef& ev : events)
+        if (!ev->done()) return true;
+    } catch (...) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void host_op_publish(OpBlock& op) {
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     if (!e->write) continue;

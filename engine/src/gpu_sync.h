@@ -42,6 +42,9 @@ void gpu_op_publish(OpBlock& op, int device, gpu::Stream* stream);
 // Before a CPU op's body: wait on the host for GPU work it depends on. A
 // CPU write makes the variable's GPU history irrelevant: it clears it.
 void host_op_wait(OpBlock& op);
+// Whether host_op_wait would block now: GPU work the op depends on is
+// unfinished (or failed, which host_op_wait reports).
+bool host_op_would_wait(OpBlock& op) noexcept;
 void host_op_publish(OpBlock& op);
 // A barrier on `slot`: the events to wait for on the host (writes: readers too).
 void collect_events(VarSlot& slot, bool write, EventList& out);

@@ -41,6 +41,7 @@ struct OpBlock {
   OpProperty property = OpProperty::normal;
   bool async = false;
   bool run_on_failed_input = false;  // OpOptions::run_on_failed_input
+  bool run_inline = false;           // OpOptions::run_inline
   std::uint8_t epoch = 0;  // push epoch (InflightCounts)
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
   std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
@@ -87,6 +88,7 @@ struct OpBlock {
     error.reset();
     inherited.reset();
     run_on_failed_input = false;
+    run_inline = false;
     signal = nullptr;
     ready_next = nullptr;
     entry_count = 0;

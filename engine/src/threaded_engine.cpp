@@ -20,6 +20,19 @@ struct WorkerCounter {
 };
 thread_local WorkerCounter tls_counter;
 
+// Set while this thread runs (or skips) an inline op (OpOptions::run_inline):
+// what that makes ready is queued, so inline runs never nest.
+thread_local bool tls_running_inline = false;
+
+// While profiling, the tracks this thread recorded inline bodies on (a
+// track has one writer: each thread gets its own per engine and device).
+struct InlineTrack {
+  std::uint32_t engine_id;
+  Device device;
+  Profiler::Track* track;
+};
+thread_local std::vector<InlineTrack> tls_inline_tracks;
+
 // Grants `e` at once when its variable's queue is empty and the access is
 // compatible with what runs; otherwise queues it. Caller holds the lock.
 // Returns 1 when granted.
@@ -81,6 +94,7 @@ std::string_view trace_role(gpu::StreamRole role) {
   return role == gpu::StreamRole::peer ? std::string_view("p2p") : gpu::to_string(role);
 }
 constexpr int kLaunchTrackOffset = 1000;
+constexpr int kInlineTrackOffset = 2000;
 
 std::size_t worker_slots(const ResolvedConfig& c) {
   return static_cast<std::size_t>(c.cpu_devices) * static_cast<std::size_t>(c.workers_per_cpu_device) +
@@ -295,7 +309,29 @@ void ThreadedEngine::dispatch(OpBlock* op) {
     finish(op);  // barriers and deletions have no body
     return;
   }
+  if (op->run_inline && try_run_inline(op)) return;
   lanes_[lane_of(*op)].pool->enqueue(op);
+}
+
+bool ThreadedEngine::try_run_inline(OpBlock* op) {
+  // Never inside an op body (a done() called from a body, a push from one):
+  // the body may hold what the inline one needs, and bodies must not nest.
+  if (tls_running_inline || current_op_scope() != nullptr) return false;
+  if (config_.gpu_devices > 0 && host_op_would_wait(*op)) return false;
+  tls_running_inline = true;
+  run(op, static_cast<int>(lane_of(*op)), -1);
+  tls_running_inline = false;
+  return true;
+}
+
+Profiler::Track* ThreadedEngine::inline_track(Device device) {
+  for (const InlineTrack& t : tls_inline_tracks)
+    if (t.engine_id == engine_id_ && t.device == device) return t.track;
+  const int n = inline_tracks_.fetch_add(1, std::memory_order_relaxed);
+  Profiler::Track* track = profiler_->track(device, kInlineTrackOffset + n, "inline " + std::to_string(n),
+                                            TrackKind::worker, device.str() + " inline");
+  tls_inline_tracks.push_back({engine_id_, device, track});
+  return track;
 }
 
 void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx, const SpanInfo* traced) {
@@ -331,17 +367,17 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
   after_body();
 }
 
-void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
+void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
+  const bool on_worker = worker >= 0;
   if (ErrorRef inherited = inherited_error(*op)) {
     if (!op->run_on_failed_input) {
       op->error = std::move(inherited);  // skipped: the failure passes on to what it writes
-      finish(op, true);
+      finish(op, on_worker);
       return;
     }
     op->inherited = std::move(inherited);
   }
   Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
-  Profiler::Track* track = lane.tracks[static_cast<std::size_t>(worker)];
   RunContext ctx{op->device, worker, op->name, this};
   if (op->inherited) ctx.failed_input = op->inherited->error;
   const bool profiling = profiler_->running();
@@ -352,6 +388,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
                       op->bytes, op->property};
   }
   const Device device = op->device;
+  assert(on_worker || op->async);  // push() refuses run_inline
   if (!op->async) {
     {
       OpScopeGuard scope(scope_key(), &op->name, device, op->epoch);
@@ -364,7 +401,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
     }
     if (profiling) {
       traced.end_ns = Profiler::now_ns();
-      profiler_->record(track, traced);
+      profiler_->record(lane.tracks[static_cast<std::size_t>(worker)], traced);
     }
     finish(op, true);
     return;
@@ -377,7 +414,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
       host_op_publish(*op);
     } catch (...) {
       fail(*op, std::current_exception());
-      finish(op, true);
+      finish(op, on_worker);
       return;
     }
   }
@@ -412,7 +449,7 @@ void ThreadedEngine::execute(OpBlock* op, int lane_index, int worker) {
   }
   if (profiling) {
     traced.end_ns = Profiler::now_ns();
-    profiler_->record(track, traced);
+    profiler_->record(on_worker ? lane.tracks[static_cast<std::size_t>(worker)] : inline_track(device), traced);
   }
   state->release_executor();
   leave_inflight(epoch);

@@ -36,7 +36,7 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
 
  private:
   void launch(OpBlock* op) override;
-  void execute(OpBlock* op, int lane, int worker) override;
+  void execute(OpBlock* op, int lane, int worker) override { run(op, lane, worker); }
   void on_worker_start(int lane, int worker) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;
 
@@ -50,6 +50,14 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   // Links the op's accesses; runs or queues it when nothing blocks it.
   void submit(OpBlock* op);
   void dispatch(OpBlock* op);
+  // OpOptions::run_inline: runs the op on this thread when it may (the
+  // thread runs no op body; no unfinished GPU work to wait for).
+  bool try_run_inline(OpBlock* op);
+  // Runs the op's body (or skips it) and finishes or hands over its
+  // completion. worker -1: on a thread that is not one of the lane's workers.
+  void run(OpBlock* op, int lane, int worker);
+  // While profiling: the track of inline bodies run by this thread on `device`.
+  Profiler::Track* inline_track(Device device);
   // worker_is_done: called by a worker whose op body has returned, so the
   // first op this makes ready on its device may run next on it.
   void finish(OpBlock* op, bool worker_is_done = false);
@@ -85,6 +93,7 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   std::atomic<std::int32_t> draining_{0};              // threads in wait_all / the destructor
   std::atomic<bool> closing_{false};                   // the destructor drains everything
   std::atomic<std::int32_t> external_finishers_{0};    // non-worker threads inside complete_async
+  std::atomic<int> inline_tracks_{0};                  // inline_track()s handed out
   const std::size_t resume_below_;                     // a blocked frontend resumes below this (bound / 4)
   std::mutex wait_mutex_;
   std::condition_variable throttle_cv_;  // in flight fell below resume_below_

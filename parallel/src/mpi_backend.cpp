@@ -146,7 +146,8 @@ class MpiBackend final : public Backend {
           [job = std::shared_ptr<Job>(std::move(job))](RunContext& ctx, Completion done) mutable {
             start(std::move(job), ctx, std::move(done));
           },
-          group_->device, {}, {}, OpOptions{.priority = call.options().priority, .name = call.label()});
+          group_->device, {}, {},
+          OpOptions{.priority = call.options().priority, .name = call.label(), .run_inline = true});
     } catch (...) {
       break_after_failed_push(call);
       throw;
@@ -204,7 +205,7 @@ class MpiBackend final : public Backend {
             if (!ctx.failed_input) bind(*job, d);
             start(std::move(job), ctx, std::move(done));
           },
-          OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true});
+          OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true, .run_inline = true});
     } catch (...) {
       break_after_failed_push(call);
       throw;

@@ -270,7 +270,7 @@ void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std:
           phase->done(std::make_exception_ptr(
               CommunicationError(what + ": the process is exiting", CommunicationError::kNoPeer)));
       },
-      OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true});
+      OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true, .run_inline = true});
 }
 
 // A call another path carries took a sequence number: let the next through.

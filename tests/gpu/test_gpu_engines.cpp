@@ -2,6 +2,7 @@
 // (one stream, drained after each op) and the threaded engine (streams,
 // events, copy workers) give the same bits for one program; a LeNet-sized
 // forward/backward/SGD step on gpu(0) equals the one on cpu(0).
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -189,4 +190,40 @@ TEST_CASE("gpu engines - a gpu lane takes ready ops in push order, not ready ord
   cv.notify_all();
   e->wait_all();
   CHECK(order == std::vector<std::string>{"pushed first", "pushed second"});
+}
+
+// OpOptions::run_inline: a CPU op that would have to wait on the host for
+// unfinished GPU work never runs on the thread that made it ready (which
+// must not block); it takes a worker. Once the work is done it runs inline.
+TEST_CASE("gpu engines - an inline op waits for unfinished GPU work on a worker, not inline" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 1, .gpu_devices = 1});
+  const Device gpu = Device::gpu(0);
+  const weft::Var g = e->new_var("g");
+  std::atomic<bool> open{false};
+  // Completes (in the engine's sense) once enqueued; its stream then holds
+  // until the test opens it.
+  e->push(
+      [&](weft::RunContext& ctx) {
+        weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
+          while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        });
+      },
+      gpu, {}, {g}, {.name = "held on the stream"});
+  std::atomic<int> worker{-2};
+  auto inline_reader = [&](weft::RunContext& ctx, weft::Completion done) {
+    worker = ctx.worker;
+    done();
+  };
+  e->push_async(inline_reader, Device::cpu(0), {g}, {}, {.name = "inline reader", .run_inline = true});
+  open = true;
+  e->wait_all();
+  CHECK(worker.load() >= 0);  // on the worker, which waited for the stream
+
+  e->push([](weft::RunContext&) {}, gpu, {}, {g}, {.name = "quick"});
+  e->wait_to_read(g);  // the GPU work is done
+  e->push_async(inline_reader, Device::cpu(0), {g}, {}, {.name = "inline reader", .run_inline = true});
+  e->wait_all();
+  CHECK(worker.load() == -1);  // inline, on this thread
 }

@@ -5,7 +5,9 @@
 // Copies share one completion. Calling it twice is a weft::Error; dropping the
 // last copy without calling it completes the op with a weft::Error naming it,
 // so a forgotten callback shows up as an error at the next wait instead of a
-// hang.
+// hang. Called outside any op body, done() may run, before it returns, the
+// bodies of inline ops it makes ready (OpOptions::run_inline): do not call it
+// holding a lock such a body takes.
 #pragma once
 
 #include <exception>

@@ -43,7 +43,7 @@ struct EngineLife;
 // What a running op learns about where it runs.
 struct RunContext {
   Device device;
-  int worker = 0;            // index of the worker within its pool
+  int worker = 0;            // index of the worker within its pool; -1: not on a worker (OpOptions::run_inline)
   std::string_view op_name;  // as pushed (may be empty)
   Engine* engine = nullptr;  // for pushing follow-up ops from inside an op
   // GPU ops only: the stream to enqueue on (never synchronize it) and this
@@ -114,6 +114,17 @@ struct OpOptions {
   // must always answer, e.g. a collective's members, which must all learn
   // that one of them cannot take part.
   bool run_on_failed_input = false;
+  // push_async only, for a body that hands its work to another thread (a
+  // communication thread, say) and returns at once — it never blocks or
+  // waits: the engine may run it on whichever thread makes the op ready (the
+  // pushing thread, or the one completing the op it waited for) instead of
+  // waking a worker of its device, so a chain of such ops costs no thread
+  // hand-off per op (MXNet runs its kAsync ops on the pusher the same way).
+  // A thread runs one such body at a time: what it makes ready queues as
+  // usual. It runs on a worker when GPU work it depends on is unfinished
+  // (the wait for it must not block the thread that made it ready).
+  // ctx.worker is -1 when it runs elsewhere than on a worker.
+  bool run_inline = false;
 };
 
 struct EngineConfig {

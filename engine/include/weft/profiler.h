@@ -76,7 +76,7 @@ struct SpanInfo {
 struct Span {
   std::string_view name;  // interned by the profiler: valid for its lifetime
   Device device;
-  int track = 0;  // track index within the device (worker; GPU: role * 100 + stream, launch tracks + 1000)
+  int track = 0;  // index within the device (worker; GPU: role * 100 + stream, launch tracks + 1000; inline 2000 + n)
   std::uint64_t op_id = 0;
   std::int64_t start_ns = 0;  // steady clock, relative to the profiler's epoch
   std::int64_t end_ns = 0;
