@@ -1,6 +1,7 @@
 #include "comm_thread.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <utility>
 
@@ -46,6 +47,15 @@ void CommThread::stop() {
 }
 
 void CommThread::yield() { boost::this_fiber::yield(); }
+
+CommThread& poll_thread() {
+  static CommThread* thread = [] {
+    auto* t = new CommThread();  // never deleted: stopped at exit
+    std::atexit([] { poll_thread().stop(); });
+    return t;
+  }();
+  return *thread;
+}
 
 void CommThread::loop() {
   std::uint64_t seen = 0;

@@ -76,6 +76,11 @@ class CommThread {
   std::thread thread_;
 };
 
+// A process-wide thread for fibers that only poll GPU events (the
+// completion of in-process GPU collectives): started at first use, stopped
+// at exit.
+CommThread& poll_thread();
+
 // Lets fibers through in sequence order: open(n) once 1..n-1 have all been
 // passed. A number passed early (a collective that ended without posting,
 // say) is kept until those before it pass, so a gate never opens past a

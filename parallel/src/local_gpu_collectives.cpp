@@ -7,8 +7,12 @@
 // copy worker (its own stream, so copies overlap with reductions of other
 // chunks), then, for the reducing collectives, an accumulate kernel on its
 // compute stream. Steps of different GPUs order themselves by stream waits on
-// the phase's variables, never by host waits; only the phase's last op, on
-// cpu(0), waits on the host for the last steps before completing the hold.
+// the phase's variables, never by host waits. The phase's last op, on the
+// first member's GPU, records an event behind every step; a fiber of the
+// poll thread (comm_thread.h) completes the hold op once that event is done,
+// so no worker waits on the host while a collective runs. (The hold op
+// itself still waits on a cpu(0) worker for the GPU work that produced its
+// inputs, as every CPU op holding GPU tensors does.)
 //
 // This is the form for simulated GPUs and for real ones without NCCL; sums
 // come out in the same order as on CPU members, so results are bit-identical
@@ -23,6 +27,7 @@
 #include <vector>
 
 #include "call.h"
+#include "comm_thread.h"
 #include "communicator_state.h"
 #include "local_phase.h"
 #include "weft/error.h"
@@ -50,6 +55,51 @@ void finish_average(RunContext& ctx, float* p, std::int64_t n, ReduceOp op, int 
 }
 
 const Device kHoldDevice = Device::cpu(0);
+
+// The phase's last op, on `gpu`: it reads and writes every variable of the
+// phase, so its stream waits for every step; its body records an event
+// there and hands it to a poll fiber, which completes the hold op once the
+// event is done (with a step's failure, if one failed: still only once the
+// work enqueued before it has drained, since the tensors stay in use until
+// then).
+void push_gpu_done(Engine& e, const std::shared_ptr<Phase>& phase,
+                   const std::vector<std::shared_ptr<PhaseVars>>& vars, Device gpu, int priority) {
+  std::vector<Var> writes;
+  for (const auto& v : vars) {
+    std::vector<Var> all = v->all();
+    writes.insert(writes.end(), all.begin(), all.end());
+  }
+  e.push(
+      [phase, vars](RunContext& ctx) {
+        gpu::EventRef event(gpu::Event::record(ctx.device.index(), ctx.gpu->stream));
+        CommThread& thread = poll_thread();
+        auto wait = [phase, event, failed = ctx.failed_input, &thread] {
+          std::exception_ptr error = failed;
+          try {
+            if (thread.poll_until([&] { return event->done(); }, Clock::time_point::max()) ==
+                    CommThread::Wait::stopping &&
+                !error)
+              error = std::make_exception_ptr(
+                  CommunicationError(phase->what + ": the process is exiting", CommunicationError::kNoPeer));
+          } catch (...) {
+            if (!error) error = std::current_exception();  // the GPU work failed
+          }
+          phase->done(error);
+        };
+        if (!thread.spawn(wait)) {
+          // Exiting: nothing polls any more; wait here.
+          std::exception_ptr error = ctx.failed_input;
+          try {
+            event->host_wait();
+          } catch (...) {
+            if (!error) error = std::current_exception();
+          }
+          phase->done(error);
+        }
+      },
+      gpu, writes, writes,
+      {.priority = priority, .name = phase->what + " done", .run_on_failed_input = true});
+}
 
 // Pushes a step of the data phase on `gpu`.
 template <class Body>
@@ -153,7 +203,7 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
                copy_in(ctx, phase->out_f(dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
       }
-    push_done(e, phase, {v, s}, kHoldDevice, priority);
+    push_gpu_done(e, phase, {v, s}, devices.front(), priority);
   });
 }
 
@@ -174,7 +224,7 @@ void LocalGpuBackend::broadcast(const Call& call, const std::vector<Tensor>& ten
            [phase, slot, bytes, from](RunContext& ctx) { copy_in(ctx, phase->out_at(slot), phase->in_at(0), from, bytes); });
       ++slot;
     }
-    push_done(e, phase, {v}, kHoldDevice, priority);
+    push_gpu_done(e, phase, {v}, devices.front(), priority);
   });
 }
 
@@ -214,7 +264,7 @@ void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensor
         ++slot;
       }
     }
-    push_done(e, phase, {v, s}, kHoldDevice, priority);
+    push_gpu_done(e, phase, {v, s}, devices.front(), priority);
   });
 }
 
@@ -264,7 +314,7 @@ void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>
              });
       }
     }
-    push_done(e, phase, {o, s}, kHoldDevice, priority);
+    push_gpu_done(e, phase, {o, s}, devices.front(), priority);
   });
 }
 
@@ -288,7 +338,7 @@ void LocalGpuBackend::all_gather(const Call& call, const std::vector<Tensor>& in
                        phase->in_at(m), from, static_cast<std::size_t>(k.size()) * element);
              });
       }
-    push_done(e, phase, {v}, kHoldDevice, priority);
+    push_gpu_done(e, phase, {v}, devices.front(), priority);
   });
 }
 

@@ -16,8 +16,8 @@
 // On CPU members the hold op runs on the first member's device and the data
 // phase touches memory directly. On GPU members the hold op runs on cpu(0)
 // and only holds the tensors (tensor_op.h): the data phase is GPU ops on the
-// members' streams, and the last op, on cpu(0), completes the hold once their
-// work is done.
+// members' streams, and the last op, on a member's GPU, has a poll fiber
+// complete the hold once their work is done (local_gpu_collectives.cpp).
 #pragma once
 
 #include <cstdint>
@@ -94,10 +94,9 @@ struct PhaseVars {
   }
 };
 
-// The phase's last op, on `where`: waits for every op of the phase (it
-// writes all the phase's variables; on a CPU device that includes waiting
-// for their GPU work), then completes the hold op — with the failure of a
-// phase op, if one failed.
+// The phase's last op on CPU members, on `where`: waits for every op of the
+// phase (it writes all the phase's variables), then completes the hold op —
+// with the failure of a phase op, if one failed.
 inline void push_done(Engine& e, const std::shared_ptr<Phase>& phase,
                       const std::vector<std::shared_ptr<PhaseVars>>& vars, Device where, int priority) {
   std::vector<Var> writes;

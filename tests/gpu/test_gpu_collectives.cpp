@@ -6,9 +6,10 @@
 // outputs no op wrote before; many collectives in flight interleaved with GPU
 // compute on the same tensors; a failed input failing every member; send and
 // recv along a chain of GPUs; tensors dropped while their collective is in
-// flight. Each scenario over the naive engine and the threaded one at 1, 2, 4
-// and 8 workers per device (compute streams per GPU), and no GPU worker ever
-// waits on the host.
+// flight; a chain of broadcasts holding no CPU worker in a host wait. Each
+// scenario over the naive engine and the threaded one at 1, 2, 4 and 8
+// workers per device (compute streams per GPU), and no GPU worker ever waits
+// on the host.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -146,6 +147,30 @@ TEST_CASE("gpu collectives - reduce_scatter and all_gather into outputs no op wr
           }
         }
     }
+  });
+}
+
+// The phase's last op is a GPU op whose event a poll fiber watches, so a
+// running collective holds no CPU worker (the old last op, on cpu(0), waited
+// on the host for every step). Broadcasts need no scratch buffer: once the
+// first hold ops have cleared the tensors' GPU history, a chain of them
+// makes no CPU worker wait on the host at all. (Collectives with scratch
+// buffers still wait, in the hold op, for each fresh buffer's creation.)
+TEST_CASE("gpu collectives - a chain of broadcasts makes no CPU worker wait on the host" * doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  if (gpus() < 2) return;
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(2));
+    std::vector<Tensor> t = member_tensors(e, 2, 1003);
+    // Each member's tensor written once by a hold op (a read keeps history).
+    par::broadcast(comm, t, {.name = "first", .root = 1});
+    par::broadcast(comm, t, {.name = "second", .root = 0});
+    e.wait_all();
+    const std::uint64_t before = weft::gpu::host_waits().of(weft::gpu::WaitCause::cpu_worker);
+    for (int k = 0; k < 8; ++k) par::broadcast(comm, t, {.name = "chain", .root = k % 2});
+    e.wait_all();
+    CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::cpu_worker) == before);
+    for (int r = 0; r < 2; ++r) CHECK(at(t, r).to_host() == values(1, 1003));
   });
 }
 
