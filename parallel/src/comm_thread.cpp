@@ -48,13 +48,20 @@ void CommThread::stop() {
 
 void CommThread::yield() { boost::this_fiber::yield(); }
 
-CommThread& poll_thread() {
+namespace {
+template <ThreadPurpose P>
+CommThread& started_once() {
   static CommThread* thread = [] {
     auto* t = new CommThread();  // never deleted: stopped at exit
-    std::atexit([] { poll_thread().stop(); });
+    std::atexit([] { started_once<P>().stop(); });
     return t;
   }();
   return *thread;
+}
+}  // namespace
+
+CommThread& process_thread(ThreadPurpose purpose) {
+  return purpose == ThreadPurpose::poll ? started_once<ThreadPurpose::poll>() : started_once<ThreadPurpose::nccl>();
 }
 
 void CommThread::loop() {

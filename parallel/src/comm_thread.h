@@ -76,10 +76,14 @@ class CommThread {
   std::thread thread_;
 };
 
-// A process-wide thread for fibers that only poll GPU events (the
-// completion of in-process GPU collectives): started at first use, stopped
-// at exit.
-CommThread& poll_thread();
+// Process-wide communication threads, each started at first use and
+// stopped at exit (never deleted): one per purpose, so that one kind of
+// fiber never waits behind another.
+enum class ThreadPurpose { poll, nccl };
+CommThread& process_thread(ThreadPurpose purpose);
+// Fibers that only poll GPU events (the completion of in-process GPU
+// collectives).
+inline CommThread& poll_thread() { return process_thread(ThreadPurpose::poll); }
 
 // Lets fibers through in sequence order: open(n) once 1..n-1 have all been
 // passed. A number passed early (a collective that ended without posting,

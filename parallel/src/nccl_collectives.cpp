@@ -64,14 +64,7 @@ namespace {
 
 // The communication thread of NCCL's fibers (MPI's is MpiProcess's: this
 // one must not initialize MPI).
-CommThread& nccl_thread() {
-  static CommThread* thread = [] {
-    auto* t = new CommThread();  // never deleted: stopped at exit
-    std::atexit([] { nccl_thread().stop(); });
-    return t;
-  }();
-  return *thread;
-}
+CommThread& nccl_thread() { return process_thread(ThreadPurpose::nccl); }
 
 // What the collectives of one communicator share.
 struct Clique {
