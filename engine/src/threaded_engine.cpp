@@ -318,9 +318,11 @@ bool ThreadedEngine::try_run_inline(OpBlock* op) {
   // the body may hold what the inline one needs, and bodies must not nest.
   if (tls_running_inline || current_op_scope() != nullptr) return false;
   if (config_.gpu_devices > 0 && host_op_would_wait(*op)) return false;
-  tls_running_inline = true;
+  struct Running {
+    Running() noexcept { tls_running_inline = true; }
+    ~Running() { tls_running_inline = false; }
+  } running;
   run(op, static_cast<int>(lane_of(*op)), -1);
-  tls_running_inline = false;
   return true;
 }
 
