@@ -202,15 +202,23 @@ TEST_CASE("gpu engines - an inline op waits for unfinished GPU work on a worker,
   const Device gpu = Device::gpu(0);
   const weft::Var g = e->new_var("g");
   std::atomic<bool> open{false};
+  std::atomic<bool> holding{false};
   // Completes (in the engine's sense) once enqueued; its stream then holds
   // until the test opens it.
   e->push(
       [&](weft::RunContext& ctx) {
         weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
+          holding = true;
           while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         });
       },
       gpu, {}, {g}, {.name = "held on the stream"});
+  // The reader is pushed once the GPU op has left the engine (its finish,
+  // which releases g, comes before it stops counting as in flight) and its
+  // stream is held, so the reader is ready at push, on this thread, with its
+  // input's GPU work certainly unfinished. (Opening the stream right after an
+  // earlier push let a slow, sanitized run finish the stream first.)
+  while (e->inflight() != 0 || !holding.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<int> worker{-2};
   auto inline_reader = [&](weft::RunContext& ctx, weft::Completion done) {
     worker = ctx.worker;
