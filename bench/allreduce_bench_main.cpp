@@ -48,7 +48,8 @@ int usage(std::FILE* out, int rc) {
                "  the R ranks: weft_mpi (Weft's MPI communicator, fingerprints on), weft_mpi_unchecked\n"
                "  (WEFT_COLLECTIVE_CHECK=0), both on one buffer, so each call waits for the one before through\n"
                "  the engine; weft_mpi_4_in_flight (four buffers in turn, as gradient buckets are); and mpi\n"
-               "  (MPI_Allreduce in place). --quick: up to 16 MiB, 3 reps. Launch with --bind-to none: Weft's\n"
+               "  (MPI_Allreduce in place), these four with their reps interleaved so that slow spells fall on\n"
+               "  all alike. --quick: up to 16 MiB, 3 reps. Launch with --bind-to none: Weft's\n"
                "  threads (engine workers, the communication thread) need more than one core per rank.\n"
                "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
                "  weft_ring_sim_gpu), the in-process ring over min(N, GPUs) GPU members, and under mpirun\n"
@@ -116,27 +117,36 @@ struct Job {
   }
 };
 
-// Median over reps of the time per call, each rep running `calls` calls;
-// every rank of the job calls it, and runs the same number of calls (rank
-// 0's calibration), starting together.
-template <class F>
-double time_per_call_us_together(int reps, F&& run_calls) {
-  std::vector<double> per_call;
-  run_calls(1);  // warm-up: caches, the allocator, first-touch of pages
-  // Calibrate: enough calls for ~50 ms.
-  MPI_Barrier(MPI_COMM_WORLD);
-  weft_bench::Stopwatch probe;
-  run_calls(1);
-  const double one = std::max(probe.seconds(), 1e-7);
-  int calls = static_cast<int>(std::clamp(0.05 / one, 1.0, 100000.0));
-  MPI_Bcast(&calls, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  for (int r = 0; r < reps; ++r) {
+// Medians over reps of the time per call of each implementation, each rep
+// running `calls` calls; every rank of the job calls it, and runs the same
+// number of calls (rank 0's calibration), starting together. The reps are
+// interleaved (rep r of every implementation before rep r + 1 of any), so a
+// slow spell of this noisy machine falls on all of them alike instead of on
+// whichever ran then: the ratios are what the targets are about.
+std::vector<double> times_per_call_us_together(int reps, const std::vector<std::function<void(int)>>& runs) {
+  std::vector<int> calls;
+  for (const auto& run_calls : runs) {
+    run_calls(1);  // warm-up: caches, the allocator, first-touch of pages
+    // Calibrate: enough calls for ~50 ms.
     MPI_Barrier(MPI_COMM_WORLD);
-    weft_bench::Stopwatch sw;
-    run_calls(calls);
-    per_call.push_back(sw.seconds() * 1e6 / calls);
+    weft_bench::Stopwatch probe;
+    run_calls(1);
+    const double one = std::max(probe.seconds(), 1e-7);
+    int n = static_cast<int>(std::clamp(0.05 / one, 1.0, 100000.0));
+    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    calls.push_back(n);
   }
-  return weft_bench::summarize(per_call).median;
+  std::vector<std::vector<double>> per_call(runs.size());
+  for (int r = 0; r < reps; ++r)
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      weft_bench::Stopwatch sw;
+      runs[i](calls[i]);
+      per_call[i].push_back(sw.seconds() * 1e6 / calls[i]);
+    }
+  std::vector<double> medians;
+  for (const auto& v : per_call) medians.push_back(weft_bench::summarize(v).median);
+  return medians;
 }
 
 #if WEFT_BENCH_NCCL
@@ -276,39 +286,41 @@ int main(int argc, char** argv) {
     if (gpu_across) {
       weft::Tensor g = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::gpu(0));
       engine->wait_all();
-      const double us = time_per_call_us_together(o.reps, [&](int calls) {
-        for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
-        engine->wait_all();
-      });
+      const double us = times_per_call_us_together(o.reps, {[&](int calls) {
+                                                      for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
+                                                      engine->wait_all();
+                                                    }})[0];
       report({gpu_mpi_impl, job.size, bytes, us});
     }
     // Across the ranks: the same buffer for every implementation.
     weft::Tensor t = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0));
     engine->wait_all();
-    for (const auto& [impl, c] : {std::pair{"weft_mpi", &across}, std::pair{"weft_mpi_unchecked", &unchecked}}) {
-      const double us = time_per_call_us_together(o.reps, [&, c = c](int calls) {
-        for (int k = 0; k < calls; ++k) par::allreduce(*c, {t});
+    auto weft_calls = [&](const par::Communicator& c) {
+      return [&](int calls) {
+        for (int k = 0; k < calls; ++k) par::allreduce(c, {t});
         engine->wait_all();
-      });
-      report({impl, job.size, bytes, us});
-    }
+      };
+    };
     // Four buffers in flight, as a data-parallel step's gradient buckets
     // are: one collective's fingerprints and engine hand-offs overlap the
     // data phase of the one before.
     std::vector<weft::Tensor> bucket;
     for (int k = 0; k < 4; ++k) bucket.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0)));
     engine->wait_all();
-    const double pipelined_us = time_per_call_us_together(o.reps, [&](int calls) {
-      for (int k = 0; k < calls; ++k) par::allreduce(across, {bucket[static_cast<std::size_t>(k % 4)]});
-      engine->wait_all();
-    });
-    report({"weft_mpi_4_in_flight", job.size, bytes, pipelined_us});
     std::vector<float> buffer(static_cast<std::size_t>(count), 1.0f);
-    const double mpi_us = time_per_call_us_together(o.reps, [&](int calls) {
-      for (int k = 0; k < calls; ++k)
-        MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-    });
-    report({"mpi", job.size, bytes, mpi_us});
+    const std::vector<const char*> impls = {"weft_mpi", "weft_mpi_unchecked", "weft_mpi_4_in_flight", "mpi"};
+    const std::vector<double> us = times_per_call_us_together(
+        o.reps, {weft_calls(across), weft_calls(unchecked),
+                 [&](int calls) {
+                   for (int k = 0; k < calls; ++k) par::allreduce(across, {bucket[static_cast<std::size_t>(k % 4)]});
+                   engine->wait_all();
+                 },
+                 [&](int calls) {
+                   for (int k = 0; k < calls; ++k)
+                     MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                                   MPI_COMM_WORLD);
+                 }});
+    for (std::size_t i = 0; i < impls.size(); ++i) report({impls[i], job.size, bytes, us[i]});
   }
   return 0;
 }
