@@ -56,6 +56,28 @@ inline std::unique_ptr<Engine> make_engine(EngineConfig config = {}) {
   return Engine::create(std::move(config));
 }
 
+// Each scenario on fresh engines with `gpus` GPUs and `cpu_devices` CPU
+// devices: naive, and threaded at 1, 2, 4 and 8 workers per CPU device and
+// compute streams per GPU; then no GPU worker may have waited on the host.
+template <class F>
+void with_each_gpu_engine(int gpus, F&& fn, int cpu_devices = 1) {
+  const std::uint64_t gpu_worker_waits = weft::gpu::host_waits().of(weft::gpu::WaitCause::gpu_worker);
+  {
+    INFO("naive engine");
+    auto e = make_engine({.kind = "naive", .cpu_devices = cpu_devices, .gpu_devices = gpus});
+    fn(*e);
+    e->wait_all();
+  }
+  for (int workers : {1, 2, 4, 8}) {
+    INFO("threaded engine, " << workers << " workers per device");
+    auto e = make_engine({.kind = "threaded", .cpu_devices = cpu_devices, .workers_per_cpu_device = workers,
+                          .gpu_devices = gpus, .compute_streams_per_gpu = workers});
+    fn(*e);
+    e->wait_all();
+  }
+  CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::gpu_worker) == gpu_worker_waits);
+}
+
 // Deterministic host data (splitmix64), independent of the library's RNG.
 inline std::uint64_t splitmix(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);

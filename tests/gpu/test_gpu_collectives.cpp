@@ -43,21 +43,7 @@ int gpus() { return std::min(weft::gpu::device_count(), 4); }
 // may have waited on the host.
 template <class F>
 void for_each_engine(F&& fn) {
-  const std::uint64_t gpu_worker_waits = weft::gpu::host_waits().of(weft::gpu::WaitCause::gpu_worker);
-  {
-    INFO("naive engine");
-    auto e = make_engine({.kind = "naive", .cpu_devices = 1, .gpu_devices = gpus()});
-    fn(*e);
-    e->wait_all();
-  }
-  for (int workers : {1, 2, 4, 8}) {
-    INFO("threaded engine, " << workers << " workers per device");
-    auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = workers,
-                          .gpu_devices = gpus(), .compute_streams_per_gpu = workers});
-    fn(*e);
-    e->wait_all();
-  }
-  CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::gpu_worker) == gpu_worker_waits);
+  gputest::with_each_gpu_engine(gpus(), fn);
 }
 
 std::vector<Device> gpu_members(int n) {

@@ -1,0 +1,143 @@
+// weft::parallel::KVStore — parameter-server semantics on engine ops.
+//
+// A store of named tensors. push(key, values) sums values from any number of
+// devices and merges the sum into the stored value through the updater
+// (assignment by default, or an optimizer step such as sgd_updater);
+// pull(key, outs) copies the stored value to each out; pushpull does both.
+// Every call pushes engine ops and returns at once: a push is ordered with
+// every other op on the key's tensors (pushes, pulls, and whatever reads the
+// pulled outputs), so "pull after push sees it" needs no wait, and pushes to
+// different keys run concurrently (docs/design/kvstore.md).
+//
+// Kinds (where the sum happens):
+//   local     — on the host: values are copied to the host device (cpu(0) by
+//               default) and summed there; the value lives there.
+//   device    — on devices: each key's value and merge buffer live on one of
+//               the store's devices (default: the engine's GPUs, else its CPU
+//               devices), chosen when the key is initialized — the least
+//               loaded by bytes so far; init() of several keys places the
+//               largest first (MXNet's device store). Values on other devices
+//               are copied there (peer copies between GPUs) and summed.
+//   dist_sync — across the processes of an MPI job: each process sums its
+//               values on the host, the sums are allreduced across processes
+//               (weft::parallel collectives, fingerprinted: a rank pushing
+//               other keys, shapes or in another order fails with an error
+//               naming both sides instead of hanging), and every process
+//               runs the updater on the same total, so every process holds
+//               the same value. Every process must create its stores and call
+//               init and push in the same order (pull is local).
+//
+// Keys are integers or names; messages print them as key 3 or key
+// 'fc1.weight'. A push or pull whose shape or dtype differs from init's, a
+// key used before init or initialized twice, and an empty value list are
+// weft::InvalidArgument naming the key, at the call. Values are float32.
+// Calls from several threads are safe (dist_sync: in the same order on every
+// process).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "weft/engine.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+
+namespace weft::parallel {
+
+enum class KVStoreKind : std::uint8_t { local, device, dist_sync };
+std::string_view to_string(KVStoreKind kind) noexcept;
+// "local", "device" or "dist_sync"; throws weft::InvalidArgument naming the
+// text and the kinds otherwise.
+KVStoreKind parse_kvstore_kind(std::string_view text);
+
+// An integer key or a name. Ordered (integers first), so keys sort the same
+// on every process.
+class Key {
+ public:
+  Key(std::int64_t id) : key_(id) {}  // NOLINT(google-explicit-constructor): keys read as literals
+  Key(int id) : key_(std::int64_t{id}) {}  // NOLINT(google-explicit-constructor)
+  Key(std::string name) : key_(std::move(name)) {}  // NOLINT(google-explicit-constructor)
+  Key(const char* name) : key_(std::string(name)) {}  // NOLINT(google-explicit-constructor)
+  bool is_name() const noexcept { return std::holds_alternative<std::string>(key_); }
+  // "key 3" or "key 'fc1.weight'"
+  std::string str() const;
+  // "3" or "fc1.weight"
+  std::string text() const;
+  auto operator<=>(const Key&) const = default;
+
+ private:
+  std::variant<std::int64_t, std::string> key_;
+};
+
+// Merges a push's sum into the stored value by pushing ops (it runs on the
+// thread calling push, once per push; the ops it pushes run where `stored`
+// lives). `merged` is the sum of the pushed values (across processes for
+// dist_sync), on stored's device; it is the store's buffer, reused by the
+// key's next push: read it only in ops pushed now.
+using Updater = std::function<void(const Key& key, const Tensor& merged, Tensor& stored)>;
+
+// stored -= lr * (merged + weight_decay * stored) (ops::sgd_update).
+Updater sgd_updater(float lr, float weight_decay = 0.0f);
+
+struct KVStoreOptions {
+  // local and dist_sync: where values live and sums happen (default cpu(0)).
+  std::optional<Device> host;
+  // device: where values may live (default: the engine's GPUs, else its CPU
+  // devices).
+  std::vector<Device> devices;
+  // dist_sync: how long a push may wait for the other processes, and
+  // whether it fingerprints (the communicator's options and defaults).
+  CommunicatorOptions communicator;
+};
+
+class KVStore {
+ public:
+  // dist_sync creates an MPI communicator (a collective call: every process
+  // creates its stores in the same order). Throws weft::InvalidArgument for
+  // a device the engine lacks.
+  KVStore(Engine& engine, KVStoreKind kind, KVStoreOptions options = {});
+  ~KVStore();
+  KVStore(KVStore&&) noexcept;
+  KVStore& operator=(KVStore&&) noexcept;
+
+  // The key's value becomes a copy of `value` (on the key's device). Throws
+  // for a key already initialized.
+  void init(const Key& key, const Tensor& value);
+  // Several keys at once; on the device kind they are placed largest first.
+  void init(const std::vector<Key>& keys, const std::vector<Tensor>& values);
+
+  // Sums `values` (one or more, each the key's shape and dtype, on any
+  // devices of the engine) and merges the sum through the updater.
+  void push(const Key& key, const std::vector<Tensor>& values);
+  // Every out (the key's shape and dtype, on any device) becomes the value.
+  void pull(const Key& key, const std::vector<Tensor>& outs);
+  // push, then pull into `outs` (which may be the pushed tensors: with the
+  // default updater, an allreduce).
+  void pushpull(const Key& key, const std::vector<Tensor>& values, const std::vector<Tensor>& outs);
+
+  // Replaces the updater for later pushes (default: assignment).
+  void set_updater(Updater updater);
+
+  KVStoreKind kind() const noexcept;
+  Device placement(const Key& key) const;  // where the key's value lives (throws for an unknown key)
+  bool contains(const Key& key) const;
+  std::vector<Key> keys() const;  // sorted
+  // This process's rank and the number of processes (0 and 1 unless dist_sync).
+  int rank() const noexcept;
+  int num_workers() const noexcept;
+  // "device KVStore on gpu(0), gpu(1): 3 keys"
+  std::string str() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace weft::parallel
