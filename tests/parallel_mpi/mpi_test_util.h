@@ -65,6 +65,13 @@ void require_values(const Tensor& t, std::int64_t count, Want want) {
   require_values(t.to_host(), count, want);
 }
 
+// Every rank leaves a test case together (a fresh communicator's barrier).
+inline void sync_ranks(Engine& e) {
+  const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+  par::barrier(comm, {.name = "end of test case"});
+  e.wait_all();
+}
+
 // Two rings over the members of a group with two devices per process, one
 // forward (member m to m + 1: device 0 to device 1 in-process, device 1 to
 // the next process's device 0) and one backward (m to m - 1: device 1 to

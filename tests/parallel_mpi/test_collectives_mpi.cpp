@@ -42,6 +42,7 @@ using mpi_test::error_of;
 using mpi_test::rank_tensor;
 using mpi_test::reduced;
 using mpi_test::require_values;
+using mpi_test::sync_ranks;
 using mpi_test::value;
 
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
@@ -53,12 +54,6 @@ void for_each_engine(F&& fn) {
   weft_test::with_each_engine(2, fn);
 }
 
-// Every rank leaves a test case together (a fresh communicator's barrier).
-void sync_ranks(Engine& e) {
-  const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
-  par::barrier(comm, {.name = "end of test case"});
-  e.wait_all();
-}
 
 }  // namespace
 

@@ -32,18 +32,13 @@ using mpi_test::error_of;
 using mpi_test::rank_tensor;
 using mpi_test::reduced;
 using mpi_test::require_values;
+using mpi_test::sync_ranks;
 
 template <class F>
 void for_each_engine(F&& fn) {
   weft_test::with_each_engine(2, fn);
 }
 
-// Every rank leaves a test case together.
-void sync_ranks(Engine& e) {
-  const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
-  par::barrier(comm, {.name = "end of test case"});
-  e.wait_all();
-}
 
 // This process's two values: members 2 * rank and 2 * rank + 1 of the
 // job's 2 * size, on cpu(0) and cpu(1).
