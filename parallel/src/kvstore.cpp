@@ -60,9 +60,12 @@ struct KVStore::State {
   Device host;
   std::vector<Device> devices;          // where values may live
   std::optional<Communicator> across;   // dist_sync
-  mutable std::mutex mutex;             // guards everything below
+  // Guards everything below, and keeps a push's ops (sum, then update)
+  // together against another thread's push of the key. Recursive: the
+  // updater runs under it and may call the store.
+  mutable std::recursive_mutex mutex;
   Updater updater;
-  std::map<Key, Entry> entries;         // nodes never move: Entry& stays valid unlocked
+  std::map<Key, Entry> entries;
   std::map<Device, std::int64_t> load;  // bytes placed per device
 
   std::string label() const { return std::string(to_string(kind)) + " KVStore"; }
@@ -70,7 +73,8 @@ struct KVStore::State {
   Entry& entry(const Key& key, const char* call) {
     auto it = entries.find(key);
     if (it == entries.end())
-      throw InvalidArgument(label() + ": " + call + " of " + key.str() + ", which was never initialized (init it first)");
+      throw InvalidArgument(label() + ": " + call + " of " + key.str() +
+                            ", which was never initialized (init it first)");
     return it->second;
   }
 
@@ -167,11 +171,9 @@ void KVStore::init(const std::vector<Key>& keys, const std::vector<Tensor>& valu
 
 void KVStore::push(const Key& key, const std::vector<Tensor>& values) {
   State& s = *state_;
-  Entry* e = nullptr;
-  Updater updater;
+  std::lock_guard lock(s.mutex);
+  Entry* e = &s.entry(key, "push");
   {
-    std::lock_guard lock(s.mutex);
-    e = &s.entry(key, "push");
     if (values.empty()) throw InvalidArgument(s.label() + ": push of " + key.str() + " with no values");
     for (std::size_t i = 0; i < values.size(); ++i) s.check_tensor(key, *e, values[i], "push", "value", i);
     // Sum on the key's device: the first value copied in, the others added
@@ -190,12 +192,13 @@ void KVStore::push(const Key& key, const std::vector<Tensor>& values) {
       ops::axpy(1.0f, staged, e->merge);
     }
     if (s.across) allreduce(*s.across, {e->merge}, ReduceOp::sum, {.name = "kvstore push " + key.text()});
-    updater = s.updater;
   }
-  if (updater)
+  if (s.updater) {
+    const Updater updater = s.updater;  // the updater may replace itself
     updater(key, e->merge, e->value);
-  else
+  } else {
     e->value.copy_from(e->merge);
+  }
 }
 
 void KVStore::pull(const Key& key, const std::vector<Tensor>& outs) {

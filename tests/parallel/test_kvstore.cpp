@@ -10,12 +10,14 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/engine_test_util.h"
 #include "parallel/collective_values.h"
 #include "weft/engine.h"
 #include "weft/error.h"
+#include "weft/ops.h"
 #include "weft/parallel/kvstore.h"
 #include "weft/tensor.h"
 
@@ -192,7 +194,8 @@ TEST_CASE("kvstore: the device kind places keys largest first on the least-loade
     par::KVStore spread(e, par::KVStoreKind::device);
     const int keys = 2 * static_cast<int>(expected.size());
     for (int k = 0; k < keys; ++k) spread.init(k, Tensor::zeros(e, Shape{64}));
-    for (int k = 0; k < keys; ++k) CHECK(spread.placement(k) == expected[static_cast<std::size_t>(k) % expected.size()]);
+    for (int k = 0; k < keys; ++k)
+      CHECK(spread.placement(k) == expected[static_cast<std::size_t>(k) % expected.size()]);
   });
 }
 
@@ -223,7 +226,8 @@ TEST_CASE("kvstore: bad input is an error naming the key, at the call") {
                    "pull of key 7, which was never initialized"));
     CHECK(contains(err([&] { store.init("fc1.weight", Tensor::zeros(e, Shape{4, 3})); }),
                    "init of key 'fc1.weight', which is initialized already"));
-    CHECK(contains(err([&] { store.push("fc1.weight", {Tensor::zeros(e, Shape{4, 3}), Tensor::zeros(e, Shape{3, 4})}); }),
+    const Tensor wrong = Tensor::zeros(e, Shape{3, 4});
+    CHECK(contains(err([&] { store.push("fc1.weight", {Tensor::zeros(e, Shape{4, 3}), wrong}); }),
                    "push of key 'fc1.weight': value 1 has shape [3, 4]; the key was initialized with [4, 3]"));
     CHECK(contains(err([&] { store.pull("fc1.weight", {Tensor::zeros(e, Shape{12})}); }),
                    "pull of key 'fc1.weight': out 0 has shape [12]"));
@@ -245,5 +249,32 @@ TEST_CASE("kvstore: bad input is an error naming the key, at the call") {
     Tensor out = Tensor::empty(e, Shape{4, 3});
     store.pull("fc1.weight", {out});
     CHECK(out.to_host() == std::vector<float>(12, 2.0f));
+  });
+}
+
+TEST_CASE("kvstore: two threads pushing one key never mix one push's sum with the other's update") {
+  for_each_engine([](Engine& e) {
+    for (par::KVStoreKind kind : kKinds) {
+      INFO(par::to_string(kind));
+      par::KVStore store(e, kind);
+      const std::int64_t count = 64;
+      store.init("acc", Tensor::zeros(e, Shape{count}));
+      // stored += merged: each thread's pushes add its own value, whatever
+      // the interleaving, as long as each update reads its own push's sum.
+      store.set_updater(
+          [](const par::Key&, const Tensor& merged, Tensor& stored) { weft::ops::axpy(1.0f, merged, stored); });
+      constexpr int kPushes = 50;
+      auto pusher = [&](float v) {
+        for (int k = 0; k < kPushes; ++k)
+          store.push("acc", {Tensor::full(e, Shape{count}, v, Device::cpu(0)),
+                             Tensor::full(e, Shape{count}, v, Device::cpu(1))});
+      };
+      std::thread a(pusher, 1.0f), b(pusher, 100.0f);
+      a.join();
+      b.join();
+      Tensor out = Tensor::empty(e, Shape{count});
+      store.pull("acc", {out});
+      CHECK(out.to_host() == std::vector<float>(count, kPushes * 2 * (1.0f + 100.0f)));
+    }
   });
 }

@@ -76,11 +76,12 @@ class Key {
   std::variant<std::int64_t, std::string> key_;
 };
 
-// Merges a push's sum into the stored value by pushing ops (it runs on the
-// thread calling push, once per push; the ops it pushes run where `stored`
-// lives). `merged` is the sum of the pushed values (across processes for
-// dist_sync), on stored's device; it is the store's buffer, reused by the
-// key's next push: read it only in ops pushed now.
+// Merges a push's sum into the stored value by pushing ops. It runs on the
+// thread calling push, once per push, under the store's lock (it may call
+// the store); the ops it pushes run where `stored` lives. `merged` is the
+// sum of the pushed values (across processes for dist_sync), on stored's
+// device; it is the store's buffer, reused by the key's next push: read it
+// only in ops pushed now.
 using Updater = std::function<void(const Key& key, const Tensor& merged, Tensor& stored)>;
 
 // stored -= lr * (merged + weight_decay * stored) (ops::sgd_update).
