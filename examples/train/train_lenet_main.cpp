@@ -1,11 +1,17 @@
 // weft-train-lenet: trains LeNet (weft::nn::lenet) on Fashion-MNIST with
-// plain minibatch SGD on one device.
+// plain minibatch SGD, on one device or data-parallel on several
+// (weft::parallel::DataParallel: the batch split over the devices, gradients
+// reduced bucket by bucket while backward goes on), and across the
+// processes of an mpirun job with --dist.
 //
 // The frontend never waits per batch: each batch pushes its ops (from_host,
-// forward, loss, backward, SGD) and the loss and argmax tensors go into a
-// queue that is read back kLag batches later, by which time they are usually
-// computed; the engine's in-flight bound keeps the frontend at most a few
-// dozen batches ahead. Test accuracy is measured at each epoch's end.
+// forward, loss, backward, the bucket reductions, SGD) and the loss and
+// argmax tensors go into a queue that is read back kLag batches later, by
+// which time they are usually computed; the engine's in-flight bound keeps
+// the frontend at most a few dozen batches ahead. Test accuracy is measured
+// at each epoch's end. The engine's profiler records every epoch; the
+// fraction of the gradient reduction's time during which other ops ran
+// (comm overlap) comes from its spans.
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -16,6 +22,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,6 +33,7 @@
 #include "weft/error.h"
 #include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/parallel/data_parallel.h"
 #include "weft/tensor.h"
 
 namespace {
@@ -48,7 +56,11 @@ struct Options {
   int epochs = 10;
   std::int64_t batch_size = 256;
   float lr = kDefaultLr;
-  std::string device = "cpu:0";
+  std::string devices = "cpu:0";
+  bool dist = false;
+  std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
+  bool overlap = true;
+  std::string trace;
   std::string data;
   std::int64_t limit = 0;
   std::uint64_t seed = 0;
@@ -57,15 +69,25 @@ struct Options {
 
 void usage(std::FILE* out) {
   std::fprintf(out,
-               "weft-train-lenet: train LeNet on Fashion-MNIST with plain SGD\n"
+               "weft-train-lenet: train LeNet on Fashion-MNIST with plain SGD, on one device or data-parallel\n"
                "\n"
                "usage: weft-train-lenet [options]\n"
+               "       mpirun -np N weft-train-lenet --dist [options]\n"
                "  --epochs N       passes over the training set (default 10)\n"
-               "  --batch-size N   minibatch size (default 256)\n"
+               "  --batch-size N   minibatch size, split over every device of every process (default 256)\n"
                "  --lr X           SGD learning rate (default %g: with batch 256 it reaches\n"
                "                   ~0.89 test accuracy in 10 epochs; 0.1 reaches ~0.86; D2L's\n"
                "                   0.9 is for its sigmoid LeNet and kills this ReLU one's units)\n"
-               "  --device D       cpu:0 (default), gpu:0, ... (also cpu(0) / gpu(0))\n"
+               "  --devices D,...  the devices of this process: cpu:0 (default), cpu:0,cpu:1, gpu:0,gpu:1,\n"
+               "                   a mix (also cpu(0) / gpu(0)); --device D is the same for one device.\n"
+               "                   CPU devices beyond cpu:0 are made for the run (EngineConfig::cpu_devices)\n"
+               "  --dist           data-parallel across the processes of an mpirun job too (each process\n"
+               "                   gives as many devices; rank 0 prints)\n"
+               "  --bucket-kb N    gradient bucket capacity in KiB (default 25 MiB, as PyTorch DDP; LeNet's\n"
+               "                   500 KiB of gradients are then one bucket, reduced after the whole backward;\n"
+               "                   0: one bucket per parameter)\n"
+               "  --no-overlap     reduce the buckets only after the whole backward (the baseline)\n"
+               "  --trace FILE     write the last epoch's trace (chrome://tracing / Perfetto JSON)\n"
                "  --data DIR       Fashion-MNIST IDX files (train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz]);\n"
                "                   default $WEFT_FASHION_MNIST, else %s\n"
                "  --limit N        use only the first N training and the first N test examples\n"
@@ -74,9 +96,11 @@ void usage(std::FILE* out) {
                "  --json           end the output with one JSON line of the results\n"
                "  --help           this text\n"
                "\n"
-               "Prints the model, a progress line every ~20%% of an epoch's batches, and per epoch:\n"
-               "loss and accuracy on the training batches (measured as they were trained), test\n"
-               "accuracy, and the epoch's training seconds (without the test pass).\n"
+               "Prints the model, the gradient buckets, a progress line every ~20%% of an epoch's batches,\n"
+               "and per epoch: loss and accuracy on the training batches (measured as they were trained;\n"
+               "with --dist, rank 0's share), test accuracy, the epoch's training seconds (without the\n"
+               "test pass) and, on several devices, the comm overlap: the fraction of the gradient\n"
+               "reduction's time during which other ops ran, from the engine's profiler.\n"
                "Exit status: 0 done, 2 bad arguments or data, 1 failure while training.\n",
                static_cast<double>(kDefaultLr), weft::default_fashion_mnist_dir().c_str());
 }
@@ -125,8 +149,20 @@ bool parse(int argc, char** argv, Options& o) {
       o.batch_size = parse_int<std::int64_t>(arg, take(), 1);
     } else if (arg == "--lr") {
       o.lr = parse_float(arg, take());
-    } else if (arg == "--device") {
-      o.device = take();
+    } else if (arg == "--devices" || arg == "--device") {
+      o.devices = take();
+      if (o.devices.empty()) throw UsageError{arg + " needs a device"};
+    } else if (arg == "--dist") {
+      if (args.has_inline_value()) throw UsageError{"--dist takes no value"};
+      o.dist = true;
+    } else if (arg == "--bucket-kb") {
+      o.bucket_bytes = parse_int<std::size_t>(arg, take(), 0) * 1024;
+    } else if (arg == "--no-overlap") {
+      if (args.has_inline_value()) throw UsageError{"--no-overlap takes no value"};
+      o.overlap = false;
+    } else if (arg == "--trace") {
+      o.trace = take();
+      if (o.trace.empty()) throw UsageError{"--trace needs a file name"};
     } else if (arg == "--data") {
       o.data = take();
       if (o.data.empty()) throw UsageError{"--data needs a directory"};
@@ -141,12 +177,15 @@ bool parse(int argc, char** argv, Options& o) {
   return true;
 }
 
-// A batch in flight: its mean loss and predicted classes, read back later.
+// A batch in flight: each replica's mean loss and predicted classes, read back later.
 struct Pending {
-  weft::Tensor loss;  // undefined in evaluation
-  weft::Tensor pred;  // [n] class indices as float
-  std::vector<float> labels;
-  std::int64_t n = 0;
+  struct Part {
+    weft::Tensor loss;  // undefined in evaluation
+    weft::Tensor pred;  // [n] class indices as float
+    std::vector<float> labels;
+    std::int64_t n = 0;
+  };
+  std::vector<Part> parts;
 };
 
 struct Tally {
@@ -154,10 +193,13 @@ struct Tally {
   std::int64_t correct = 0, examples = 0, batches = 0;
 
   void read(const Pending& p) {
-    if (p.loss.defined()) loss_sum += static_cast<double>(p.loss.item()) * static_cast<double>(p.n);
-    const std::vector<float> pred = p.pred.to_host();
-    for (std::int64_t i = 0; i < p.n; ++i) correct += pred[static_cast<std::size_t>(i)] == p.labels[static_cast<std::size_t>(i)];
-    examples += p.n;
+    for (const Pending::Part& part : p.parts) {
+      if (part.loss.defined()) loss_sum += static_cast<double>(part.loss.item()) * static_cast<double>(part.n);
+      const std::vector<float> pred = part.pred.to_host();
+      for (std::int64_t i = 0; i < part.n; ++i)
+        correct += pred[static_cast<std::size_t>(i)] == part.labels[static_cast<std::size_t>(i)];
+      examples += part.n;
+    }
     ++batches;
   }
   double loss() const { return examples ? loss_sum / static_cast<double>(examples) : 0.0; }
@@ -186,7 +228,7 @@ double evaluate(weft::Engine& engine, weft::nn::Sequential& net, const weft::Dat
   while (it.next(images, labels, n)) {
     weft::Tensor x = weft::Tensor::from_host(engine, weft::Shape{n, data.channels, data.height, data.width}, images, device);
     weft::Tensor logits = net.forward(x);
-    pending.push_back(Pending{weft::Tensor(), weft::ops::argmax(logits), labels, n});
+    pending.push_back(Pending{{{weft::Tensor(), weft::ops::argmax(logits), labels, n}}});
     if (pending.size() > kLag) {
       tally.read(pending.front());
       pending.pop_front();
@@ -195,6 +237,27 @@ double evaluate(weft::Engine& engine, weft::nn::Sequential& net, const weft::Dat
   for (const Pending& p : pending) tally.read(p);
   net.train(true);
   return tally.acc();
+}
+
+// "cpu:0,gpu:1" -> devices; throws weft::Error naming a bad one.
+std::vector<weft::Device> parse_devices(const std::string& text) {
+  std::vector<weft::Device> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', begin), text.size());
+    out.push_back(weft::Device::parse(text.substr(begin, comma - begin)));
+    begin = comma + 1;
+  }
+  return out;
+}
+
+std::string device_list(const std::vector<weft::Device>& devices) {
+  std::string out;
+  for (weft::Device d : devices) {
+    if (!out.empty()) out += ',';
+    out += d.str();
+  }
+  return out;
 }
 
 }  // namespace
@@ -208,17 +271,18 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  weft::Device device;
+  std::vector<weft::Device> devices;
   try {
-    device = weft::Device::parse(o.device);
+    devices = parse_devices(o.devices);
   } catch (const weft::Error& e) {
-    std::fprintf(stderr, "weft-train-lenet: bad --device: %s\n", e.what());
+    std::fprintf(stderr, "weft-train-lenet: bad --devices: %s\n", e.what());
     return 2;
   }
 
   // ---- data ----
   const std::string dir = o.data.empty() ? weft::default_fashion_mnist_dir() : o.data;
   weft::Dataset train, test;
+  double load_secs = 0;
   {
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec)) {
@@ -232,10 +296,7 @@ int main(int argc, char** argv) {
       const auto t0 = Clock::now();
       train = weft::load_mnist_split(dir, "train", o.limit);
       test = weft::load_mnist_split(dir, "t10k", o.limit);
-      std::printf("data: %s: %lld training, %lld test examples of %lldx%lldx%lld (%.2f s to load)\n", dir.c_str(),
-                  static_cast<long long>(train.size), static_cast<long long>(test.size),
-                  static_cast<long long>(train.channels), static_cast<long long>(train.height),
-                  static_cast<long long>(train.width), seconds_since(t0));
+      load_secs = seconds_since(t0);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "weft-train-lenet: cannot load Fashion-MNIST from '%s': %s\n", dir.c_str(), e.what());
       return 2;
@@ -248,31 +309,59 @@ int main(int argc, char** argv) {
   }
 
   try {
-    auto engine = weft::Engine::create();
-    const auto devices = engine->devices();
-    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
-      std::string have;
-      for (weft::Device d : devices) have += (have.empty() ? "" : ", ") + d.str();
-      std::fprintf(stderr, "weft-train-lenet: device %s is not available (this machine has: %s)\n",
-                   device.str().c_str(), have.c_str());
-      return 2;
-    }
+    // As many CPU devices as the list names (cpu:1 needs two).
+    weft::EngineConfig config;
+    for (weft::Device d : devices)
+      if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
+    auto engine = weft::Engine::create(config);
+    const auto known = engine->devices();
+    for (weft::Device d : devices)
+      if (std::find(known.begin(), known.end(), d) == known.end()) {
+        std::fprintf(stderr, "weft-train-lenet: device %s is not available (this machine has: %s)\n",
+                     d.str().c_str(), device_list(known).c_str());
+        return 2;
+      }
 
-    auto net = weft::nn::lenet(*engine, device, o.seed);
-    const std::vector<weft::nn::Parameter*> params = net->parameters();
-    std::printf("model: %s\n", net->describe().c_str());
-    std::printf("training on %s (%s engine, %d workers): %d epochs, batch %lld, lr %g, seed %llu\n",
-                device.str().c_str(), std::string(engine->kind()).c_str(), engine->workers(device), o.epochs,
-                static_cast<long long>(o.batch_size), static_cast<double>(o.lr),
-                static_cast<unsigned long long>(o.seed));
-    std::fflush(stdout);
+    weft::parallel::DataParallelOptions dp_options{.bucket_bytes = o.bucket_bytes, .overlap = o.overlap,
+                                                   .distributed = o.dist};
+    weft::parallel::DataParallel dp(
+        *engine, devices, [&](weft::Device d) { return weft::nn::lenet(*engine, d, o.seed); }, dp_options);
+    const bool main_rank = dp.process_rank() == 0;
+    // Only rank 0 prints; every rank runs the same steps.
+    auto say = [&](const char* fmt, auto... args) {
+      if (!main_rank) return;
+      std::printf(fmt, args...);
+      std::fflush(stdout);
+    };
+    const bool several = dp.world_size() > 1;
+    say("data: %s: %lld training, %lld test examples of %lldx%lldx%lld (%.2f s to load)\n", dir.c_str(),
+        static_cast<long long>(train.size), static_cast<long long>(test.size), static_cast<long long>(train.channels),
+        static_cast<long long>(train.height), static_cast<long long>(train.width), load_secs);
+    say("model: %s\n", dp.replica(0).describe().c_str());
+    std::string where = device_list(devices);
+    if (dp.processes() > 1) where.append(" in each of ").append(std::to_string(dp.processes())).append(" processes");
+    std::string split;
+    if (several) split.append(" split over ").append(std::to_string(dp.world_size())).append(" replicas");
+    say("training on %s (%s engine, %d workers per device): %d epochs, batch %lld%s, lr %g, seed %llu\n",
+        where.c_str(), std::string(engine->kind()).c_str(), engine->workers(devices[0]), o.epochs,
+        static_cast<long long>(o.batch_size), split.c_str(),
+        static_cast<double>(o.lr), static_cast<unsigned long long>(o.seed));
+    if (several)
+      say("gradient buckets (%s, reduced %s):\n%s", o.bucket_bytes ? "--bucket-kb" : "default capacity",
+          o.overlap ? "as soon as each is complete" : "after the whole backward", dp.describe_buckets().c_str());
 
     weft::MinibatchIterator it(train, o.batch_size, /*shuffle=*/true, o.seed);
-    const std::int64_t batches = it.batches_per_epoch();
-    double train_seconds = 0, test_acc = 0;
+    const std::int64_t batches = dp.agree_steps(it.batches_per_epoch());
+    const std::int64_t world = dp.world_size();
+    const std::size_t first_replica = static_cast<std::size_t>(dp.process_rank()) * devices.size();
+    double train_seconds = 0, test_acc = 0, comm_ms = 0, hidden_ms = 0;
     Tally last;
+    weft::Profiler& profiler = engine->profiler();
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
       it.start_epoch(epoch);
+      engine->wait_all();
+      profiler.clear();
+      profiler.start();
       const auto t0 = Clock::now();
       std::deque<Pending> pending;
       Tally tally;
@@ -283,56 +372,86 @@ int main(int argc, char** argv) {
         if (tally.batches * 5 >= next_report * batches && tally.batches < batches) {
           while (tally.batches * 5 >= next_report * batches) ++next_report;
           const double s = seconds_since(t0);
-          std::printf("  epoch %d: %3lld%% (%lld/%lld batches), loss %.4f, train acc %.4f, %.0f examples/s\n",
-                      epoch + 1, static_cast<long long>(100 * tally.batches / batches),
-                      static_cast<long long>(tally.batches), static_cast<long long>(batches), tally.loss(),
-                      tally.acc(), static_cast<double>(tally.examples) / s);
-          std::fflush(stdout);
+          say("  epoch %d: %3lld%% (%lld/%lld batches), loss %.4f, train acc %.4f, %.0f examples/s\n", epoch + 1,
+              static_cast<long long>(100 * tally.batches / batches), static_cast<long long>(tally.batches),
+              static_cast<long long>(batches), tally.loss(), tally.acc(),
+              static_cast<double>(tally.examples) * static_cast<double>(dp.processes()) / s);
         }
       };
 
       std::vector<float> images, labels;
       std::int64_t n = 0;
-      while (it.next(images, labels, n)) {
-        weft::Tensor x =
-            weft::Tensor::from_host(*engine, weft::Shape{n, train.channels, train.height, train.width}, images, device);
-        weft::Tensor y = weft::Tensor::from_host(*engine, weft::Shape{n}, labels, device);
-        weft::Tensor logits = net->forward(x);
-        weft::ops::SoftmaxCrossEntropy sce = weft::ops::softmax_cross_entropy(logits, y);
-        weft::Tensor pred = weft::ops::argmax(logits);
-        net->backward(sce.dlogits);
-        weft::nn::sgd_step(params, o.lr);
-        pending.push_back(Pending{sce.loss, pred, labels, n});
+      for (std::int64_t b = 0; b < batches && it.next(images, labels, n); ++b) {
+        if (n < world) continue;  // (a last batch smaller than the replicas: skipped on every rank alike)
+        const std::vector<weft::Tensor> x =
+            dp.split_and_load(weft::Shape{n, train.channels, train.height, train.width}, images);
+        const std::vector<weft::Tensor> y = dp.split_and_load(weft::Shape{n}, labels);
+        const std::vector<weft::Tensor> logits = dp.forward(x);
+        // This process's replicas' rows of the batch.
+        const std::vector<std::int64_t> rows = weft::parallel::split_rows(n, static_cast<int>(world));
+        std::int64_t row = 0;
+        for (std::size_t i = 0; i < first_replica; ++i) row += rows[i];
+        Pending p;
+        std::vector<weft::Tensor> dlogits;
+        for (std::size_t r = 0; r < logits.size(); ++r) {
+          weft::ops::SoftmaxCrossEntropy sce = weft::ops::softmax_cross_entropy(logits[r], y[r]);
+          dlogits.push_back(sce.dlogits);
+          const std::int64_t rn = rows[first_replica + r];
+          p.parts.push_back({sce.loss, weft::ops::argmax(logits[r]),
+                             std::vector<float>(labels.begin() + row, labels.begin() + row + rn), rn});
+          row += rn;
+        }
+        dp.backward(dlogits);
+        dp.step(o.lr);
+        pending.push_back(std::move(p));
         if (pending.size() > kLag) read_front();
       }
       while (!pending.empty()) read_front();
       engine->wait_all();  // the last batch's SGD updates too
       const double secs = seconds_since(t0);
+      profiler.stop();
       train_seconds += secs;
+      const weft::parallel::CommOverlap overlap = weft::parallel::comm_overlap(profiler.spans(), dp.comm_marker());
+      comm_ms += overlap.comm_ms;
+      hidden_ms += overlap.hidden_ms;
+      if (!o.trace.empty() && epoch + 1 == o.epochs && main_rank) profiler.dump(o.trace);
 
-      const auto t1 = Clock::now();
-      test_acc = evaluate(*engine, *net, test, o.batch_size, device);
-      const double test_secs = seconds_since(t1);
+      double test_secs = 0;
+      if (main_rank) {  // the replicas are equal: rank 0's first one is measured
+        const auto t1 = Clock::now();
+        test_acc = evaluate(*engine, dp.replica(0), test, o.batch_size, devices[0]);
+        test_secs = seconds_since(t1);
+      }
       if (!std::isfinite(tally.loss()))
-        std::printf("  warning: the training loss is %f: the learning rate %g is too high\n", tally.loss(),
-                    static_cast<double>(o.lr));
-      std::printf("epoch %2d: loss %.4f, train acc %.4f, test acc %.4f, %.1f s (%.0f examples/s; test pass %.1f s)\n",
-                  epoch + 1, tally.loss(), tally.acc(), test_acc, secs, static_cast<double>(tally.examples) / secs,
-                  test_secs);
-      std::fflush(stdout);
+        say("  warning: the training loss is %f: the learning rate %g is too high\n", tally.loss(),
+            static_cast<double>(o.lr));
+      std::string comm;
+      if (several) {
+        char buf[128];
+        std::snprintf(buf, sizeof buf, ", comm overlap %.2f (%.0f of %.0f ms reducing hidden)", overlap.fraction,
+                      overlap.hidden_ms, overlap.comm_ms);
+        comm = buf;
+      }
+      say("epoch %2d: loss %.4f, train acc %.4f, test acc %.4f, %.1f s (%.0f examples/s; test pass %.1f s)%s\n",
+          epoch + 1, tally.loss(), tally.acc(), test_acc, secs,
+          static_cast<double>(tally.examples) * static_cast<double>(dp.processes()) / secs, test_secs, comm.c_str());
       last = tally;
     }
 
     const double sec_per_epoch = train_seconds / o.epochs;
-    std::printf("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch on %s\n", test_acc,
-                last.loss(), last.acc(), sec_per_epoch, device.str().c_str());
+    const double comm_overlap = comm_ms > 0 ? hidden_ms / comm_ms : 0.0;
+    char overlap_text[64] = "";
+    if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
+    say("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch on %s%s\n", test_acc, last.loss(),
+        last.acc(), sec_per_epoch, where.c_str(), overlap_text);
     if (o.json)
-      std::printf(
-          "{\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,\"epochs\":%d,"
-          "\"device\":\"%s\",\"batch_size\":%lld,\"lr\":%g}\n",
-          test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
-          device.str().c_str(), static_cast<long long>(o.batch_size), static_cast<double>(o.lr));
-    std::fflush(stdout);
+      say("{\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,\"epochs\":%d,"
+          "\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
+          "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g}\n",
+          test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs, devices[0].str().c_str(),
+          device_list(devices).c_str(), dp.processes(), dp.world_size(), dp.buckets().size(),
+          several ? json_number(comm_overlap).c_str() : "null", comm_ms, static_cast<long long>(o.batch_size),
+          static_cast<double>(o.lr));
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "weft-train-lenet: training failed: %s\n", e.what());

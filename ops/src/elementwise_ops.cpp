@@ -1,5 +1,7 @@
 // Elementwise ops, reductions and matmul: checks at push time, then one op.
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "cpu/cpu_kernels.h"
 #include "launch.h"
@@ -108,6 +110,91 @@ void axpy(float alpha, const Tensor& x, Tensor& y) {
     else
       cpu::axpy(io.o(0), alpha, io.i(0), n);
   });
+}
+
+namespace {
+// The element count of a pack's srcs (or an unpack's dsts), checked against
+// `flat` (the packed tensor): same device, float32, counts adding up.
+std::int64_t check_runs(const char* op, const std::vector<Tensor>& runs, const char* what, const Tensor& flat) {
+  detail::check_float32(op, flat, "the packed tensor");
+  if (runs.empty()) throw InvalidArgument(std::string(op) + ": no " + what + "s");
+  std::int64_t total = 0;
+  for (std::size_t k = 0; k < runs.size(); ++k) {
+    const std::string name = std::string(what) + " " + std::to_string(k);
+    detail::check_float32(op, runs[k], name.c_str());
+    if (runs[k].device() != flat.device())
+      throw InvalidArgument(std::string(op) + ": " + name + " (" + runs[k].str() + ") is not on " +
+                            flat.device().str() + ", where the packed tensor is");
+    total += runs[k].numel();
+  }
+  if (total != flat.numel())
+    throw InvalidArgument(std::string(op) + ": the " + what + "s hold " + std::to_string(total) +
+                          " elements but the packed tensor (" + flat.str() + ") holds " + std::to_string(flat.numel()));
+  return total;
+}
+
+std::vector<std::int64_t> run_sizes(const std::vector<Tensor>& runs) {
+  std::vector<std::int64_t> n;
+  n.reserve(runs.size());
+  for (const Tensor& t : runs) n.push_back(t.numel());
+  return n;
+}
+}  // namespace
+
+void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha, bool accumulate) {
+  check_runs("pack", srcs, "src", dst);
+  std::vector<const Tensor*> inputs;
+  for (const Tensor& t : srcs) inputs.push_back(&t);
+  launch("pack", detail::exec_device(dst.device()), inputs, {&dst},
+         [alpha, accumulate, sizes = run_sizes(srcs)](RunContext& ctx, OpIO& io) {
+           std::int64_t offset = 0;
+           for (std::size_t k = 0; k < sizes.size(); ++k) {
+             float* y = io.o(0) + offset;
+             const float* x = io.i(k);
+             const std::int64_t n = sizes[k];
+             offset += n;
+             if (n == 0) continue;
+             if (ctx.gpu) {
+               if (accumulate)
+                 WEFT_GPU_KERNEL("pack", axpy(*ctx.gpu, y, alpha, x, n));
+               else
+                 WEFT_GPU_KERNEL("pack", mul_scalar(*ctx.gpu, y, x, alpha, n));
+             } else if (accumulate) {
+               cpu::axpy(y, alpha, x, n);
+             } else if (alpha == 1.0f) {
+               cpu::copy(y, x, n);
+             } else {
+               cpu::mul_scalar(y, x, alpha, n);
+             }
+           }
+         });
+}
+
+void unpack(const Tensor& src, const std::vector<Tensor>& dsts) {
+  check_runs("unpack", dsts, "dst", src);
+  std::vector<const Tensor*> outputs;
+  for (std::size_t k = 0; k < dsts.size(); ++k) {
+    for (std::size_t j = 0; j < k; ++j)
+      if (dsts[j].storage() == dsts[k].storage())
+        throw InvalidArgument("unpack: dsts " + std::to_string(j) + " and " + std::to_string(k) + " are one tensor (" +
+                              dsts[k].str() + ")");
+    outputs.push_back(&dsts[k]);
+  }
+  launch("unpack", detail::exec_device(src.device()), {&src}, outputs,
+         [sizes = run_sizes(dsts)](RunContext& ctx, OpIO& io) {
+           std::int64_t offset = 0;
+           for (std::size_t k = 0; k < sizes.size(); ++k) {
+             const float* x = io.i(0) + offset;
+             float* y = io.o(k);
+             const std::int64_t n = sizes[k];
+             offset += n;
+             if (n == 0) continue;
+             if (ctx.gpu)
+               WEFT_GPU_KERNEL("unpack", mul_scalar(*ctx.gpu, y, x, 1.0f, n));
+             else
+               cpu::copy(y, x, n);
+           }
+         });
 }
 
 namespace {

@@ -153,6 +153,18 @@ TEST_CASE("gpu ops - elementwise match cpu" * doctest::timeout(120)) {
                       return Outputs{y};
                     },
                     1e-6, 1e-7);
+    compare_devices("pack and unpack" + tag,
+                    [&](Device d) {
+                      const std::vector<Tensor> srcs{a(d), Tensor::full(*e, Shape{3}, 2.0f, d), b(d)};
+                      Tensor flat = Tensor::empty(*e, Shape{2 * s.numel() + 3}, d);
+                      ops::pack(srcs, flat, 0.25f);
+                      ops::pack(srcs, flat, -1.0f, /*accumulate=*/true);
+                      std::vector<Tensor> outs{Tensor::empty(*e, s, d), Tensor::empty(*e, Shape{3}, d),
+                                               Tensor::empty(*e, s, d)};
+                      ops::unpack(flat, outs);
+                      return Outputs{flat, outs[0], outs[1], outs[2]};
+                    },
+                    1e-6, 1e-7);
     compare_devices("sgd_update" + tag,
                     [&](Device d) {
                       Tensor w = a(d), w2 = b(d);

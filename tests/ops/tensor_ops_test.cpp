@@ -519,6 +519,58 @@ std::vector<std::vector<float>> run_program(Engine& e, std::uint64_t seed, int s
 
 }  // namespace
 
+TEST_CASE("pack and unpack: flat runs, scaled, accumulated, and back" * doctest::timeout(60)) {
+  for_each_engine([](Engine& e) {
+    Rng rng(9);
+    const std::vector<Shape> shapes{Shape{3, 4}, Shape{0}, Shape{1}, Shape{5}, Shape{2, 3, 2}};
+    std::vector<std::vector<float>> data;
+    std::vector<Tensor> srcs;
+    i64 total = 0;
+    for (const Shape& s : shapes) {
+      data.push_back(rng.vec(s.numel(), -2, 2));
+      srcs.push_back(host_tensor(e, s, data.back(), cpu1));
+      total += s.numel();
+    }
+    Tensor flat = Tensor::zeros(e, Shape{total}, cpu1);
+    ops::pack(srcs, flat, 0.5f);
+    Vec want;
+    for (const auto& d : data)
+      for (float v : d) want.push_back(0.5 * v);
+    close(flat.to_host(), want, "pack alpha 0.5");
+    ops::pack(srcs, flat, -2.0f, /*accumulate=*/true);
+    for (std::size_t k = 0, i = 0; k < data.size(); ++k)
+      for (float v : data[k]) want[i++] += -2.0 * v;
+    close(flat.to_host(), want, "pack accumulate");
+    ops::pack(srcs, flat);  // alpha 1: a plain copy
+    std::vector<float> concat;
+    for (const auto& d : data) concat.insert(concat.end(), d.begin(), d.end());
+    CHECK(flat.to_host() == concat);
+
+    std::vector<Tensor> outs;
+    for (const Shape& s : shapes) outs.push_back(Tensor::zeros(e, s, cpu1));
+    ops::axpy(1.0f, flat, flat);  // 2x, so the unpacked runs differ from the srcs
+    ops::unpack(flat, outs);
+    for (std::size_t k = 0; k < outs.size(); ++k) {
+      Vec twice;
+      for (float v : data[k]) twice.push_back(2.0 * v);
+      close(outs[k].to_host(), twice, "unpack run " + std::to_string(k));
+    }
+
+    // Bad input names the run.
+    CHECK_THROWS_WITH_AS(ops::pack({}, flat), "pack: no srcs", weft::InvalidArgument);
+    Tensor short_flat = Tensor::zeros(e, Shape{total - 1}, cpu1);
+    const std::string too_many = "the srcs hold " + std::to_string(total) + " elements";
+    CHECK_THROWS_WITH_AS(ops::pack(srcs, short_flat), doctest::Contains(too_many.c_str()), weft::InvalidArgument);
+    std::vector<Tensor> moved = srcs;
+    moved[3] = Tensor::zeros(e, Shape{5}, cpu0);
+    CHECK_THROWS_WITH_AS(ops::pack(moved, flat), doctest::Contains("src 3"), weft::InvalidArgument);
+    std::vector<Tensor> twice = {outs[0], outs[0]};
+    Tensor flat24 = Tensor::zeros(e, Shape{24}, cpu1);
+    CHECK_THROWS_WITH_AS(ops::unpack(flat24, twice), doctest::Contains("dsts 0 and 1 are one tensor"),
+                         weft::InvalidArgument);
+  });
+}
+
 TEST_CASE("a random program gives bitwise identical results on naive and threaded" * doctest::timeout(60)) {
   for (std::uint64_t seed : {11u, 12u, 13u}) {
     INFO("program seed " << seed);

@@ -5,6 +5,8 @@
 // float32 only for now.
 #pragma once
 
+#include <vector>
+
 #include "weft/tensor.h"
 
 namespace weft::ops {
@@ -25,6 +27,16 @@ Tensor mul_scalar(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place (writes y)
 Tensor relu(const Tensor& x);
 Tensor relu_grad(const Tensor& x, const Tensor& dy);  // dy where x > 0
+
+// Flat concatenation, for gradient buckets: `dst` (float32, numel = the sum
+// of the srcs' numel, on their device) becomes alpha * [src0, src1, ...], each
+// src flattened; with accumulate, dst += that instead. One op reading every
+// src and writing dst. Throws weft::Error naming the op and the src whose
+// device, dtype or size does not fit (or for no srcs).
+void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha = 1.0f, bool accumulate = false);
+// The inverse: each dsts[k] becomes its run of `src` (the same layout as
+// pack's). One op reading src and writing every dst; the dsts are distinct.
+void unpack(const Tensor& src, const std::vector<Tensor>& dsts);
 
 // Reductions.
 Tensor sum(const Tensor& x);   // scalar (shape [])

@@ -1,0 +1,199 @@
+// weft::parallel::DataParallel — synchronous data-parallel training of an
+// nn::Sequential whose gradient communication overlaps backward.
+//
+// Every replica (one per device of this process, and across the processes of
+// an mpirun job with `distributed`) holds the whole model. One step:
+//
+//   std::vector<Tensor> x = dp.split_and_load(batch_shape, images);  // rows split over every replica
+//   std::vector<Tensor> y = dp.split_and_load(label_shape, labels);
+//   std::vector<Tensor> logits = dp.forward(x);
+//   std::vector<Tensor> dlogits;  // the mean loss's gradient, per replica
+//   for (...) dlogits.push_back(ops::softmax_cross_entropy(logits[i], y[i]).dlogits);
+//   dp.backward(dlogits);  // grads reduced, bucket by bucket, while backward goes on
+//   dp.step(lr);           // the same SGD update on every replica
+//
+// All of it pushes engine ops and returns at once.
+//
+// Gradient buckets. The parameters are grouped, in the order backward
+// produces their gradients (last layer first; within a layer by name, so the
+// order does not depend on the order a layer lists its parameters), into
+// buckets of about `bucket_bytes`; a bucket closes once it holds at least
+// that much. backward() runs the layers' backward in reverse, interleaving the
+// replicas layer by layer, and as soon as a bucket's last gradient has been
+// pushed it pushes the bucket's reduction: on each replica a pack op (the
+// gradients, each weighted by the replica's share of the batch, into one flat
+// tensor), the reduction (an allreduce-sum over every replica), and an unpack
+// op (the sum back into each parameter's grad). The engine starts the
+// reduction while the earlier layers' backward still runs. The plan depends
+// only on the model's structure, so it is the same on every rank and
+// replica; construction checks that across processes (a different plan
+// fails every rank, naming the first parameters of both sides).
+//
+// Weights. Replica m's gradient is the mean over its rows of the batch (what
+// softmax_cross_entropy's dlogits give); it enters the sum weighted by
+// rows_m / rows of the whole batch, so the reduced gradient is the mean over
+// the whole batch whatever the split: k steps on 2 devices with b/2 rows
+// each equal k steps on one device with b rows. split_and_load knows the
+// whole batch (the same on every process); forward() with inputs of your own
+// assumes every process has as many rows as this one.
+//
+// Not thread-safe: drive a DataParallel from one thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "weft/nn.h"
+#include "weft/parallel/collectives.h"
+#include "weft/profiler.h"
+#include "weft/tensor.h"
+
+namespace weft::parallel {
+
+// One run of consecutive parameters in reduction order, and its flat tensors.
+struct GradientBucket {
+  int index = 0;                         // reduction order: bucket 0 is reduced first
+  std::vector<std::string> parameters;   // names, in the flat layout's order
+  std::vector<std::int64_t> offsets;     // first element of each in the flat tensor
+  std::int64_t elements = 0;
+  // One per replica of this process ([elements] float32 on its device): what
+  // the reduction reads (the weighted gradients) and must leave (their sum
+  // over every replica of every process).
+  std::vector<Tensor> flat;
+};
+
+// Pushes the ops that reduce one bucket. The default
+// (DataParallel::reduce_bucket) is an allreduce-sum; a replacement (a
+// compressed or sharded form) must leave the same sum, in push order.
+using BucketReduction = std::function<void(const GradientBucket&)>;
+
+struct DataParallelOptions {
+  // Bucket capacity. 0: one bucket per parameter. Also $WEFT_BUCKET_BYTES.
+  std::optional<std::size_t> bucket_bytes;  // default 25 MiB (as PyTorch DDP)
+  // Push each bucket's reduction as soon as its last gradient is pushed
+  // (true), or all of them after the whole backward (false: the baseline
+  // without overlap).
+  bool overlap = true;
+  // Replicas across the processes of an MPI job too (mpirun): process p's
+  // devices[k] is replica p * devices.size() + k; every process gives as many
+  // devices. false: this process's devices only.
+  bool distributed = false;
+  // A parameter whose gradient a backward did not set: false -> weft::Error
+  // naming it; true -> its gradient counts as zero in that step.
+  bool allow_unused = false;
+  // Collectives are named "<name> bucket <k>" (traces, mismatch messages).
+  std::string name = "grad";
+  CommunicatorOptions communicator;  // distributed: timeouts and fingerprints
+};
+
+// How much of the gradient reduction ran while other work did, from a trace.
+struct CommOverlap {
+  double comm_ms = 0;    // time during which at least one reduction op ran
+  double hidden_ms = 0;  // ... and, at the same time, at least one other op
+  double fraction = 0;   // hidden / comm; 0 when nothing was reduced
+};
+// Reduction ops are the spans whose name contains `marker`
+// (DataParallel::comm_marker()); launch tracks (the host side of GPU work) are
+// left out, as in Profiler::summarize.
+CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker);
+
+// Row counts of `rows` split over `parts`: balanced, the first rows % parts
+// one more.
+std::vector<std::int64_t> split_rows(std::int64_t rows, int parts);
+
+class DataParallel {
+ public:
+  // Builds a replica on a device; every call must build the same model (the
+  // same layers, parameter names and shapes; the values are replaced by
+  // replica 0's of process 0).
+  using ReplicaFactory = std::function<std::unique_ptr<nn::Sequential>(Device device)>;
+
+  // devices: distinct devices of `engine` (CPU devices, GPUs, or a mix). The
+  // parameters must be float32. Broadcasts replica 0's parameters to every
+  // replica (pushed; ordered before everything later). Throws
+  // weft::InvalidArgument for bad devices, a factory that returns null, or
+  // replicas that differ (naming the first parameter that does).
+  DataParallel(Engine& engine, std::vector<Device> devices, const ReplicaFactory& make_replica,
+               DataParallelOptions options = {});
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  Engine& engine() const noexcept;
+  const std::vector<Device>& devices() const noexcept;  // this process's replicas
+  int replicas() const noexcept;                        // this process's
+  int world_size() const noexcept;                      // every process's
+  int process_rank() const noexcept;                    // 0 without distributed
+  int processes() const noexcept;
+  nn::Sequential& replica(int i) const;
+  const std::vector<GradientBucket>& buckets() const noexcept;
+  // One line per bucket: "bucket 0: 102528 elements (400.5 KiB): fc2.weight fc2.bias fc1.weight fc1.bias"
+  std::string describe_buckets() const;
+  // What comm_overlap() looks for in span names.
+  std::string comm_marker() const;
+
+  // The whole batch (rows along dim 0, the same host data on every process)
+  // split over every replica; returns this process's parts, on their
+  // devices. The next forward() weighs each replica by its part. Throws
+  // weft::InvalidArgument when there are fewer rows than replicas, or the
+  // data's size is not the shape's.
+  std::vector<Tensor> split_and_load(const Shape& shape, std::span<const float> data);
+
+  // One input per replica (on its device); returns each replica's output.
+  std::vector<Tensor> forward(const std::vector<Tensor>& inputs);
+  // One output gradient per replica (of its mean loss). Pushes every layer's
+  // backward and the bucket reductions; afterwards each parameter's grad, on
+  // every replica, is the gradient of the whole batch's mean loss (inside
+  // no_sync: this replica's own, unreduced, and the reduction waits).
+  void backward(const std::vector<Tensor>& output_grads);
+  // nn::sgd_step on every replica. Throws weft::Error when the last
+  // backward ran inside no_sync (its gradients are not reduced yet).
+  void step(float lr, float weight_decay = 0.0f);
+
+  // Gradient accumulation: while a NoSync is alive, backward() adds each
+  // replica's weighted gradients into its buckets and pushes no
+  // communication; the first backward() after it ends reduces them together
+  // with its own (the sum over all those micro-batches), once.
+  class NoSync {
+   public:
+    NoSync(NoSync&& other) noexcept : dp_(std::exchange(other.dp_, nullptr)) {}
+    NoSync(const NoSync&) = delete;
+    NoSync& operator=(const NoSync&) = delete;
+    NoSync& operator=(NoSync&&) = delete;
+    ~NoSync();
+
+   private:
+    friend class DataParallel;
+    explicit NoSync(DataParallel* dp) : dp_(dp) {}
+    DataParallel* dp_;
+  };
+  NoSync no_sync();
+
+  // The number of steps every process can take when this one has
+  // `local_steps` batches: the smallest over all processes (waits for every
+  // process: call it at the same point on each, e.g. at an epoch's start).
+  // Uneven data then ends the epoch on every rank at once instead of
+  // leaving one rank waiting in a collective.
+  std::int64_t agree_steps(std::int64_t local_steps);
+
+  // Replaces how buckets are reduced (nullptr: back to reduce_bucket).
+  void set_reduction(BucketReduction reduction);
+  // The default reduction: an allreduce-sum over every replica.
+  void reduce_bucket(const GradientBucket& bucket);
+
+  void train(bool on);  // every replica's training mode
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace weft::parallel

@@ -1,0 +1,569 @@
+// DataParallel (weft/parallel/data_parallel.h): the bucket plan, the
+// interleaved backward that pushes each bucket's reduction as soon as its
+// last gradient is pushed, and the reductions (one communicator over the
+// replicas' devices, or through the host for a mix of CPU devices and GPUs).
+// Design notes: docs/design/data-parallel.md.
+#include "weft/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "weft/error.h"
+#include "weft/ops.h"
+
+namespace weft::parallel {
+
+namespace {
+
+constexpr std::size_t kDefaultBucketBytes = std::size_t{25} << 20;
+
+std::size_t bucket_bytes_from(const std::optional<std::size_t>& option) {
+  if (option) return *option;
+  if (const char* env = std::getenv("WEFT_BUCKET_BYTES"); env && *env) {
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(env, &end, 10);
+    if (*end != '\0' || env[0] == '-')
+      throw InvalidArgument("DataParallel: WEFT_BUCKET_BYTES must be a byte count, got '" + std::string(env) + "'");
+    return static_cast<std::size_t>(v);
+  }
+  return kDefaultBucketBytes;
+}
+
+// The layers that run a backward of their own: a Sequential's children,
+// recursively, in forward order.
+void collect_leaves(nn::Layer& layer, std::vector<nn::Layer*>& out) {
+  if (auto* seq = dynamic_cast<nn::Sequential*>(&layer)) {
+    for (std::size_t i = 0; i < seq->size(); ++i) collect_leaves((*seq)[i], out);
+    return;
+  }
+  out.push_back(&layer);
+}
+
+std::string kib(std::int64_t elements) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f KiB", static_cast<double>(elements) * 4.0 / 1024.0);
+  return buf;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> split_rows(std::int64_t rows, int parts) {
+  if (parts <= 0) throw InvalidArgument("split_rows: parts must be positive, got " + std::to_string(parts));
+  if (rows < 0) throw InvalidArgument("split_rows: rows must not be negative, got " + std::to_string(rows));
+  std::vector<std::int64_t> out(static_cast<std::size_t>(parts), rows / parts);
+  for (std::int64_t i = 0; i < rows % parts; ++i) ++out[static_cast<std::size_t>(i)];
+  return out;
+}
+
+CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker) {
+  using Interval = std::pair<std::int64_t, std::int64_t>;
+  std::vector<Interval> comm, other;
+  for (const Span& s : spans) {
+    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns) continue;
+    (s.name.find(marker) != std::string_view::npos ? comm : other).emplace_back(s.start_ns, s.end_ns);
+  }
+  auto merge = [](std::vector<Interval>& v) {
+    std::sort(v.begin(), v.end());
+    std::vector<Interval> out;
+    for (const Interval& i : v) {
+      if (!out.empty() && i.first <= out.back().second)
+        out.back().second = std::max(out.back().second, i.second);
+      else
+        out.push_back(i);
+    }
+    v = std::move(out);
+  };
+  merge(comm);
+  merge(other);
+  std::int64_t comm_ns = 0, both_ns = 0;
+  std::size_t j = 0;
+  for (const Interval& c : comm) {
+    comm_ns += c.second - c.first;
+    while (j < other.size() && other[j].second <= c.first) ++j;
+    for (std::size_t k = j; k < other.size() && other[k].first < c.second; ++k)
+      both_ns += std::min(c.second, other[k].second) - std::max(c.first, other[k].first);
+  }
+  CommOverlap out;
+  out.comm_ms = static_cast<double>(comm_ns) / 1e6;
+  out.hidden_ms = static_cast<double>(both_ns) / 1e6;
+  out.fraction = comm_ns > 0 ? static_cast<double>(both_ns) / static_cast<double>(comm_ns) : 0.0;
+  return out;
+}
+
+struct DataParallel::Impl {
+  Engine* engine = nullptr;
+  std::vector<Device> devices;
+  DataParallelOptions options;
+  std::size_t bucket_bytes = 0;
+  std::vector<std::unique_ptr<nn::Sequential>> replicas;
+  // leaves[r]: replica r's layers in forward order; params[r][l]: leaf l's
+  // parameters sorted by name (the plan's order within a layer).
+  std::vector<std::vector<nn::Layer*>> leaves;
+  std::vector<std::vector<std::vector<nn::Parameter*>>> params;
+  // The plan: (leaf, index in leaf) in reduction order, and where each bucket
+  // ends in it.
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  std::vector<std::size_t> bucket_end;
+  std::vector<GradientBucket> buckets;
+
+  // Reduction: one communicator over the replicas' devices (all CPU devices
+  // or all GPUs), or, for a mix, sums on the host and `host_comm` across
+  // processes.
+  std::optional<Communicator> comm, host_comm;
+  bool mixed = false;
+  int processes = 1, process_rank = 0;
+  BucketReduction reduction;
+
+  // The step in progress.
+  std::vector<double> weight;                   // per replica, from forward()
+  std::vector<std::int64_t> split;              // split_and_load's local parts; empty: none pending
+  std::int64_t split_total = 0;                 // ... and the whole batch's rows
+  int no_sync_depth = 0;
+  int accumulated = 0;  // backward()s packed into the buckets since the last reduction
+  std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
+
+  int world() const { return processes * static_cast<int>(devices.size()); }
+  std::string label() const { return "DataParallel"; }
+
+  nn::Parameter& param(std::size_t r, std::size_t pos) const {
+    const auto [leaf, j] = order[pos];
+    return *params[r][leaf][j];
+  }
+
+  void build_plan();
+  void check_replica(std::size_t r) const;
+  void broadcast_parameters();
+  void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused);
+  void reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root);
+};
+
+void DataParallel::Impl::build_plan() {
+  const std::size_t n_leaves = leaves[0].size();
+  for (std::size_t l = n_leaves; l-- > 0;)
+    for (std::size_t j = 0; j < params[0][l].size(); ++j) order.emplace_back(l, j);
+  if (order.empty()) throw InvalidArgument(label() + ": the model has no parameters");
+  std::int64_t in_bucket = 0;
+  for (std::size_t pos = 0; pos < order.size(); ++pos) {
+    const nn::Parameter& p = param(0, pos);
+    if (p.value.dtype() != DType::float32)
+      throw InvalidArgument(label() + ": parameter '" + p.name + "' is " + std::string(to_string(p.value.dtype())) +
+                            "; data-parallel gradients are float32");
+    in_bucket += p.value.numel();
+    if (static_cast<std::size_t>(in_bucket) * sizeof(float) >= bucket_bytes || pos + 1 == order.size()) {
+      bucket_end.push_back(pos + 1);
+      in_bucket = 0;
+    }
+  }
+  std::size_t begin = 0;
+  for (std::size_t b = 0; b < bucket_end.size(); ++b) {
+    GradientBucket bucket;
+    bucket.index = static_cast<int>(b);
+    for (std::size_t pos = begin; pos < bucket_end[b]; ++pos) {
+      const nn::Parameter& p = param(0, pos);
+      bucket.parameters.push_back(p.name);
+      bucket.offsets.push_back(bucket.elements);
+      bucket.elements += p.value.numel();
+    }
+    for (std::size_t r = 0; r < devices.size(); ++r)
+      bucket.flat.push_back(Tensor::zeros(*engine, Shape{bucket.elements}, devices[r])
+                                .set_name(options.name + " bucket " + std::to_string(b) + " on " + devices[r].str()));
+    buckets.push_back(std::move(bucket));
+    begin = bucket_end[b];
+  }
+}
+
+// Replica r must have replica 0's layers and parameters (names, shapes).
+void DataParallel::Impl::check_replica(std::size_t r) const {
+  const std::string who = label() + ": replica " + std::to_string(r) + " on " + devices[r].str();
+  if (leaves[r].size() != leaves[0].size())
+    throw InvalidArgument(who + " has " + std::to_string(leaves[r].size()) + " layers but replica 0 has " +
+                          std::to_string(leaves[0].size()) + " (the factory must build the same model)");
+  for (std::size_t l = 0; l < leaves[0].size(); ++l) {
+    const auto& mine = params[r][l];
+    const auto& first = params[0][l];
+    for (std::size_t j = 0; j < std::max(mine.size(), first.size()); ++j) {
+      const nn::Parameter* a = j < first.size() ? first[j] : nullptr;
+      const nn::Parameter* b = j < mine.size() ? mine[j] : nullptr;
+      if (a && b && a->name == b->name && a->value.shape() == b->value.shape()) {
+        if (b->value.device() != devices[r])
+          throw InvalidArgument(who + ": parameter '" + b->name + "' is on " + b->value.device().str());
+        continue;
+      }
+      const std::string theirs = a ? "'" + a->name + "' " + a->value.shape().str() : "nothing";
+      const std::string ours = b ? "'" + b->name + "' " + b->value.shape().str() : "nothing";
+      throw InvalidArgument(who + " differs from replica 0 in layer " + std::to_string(l) + " (" +
+                            leaves[0][l]->describe() + "): it has " + ours + " where replica 0 has " + theirs +
+                            " (the factory must build the same model)");
+    }
+  }
+}
+
+// Every replica's flat tensor of `bucket` becomes the sum over every replica
+// (or, with broadcast_from_root, replica 0 of process 0's).
+void DataParallel::Impl::reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root) {
+  if (!mixed) {
+    if (!comm) return;  // one replica in all
+    if (broadcast_from_root)
+      broadcast(*comm, bucket.flat, {.name = name});
+    else
+      allreduce(*comm, bucket.flat, ReduceOp::sum, {.name = name});
+    return;
+  }
+  // A mix of CPU devices and GPUs: through one host tensor.
+  Tensor host = Tensor::empty(*engine, Shape{bucket.elements}, Device::cpu(0)).set_name(name + " on the host");
+  host.copy_from(bucket.flat[0]);
+  if (!broadcast_from_root)
+    for (std::size_t r = 1; r < bucket.flat.size(); ++r) ops::axpy(1.0f, bucket.flat[r].copy_to(Device::cpu(0)), host);
+  if (host_comm) {
+    if (broadcast_from_root)
+      broadcast(*host_comm, {host}, {.name = name});
+    else
+      allreduce(*host_comm, {host}, ReduceOp::sum, {.name = name});
+  }
+  for (std::size_t r = broadcast_from_root && !host_comm ? 1 : 0; r < bucket.flat.size(); ++r) {
+    Tensor flat = bucket.flat[r];  // a handle: the same storage
+    flat.copy_from(host);
+  }
+}
+
+void DataParallel::Impl::broadcast_parameters() {
+  if (world() == 1) return;
+  for (const GradientBucket& bucket : buckets) {
+    // The collective's name lists the bucket's parameters: across processes
+    // the fingerprint check compares it, so ranks with different plans fail
+    // here, naming both.
+    std::string name = options.name + " params bucket " + std::to_string(bucket.index) + ":";
+    for (const std::string& p : bucket.parameters) name += " " + p;
+    const std::size_t begin = bucket.index == 0 ? 0 : bucket_end[static_cast<std::size_t>(bucket.index) - 1];
+    for (std::size_t r = 0; r < devices.size(); ++r) {
+      std::vector<Tensor> values;
+      for (std::size_t pos = begin; pos < bucket_end[static_cast<std::size_t>(bucket.index)]; ++pos)
+        values.push_back(param(r, pos).value);
+      Tensor flat = bucket.flat[r];
+      ops::pack(values, flat);
+    }
+    reduce(bucket, name, /*broadcast_from_root=*/true);
+    for (std::size_t r = 0; r < devices.size(); ++r) {
+      std::vector<Tensor> values;
+      for (std::size_t pos = begin; pos < bucket_end[static_cast<std::size_t>(bucket.index)]; ++pos)
+        values.push_back(param(r, pos).value);
+      ops::unpack(bucket.flat[r], values);
+    }
+  }
+}
+
+void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused) {
+  const GradientBucket& bucket = buckets[b];
+  const std::size_t begin = b == 0 ? 0 : bucket_end[b - 1];
+  const std::size_t end = bucket_end[b];
+  // One replica in all and nothing accumulated: the grads are final already.
+  const bool direct = world() == 1 && accumulated == 0 && sync;
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    std::vector<Tensor> grads;
+    for (std::size_t pos = begin; pos < end; ++pos) {
+      nn::Parameter& p = param(r, pos);
+      if (!unused[r][pos]) {
+        grads.push_back(p.grad);
+        continue;
+      }
+      Tensor& z = zeros[r][pos];
+      if (!z.defined()) z = Tensor::zeros(*engine, p.value.shape(), devices[r]);
+      if (direct) p.grad = z;  // (never written: a new grad tensor comes with every reduction)
+      grads.push_back(z);
+    }
+    if (direct) continue;
+    Tensor flat = bucket.flat[r];
+    ops::pack(grads, flat, static_cast<float>(weight[r]), /*accumulate=*/accumulated > 0);
+  }
+  if (direct || !sync) return;
+  if (world() > 1) {
+    if (reduction)
+      reduction(bucket);
+    else
+      reduce(bucket, options.name + " bucket " + std::to_string(b), false);
+  }
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    std::vector<Tensor> grads;
+    for (std::size_t pos = begin; pos < end; ++pos) {
+      nn::Parameter& p = param(r, pos);
+      // Unused: a fresh tensor (the zeros stay zeros).
+      if (unused[r][pos]) p.grad = Tensor::empty(*engine, p.value.shape(), devices[r]).set_name(p.name + ".grad");
+      grads.push_back(p.grad);
+    }
+    ops::unpack(bucket.flat[r], grads);
+  }
+}
+
+// ---- DataParallel ---------------------------------------------------------------------
+
+DataParallel::DataParallel(Engine& engine, std::vector<Device> devices, const ReplicaFactory& make_replica,
+                           DataParallelOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.engine = &engine;
+  m.options = std::move(options);
+  m.bucket_bytes = bucket_bytes_from(m.options.bucket_bytes);
+  if (devices.empty()) throw InvalidArgument("DataParallel: no devices");
+  if (!make_replica) throw InvalidArgument("DataParallel: no replica factory");
+  const std::vector<Device> known = engine.devices();
+  for (std::size_t i = 0; i < devices.size(); ++i) {
+    const Device d = devices[i];
+    if (!d.is_cpu() && !d.is_gpu())
+      throw InvalidArgument("DataParallel: device " + std::to_string(i) + " is " + d.str() +
+                            "; replicas live on CPU devices or GPUs");
+    if (std::find(known.begin(), known.end(), d) == known.end())
+      throw InvalidArgument("DataParallel: device " + std::to_string(i) + " is " + d.str() +
+                            ", which this engine does not have");
+    for (std::size_t j = 0; j < i; ++j)
+      if (devices[j] == d)
+        throw InvalidArgument("DataParallel: devices " + std::to_string(j) + " and " + std::to_string(i) +
+                              " are both " + d.str());
+    if (d.is_gpu() != devices.front().is_gpu()) m.mixed = true;
+  }
+  m.devices = std::move(devices);
+
+  for (std::size_t r = 0; r < m.devices.size(); ++r) {
+    std::unique_ptr<nn::Sequential> replica = make_replica(m.devices[r]);
+    if (!replica)
+      throw InvalidArgument("DataParallel: the factory returned no model for " + m.devices[r].str());
+    std::vector<nn::Layer*> leaves;
+    collect_leaves(*replica, leaves);
+    std::vector<std::vector<nn::Parameter*>> params;
+    for (nn::Layer* leaf : leaves) {
+      std::vector<nn::Parameter*> p = leaf->parameters();
+      std::stable_sort(p.begin(), p.end(), [](const nn::Parameter* a, const nn::Parameter* b) { return a->name < b->name; });
+      params.push_back(std::move(p));
+    }
+    m.replicas.push_back(std::move(replica));
+    m.leaves.push_back(std::move(leaves));
+    m.params.push_back(std::move(params));
+    if (r > 0) m.check_replica(r);
+  }
+  for (const auto& leaf_params : m.params[0])
+    for (const nn::Parameter* p : leaf_params)
+      if (p->value.device() != m.devices[0])
+        throw InvalidArgument("DataParallel: replica 0's parameter '" + p->name + "' is on " +
+                              p->value.device().str() + ", not " + m.devices[0].str());
+
+  if (m.options.distributed) {
+    if (m.mixed) {
+      m.host_comm = Communicator::mpi(engine, Device::cpu(0), m.options.communicator);
+      m.processes = m.host_comm->size();
+      m.process_rank = m.host_comm->local_ranks().front();
+    } else {
+      m.comm = Communicator::mpi(engine, m.devices, m.options.communicator);
+      m.processes = m.comm->size() / static_cast<int>(m.devices.size());
+      m.process_rank = m.comm->local_ranks().front() / static_cast<int>(m.devices.size());
+    }
+  } else if (!m.mixed && m.devices.size() > 1) {
+    m.comm = Communicator::local(engine, m.devices);
+  }
+
+  m.build_plan();
+  m.zeros.assign(m.devices.size(), std::vector<Tensor>(m.order.size()));
+  m.broadcast_parameters();
+}
+
+DataParallel::~DataParallel() = default;
+
+Engine& DataParallel::engine() const noexcept { return *impl_->engine; }
+const std::vector<Device>& DataParallel::devices() const noexcept { return impl_->devices; }
+int DataParallel::replicas() const noexcept { return static_cast<int>(impl_->devices.size()); }
+int DataParallel::world_size() const noexcept { return impl_->world(); }
+int DataParallel::process_rank() const noexcept { return impl_->process_rank; }
+int DataParallel::processes() const noexcept { return impl_->processes; }
+const std::vector<GradientBucket>& DataParallel::buckets() const noexcept { return impl_->buckets; }
+std::string DataParallel::comm_marker() const { return "'" + impl_->options.name + " bucket "; }
+
+nn::Sequential& DataParallel::replica(int i) const {
+  if (i < 0 || i >= replicas())
+    throw InvalidArgument("DataParallel::replica: index " + std::to_string(i) + " out of range (" +
+                          std::to_string(replicas()) + " replicas)");
+  return *impl_->replicas[static_cast<std::size_t>(i)];
+}
+
+std::string DataParallel::describe_buckets() const {
+  std::string out;
+  for (const GradientBucket& b : impl_->buckets) {
+    out += "bucket " + std::to_string(b.index) + ": " + std::to_string(b.elements) + " elements (" + kib(b.elements) +
+           "):";
+    for (const std::string& p : b.parameters) out += " " + p;
+    out += "\n";
+  }
+  return out;
+}
+
+std::vector<Tensor> DataParallel::split_and_load(const Shape& shape, std::span<const float> data) {
+  Impl& m = *impl_;
+  if (shape.rank() == 0) throw InvalidArgument("DataParallel::split_and_load: a batch needs a row dimension, got shape []");
+  if (static_cast<std::int64_t>(data.size()) != shape.numel())
+    throw InvalidArgument("DataParallel::split_and_load: shape " + shape.str() + " holds " +
+                          std::to_string(shape.numel()) + " values but the data has " + std::to_string(data.size()));
+  const std::int64_t rows = shape[0];
+  if (rows < m.world())
+    throw InvalidArgument("DataParallel::split_and_load: a batch of " + std::to_string(rows) +
+                          " rows cannot be split over " + std::to_string(m.world()) +
+                          " replicas (each needs at least one row)");
+  const std::int64_t row_size = rows > 0 ? shape.numel() / rows : 0;
+  const std::vector<std::int64_t> parts = split_rows(rows, m.world());
+  const std::size_t first = static_cast<std::size_t>(m.process_rank) * m.devices.size();
+  std::int64_t begin = 0;
+  for (std::size_t i = 0; i < first; ++i) begin += parts[i];
+  std::vector<Tensor> out;
+  m.split.clear();
+  for (std::size_t r = 0; r < m.devices.size(); ++r) {
+    const std::int64_t n = parts[first + r];
+    std::vector<std::int64_t> dims = shape.dims();
+    dims[0] = n;
+    out.push_back(Tensor::from_host(*m.engine, Shape(std::move(dims)),
+                                    data.subspan(static_cast<std::size_t>(begin * row_size),
+                                                 static_cast<std::size_t>(n * row_size)),
+                                    m.devices[r]));
+    m.split.push_back(n);
+    begin += n;
+  }
+  m.split_total = rows;
+  return out;
+}
+
+std::vector<Tensor> DataParallel::forward(const std::vector<Tensor>& inputs) {
+  Impl& m = *impl_;
+  if (inputs.size() != m.devices.size())
+    throw InvalidArgument("DataParallel::forward: " + std::to_string(inputs.size()) + " inputs for " +
+                          std::to_string(m.devices.size()) + " replicas");
+  std::int64_t local = 0;
+  for (std::size_t r = 0; r < inputs.size(); ++r) {
+    const Tensor& x = inputs[r];
+    if (!x.defined()) throw InvalidArgument("DataParallel::forward: input " + std::to_string(r) + " is undefined");
+    if (x.device() != m.devices[r])
+      throw InvalidArgument("DataParallel::forward: input " + std::to_string(r) + " (" + x.str() + ") is not on " +
+                            m.devices[r].str() + ", replica " + std::to_string(r) + "'s device");
+    if (x.shape().rank() == 0 || x.shape()[0] == 0)
+      throw InvalidArgument("DataParallel::forward: input " + std::to_string(r) + " (" + x.str() + ") has no rows");
+    local += x.shape()[0];
+  }
+  // Weights: each replica's share of the whole batch's rows.
+  bool from_split = m.split.size() == inputs.size();
+  for (std::size_t r = 0; from_split && r < inputs.size(); ++r) from_split = m.split[r] == inputs[r].shape()[0];
+  const double total = from_split ? static_cast<double>(m.split_total) : static_cast<double>(local) * m.processes;
+  m.split.clear();
+  m.weight.assign(inputs.size(), 0.0);
+  std::vector<Tensor> out;
+  for (std::size_t r = 0; r < inputs.size(); ++r) {
+    m.weight[r] = static_cast<double>(inputs[r].shape()[0]) / total;
+    out.push_back(m.replicas[r]->forward(inputs[r]));
+  }
+  return out;
+}
+
+void DataParallel::backward(const std::vector<Tensor>& output_grads) {
+  Impl& m = *impl_;
+  if (output_grads.size() != m.devices.size())
+    throw InvalidArgument("DataParallel::backward: " + std::to_string(output_grads.size()) + " gradients for " +
+                          std::to_string(m.devices.size()) + " replicas");
+  if (m.weight.empty()) throw InvalidArgument("DataParallel::backward: no forward since the last backward");
+  const bool sync = m.no_sync_depth == 0;
+  std::vector<Tensor> d = output_grads;
+  std::vector<std::vector<bool>> unused(m.devices.size(), std::vector<bool>(m.order.size(), false));
+  std::size_t ready = 0, next_bucket = 0;  // plan positions whose grads are pushed; the next bucket to reduce
+  // The grads before each layer's backward, held so that a new grad's
+  // storage can never reuse the address of the one it replaced.
+  std::vector<Tensor> before;
+  for (std::size_t l = m.leaves[0].size(); l-- > 0;) {
+    const std::size_t n = m.params[0][l].size();
+    // Interleave the replicas layer by layer, so each bucket's gradients are
+    // pushed on every replica before the next layer's backward.
+    for (std::size_t r = 0; r < m.devices.size(); ++r) {
+      before.clear();
+      for (const nn::Parameter* p : m.params[r][l]) before.push_back(p->grad);
+      d[r] = m.leaves[r][l]->backward(d[r]);
+      for (std::size_t j = 0; j < n; ++j) {
+        const nn::Parameter& p = *m.params[r][l][j];
+        if (p.grad.defined() && p.grad.storage() != before[j].storage()) {
+          if (p.grad.shape() != p.value.shape() || p.grad.device() != m.devices[r])
+            throw InvalidArgument("DataParallel::backward: the gradient of parameter '" + p.name + "' on replica " +
+                                  std::to_string(r) + " is " + p.grad.str() + "; its value is " + p.value.str());
+          continue;
+        }
+        if (!m.options.allow_unused)
+          throw InvalidArgument("DataParallel::backward: parameter '" + p.name + "' of replica " + std::to_string(r) +
+                                " on " + m.devices[r].str() + " got no gradient from its layer (" +
+                                m.leaves[r][l]->describe() +
+                                "); if it is unused on purpose, set DataParallelOptions::allow_unused");
+        unused[r][ready + j] = true;
+      }
+    }
+    ready += n;
+    if (!m.options.overlap) continue;
+    while (next_bucket < m.bucket_end.size() && m.bucket_end[next_bucket] <= ready) m.finish_bucket(next_bucket++, sync, unused);
+  }
+  if (!m.options.overlap && m.world() > 1) {
+    // The baseline without overlap: the engine would still start each
+    // bucket's pack as soon as its gradients exist, whatever the push order;
+    // an op that reads every gradient and writes every bucket holds all
+    // packs until the whole backward has run.
+    std::vector<Var> grads, flats;
+    for (std::size_t r = 0; r < m.devices.size(); ++r) {
+      for (std::size_t pos = 0; pos < m.order.size(); ++pos)
+        if (!unused[r][pos]) grads.push_back(m.param(r, pos).grad.var());
+      for (const GradientBucket& bucket : m.buckets) flats.push_back(bucket.flat[r].var());
+    }
+    m.engine->push([] {}, Device::cpu(0), grads, flats, {.name = m.options.name + " backward done"});
+  }
+  while (next_bucket < m.bucket_end.size()) m.finish_bucket(next_bucket++, sync, unused);
+  m.weight.clear();
+  m.accumulated = sync ? 0 : m.accumulated + 1;
+}
+
+void DataParallel::step(float lr, float weight_decay) {
+  Impl& m = *impl_;
+  if (m.accumulated > 0)
+    throw InvalidArgument("DataParallel::step: the last " + std::to_string(m.accumulated) +
+                          " backward()s ran inside no_sync and are not reduced yet; run one backward() outside "
+                          "no_sync first");
+  for (auto& replica : m.replicas) nn::sgd_step(replica->parameters(), lr, weight_decay);
+}
+
+DataParallel::NoSync DataParallel::no_sync() {
+  ++impl_->no_sync_depth;
+  return NoSync(this);
+}
+
+DataParallel::NoSync::~NoSync() {
+  if (dp_) --dp_->impl_->no_sync_depth;
+}
+
+std::int64_t DataParallel::agree_steps(std::int64_t local_steps) {
+  Impl& m = *impl_;
+  constexpr std::int64_t kExact = std::int64_t{1} << 24;  // carried as float32
+  if (local_steps < 0 || local_steps >= kExact)
+    throw InvalidArgument("DataParallel::agree_steps: " + std::to_string(local_steps) + " steps is out of range [0, " +
+                          std::to_string(kExact) + ")");
+  if (m.processes == 1) return local_steps;
+  // The minimum as -max(-steps).
+  const float v = -static_cast<float>(local_steps);
+  std::vector<Tensor> t;
+  if (m.host_comm) {
+    t.push_back(Tensor::full(*m.engine, Shape{1}, v, Device::cpu(0)));
+    allreduce(*m.host_comm, t, ReduceOp::max, {.name = m.options.name + " agree steps"});
+  } else {
+    for (Device d : m.devices) t.push_back(Tensor::full(*m.engine, Shape{1}, v, d));
+    allreduce(*m.comm, t, ReduceOp::max, {.name = m.options.name + " agree steps"});
+  }
+  return -static_cast<std::int64_t>(t[0].item());
+}
+
+void DataParallel::set_reduction(BucketReduction reduction) { impl_->reduction = std::move(reduction); }
+
+void DataParallel::reduce_bucket(const GradientBucket& bucket) {
+  impl_->reduce(bucket, impl_->options.name + " bucket " + std::to_string(bucket.index), false);
+}
+
+void DataParallel::train(bool on) {
+  for (auto& replica : impl_->replicas) replica->train(on);
+}
+
+}  // namespace weft::parallel
