@@ -230,6 +230,16 @@ std::optional<std::string> thrown_message(F&& f) {
 }
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// What fn() throws as a weft::Error, or "(no error)".
+std::string error_of(auto&& fn) {
+  try {
+    fn();
+  } catch (const weft::Error& err) {
+    return err.what();
+  }
+  return "(no error)";
+}
 inline bool contains(const std::optional<std::string>& text, const std::string& part) {
   return text && contains(*text, part);
 }

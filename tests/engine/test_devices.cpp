@@ -3,7 +3,6 @@
 // checked-call macro's message.
 #include <doctest/doctest.h>
 
-#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -17,14 +16,6 @@ using namespace weft;
 using namespace weft_test;
 
 namespace {
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no weft::Error>";
-}
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 }  // namespace
 

@@ -21,6 +21,7 @@
 
 using namespace dp_test;
 using weft_test::contains;
+using weft_test::error_of;
 
 namespace {
 
@@ -35,15 +36,6 @@ std::vector<Device> cpus(int n) {
   std::vector<Device> out;
   for (int i = 0; i < n; ++i) out.push_back(Device::cpu(i));
   return out;
-}
-
-std::string error_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const weft::Error& err) {
-    return err.what();
-  }
-  return "(no error)";
 }
 
 // Dense, but lists its parameters bias first.

@@ -29,6 +29,7 @@ using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
 using weft_test::contains;
+using weft_test::error_of;
 namespace par = weft::parallel;
 
 constexpr int kDevices = 4;
@@ -46,15 +47,6 @@ std::vector<Tensor> device_values(Engine& e, int n, std::int64_t count, int salt
 
 std::vector<float> sum_of(int n, std::int64_t count, int salt) {
   return collective_test::reduced(n, count, par::ReduceOp::sum, salt);
-}
-
-std::string error_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const weft::Error& err) {
-    return err.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace
