@@ -159,6 +159,8 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   op->bytes = options.bytes;
   op->run_on_failed_input = options.run_on_failed_input;
   op->run_inline = options.run_inline;
+  op->defer_gpu_waits = options.defer_gpu_waits;
+  op->after_gpu_work = std::move(options.after_gpu_work);
   op->unblocked_by.store(0, std::memory_order_relaxed);
   op->push_ns = -1;
   if (profiler_->running()) [[unlikely]] {
@@ -192,6 +194,14 @@ void EngineBase::push_op(OpFunction fn, Device device, VarList reads, VarList wr
     throw InvalidArgument("push (op '" + options.name +
                           "'): OpOptions::run_inline is for push_async ops (a body that hands its work to another "
                           "thread and returns at once)");
+  if (options.defer_gpu_waits)
+    throw InvalidArgument("push (op '" + options.name +
+                          "'): OpOptions::defer_gpu_waits is for push_async ops (a body that orders its GPU work "
+                          "after the events it is handed)");
+  if (!options.after_gpu_work.empty() && !device.is_gpu())
+    throw InvalidArgument("push (op '" + options.name + "') on " + device.str() +
+                          ": OpOptions::after_gpu_work is for GPU ops (a CPU op waits for GPU work through its "
+                          "variables)");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
   launch(op);
@@ -203,6 +213,9 @@ void EngineBase::push_async_op(AsyncOpFunction fn, Device device, VarList reads,
   if (device.is_gpu())
     throw InvalidArgument("push_async (op '" + options.name + "') on " + device.str() +
                 ": GPU ops complete by an event on their stream; push them with push()");
+  if (!options.after_gpu_work.empty())
+    throw InvalidArgument("push_async (op '" + options.name +
+                          "'): OpOptions::after_gpu_work is for GPU ops (pushed with push())");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
   op->async = true;

@@ -84,6 +84,7 @@ void NaiveEngine::run_now(OpBlock* op) {
             const gpu::StreamResources& stream = *gpu_streams_[static_cast<std::size_t>(op->device.index())];
             gpu::set_device(op->device.index());
             ctx.gpu = &stream.handles();
+            for (const gpu::EventRef& e : op->after_gpu_work) e->stream_wait(stream.handles().stream);
             op->fn(ctx);
             stream.synchronize();
           } else {

@@ -42,6 +42,8 @@ struct OpBlock {
   bool async = false;
   bool run_on_failed_input = false;  // OpOptions::run_on_failed_input
   bool run_inline = false;           // OpOptions::run_inline
+  bool defer_gpu_waits = false;      // OpOptions::defer_gpu_waits
+  std::vector<gpu::EventRef> after_gpu_work;  // OpOptions::after_gpu_work
   std::uint8_t epoch = 0;  // push epoch (InflightCounts)
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
   std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
@@ -89,6 +91,8 @@ struct OpBlock {
     inherited.reset();
     run_on_failed_input = false;
     run_inline = false;
+    defer_gpu_waits = false;
+    after_gpu_work.clear();
     signal = nullptr;
     ready_next = nullptr;
     entry_count = 0;

@@ -317,7 +317,7 @@ bool ThreadedEngine::try_run_inline(OpBlock* op) {
   // Never inside an op body (a done() called from a body, a push from one):
   // the body may hold what the inline one needs, and bodies must not nest.
   if (tls_running_inline || current_op_scope() != nullptr) return false;
-  if (config_.gpu_devices > 0 && host_op_would_wait(*op)) return false;
+  if (config_.gpu_devices > 0 && !op->defer_gpu_waits && host_op_would_wait(*op)) return false;
   struct Running {
     Running() noexcept { tls_running_inline = true; }
     ~Running() { tls_running_inline = false; }
@@ -349,6 +349,7 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
   const gpu::WorkerHandles& h = lane.streams[static_cast<std::size_t>(worker)]->handles();
   ctx.gpu = &h;
   gpu_op_wait(*op, h.stream);
+  for (const gpu::EventRef& e : op->after_gpu_work) e->stream_wait(h.stream);
   // While profiling, two timing events bracket the op's work on its stream.
   GpuSpanRecorder* timing = traced ? lane.gpu_spans[static_cast<std::size_t>(worker)].get() : nullptr;
   if (timing) timing->begin(h.stream);
@@ -409,10 +410,18 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
     return;
   }
   // Async ops run on CPU devices only (push_async refuses GPUs): settle the
-  // GPU history of their variables before the body may complete them.
+  // GPU history of their variables before the body may complete them (with
+  // defer_gpu_waits the body orders its GPU work after that history instead).
+  EventList gpu_waits;
   if (config_.gpu_devices > 0) {
     try {
-      host_op_wait(*op);
+      if (op->defer_gpu_waits) {
+        for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e)
+          collect_events(*e->slot, e->write, gpu_waits);
+        ctx.gpu_waits = &gpu_waits;
+      } else {
+        host_op_wait(*op);
+      }
       host_op_publish(*op);
     } catch (...) {
       fail(*op, std::current_exception());

@@ -10,9 +10,10 @@
 // the phase's variables, never by host waits. The phase's last op, on the
 // first member's GPU, records an event behind every step; a fiber of the
 // poll thread (comm_thread.h) completes the hold op once that event is done,
-// so no worker waits on the host while a collective runs. (The hold op
-// itself still waits on a cpu(0) worker for the GPU work that produced its
-// inputs, as every CPU op holding GPU tensors does.)
+// so no worker waits on the host while a collective runs. Nor before it: the
+// hold op does not wait for the GPU work that produced its inputs
+// (OpOptions::defer_gpu_waits); every step, and the last op, makes its
+// stream wait for that work's events instead (OpOptions::after_gpu_work).
 //
 // This is the form for simulated GPUs and for real ones without NCCL; sums
 // come out in the same order as on CPU members, so results are bit-identical
@@ -56,6 +57,12 @@ void finish_average(RunContext& ctx, float* p, std::int64_t n, ReduceOp op, int 
 
 const Device kHoldDevice = Device::cpu(0);
 
+// The hold op of a collective over GPU members, on cpu(0).
+void push_gpu_hold(const Call& call, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
+                   PhaseStart start) {
+  push_hold(call, kHoldDevice, reads, writes, std::move(start), /*gpu_members=*/true);
+}
+
 // The phase's last op, on `gpu`: it reads and writes every variable of the
 // phase, so its stream waits for every step; its body records an event
 // there and hands it to a poll fiber, which completes the hold op once the
@@ -98,15 +105,21 @@ void push_gpu_done(Engine& e, const std::shared_ptr<Phase>& phase,
         }
       },
       gpu, writes, writes,
-      {.priority = priority, .name = phase->what + " done", .run_on_failed_input = true});
+      // Also behind the inputs' producers: a phase without steps (one member)
+      // must not complete before them.
+      {.priority = priority,
+       .name = phase->what + " done",
+       .run_on_failed_input = true,
+       .after_gpu_work = phase->gpu_waits});
 }
 
-// Pushes a step of the data phase on `gpu`.
+// Pushes a step of the data phase on `gpu`, its stream ordered after the
+// GPU work the collective's tensors wait for.
 template <class Body>
-void step(Engine& e, Device gpu, std::vector<Var> reads, std::vector<Var> writes, OpProperty property, int priority,
-          std::string name, Body body) {
+void step(Engine& e, const std::shared_ptr<Phase>& phase, Device gpu, std::vector<Var> reads, std::vector<Var> writes,
+          OpProperty property, int priority, std::string name, Body body) {
   e.push(std::move(body), gpu, std::move(reads), std::move(writes),
-         {.priority = priority, .name = std::move(name), .property = property});
+         {.priority = priority, .name = std::move(name), .property = property, .after_gpu_work = phase->gpu_waits});
 }
 
 template <class T>
@@ -158,8 +171,8 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
   std::vector<Tensor> writes = tensors;
   if (n > 1)
     for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, count));
-  push_hold(call, kHoldDevice, tensors, writes,
-            [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_gpu_hold(call, tensors, writes,
+                [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // v: member r's chunk c; s: scratch r's chunk c.
     auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
     auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, n);
@@ -175,13 +188,13 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
         const Chunk k = chunk(count, n, c);
         const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
         const Device from = at(devices, i);
-        step(e, at(devices, dst), {v->at(i, c)}, {s->at(dst, c)}, OpProperty::copy_peer, priority,
+        step(e, phase, at(devices, dst), {v->at(i, c)}, {s->at(dst, c)}, OpProperty::copy_peer, priority,
              name("reduce-scatter copy", t, c),
              [phase, i, dst, n, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(n + dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
         const bool last = t + 2 == n;
-        step(e, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c)}, OpProperty::normal, priority,
+        step(e, phase, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c)}, OpProperty::normal, priority,
              name("reduce-scatter add", t, c),
              [phase, dst, n, k, op, last](RunContext& ctx) {
                float* d = phase->out_f(dst) + k.begin;
@@ -197,7 +210,7 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
         const Chunk k = chunk(count, n, c);
         const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
         const Device from = at(devices, i);
-        step(e, at(devices, dst), {v->at(i, c)}, {v->at(dst, c)}, OpProperty::copy_peer, priority,
+        step(e, phase, at(devices, dst), {v->at(i, c)}, {v->at(dst, c)}, OpProperty::copy_peer, priority,
              name("all-gather copy", t, c),
              [phase, i, dst, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
@@ -213,13 +226,13 @@ void LocalGpuBackend::broadcast(const Call& call, const std::vector<Tensor>& ten
   const int n = static_cast<int>(devices_.size()), root = call.options().root, priority = call.options().priority;
   const std::size_t bytes = tensors[0].nbytes();
   // The root's tensor is read, the others written.
-  push_hold(call, kHoldDevice, {at(tensors, root)}, all_but(tensors, root),
-            [devices = devices_, n, root, bytes, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_gpu_hold(call, {at(tensors, root)}, all_but(tensors, root),
+                [devices = devices_, n, root, bytes, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto v = std::make_shared<PhaseVars>(e, phase->what, n, 1);
     const Device from = at(devices, root);
     for (int r = 0, slot = 0; r < n; ++r) {
       if (r == root) continue;
-      step(e, at(devices, r), {}, {v->at(r, 0)}, OpProperty::copy_peer, priority,
+      step(e, phase, at(devices, r), {}, {v->at(r, 0)}, OpProperty::copy_peer, priority,
            phase->what + " to member " + std::to_string(r),
            [phase, slot, bytes, from](RunContext& ctx) { copy_in(ctx, phase->out_at(slot), phase->in_at(0), from, bytes); });
       ++slot;
@@ -237,8 +250,8 @@ void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensor
   reads.push_back(at(tensors, root));
   std::vector<Tensor> writes = {at(tensors, root)};
   if (n > 1) writes.push_back(scratch(call, root, count));
-  push_hold(call, kHoldDevice, reads, writes,
-            [devices = devices_, n, count, op, root, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_gpu_hold(call, reads, writes,
+                [devices = devices_, n, count, op, root, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // Per chunk, the others' parts come in one after the other through the
     // scratch chunk and are added to the root's; chunks pipeline.
     auto v = std::make_shared<PhaseVars>(e, phase->what, 1, n);
@@ -250,12 +263,12 @@ void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensor
         if (m == root) continue;
         const Device from = at(devices, m);
         const std::string part = phase->what + " member " + std::to_string(m) + " chunk " + std::to_string(c);
-        step(e, at(devices, root), {}, {s->at(0, c)}, OpProperty::copy_peer, priority, part + " copy",
+        step(e, phase, at(devices, root), {}, {s->at(0, c)}, OpProperty::copy_peer, priority, part + " copy",
              [phase, slot, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(1) + k.begin, phase->in_f(slot) + k.begin, from, bytes);
              });
         const bool last = slot + 2 == n;
-        step(e, at(devices, root), {s->at(0, c)}, {v->at(0, c)}, OpProperty::normal, priority, part + " add",
+        step(e, phase, at(devices, root), {s->at(0, c)}, {v->at(0, c)}, OpProperty::normal, priority, part + " add",
              [phase, k, op, last, n](RunContext& ctx) {
                float* d = phase->out_f(0) + k.begin;
                accumulate(ctx, d, phase->out_f(1) + k.begin, k.size(), accumulate_of(op));
@@ -278,8 +291,8 @@ void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>
   std::vector<Tensor> writes = outputs;
   if (n > 1)
     for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, chunk(count, n, r).size()));
-  push_hold(call, kHoldDevice, inputs, writes,
-            [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_gpu_hold(call, inputs, writes,
+                [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // Member r: its output starts as member 0's chunk r, then member m's
     // chunk r is added for m = 1 .. n - 1 (through its scratch unless m is r).
     auto o = std::make_shared<PhaseVars>(e, phase->what, n, 1);
@@ -288,7 +301,7 @@ void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>
       const Chunk k = chunk(count, n, r);
       const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
       const std::string on = phase->what + " on member " + std::to_string(r);
-      step(e, at(devices, r), {}, {o->at(r, 0)}, OpProperty::copy_peer, priority, on + " from member 0",
+      step(e, phase, at(devices, r), {}, {o->at(r, 0)}, OpProperty::copy_peer, priority, on + " from member 0",
            [phase, r, k, bytes, from = at(devices, 0)](RunContext& ctx) {
              copy_in(ctx, phase->out_at(r), phase->in_f(0) + k.begin, from, bytes);
            });
@@ -296,18 +309,18 @@ void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>
         const bool last = m + 1 == n;
         const std::string part = on + " from member " + std::to_string(m);
         if (m == r) {
-          step(e, at(devices, r), {}, {o->at(r, 0)}, OpProperty::normal, priority, part,
+          step(e, phase, at(devices, r), {}, {o->at(r, 0)}, OpProperty::normal, priority, part,
                [phase, r, k, op, last, n](RunContext& ctx) {
                  accumulate(ctx, phase->out_f(r), phase->in_f(r) + k.begin, k.size(), accumulate_of(op));
                  if (last) finish_average(ctx, phase->out_f(r), k.size(), op, n);
                });
           continue;
         }
-        step(e, at(devices, r), {}, {s->at(r, 0)}, OpProperty::copy_peer, priority, part + " copy",
+        step(e, phase, at(devices, r), {}, {s->at(r, 0)}, OpProperty::copy_peer, priority, part + " copy",
              [phase, r, m, n, k, bytes, from = at(devices, m)](RunContext& ctx) {
                copy_in(ctx, phase->out_at(n + r), phase->in_f(m) + k.begin, from, bytes);
              });
-        step(e, at(devices, r), {s->at(r, 0)}, {o->at(r, 0)}, OpProperty::normal, priority, part + " add",
+        step(e, phase, at(devices, r), {s->at(r, 0)}, {o->at(r, 0)}, OpProperty::normal, priority, part + " add",
              [phase, r, n, k, op, last](RunContext& ctx) {
                accumulate(ctx, phase->out_f(r), phase->out_f(n + r), k.size(), accumulate_of(op));
                if (last) finish_average(ctx, phase->out_f(r), k.size(), op, n);
@@ -323,15 +336,15 @@ void LocalGpuBackend::all_gather(const Call& call, const std::vector<Tensor>& in
   const int n = static_cast<int>(devices_.size()), priority = call.options().priority;
   const std::int64_t count = outputs[0].numel();
   const std::size_t element = dtype_size(outputs[0].dtype());
-  push_hold(call, kHoldDevice, inputs, outputs,
-            [devices = devices_, n, count, element, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+  push_gpu_hold(call, inputs, outputs,
+                [devices = devices_, n, count, element, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // Member r receives member m's input at chunk m of its output: n * n
     // independent copies.
     auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
     for (int r = 0; r < n; ++r)
       for (int m = 0; m < n; ++m) {
         const Chunk k = chunk(count, n, m);
-        step(e, at(devices, r), {}, {v->at(r, m)}, OpProperty::copy_peer, priority,
+        step(e, phase, at(devices, r), {}, {v->at(r, m)}, OpProperty::copy_peer, priority,
              phase->what + " member " + std::to_string(m) + " to member " + std::to_string(r),
              [phase, r, m, k, element, from = at(devices, m)](RunContext& ctx) {
                copy_in(ctx, static_cast<unsigned char*>(phase->out_at(r)) + static_cast<std::size_t>(k.begin) * element,

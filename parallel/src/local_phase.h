@@ -15,9 +15,13 @@
 //
 // On CPU members the hold op runs on the first member's device and the data
 // phase touches memory directly. On GPU members the hold op runs on cpu(0)
-// and only holds the tensors (tensor_op.h): the data phase is GPU ops on the
-// members' streams, and the last op, on a member's GPU, has a poll fiber
-// complete the hold once their work is done (local_gpu_collectives.cpp).
+// and only holds the tensors (tensor_op.h): it does not wait on the host for
+// the GPU work that produced them (OpOptions::defer_gpu_waits) but keeps
+// that work's events, and every op of the data phase — GPU ops on the
+// members' streams — makes its stream wait for them (OpOptions::
+// after_gpu_work); the last op, on a
+// member's GPU, has a poll fiber complete the hold once their work is done
+// (local_gpu_collectives.cpp).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +36,7 @@
 
 #include "call.h"
 #include "weft/engine.h"
+#include "weft/gpu_streams.h"
 #include "weft/tensor.h"
 #include "weft/tensor_op.h"
 
@@ -44,6 +49,14 @@ struct Phase {
   std::vector<const void*> in;  // what the hold op reads, in the order given to push_hold
   std::vector<void*> out;       // what it writes, likewise
   Completion done;              // the hold op's
+  // GPU members: the GPU work the tensors wait for (their producers, and the
+  // readers of what the collective writes); every GPU op of the phase must
+  // order its stream after it (OpOptions::after_gpu_work, or
+  // order_after_inputs for streams outside the engine).
+  std::vector<gpu::EventRef> gpu_waits;
+  void order_after_inputs(gpu::Stream* stream) const {
+    for (const gpu::EventRef& e : gpu_waits) e->stream_wait(stream);
+  }
   const float* in_f(int k) const { return static_cast<const float*>(in[static_cast<std::size_t>(k)]); }
   float* out_f(int k) const { return static_cast<float*>(out[static_cast<std::size_t>(k)]); }
   const void* in_at(int k) const { return in[static_cast<std::size_t>(k)]; }
@@ -52,10 +65,11 @@ struct Phase {
 
 // Pushes the hold op on `where`: `reads` and `writes` as the collective
 // documents them (either may be empty); `start` pushes the data phase with
-// the members' memory.
+// the members' memory. `gpu_members`: the data phase is GPU ops, which take
+// the GPU work they must follow from Phase::gpu_waits.
 using PhaseStart = std::function<void(Engine&, const std::shared_ptr<Phase>&)>;
 inline void push_hold(const Call& call, Device where, const std::vector<Tensor>& reads,
-                      const std::vector<Tensor>& writes, PhaseStart start) {
+                      const std::vector<Tensor>& writes, PhaseStart start, bool gpu_members = false) {
   push_tensor_op_async(
       where, reads, writes,
       [what = call.label(), start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
@@ -64,9 +78,10 @@ inline void push_hold(const Call& call, Device where, const std::vector<Tensor>&
         phase->in.assign(d.inputs.begin(), d.inputs.end());
         phase->out = d.outputs;
         phase->done = std::move(done);
+        if (ctx.gpu_waits) phase->gpu_waits = *ctx.gpu_waits;
         start(*ctx.engine, phase);
       },
-      OpOptions{.priority = call.options().priority, .name = call.label()});
+      OpOptions{.priority = call.options().priority, .name = call.label(), .defer_gpu_waits = gpu_members});
 }
 
 // The members' tensors in member order, `skip` left out.

@@ -161,6 +161,9 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
   }
   const auto deadline = Clock::now() + clique->timeout;
   try {
+    // The hold op did not wait for the tensors' GPU producers
+    // (OpOptions::defer_gpu_waits): the communication streams do.
+    for (int r = 0; r < clique->size(); ++r) phase->order_after_inputs(clique->stream(r));
     WEFT_NCCL_CHECK(ncclGroupStart(), phase->what);
     try {
       for (int r = 0; r < clique->size(); ++r) calls(r, *phase);
@@ -256,6 +259,7 @@ void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std:
         phase->in.assign(d.inputs.begin(), d.inputs.end());
         phase->out = d.outputs;
         phase->done = std::move(done);
+        if (ctx.gpu_waits) phase->gpu_waits = *ctx.gpu_waits;
         CommThread& thread = nccl_thread();
         if (!thread.spawn([clique, phase, seq, calls = std::move(calls), failed = ctx.failed_input, &thread] {
               run(clique, phase, seq, calls, failed, thread);
@@ -263,7 +267,11 @@ void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std:
           phase->done(std::make_exception_ptr(
               CommunicationError(what + ": the process is exiting", CommunicationError::kNoPeer)));
       },
-      OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true, .run_inline = true});
+      OpOptions{.priority = call.options().priority,
+                .name = call.label(),
+                .run_on_failed_input = true,
+                .run_inline = true,
+                .defer_gpu_waits = true});
 }
 
 // A call another path carries took a sequence number: let the next through.

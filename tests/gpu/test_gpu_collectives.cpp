@@ -6,7 +6,8 @@
 // outputs no op wrote before; many collectives in flight interleaved with GPU
 // compute on the same tensors; a failed input failing every member; send and
 // recv along a chain of GPUs; tensors dropped while their collective is in
-// flight; a chain of broadcasts holding no CPU worker in a host wait. Each
+// flight; a chain of broadcasts, and allreduces after GPU compute, holding no
+// CPU worker in a host wait. Each
 // scenario over the naive engine and the threaded one at 1, 2, 4 and 8
 // workers per device (compute streams per GPU), and no GPU worker ever waits
 // on the host.
@@ -157,6 +158,34 @@ TEST_CASE("gpu collectives - a chain of broadcasts makes no CPU worker wait on t
     e.wait_all();
     CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::cpu_worker) == before);
     for (int r = 0; r < 2; ++r) CHECK(at(t, r).to_host() == values(1, 1003));
+  });
+}
+
+// The hold op does not wait on a CPU worker for the GPU work that produced
+// its members' tensors (OpOptions::defer_gpu_waits): the data phase's streams
+// wait for it. A worker blocked there for the length of a backward pass would
+// be a worker lost to the CPU work meanwhile.
+TEST_CASE("gpu collectives - after GPU compute, no CPU worker waits on the host for the producers" *
+          doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  if (gpus() < 2) return;
+  for_each_engine([](Engine& e) {
+    const int n = gpus();
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+    const std::int64_t count = 1003;
+    std::vector<Tensor> t = member_tensors(e, n, count);
+    e.wait_all();
+    const std::uint64_t before = weft::gpu::host_waits().of(weft::gpu::WaitCause::cpu_worker);
+    std::vector<float> want = reduced(n, count, par::ReduceOp::sum);
+    for (int round = 0; round < 4; ++round) {
+      for (int r = 0; r < n; ++r) t[static_cast<std::size_t>(r)] = at(t, r) * 2.0f;  // on member r's GPU
+      par::allreduce(comm, t, par::ReduceOp::sum, {.name = "round " + std::to_string(round)});
+      // 2x each, then summed over n members.
+      for (float& x : want) x *= 2.0f * static_cast<float>(round == 0 ? 1 : n);
+    }
+    e.wait_all();
+    CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::cpu_worker) == before);
+    for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == want);
   });
 }
 

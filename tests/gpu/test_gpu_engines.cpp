@@ -235,3 +235,106 @@ TEST_CASE("gpu engines - an inline op waits for unfinished GPU work on a worker,
   e->wait_all();
   CHECK(worker.load() == -1);  // inline, on this thread
 }
+
+// OpOptions::defer_gpu_waits: an async CPU op holding a GPU-written variable
+// runs while that GPU work is still unfinished, and is handed its event
+// (ctx.gpu_waits) instead of waiting for it; a written variable's GPU
+// readers come with it; a GPU op given those events (after_gpu_work) runs
+// its work after that work. Without the option ctx.gpu_waits is null; push()
+// refuses it, and after_gpu_work on CPU ops.
+TEST_CASE("gpu engines - a defer_gpu_waits op is handed its inputs' GPU events instead of waiting" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 1, .gpu_devices = 1});
+  const Device gpu = Device::gpu(0);
+  const weft::Var g = e->new_var("g");
+  std::atomic<bool> open{false};
+  std::atomic<bool> holding{false};
+  e->push(
+      [&](weft::RunContext& ctx) {
+        weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
+          holding = true;
+          while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        });
+      },
+      gpu, {}, {g}, {.name = "held on the stream"});
+  while (!holding.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::atomic<bool> ran{false};
+  std::atomic<bool> ran_while_held{false};
+  std::atomic<int> events{-1}, unfinished{-1};
+  std::vector<weft::gpu::EventRef> kept;
+  e->push_async(
+      [&](weft::RunContext& ctx, weft::Completion done) {
+        ran_while_held = !open.load();
+        if (ctx.gpu_waits) {
+          kept = *ctx.gpu_waits;
+          events = static_cast<int>(kept.size());
+          int n = 0;
+          for (const weft::gpu::EventRef& ev : kept) n += ev->done() ? 0 : 1;
+          unfinished = n;
+        }
+        ran = true;
+        done();
+      },
+      Device::cpu(0), {g}, {}, {.name = "deferred reader", .defer_gpu_waits = true});
+  // Give it time to run while the stream is held; a waiting op would not.
+  for (int i = 0; i < 5000 && !ran.load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(ran_while_held.load());
+  // A GPU op on another stream given those events (OpOptions::after_gpu_work)
+  // runs its work only after the held one.
+  std::atomic<bool> after_ran{false}, after_saw_open{false};
+  e->push(
+      [&](weft::RunContext& ctx) {
+        weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
+          after_saw_open = open.load();
+          after_ran = true;
+        });
+      },
+      gpu, {}, {e->new_var("after")},
+      {.name = "after the held work", .property = weft::OpProperty::copy_from_device, .after_gpu_work = kept});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK_FALSE(after_ran.load());
+  open = true;
+  e->wait_all();
+  CHECK(after_saw_open.load());
+  CHECK(events.load() == 1);      // g's writer
+  CHECK(unfinished.load() == 1);  // still held when handed over
+
+  // Writing: the GPU readers since the last write come too.
+  e->push([](weft::RunContext&) {}, gpu, {g}, {e->new_var("r")}, {.name = "gpu reader"});
+  std::atomic<int> write_events{-1};
+  e->push_async(
+      [&](weft::RunContext& ctx, weft::Completion done) {
+        write_events = ctx.gpu_waits ? static_cast<int>(ctx.gpu_waits->size()) : -1;
+        done();
+      },
+      Device::cpu(0), {}, {g}, {.name = "deferred writer", .defer_gpu_waits = true});
+  e->wait_all();
+  CHECK(write_events.load() == 2);  // the writer and the reader
+  // The deferred writer settled g's GPU history: the next one is handed nothing.
+  std::atomic<bool> null_waits{false};
+  e->push_async(
+      [&](weft::RunContext& ctx, weft::Completion done) {
+        null_waits = ctx.gpu_waits == nullptr;
+        done();
+      },
+      Device::cpu(0), {g}, {}, {.name = "plain reader"});
+  std::atomic<int> after_write = -1;
+  e->push_async(
+      [&](weft::RunContext& ctx, weft::Completion done) {
+        after_write = ctx.gpu_waits ? static_cast<int>(ctx.gpu_waits->size()) : -1;
+        done();
+      },
+      Device::cpu(0), {g}, {}, {.name = "deferred reader after", .defer_gpu_waits = true});
+  e->wait_all();
+  CHECK(null_waits.load());
+  CHECK(after_write.load() == 0);
+  CHECK_THROWS_AS(e->push([](weft::RunContext&) {}, Device::cpu(0), {}, {}, {.defer_gpu_waits = true}),
+                  weft::InvalidArgument);
+  // after_gpu_work is for GPU ops.
+  CHECK_THROWS_AS(e->push([](weft::RunContext&) {}, Device::cpu(0), {}, {}, {.after_gpu_work = kept}),
+                  weft::InvalidArgument);
+  CHECK_THROWS_AS(e->push_async([](weft::RunContext&, weft::Completion done) { done(); }, Device::cpu(0), {}, {},
+                                {.after_gpu_work = kept}),
+                  weft::InvalidArgument);
+}

@@ -28,6 +28,7 @@
 #include "weft/device.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
+#include "weft/gpu_streams.h"
 #include "weft/op_property.h"
 #include "weft/profiler.h"
 #include "weft/unique_function.h"
@@ -54,6 +55,11 @@ struct RunContext {
   // OpOptions::run_on_failed_input only: the failure one of the op's inputs
   // carries (null when none does).
   std::exception_ptr failed_input;
+  // OpOptions::defer_gpu_waits only: the events of the GPU work the op's
+  // variables wait for (their last GPU writers and, for the variables it
+  // writes, their GPU readers). Valid during the body's call; copy what you
+  // keep. Null otherwise.
+  const std::vector<gpu::EventRef>* gpu_waits = nullptr;
 };
 
 
@@ -125,6 +131,22 @@ struct OpOptions {
   // (the wait for it must not block the thread that made it ready).
   // ctx.worker is -1 when it runs elsewhere than on a worker.
   bool run_inline = false;
+  // push_async only, for a body whose use of its tensors' memory is all GPU
+  // work on streams (the hold op of a collective over GPU members): the
+  // engine does not wait on the host for the GPU work behind the op's
+  // variables; it hands that work's events to the body (ctx.gpu_waits),
+  // which must make every stream it enqueues on wait for them
+  // (gpu::Event::stream_wait) and must not touch the memory from the host
+  // before they are done (the GPU ops it pushes pass them in
+  // after_gpu_work). No worker then blocks while the GPU producers run. Its
+  // variables' GPU history is settled as for any CPU op: the op's completion
+  // must come after the work it enqueued.
+  bool defer_gpu_waits = false;
+  // GPU ops only: events of GPU work the op's stream must wait for besides
+  // its variables' producers (say, what a defer_gpu_waits op was handed).
+  // The stream waits for them, as for the producers, before the op's trace
+  // span begins.
+  std::vector<gpu::EventRef> after_gpu_work;
 };
 
 struct EngineConfig {

@@ -1,0 +1,285 @@
+// weft-bench-data-parallel: seconds per training step of data-parallel
+// LeNet (or an MLP) in one run, for each way of reducing the gradients —
+// bucketed with overlap, one bucket, one reduction per parameter
+// (unbucketed), bucketed without overlap — beside the same model on one
+// device, the peer. The configurations' repetitions are interleaved (rep r
+// of each before rep r + 1 of any), so a slow spell of this noisy machine
+// falls on all of them. A separate profiled pass per configuration gives its
+// comm overlap (the fraction of the reduction's time during which other ops
+// ran); the timed reps run with the profiler off. JSON lines with --json.
+//
+// Every configuration trains its own replicas from the same initial weights
+// on the same synthetic batches, so after the first steps their weights must
+// agree with the one-device peer's up to float rounding: the exit status is 1
+// when they do not (the bench doubles as a correctness check).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arg_cursor.h"
+#include "measure.h"
+#include "weft/engine.h"
+#include "weft/nn.h"
+#include "weft/ops.h"
+#include "weft/parallel/data_parallel.h"
+#include "weft/tensor.h"
+
+namespace {
+
+namespace par = weft::parallel;
+
+struct Options {
+  bool json = false;
+  std::string model = "lenet";
+  std::string devices = "cpu:0,cpu:1";
+  std::int64_t batch = 256;
+  std::size_t bucket_bytes = 64 << 10;
+  int steps = 10;  // per rep
+  int reps = 7;
+  float lr = 0.05f;
+};
+
+int usage(std::FILE* out, int rc) {
+  std::fprintf(out,
+               "usage: weft-bench-data-parallel [--json] [--model lenet|mlp] [--devices D,...] [--batch N]\n"
+               "                                [--bucket-kb N] [--steps N] [--reps N] [--quick]\n"
+               "  Seconds per SGD step (split_and_load, forward, softmax cross-entropy, backward with the\n"
+               "  gradient reductions, step) of data-parallel training on --devices (default cpu:0,cpu:1;\n"
+               "  gpu:0,gpu:1 with real or simulated GPUs), batch --batch (default 256) split over them,\n"
+               "  synthetic data. Configurations, their reps interleaved:\n"
+               "    one_device   the whole batch on the first device alone (the peer; nothing to reduce)\n"
+               "    bucketed     buckets of --bucket-kb (default 64), each reduced as soon as it is complete\n"
+               "    one_bucket   the default capacity (25 MiB): every gradient in one bucket\n"
+               "    per_param    one reduction per parameter (unbucketed)\n"
+               "    no_overlap   --bucket-kb buckets, reduced only after the whole backward\n"
+               "  Per configuration the median over --reps (default 7) of --steps steps (default 10) each,\n"
+               "  after a warm-up rep; then one profiled pass for comm_overlap. --model mlp: 784-512-512-10\n"
+               "  (more gradient per flop than LeNet). --quick: 3 reps of 4 steps. Exit status 1 when a\n"
+               "  configuration's weights after its first 4 steps differ from the peer's (relative 1e-5:\n"
+               "  beyond float rounding; weight_diff).\n");
+  return rc;
+}
+
+std::vector<weft::Device> parse_devices(const std::string& text) {
+  std::vector<weft::Device> out;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', begin), text.size());
+    out.push_back(weft::Device::parse(text.substr(begin, comma - begin)));
+    begin = comma + 1;
+  }
+  return out;
+}
+
+struct Config {
+  std::string name;
+  std::vector<weft::Device> devices;
+  std::size_t bucket_bytes;
+  bool overlap;
+  std::unique_ptr<par::DataParallel> dp;
+  std::vector<double> sec_per_step;
+  par::CommOverlap overlap_figure;
+};
+
+struct Batch {
+  weft::Shape x_shape, y_shape;
+  std::vector<float> x, y;
+};
+
+std::vector<Batch> synthetic_batches(const Options& o, int count) {
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
+  std::uniform_int_distribution<int> label(0, 9);
+  std::vector<Batch> out;
+  for (int b = 0; b < count; ++b) {
+    Batch batch;
+    batch.x_shape = o.model == "lenet" ? weft::Shape{o.batch, 1, 28, 28} : weft::Shape{o.batch, 784};
+    batch.y_shape = weft::Shape{o.batch};
+    batch.x.resize(static_cast<std::size_t>(o.batch) * 784);
+    for (float& v : batch.x) v = pixel(gen);
+    for (std::int64_t i = 0; i < o.batch; ++i) batch.y.push_back(static_cast<float>(label(gen)));
+    out.push_back(std::move(batch));
+  }
+  return out;
+}
+
+// Pushes one SGD step on `batch`.
+void train_step(par::DataParallel& dp, const Batch& batch, float lr) {
+  const std::vector<weft::Tensor> x = dp.split_and_load(batch.x_shape, batch.x);
+  const std::vector<weft::Tensor> y = dp.split_and_load(batch.y_shape, batch.y);
+  const std::vector<weft::Tensor> logits = dp.forward(x);
+  std::vector<weft::Tensor> dlogits;
+  for (std::size_t r = 0; r < logits.size(); ++r)
+    dlogits.push_back(weft::ops::softmax_cross_entropy(logits[r], y[r]).dlogits);
+  dp.backward(dlogits);
+  dp.step(lr);
+}
+
+// Largest |difference| between two models' parameters, relative to the
+// largest |value|.
+double weight_difference(weft::nn::Sequential& a, weft::nn::Sequential& b) {
+  const std::vector<weft::nn::Parameter*> pa = a.parameters(), pb = b.parameters();
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < pa.size(); ++i) {
+    const std::vector<float> va = pa[i]->value.to_host(), vb = pb[i]->value.to_host();
+    for (std::size_t k = 0; k < va.size(); ++k) {
+      diff = std::max(diff, static_cast<double>(std::fabs(va[k] - vb[k])));
+      scale = std::max(scale, static_cast<double>(std::fabs(va[k])));
+    }
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (weft::examples::ArgCursor args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
+    auto number = [&](long long lo, long long hi) -> std::optional<long long> {
+      const std::optional<std::string> v = args.value();
+      return v ? weft::examples::ArgCursor::parse_int(*v, lo, hi) : std::nullopt;
+    };
+    std::optional<long long> n;
+    std::optional<std::string> text;
+    if (a == "--help" || a == "-h") return usage(stdout, 0);
+    if (a == "--json") o.json = true;
+    else if (a == "--quick") o.reps = 3, o.steps = 4;
+    else if (a == "--model" && (text = args.value()) && (*text == "lenet" || *text == "mlp")) o.model = *text;
+    else if (a == "--devices" && (text = args.value()) && !text->empty()) o.devices = *text;
+    else if (a == "--batch" && (n = number(2, 1 << 16))) o.batch = *n;
+    else if (a == "--bucket-kb" && (n = number(1, 1 << 20))) o.bucket_bytes = static_cast<std::size_t>(*n) << 10;
+    else if (a == "--steps" && (n = number(1, 10000))) o.steps = static_cast<int>(*n);
+    else if (a == "--reps" && (n = number(1, 1000))) o.reps = static_cast<int>(*n);
+    else {
+      std::fprintf(stderr, "weft-bench-data-parallel: bad argument '%s'\n", a.c_str());
+      return usage(stderr, 2);
+    }
+  }
+  std::vector<weft::Device> devices;
+  try {
+    devices = parse_devices(o.devices);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-bench-data-parallel: bad --devices: %s\n", e.what());
+    return 2;
+  }
+  if (devices.size() < 2) {
+    std::fprintf(stderr, "weft-bench-data-parallel: --devices needs at least two devices, got '%s'\n",
+                 o.devices.c_str());
+    return 2;
+  }
+
+  try {
+    const double rtt = weft_bench::core_round_trip_ns();
+    weft::EngineConfig config;
+    for (weft::Device d : devices)
+      if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
+    auto engine = weft::Engine::create(config);
+    auto make = [&](weft::Device d) {
+      return o.model == "lenet" ? weft::nn::lenet(*engine, d, 0) : weft::nn::mlp(*engine, {784, 512, 512, 10}, d, 0);
+    };
+
+    std::vector<Config> configs;
+    configs.push_back({"one_device", {devices[0]}, o.bucket_bytes, true, nullptr, {}, {}});
+    configs.push_back({"bucketed", devices, o.bucket_bytes, true, nullptr, {}, {}});
+    configs.push_back({"one_bucket", devices, std::size_t{25} << 20, true, nullptr, {}, {}});
+    configs.push_back({"per_param", devices, 0, true, nullptr, {}, {}});
+    configs.push_back({"no_overlap", devices, o.bucket_bytes, false, nullptr, {}, {}});
+    for (Config& c : configs)
+      c.dp = std::make_unique<par::DataParallel>(
+          *engine, c.devices, make,
+          par::DataParallelOptions{.bucket_bytes = c.bucket_bytes, .overlap = c.overlap, .name = c.name});
+    engine->wait_all();
+
+    const std::vector<Batch> batches = synthetic_batches(o, o.steps);
+    auto run = [&](Config& c, std::size_t steps) {
+      for (std::size_t b = 0; b < steps; ++b) train_step(*c.dp, batches[b], o.lr);
+      engine->wait_all();
+    };
+
+    std::fprintf(o.json ? stderr : stdout,
+                 "weft-bench-data-parallel: %s, batch %lld on %s, %zu-KiB buckets (%s engine, %d workers on %s); "
+                 "%u hardware threads, core round trip %.1f ns\n",
+                 o.model.c_str(), static_cast<long long>(o.batch), o.devices.c_str(), o.bucket_bytes >> 10,
+                 std::string(engine->kind()).c_str(), engine->workers(devices[0]), devices[0].str().c_str(),
+                 std::thread::hardware_concurrency(), rtt);
+    if (!o.json) std::printf("bucketed plan:\n%s", configs[1].dp->describe_buckets().c_str());
+
+    // The check: the first few steps from the common initial weights. Same
+    // batches, same steps: equal up to the order of float sums (a missing or
+    // doubled reduction is off by the size of a step). Later the
+    // configurations drift apart (rounding differences grow over many steps
+    // on random labels), so the check comes first.
+    const std::size_t check_steps = std::min<std::size_t>(batches.size(), 4);
+    for (Config& c : configs) run(c, check_steps);
+    std::vector<double> weight_diff;
+    bool agree = true;
+    for (Config& c : configs) {
+      weight_diff.push_back(weight_difference(c.dp->replica(0), configs[0].dp->replica(0)));
+      agree = agree && weight_diff.back() < 1e-5;
+    }
+    for (Config& c : configs) run(c, batches.size());  // warm-up: first touch, the allocator's pools
+    for (int r = 0; r < o.reps; ++r)
+      for (Config& c : configs) {
+        weft_bench::Stopwatch sw;
+        run(c, batches.size());
+        c.sec_per_step.push_back(sw.seconds() / o.steps);
+      }
+    weft::Profiler& profiler = engine->profiler();
+    for (Config& c : configs) {
+      profiler.clear();
+      profiler.start();
+      run(c, batches.size());
+      profiler.stop();
+      c.overlap_figure = par::comm_overlap(profiler.spans(), c.dp->comm_marker());
+    }
+    profiler.clear();
+
+    if (!o.json)
+      std::printf("%-12s %8s %7s %12s %12s %12s %10s %10s %10s\n", "config", "replicas", "buckets", "ms_per_step",
+                  "min_ms", "max_ms", "vs_peer", "overlap", "weight_diff");
+    const double peer = weft_bench::summarize(configs[0].sec_per_step).median;
+    for (std::size_t i = 0; i < configs.size(); ++i) {
+      Config& c = configs[i];
+      const weft_bench::Summary s = weft_bench::summarize(c.sec_per_step);
+      const double diff = weight_diff[i];
+      const bool reduces = c.dp->world_size() > 1;
+      if (o.json) {
+        char overlap[32] = "null";
+        if (reduces) std::snprintf(overlap, sizeof overlap, "%.4f", c.overlap_figure.fraction);
+        std::printf(
+            "{\"config\":\"%s\",\"model\":\"%s\",\"devices\":\"%s\",\"replicas\":%d,\"batch\":%lld,"
+            "\"bucket_bytes\":%zu,\"buckets\":%zu,\"overlap\":%s,\"sec_per_step\":%.6f,\"min_sec\":%.6f,"
+            "\"max_sec\":%.6f,\"peer_sec_per_step\":%.6f,\"ratio_vs_one_device\":%.4f,\"comm_overlap\":%s,"
+            "\"comm_ms_per_step\":%.4f,\"weight_diff\":%.3g,\"steps\":%d,\"reps\":%d,\"core_round_trip_ns\":%.1f}\n",
+            c.name.c_str(), o.model.c_str(), o.devices.c_str(), c.dp->world_size(), static_cast<long long>(o.batch),
+            c.bucket_bytes, reduces ? c.dp->buckets().size() : std::size_t{0}, c.overlap ? "true" : "false",
+            s.median, s.min, s.max, peer, s.median / peer, overlap, c.overlap_figure.comm_ms / o.steps, diff, o.steps,
+            o.reps, rtt);
+      } else {
+        char overlap[32] = "-";
+        if (reduces) std::snprintf(overlap, sizeof overlap, "%.2f", c.overlap_figure.fraction);
+        std::printf("%-12s %8d %7zu %12.2f %12.2f %12.2f %10.3f %10s %10.2g\n", c.name.c_str(), c.dp->world_size(),
+                    reduces ? c.dp->buckets().size() : std::size_t{0}, s.median * 1e3, s.min * 1e3, s.max * 1e3,
+                    s.median / peer, overlap, diff);
+      }
+      std::fflush(stdout);
+    }
+    if (!agree) {
+      std::fprintf(stderr, "weft-bench-data-parallel: a configuration's weights differ from one_device's\n");
+      return 1;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-bench-data-parallel: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
