@@ -195,18 +195,14 @@ int main(int argc, char** argv) {
   Options o;
   for (weft::examples::ArgCursor args(argc, argv); args.next();) {
     const std::string& a = args.flag();
-    auto number = [&](long long lo, long long hi) -> std::optional<long long> {
-      const std::optional<std::string> v = args.value();
-      return v ? weft::examples::ArgCursor::parse_int(*v, lo, hi) : std::nullopt;
-    };
     std::optional<long long> n;
     if (a == "--help" || a == "-h") return usage(stdout, 0);
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.max_bytes = std::int64_t{16} << 20, o.reps = 3;
-    else if (a == "--members" && (n = number(1, 64))) o.members = static_cast<int>(*n);
-    else if (a == "--min-bytes" && (n = number(4, std::int64_t{1} << 34))) o.min_bytes = *n;
-    else if (a == "--max-bytes" && (n = number(4, std::int64_t{1} << 34))) o.max_bytes = *n;
-    else if (a == "--reps" && (n = number(1, 1000))) o.reps = static_cast<int>(*n);
+    else if (a == "--members" && (n = args.int_value(1, 64))) o.members = static_cast<int>(*n);
+    else if (a == "--min-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.min_bytes = *n;
+    else if (a == "--max-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.max_bytes = *n;
+    else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
     else {
       std::fprintf(stderr, "weft-bench-allreduce: bad argument '%s' (a flag needs a number in range)\n", a.c_str());
       return usage(stderr, 2);

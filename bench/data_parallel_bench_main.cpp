@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "arg_cursor.h"
+#include "device_list.h"
 #include "measure.h"
 #include "weft/engine.h"
 #include "weft/nn.h"
@@ -66,17 +67,6 @@ int usage(std::FILE* out, int rc) {
                "  configuration's weights after its first 4 steps differ from the peer's (relative 1e-5:\n"
                "  beyond float rounding; weight_diff).\n");
   return rc;
-}
-
-std::vector<weft::Device> parse_devices(const std::string& text) {
-  std::vector<weft::Device> out;
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', begin), text.size());
-    out.push_back(weft::Device::parse(text.substr(begin, comma - begin)));
-    begin = comma + 1;
-  }
-  return out;
 }
 
 struct Config {
@@ -144,10 +134,6 @@ int main(int argc, char** argv) {
   Options o;
   for (weft::examples::ArgCursor args(argc, argv); args.next();) {
     const std::string& a = args.flag();
-    auto number = [&](long long lo, long long hi) -> std::optional<long long> {
-      const std::optional<std::string> v = args.value();
-      return v ? weft::examples::ArgCursor::parse_int(*v, lo, hi) : std::nullopt;
-    };
     std::optional<long long> n;
     std::optional<std::string> text;
     if (a == "--help" || a == "-h") return usage(stdout, 0);
@@ -155,10 +141,10 @@ int main(int argc, char** argv) {
     else if (a == "--quick") o.reps = 3, o.steps = 4;
     else if (a == "--model" && (text = args.value()) && (*text == "lenet" || *text == "mlp")) o.model = *text;
     else if (a == "--devices" && (text = args.value()) && !text->empty()) o.devices = *text;
-    else if (a == "--batch" && (n = number(2, 1 << 16))) o.batch = *n;
-    else if (a == "--bucket-kb" && (n = number(1, 1 << 20))) o.bucket_bytes = static_cast<std::size_t>(*n) << 10;
-    else if (a == "--steps" && (n = number(1, 10000))) o.steps = static_cast<int>(*n);
-    else if (a == "--reps" && (n = number(1, 1000))) o.reps = static_cast<int>(*n);
+    else if (a == "--batch" && (n = args.int_value(2, 1 << 16))) o.batch = *n;
+    else if (a == "--bucket-kb" && (n = args.int_value(1, 1 << 20))) o.bucket_bytes = static_cast<std::size_t>(*n) << 10;
+    else if (a == "--steps" && (n = args.int_value(1, 10000))) o.steps = static_cast<int>(*n);
+    else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
     else {
       std::fprintf(stderr, "weft-bench-data-parallel: bad argument '%s'\n", a.c_str());
       return usage(stderr, 2);
@@ -166,7 +152,7 @@ int main(int argc, char** argv) {
   }
   std::vector<weft::Device> devices;
   try {
-    devices = parse_devices(o.devices);
+    devices = weft::examples::parse_device_list(o.devices);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-bench-data-parallel: bad --devices: %s\n", e.what());
     return 2;

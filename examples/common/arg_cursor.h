@@ -48,6 +48,12 @@ class ArgCursor {
     if (i_ + 1 >= argc_) return std::nullopt;
     return std::string(argv_[++i_]);
   }
+  // The flag's value as a whole number in [lo, hi]; nullopt when it is
+  // missing or not one.
+  std::optional<long long> int_value(long long lo, long long hi) {
+    const std::optional<std::string> v = value();
+    return v ? parse_int(*v, lo, hi) : std::nullopt;
+  }
 
  private:
   int argc_;

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "arg_cursor.h"
+#include "device_list.h"
 #include "weft/dataset.h"
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -239,26 +240,7 @@ double evaluate(weft::Engine& engine, weft::nn::Sequential& net, const weft::Dat
   return tally.acc();
 }
 
-// "cpu:0,gpu:1" -> devices; throws weft::Error naming a bad one.
-std::vector<weft::Device> parse_devices(const std::string& text) {
-  std::vector<weft::Device> out;
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', begin), text.size());
-    out.push_back(weft::Device::parse(text.substr(begin, comma - begin)));
-    begin = comma + 1;
-  }
-  return out;
-}
-
-std::string device_list(const std::vector<weft::Device>& devices) {
-  std::string out;
-  for (weft::Device d : devices) {
-    if (!out.empty()) out += ',';
-    out += d.str();
-  }
-  return out;
-}
+using weft::examples::device_list_str;
 
 }  // namespace
 
@@ -273,7 +255,7 @@ int main(int argc, char** argv) {
 
   std::vector<weft::Device> devices;
   try {
-    devices = parse_devices(o.devices);
+    devices = weft::examples::parse_device_list(o.devices);
   } catch (const weft::Error& e) {
     std::fprintf(stderr, "weft-train-lenet: bad --devices: %s\n", e.what());
     return 2;
@@ -318,7 +300,7 @@ int main(int argc, char** argv) {
     for (weft::Device d : devices)
       if (std::find(known.begin(), known.end(), d) == known.end()) {
         std::fprintf(stderr, "weft-train-lenet: device %s is not available (this machine has: %s)\n",
-                     d.str().c_str(), device_list(known).c_str());
+                     d.str().c_str(), device_list_str(known).c_str());
         return 2;
       }
 
@@ -338,7 +320,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(train.size), static_cast<long long>(test.size), static_cast<long long>(train.channels),
         static_cast<long long>(train.height), static_cast<long long>(train.width), load_secs);
     say("model: %s\n", dp.replica(0).describe().c_str());
-    std::string where = device_list(devices);
+    std::string where = device_list_str(devices);
     if (dp.processes() > 1) where.append(" in each of ").append(std::to_string(dp.processes())).append(" processes");
     std::string split;
     if (several) split.append(" split over ").append(std::to_string(dp.world_size())).append(" replicas");
@@ -449,7 +431,7 @@ int main(int argc, char** argv) {
           "\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
           "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g}\n",
           test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs, devices[0].str().c_str(),
-          device_list(devices).c_str(), dp.processes(), dp.world_size(), dp.buckets().size(),
+          device_list_str(devices).c_str(), dp.processes(), dp.world_size(), dp.buckets().size(),
           several ? json_number(comm_overlap).c_str() : "null", comm_ms, static_cast<long long>(o.batch_size),
           static_cast<double>(o.lr));
   } catch (const std::exception& e) {

@@ -192,6 +192,24 @@ TEST_CASE("gpu engines - a gpu lane takes ready ops in push order, not ready ord
   CHECK(order == std::vector<std::string>{"pushed first", "pushed second"});
 }
 
+// A GPU op writing `var` that completes (in the engine's sense) once
+// enqueued; its stream then holds until open() is called.
+struct HeldStream {
+  std::atomic<bool> is_open{false};
+  std::atomic<bool> holding{false};
+  void push(Engine& e, Device gpu, weft::Var var) {
+    e.push(
+        [this](weft::RunContext& ctx) {
+          weft::gpu::launch_host_func(ctx.gpu->stream, [this] {
+            holding = true;
+            while (!is_open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          });
+        },
+        gpu, {}, {var}, {.name = "held on the stream"});
+  }
+  void open() { is_open = true; }
+};
+
 // OpOptions::run_inline: a CPU op that would have to wait on the host for
 // unfinished GPU work never runs on the thread that made it ready (which
 // must not block); it takes a worker. Once the work is done it runs inline.
@@ -201,31 +219,21 @@ TEST_CASE("gpu engines - an inline op waits for unfinished GPU work on a worker,
   auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 1, .gpu_devices = 1});
   const Device gpu = Device::gpu(0);
   const weft::Var g = e->new_var("g");
-  std::atomic<bool> open{false};
-  std::atomic<bool> holding{false};
-  // Completes (in the engine's sense) once enqueued; its stream then holds
-  // until the test opens it.
-  e->push(
-      [&](weft::RunContext& ctx) {
-        weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
-          holding = true;
-          while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        });
-      },
-      gpu, {}, {g}, {.name = "held on the stream"});
+  HeldStream held;
+  held.push(*e, gpu, g);
   // The reader is pushed once the GPU op has left the engine (its finish,
   // which releases g, comes before it stops counting as in flight) and its
   // stream is held, so the reader is ready at push, on this thread, with its
   // input's GPU work certainly unfinished. (Opening the stream right after an
   // earlier push let a slow, sanitized run finish the stream first.)
-  while (e->inflight() != 0 || !holding.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (e->inflight() != 0 || !held.holding.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<int> worker{-2};
   auto inline_reader = [&](weft::RunContext& ctx, weft::Completion done) {
     worker = ctx.worker;
     done();
   };
   e->push_async(inline_reader, Device::cpu(0), {g}, {}, {.name = "inline reader", .run_inline = true});
-  open = true;
+  held.open();
   e->wait_all();
   CHECK(worker.load() >= 0);  // on the worker, which waited for the stream
 
@@ -248,24 +256,16 @@ TEST_CASE("gpu engines - a defer_gpu_waits op is handed its inputs' GPU events i
   auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 1, .gpu_devices = 1});
   const Device gpu = Device::gpu(0);
   const weft::Var g = e->new_var("g");
-  std::atomic<bool> open{false};
-  std::atomic<bool> holding{false};
-  e->push(
-      [&](weft::RunContext& ctx) {
-        weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
-          holding = true;
-          while (!open.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        });
-      },
-      gpu, {}, {g}, {.name = "held on the stream"});
-  while (!holding.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  HeldStream held;
+  held.push(*e, gpu, g);
+  while (!held.holding.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   std::atomic<bool> ran{false};
   std::atomic<bool> ran_while_held{false};
   std::atomic<int> events{-1}, unfinished{-1};
   std::vector<weft::gpu::EventRef> kept;
   e->push_async(
       [&](weft::RunContext& ctx, weft::Completion done) {
-        ran_while_held = !open.load();
+        ran_while_held = !held.is_open.load();
         if (ctx.gpu_waits) {
           kept = *ctx.gpu_waits;
           events = static_cast<int>(kept.size());
@@ -286,7 +286,7 @@ TEST_CASE("gpu engines - a defer_gpu_waits op is handed its inputs' GPU events i
   e->push(
       [&](weft::RunContext& ctx) {
         weft::gpu::launch_host_func(ctx.gpu->stream, [&] {
-          after_saw_open = open.load();
+          after_saw_open = held.is_open.load();
           after_ran = true;
         });
       },
@@ -294,7 +294,7 @@ TEST_CASE("gpu engines - a defer_gpu_waits op is handed its inputs' GPU events i
       {.name = "after the held work", .property = weft::OpProperty::copy_from_device, .after_gpu_work = kept});
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   CHECK_FALSE(after_ran.load());
-  open = true;
+  held.open();
   e->wait_all();
   CHECK(after_saw_open.load());
   CHECK(events.load() == 1);      // g's writer
