@@ -342,9 +342,13 @@ class SimRuntime final : public Runtime {
     });
   }
 
+  // As cudaEventQuery: work that failed before the event surfaces here.
   bool event_done(NativeEvent* event) override {
     std::shared_ptr<Recording> rec = ev(event).current();
-    return !rec || rec->done.load(std::memory_order_acquire);
+    if (!rec) return true;
+    if (!rec->done.load(std::memory_order_acquire)) return false;
+    if (rec->error) std::rethrow_exception(rec->error);
+    return true;
   }
 
   float elapsed_ms(NativeEvent* start, NativeEvent* end) override {

@@ -317,7 +317,7 @@ bool ThreadedEngine::try_run_inline(OpBlock* op) {
   // Never inside an op body (a done() called from a body, a push from one):
   // the body may hold what the inline one needs, and bodies must not nest.
   if (tls_running_inline || current_op_scope() != nullptr) return false;
-  if (config_.gpu_devices > 0 && !op->defer_gpu_waits && host_op_would_wait(*op)) return false;
+  if (config_.gpu_devices > 0 && host_op_would_wait(*op)) return false;
   struct Running {
     Running() noexcept { tls_running_inline = true; }
     ~Running() { tls_running_inline = false; }
@@ -451,6 +451,15 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
       fn(ctx, Completion(state));
     } catch (...) {
       if (state->claim()) {
+        // defer_gpu_waits: the variables' GPU history was handed to the body,
+        // which failed before ordering anything after it; the op's successors
+        // must still come after that work.
+        for (const gpu::EventRef& e : gpu_waits) {
+          try {
+            e->host_wait();
+          } catch (...) {  // that work's own failure: the op fails anyway
+          }
+        }
         fail(*op, std::current_exception());
         finish(op);
       } else {

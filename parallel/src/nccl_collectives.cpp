@@ -142,6 +142,32 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
     clique->abort(phase->what + ": " + why);
     phase->done(std::make_exception_ptr(CommunicationError(phase->what + ": " + why, CommunicationError::kNoPeer)));
   };
+  // The hold did not wait for its tensors' GPU producers and handed their
+  // history over (OpOptions::defer_gpu_waits): this fiber waits for them
+  // first, holding no worker, so that every way out below comes after them
+  // and the collective's deadline starts once its inputs exist. (A producer's
+  // failure surfaces here and fails the collective.)
+  std::exception_ptr producer_failed;
+  if (thread.poll_until(
+          [&] {
+            for (const gpu::EventRef& e : phase->gpu_waits) {
+              try {
+                if (!e->done()) return false;
+              } catch (...) {
+                if (!producer_failed) producer_failed = std::current_exception();
+              }
+            }
+            return true;
+          },
+          Clock::time_point::max()) == CommThread::Wait::stopping)
+    for (const gpu::EventRef& e : phase->gpu_waits) {
+      try {
+        e->host_wait();  // exiting: nothing polls any more
+      } catch (...) {
+        if (!producer_failed) producer_failed = std::current_exception();
+      }
+    }
+  if (!failed_input) failed_input = producer_failed;
   // The collectives before this one have deadlines of their own.
   if (thread.poll_until([&] { return clique->gate.open(seq); }, Clock::time_point::max()) ==
       CommThread::Wait::stopping) {
@@ -161,9 +187,6 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
   }
   const auto deadline = Clock::now() + clique->timeout;
   try {
-    // The hold op did not wait for the tensors' GPU producers
-    // (OpOptions::defer_gpu_waits): the communication streams do.
-    for (int r = 0; r < clique->size(); ++r) phase->order_after_inputs(clique->stream(r));
     WEFT_NCCL_CHECK(ncclGroupStart(), phase->what);
     try {
       for (int r = 0; r < clique->size(); ++r) calls(r, *phase);

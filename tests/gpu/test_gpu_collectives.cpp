@@ -7,7 +7,7 @@
 // compute on the same tensors; a failed input failing every member; send and
 // recv along a chain of GPUs; tensors dropped while their collective is in
 // flight; a chain of broadcasts, and allreduces after GPU compute, holding no
-// CPU worker in a host wait. Each
+// CPU worker in a host wait; a producer failing on its stream. Each
 // scenario over the naive engine and the threaded one at 1, 2, 4 and 8
 // workers per device (compute streams per GPU), and no GPU worker ever waits
 // on the host.
@@ -186,6 +186,37 @@ TEST_CASE("gpu collectives - after GPU compute, no CPU worker waits on the host 
     e.wait_all();
     CHECK(weft::gpu::host_waits().of(weft::gpu::WaitCause::cpu_worker) == before);
     for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == want);
+  });
+}
+
+// The hold op leaves the wait for its producers to the streams: a producer
+// whose work fails on its stream (after its op completed in the engine's
+// sense) must fail the collective through them, not vanish. Simulated GPUs
+// only: a real GPU's failing kernel cannot be staged from a test.
+TEST_CASE("gpu collectives - a producer failing on its stream fails the collective" * doctest::timeout(600)) {
+  WEFT_REQUIRE_GPU();
+  if (gpus() < 2 || !gputest::simulated()) return;
+  for_each_engine([](Engine& e) {
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(2));
+    std::vector<Tensor> t = member_tensors(e, 2, 1003);
+    weft::push_tensor_op(
+        Device::gpu(0), {}, {at(t, 0)},
+        [](weft::RunContext& ctx, const weft::TensorData&) {
+          weft::gpu::launch_host_func(ctx.gpu->stream, [] { throw std::runtime_error("boom on the stream"); });
+        },
+        {.name = "failing producer"});
+    par::allreduce(comm, t, par::ReduceOp::sum, {.name = "after a failure"});
+    std::string error;
+    try {
+      static_cast<void>(at(t, 1).to_host());
+    } catch (const std::exception& ex) {
+      error = ex.what();
+    }
+    CHECK_MESSAGE(error.find("boom on the stream") != std::string::npos, error);
+    try {
+      e.wait_all();
+    } catch (const std::exception&) {  // reported again or not: either is fine here
+    }
   });
 }
 

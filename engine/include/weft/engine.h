@@ -140,7 +140,10 @@ struct OpOptions {
   // before they are done (the GPU ops it pushes pass them in
   // after_gpu_work). No worker then blocks while the GPU producers run. Its
   // variables' GPU history is settled as for any CPU op: the op's completion
-  // must come after the work it enqueued.
+  // must come after the work it enqueued, and after the events' work even
+  // when it fails (a body that throws before completing is covered: the
+  // engine then waits for them). With run_inline, the op still runs inline
+  // only when that work is done.
   bool defer_gpu_waits = false;
   // GPU ops only: events of GPU work the op's stream must wait for besides
   // its variables' producers (say, what a defer_gpu_waits op was handed).
