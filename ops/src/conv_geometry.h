@@ -15,12 +15,21 @@ struct ConvGeometry {
   std::int64_t out_w() const noexcept { return (w + 2 * pad - kw) / stride + 1; }
 };
 
-// NCHW pooling window (no padding).
+// NCHW pooling window with implicit padding on every side: padded positions
+// never win a max and count as zeros in an average (PyTorch's
+// count_include_pad). pad <= kernel / 2, so every window holds input.
 struct PoolGeometry {
   std::int64_t n = 0, c = 0, h = 0, w = 0;
-  std::int64_t kernel = 2, stride = 2;
-  std::int64_t out_h() const noexcept { return (h - kernel) / stride + 1; }
-  std::int64_t out_w() const noexcept { return (w - kernel) / stride + 1; }
+  std::int64_t kernel = 2, stride = 2, pad = 0;
+  std::int64_t out_h() const noexcept { return (h + 2 * pad - kernel) / stride + 1; }
+  std::int64_t out_w() const noexcept { return (w + 2 * pad - kernel) / stride + 1; }
+};
+
+// Batch normalization over [N, C, HW] (HW = 1 for [N, C] inputs): statistics
+// per channel over the N * HW values of that channel.
+struct BatchNormGeometry {
+  std::int64_t n = 0, c = 0, hw = 1;
+  std::int64_t per_channel() const noexcept { return n * hw; }
 };
 
 }  // namespace weft::kernels

@@ -1,5 +1,7 @@
-// Layer ops (dense, convolution, pooling, loss, SGD): shape checks at push
-// time, then one engine op calling the CPU or GPU kernel.
+// Layer ops (dense, convolution, pooling, batch normalization, loss, SGD):
+// shape checks at push time, then one engine op calling the CPU or GPU kernel.
+#include <cmath>
+
 #include "cpu/cpu_kernels.h"
 #include "launch.h"
 #include "weft/nn_ops.h"
@@ -43,10 +45,31 @@ kernels::ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape&
 
 kernels::PoolGeometry pool_geometry(const char* op, const Shape& x, Pool2dParams p) {
   if (x.rank() != 4) throw Error(std::string(op) + ": input must be [N, C, H, W], got " + x.str());
-  if (p.kernel < 1 || p.stride < 1 || p.kernel > x[2] || p.kernel > x[3])
+  if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || 2 * p.pad > p.kernel)
     throw Error(std::string(op) + ": window " + std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
-                " does not fit input " + x.str());
-  return kernels::PoolGeometry{x[0], x[1], x[2], x[3], p.kernel, p.stride};
+                " pad " + std::to_string(p.pad) + " is invalid (kernel, stride >= 1; 0 <= pad <= kernel / 2)");
+  if (p.kernel > x[2] + 2 * p.pad || p.kernel > x[3] + 2 * p.pad)
+    throw Error(std::string(op) + ": window " + std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
+                " pad " + std::to_string(p.pad) + " does not fit input " + x.str());
+  return kernels::PoolGeometry{x[0], x[1], x[2], x[3], p.kernel, p.stride, p.pad};
+}
+
+kernels::BatchNormGeometry batch_norm_geometry(const char* op, const Tensor& x,
+                                               std::initializer_list<std::pair<const Tensor*, const char*>> per_channel,
+                                               BatchNormParams p) {
+  const Shape& s = x.shape();
+  if (s.rank() != 2 && s.rank() != 4)
+    throw Error(std::string(op) + ": x must be [N, C, H, W] or [N, C], got " + x.str());
+  const std::int64_t c = s[1];
+  for (auto [t, what] : per_channel)
+    if (t->shape() != Shape{c})
+      throw Error(std::string(op) + ": " + what + " " + t->str() + " does not match x's " + std::to_string(c) +
+                  " channels (want [" + std::to_string(c) + "])");
+  if (!(p.eps > 0.0f) || !std::isfinite(p.eps))
+    throw Error(std::string(op) + ": eps must be a positive number, got " + std::to_string(p.eps));
+  if (!(p.momentum >= 0.0f && p.momentum <= 1.0f))
+    throw Error(std::string(op) + ": momentum must be in [0, 1], got " + std::to_string(p.momentum));
+  return kernels::BatchNormGeometry{s[0], c, s.rank() == 4 ? s[2] * s[3] : 1};
 }
 
 }  // namespace
@@ -186,6 +209,105 @@ Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p) {
       cpu::max_pool2d_backward(io.o(0), io.i(0), io.i(1), g);
   });
   return dx;
+}
+
+Tensor global_avg_pool2d(const Tensor& x) {
+  check_all("global_avg_pool2d", {{&x, "x"}});
+  detail::check_rank("global_avg_pool2d", x, 4, "x");
+  const Shape& s = x.shape();
+  const std::int64_t planes = s[0] * s[1], hw = s[2] * s[3];
+  Tensor y = detail::make_like(x, Shape{s[0], s[1], 1, 1});
+  launch("global_avg_pool2d", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("global_avg_pool2d", global_avg_pool2d_forward(*ctx.gpu, io.o(0), io.i(0), planes, hw));
+    else
+      cpu::global_avg_pool2d_forward(io.o(0), io.i(0), planes, hw);
+  });
+  return y;
+}
+
+Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape) {
+  check_all("global_avg_pool2d_backward", {{&dy, "dy"}});
+  if (x_shape.rank() != 4 || dy.shape() != Shape{x_shape[0], x_shape[1], 1, 1})
+    throw Error("global_avg_pool2d_backward: dy " + dims(dy) + " does not match input " + x_shape.str() +
+                " (want [N, C, 1, 1] of an [N, C, H, W] input)");
+  const std::int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
+  Tensor dx = detail::make_like(dy, x_shape);
+  launch("global_avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("global_avg_pool2d_backward",
+                             global_avg_pool2d_backward(*ctx.gpu, io.o(0), io.i(0), planes, hw));
+           else
+             cpu::global_avg_pool2d_backward(io.o(0), io.i(0), planes, hw);
+         });
+  return dx;
+}
+
+BatchNormTrain batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                Tensor& running_var, BatchNormParams p) {
+  constexpr const char* op = "batch_norm_train";
+  check_all(op, {{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"},
+                 {&running_var, "running_var"}});
+  const kernels::BatchNormGeometry g = batch_norm_geometry(
+      op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}}, p);
+  if (g.per_channel() < 2)
+    throw Error(std::string(op) + ": x " + x.str() + " has " + std::to_string(g.per_channel()) +
+                " value(s) per channel; batch statistics need at least 2 (a larger batch, or inference mode)");
+  const Shape stats{g.c};
+  BatchNormTrain out{detail::make_like(x, x.shape()), detail::make_like(x, stats), detail::make_like(x, stats)};
+  const float eps = p.eps, momentum = p.momentum;
+  launch(op, detail::exec_device(x.device()), {&x, &gamma, &beta},
+         {&out.y, &out.save_mean, &out.save_invstd, &running_mean, &running_var}, [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL(op, batch_norm_forward_train(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.o(3), io.o(4),
+                                                          io.i(0), io.i(1), io.i(2), g, eps, momentum));
+           else
+             cpu::batch_norm_forward_train(io.o(0), io.o(1), io.o(2), io.o(3), io.o(4), io.i(0), io.i(1), io.i(2), g,
+                                           eps, momentum);
+         });
+  return out;
+}
+
+Tensor batch_norm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                        const Tensor& running_var, BatchNormParams p) {
+  constexpr const char* op = "batch_norm_infer";
+  check_all(op, {{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"},
+                 {&running_var, "running_var"}});
+  const kernels::BatchNormGeometry g = batch_norm_geometry(
+      op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}}, p);
+  Tensor y = detail::make_like(x, x.shape());
+  const float eps = p.eps;
+  launch(op, detail::exec_device(x.device()), {&x, &gamma, &beta, &running_mean, &running_var}, {&y},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL(op, batch_norm_forward_infer(*ctx.gpu, io.o(0), io.i(0), io.i(1), io.i(2), io.i(3),
+                                                          io.i(4), g, eps));
+           else
+             cpu::batch_norm_forward_infer(io.o(0), io.i(0), io.i(1), io.i(2), io.i(3), io.i(4), g, eps);
+         });
+  return y;
+}
+
+BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                                   const Tensor& save_invstd, BatchNormParams p) {
+  constexpr const char* op = "batch_norm_backward";
+  check_all(op, {{&x, "x"}, {&dy, "dy"}, {&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
+  const kernels::BatchNormGeometry g =
+      batch_norm_geometry(op, x, {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}}, p);
+  if (dy.shape() != x.shape()) throw Error(std::string(op) + ": dy " + dims(dy) + " does not match x " + dims(x));
+  BatchNormGrads out{detail::make_like(x, x.shape()), detail::make_like(x, gamma.shape()),
+                     detail::make_like(x, gamma.shape())};
+  [[maybe_unused]] const float eps = p.eps;  // cuDNN wants it; the CPU uses the saved statistics
+  launch(op, detail::exec_device(x.device()), {&x, &dy, &gamma, &save_mean, &save_invstd},
+         {&out.dx, &out.dgamma, &out.dbeta}, [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL(op, batch_norm_backward(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2),
+                                                     io.i(3), io.i(4), g, eps));
+           else
+             cpu::batch_norm_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), io.i(3), io.i(4), g);
+         });
+  return out;
 }
 
 SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {

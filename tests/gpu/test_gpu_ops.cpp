@@ -346,17 +346,19 @@ TEST_CASE("gpu ops - pooling forward and backward match cpu" * doctest::timeout(
   WEFT_REQUIRE_GPU();
   auto e = gpu_engine();
   struct Pool {
-    std::int64_t n, c, h, w, kernel, stride;
+    std::int64_t n, c, h, w, kernel, stride, pad = 0;
   };
-  const Pool configs[] = {{2, 3, 8, 8, 2, 2}, {1, 2, 9, 7, 3, 2}, {3, 1, 5, 5, 2, 1}, {1, 1, 1, 1, 1, 1},
-                          {0, 2, 4, 4, 2, 2}, {2, 4, 6, 6, 3, 3}, {1, 3, 33, 17, 4, 3}, {8, 6, 28, 28, 2, 2}};
+  const Pool configs[] = {{2, 3, 8, 8, 2, 2},      {1, 2, 9, 7, 3, 2},    {3, 1, 5, 5, 2, 1},
+                          {1, 1, 1, 1, 1, 1},      {0, 2, 4, 4, 2, 2},    {2, 4, 6, 6, 3, 3},
+                          {1, 3, 33, 17, 4, 3},    {8, 6, 28, 28, 2, 2},  {4, 8, 28, 28, 3, 2, 1},
+                          {1, 2, 7, 6, 3, 2, 1},   {2, 1, 5, 5, 4, 3, 2}, {1, 1, 1, 1, 3, 1, 1}};
   std::uint64_t seed = 1100;
   for (const Pool& g : configs) {
     const Shape xs{g.n, g.c, g.h, g.w};
-    const ops::Pool2dParams p{g.kernel, g.stride};
-    const Shape ys{g.n, g.c, (g.h - g.kernel) / g.stride + 1, (g.w - g.kernel) / g.stride + 1};
+    const ops::Pool2dParams p{g.kernel, g.stride, g.pad};
+    const Shape ys{g.n, g.c, (g.h + 2 * g.pad - g.kernel) / g.stride + 1, (g.w + 2 * g.pad - g.kernel) / g.stride + 1};
     const std::string tag = " x" + xs.str() + " kernel " + std::to_string(g.kernel) + " stride " +
-                            std::to_string(g.stride);
+                            std::to_string(g.stride) + " pad " + std::to_string(g.pad);
     seed += 2;
     compare_devices("avg_pool2d" + tag,
                     [&](Device d) {
@@ -376,6 +378,69 @@ TEST_CASE("gpu ops - pooling forward and backward match cpu" * doctest::timeout(
                       return Outputs{ops::max_pool2d_backward(input(*e, d, xs, seed), input(*e, d, ys, seed + 1), p)};
                     },
                     1e-6, 1e-7);
+  }
+  e->wait_all();
+}
+
+TEST_CASE("gpu ops - global average pooling matches cpu" * doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  auto e = gpu_engine();
+  std::uint64_t seed = 1200;
+  for (const Shape& xs : {Shape{2, 3, 5, 7}, Shape{1, 1, 1, 1}, Shape{0, 4, 3, 3}, Shape{64, 512, 4, 4},
+                          Shape{3, 2, 28, 28}}) {
+    seed += 2;
+    const Shape ys{xs[0], xs[1], 1, 1};
+    compare_devices("global_avg_pool2d x" + xs.str(),
+                    [&](Device d) { return Outputs{ops::global_avg_pool2d(input(*e, d, xs, seed))}; }, 1e-5, 1e-6);
+    compare_devices("global_avg_pool2d_backward x" + xs.str(),
+                    [&](Device d) { return Outputs{ops::global_avg_pool2d_backward(input(*e, d, ys, seed + 1), xs)}; },
+                    1e-6, 1e-7);
+  }
+  e->wait_all();
+}
+
+// cuDNN's batch norm sums in its own order: 1e-4 of the result's magnitude.
+TEST_CASE("gpu ops - batch norm training, inference and backward match cpu" * doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  auto e = gpu_engine();
+  std::uint64_t seed = 1250;
+  for (const Shape& xs : {Shape{4, 3, 5, 5}, Shape{2, 1, 1, 1}, Shape{16, 64, 14, 14}, Shape{7, 5}, Shape{3, 8, 1, 3}}) {
+    seed += 4;
+    const std::int64_t c = xs[1];
+    const ops::BatchNormParams p{.eps = 1e-5f, .momentum = 0.2f};
+    // An offset per channel, so the statistics have something to remove.
+    auto x_on = [&](Device d) {
+      std::vector<float> v = random_values(static_cast<std::size_t>(xs.numel()), seed, -2.0f, 2.0f);
+      const std::int64_t hw = xs.numel() / std::max<std::int64_t>(1, xs[0] * c);
+      for (std::size_t i = 0; i < v.size(); ++i) v[i] += 3.0f * static_cast<float>((static_cast<std::int64_t>(i) / hw) % c);
+      return Tensor::from_host(*e, xs, v, d);
+    };
+    const std::string tag = " x" + xs.str();
+    compare_devices("batch_norm_train" + tag,
+                    [&](Device d) {
+                      Tensor rm = input(*e, d, Shape{c}, seed + 1), rv = input(*e, d, Shape{c}, seed + 2, 0.5f, 2.0f);
+                      ops::BatchNormTrain t = ops::batch_norm_train(x_on(d), input(*e, d, Shape{c}, seed + 3),
+                                                                    input(*e, d, Shape{c}, seed + 4), rm, rv, p);
+                      return Outputs{t.y, t.save_mean, t.save_invstd, rm, rv};
+                    },
+                    1e-4, 1e-4);
+    compare_devices("batch_norm_infer" + tag,
+                    [&](Device d) {
+                      return Outputs{ops::batch_norm_infer(x_on(d), input(*e, d, Shape{c}, seed + 3),
+                                                           input(*e, d, Shape{c}, seed + 4), input(*e, d, Shape{c}, seed + 1),
+                                                           input(*e, d, Shape{c}, seed + 2, 0.5f, 2.0f), p)};
+                    },
+                    1e-5, 1e-5);
+    compare_devices("batch_norm_backward" + tag,
+                    [&](Device d) {
+                      const Tensor x = x_on(d), gamma = input(*e, d, Shape{c}, seed + 3);
+                      Tensor rm = Tensor::zeros(*e, Shape{c}, d), rv = Tensor::ones(*e, Shape{c}, d);
+                      const ops::BatchNormTrain t = ops::batch_norm_train(x, gamma, input(*e, d, Shape{c}, seed + 4), rm, rv, p);
+                      const ops::BatchNormGrads g =
+                          ops::batch_norm_backward(x, input(*e, d, xs, seed + 5), gamma, t.save_mean, t.save_invstd, p);
+                      return Outputs{g.dx, g.dgamma, g.dbeta};
+                    },
+                    1e-4, 1e-4);
   }
   e->wait_all();
 }

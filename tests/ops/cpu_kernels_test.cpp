@@ -50,7 +50,8 @@ std::string conv_str(const ConvGeometry& g) {
 
 std::string pool_str(const PoolGeometry& g) {
   return "n=" + std::to_string(g.n) + " c=" + std::to_string(g.c) + " h=" + std::to_string(g.h) +
-         " w=" + std::to_string(g.w) + " kernel=" + std::to_string(g.kernel) + " stride=" + std::to_string(g.stride);
+         " w=" + std::to_string(g.w) + " kernel=" + std::to_string(g.kernel) + " stride=" + std::to_string(g.stride) +
+         " pad=" + std::to_string(g.pad);
 }
 
 ConvGeometry conv(i64 n, i64 c, i64 h, i64 w, i64 o, i64 kh, i64 kw, i64 stride, i64 pad) {
@@ -59,9 +60,9 @@ ConvGeometry conv(i64 n, i64 c, i64 h, i64 w, i64 o, i64 kh, i64 kw, i64 stride,
   return g;
 }
 
-PoolGeometry pool(i64 n, i64 c, i64 h, i64 w, i64 kernel, i64 stride) {
+PoolGeometry pool(i64 n, i64 c, i64 h, i64 w, i64 kernel, i64 stride, i64 pad = 0) {
   PoolGeometry g;
-  g.n = n, g.c = c, g.h = h, g.w = w, g.kernel = kernel, g.stride = stride;
+  g.n = n, g.c = c, g.h = h, g.w = w, g.kernel = kernel, g.stride = stride, g.pad = pad;
   return g;
 }
 
@@ -121,11 +122,17 @@ std::vector<PoolGeometry> pool_shapes(Rng& rng) {
       pool(3, 2, 9, 9, 3, 3),  pool(1, 1, 3, 5, 2, 2),  // leftover rows/columns no window covers
       pool(1, 1, 2, 2, 3, 1),                           // window larger than the input: empty output
       pool(4, 8, 32, 32, 2, 2),
+      pool(2, 3, 28, 28, 3, 2, 1),                      // ResNet's stem pool: 3 stride 2 pad 1
+      pool(1, 2, 7, 6, 3, 2, 1),                        // the same over odd sizes
+      pool(1, 1, 1, 1, 3, 1, 1),                        // a window mostly padding
+      pool(2, 1, 5, 5, 4, 3, 2),                        // pad == kernel / 2, stride past the kernel
+      pool(1, 1, 2, 3, 2, 2, 1),                        // padded windows at both edges
   };
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 30; ++i) {
     PoolGeometry g = pool(rng.integer(0, 3), rng.integer(1, 4), rng.integer(1, 10), rng.integer(1, 10), 1,
                           rng.integer(1, 3));
-    g.kernel = rng.integer(1, std::min(g.h, g.w));
+    g.pad = i % 2 ? rng.integer(0, 2) : 0;
+    g.kernel = rng.integer(std::max<i64>(1, 2 * g.pad), std::min(g.h, g.w) + 2 * g.pad);
     s.push_back(g);
   }
   return s;
@@ -460,7 +467,8 @@ TEST_CASE("max pool routes ties to the first maximum and accumulates overlapping
 
 TEST_CASE("pooling gradients match finite differences" * doctest::timeout(60)) {
   Rng rng(10);
-  for (const PoolGeometry& g : {pool(2, 2, 6, 6, 2, 2), pool(1, 2, 7, 7, 3, 2), pool(1, 1, 5, 4, 2, 1), pool(1, 1, 4, 4, 4, 1)}) {
+  for (const PoolGeometry& g : {pool(2, 2, 6, 6, 2, 2), pool(1, 2, 7, 7, 3, 2), pool(1, 1, 5, 4, 2, 1), pool(1, 1, 4, 4, 4, 1),
+                                pool(1, 2, 7, 7, 3, 2, 1), pool(2, 1, 5, 6, 2, 2, 1)}) {
     INFO(pool_str(g));
     const auto x = distinct(rng, g.n * g.c * g.h * g.w);
     const auto dy = rng.vec(pool_y_size(g));
@@ -474,6 +482,123 @@ TEST_CASE("pooling gradients match finite differences" * doctest::timeout(60)) {
     k::max_pool2d_backward(dx.data(), x.data(), dy.data(), g);
     check_close(dx, numeric_grad([&] { return dot(max_pool_forward(xs, g), ddy); }, xs, 1e-4), kTol,
                 "max pool dx vs finite differences");
+  }
+}
+
+TEST_CASE("max pool never picks padding, even when every input is negative" * doctest::timeout(60)) {
+  // 3x3 window, stride 2, pad 1 over a 3x3 plane of negatives: a padded zero
+  // would win if padding took part.
+  const PoolGeometry g = pool(1, 1, 3, 3, 3, 2, 1);
+  const std::vector<float> x = {-9, -8, -7, -6, -5, -4, -3, -2, -1};
+  std::vector<float> y = nan_vec(4);
+  k::max_pool2d_forward(y.data(), x.data(), g);
+  CHECK(y == std::vector<float>{-5, -4, -2, -1});
+  // Averages divide by the whole 3x3 window: the top-left one sees 4 values.
+  k::avg_pool2d_forward(y.data(), x.data(), g);
+  CHECK(y[0] == doctest::Approx((-9 - 8 - 6 - 5) / 9.0));
+}
+
+TEST_CASE("global average pooling matches the reference" * doctest::timeout(60)) {
+  Rng rng(21);
+  for (auto [planes, hw] : {std::pair<i64, i64>{6, 49}, {1, 1}, {0, 16}, {5, 0}, {130, 16}, {3, 784}}) {
+    CAPTURE(planes);
+    CAPTURE(hw);
+    const auto x = rng.vec(planes * hw), dy = rng.vec(planes);
+    std::vector<float> y = nan_vec(planes);
+    k::global_avg_pool2d_forward(y.data(), x.data(), planes, hw);
+    check_close(y, global_avg_pool_forward(to_double(x), planes, hw), kTol, "global avg pool forward");
+    std::vector<float> dx = nan_vec(planes * hw);
+    k::global_avg_pool2d_backward(dx.data(), dy.data(), planes, hw);
+    Vec xs = to_double(x);
+    check_close(dx, numeric_grad([&] { return dot(global_avg_pool_forward(xs, planes, hw), to_double(dy)); }, xs, 1e-4),
+                kTol, "global avg pool dx vs finite differences");
+  }
+}
+
+namespace {
+
+BatchNormGeometry bn(i64 n, i64 c, i64 hw) { return BatchNormGeometry{n, c, hw}; }
+
+std::string bn_str(const BatchNormGeometry& g) {
+  return "n=" + std::to_string(g.n) + " c=" + std::to_string(g.c) + " hw=" + std::to_string(g.hw);
+}
+
+}  // namespace
+
+TEST_CASE("batch norm training forward matches the reference and updates the running statistics" *
+          doctest::timeout(60)) {
+  Rng rng(22);
+  constexpr float eps = 1e-5f, momentum = 0.1f;
+  for (const BatchNormGeometry& g : {bn(4, 3, 25), bn(2, 1, 1), bn(1, 2, 2), bn(7, 5, 9), bn(16, 8, 49), bn(3, 4, 1)}) {
+    INFO(bn_str(g));
+    const i64 size = g.n * g.c * g.hw;
+    // A large offset per channel: the statistics must not cancel it away.
+    std::vector<float> x = rng.vec(size);
+    for (i64 i = 0; i < size; ++i) x[static_cast<std::size_t>(i)] = x[static_cast<std::size_t>(i)] * 2.0f + 100.0f * static_cast<float>((i / g.hw) % g.c);
+    const auto gamma = rng.vec(g.c), beta = rng.vec(g.c);
+    std::vector<float> rm = rng.vec(g.c), rv(static_cast<std::size_t>(g.c));
+    for (auto& v : rv) v = rng.uniform(0.5f, 2.0f);
+    const std::vector<float> rm0 = rm, rv0 = rv;
+    std::vector<float> y = nan_vec(size), mean = nan_vec(g.c), invstd = nan_vec(g.c);
+    k::batch_norm_forward_train(y.data(), mean.data(), invstd.data(), rm.data(), rv.data(), x.data(), gamma.data(),
+                                beta.data(), g, eps, momentum);
+    const BatchNormRef r = batch_norm_forward(to_double(x), to_double(gamma), to_double(beta), g.n, g.c, g.hw, eps);
+    check_close(y, r.y, kTol, "batch norm y");
+    check_close(mean, r.mean, 1e-6, "saved mean");
+    Vec want_invstd(r.var.size()), want_rm(r.var.size()), want_rv(r.var.size());
+    const double m = static_cast<double>(g.n * g.hw);
+    for (std::size_t c = 0; c < r.var.size(); ++c) {
+      want_invstd[c] = 1.0 / std::sqrt(r.var[c] + eps);
+      want_rm[c] = 0.9 * rm0[c] + 0.1 * r.mean[c];
+      want_rv[c] = 0.9 * rv0[c] + 0.1 * r.var[c] * m / (m - 1.0);  // unbiased
+    }
+    check_close(invstd, want_invstd, 1e-5, "saved inverse std");
+    check_close(rm, want_rm, 1e-6, "running mean");
+    check_close(rv, want_rv, 1e-5, "running var");
+  }
+  // One value per channel has no batch statistics.
+  std::vector<float> one(2), stat(2), run(2);
+  CHECK_THROWS_WITH_AS(k::batch_norm_forward_train(one.data(), stat.data(), stat.data(), run.data(), run.data(),
+                                                   one.data(), one.data(), one.data(), bn(1, 2, 1), eps, momentum),
+                       doctest::Contains("at least 2 values per channel"), weft::Error);
+}
+
+TEST_CASE("batch norm inference normalizes by the running statistics" * doctest::timeout(60)) {
+  Rng rng(23);
+  for (const BatchNormGeometry& g : {bn(4, 3, 25), bn(1, 1, 1), bn(0, 2, 4), bn(5, 6, 1)}) {
+    INFO(bn_str(g));
+    const i64 size = g.n * g.c * g.hw;
+    const auto x = rng.vec(size), gamma = rng.vec(g.c), beta = rng.vec(g.c), rm = rng.vec(g.c);
+    std::vector<float> rv(static_cast<std::size_t>(g.c));
+    for (auto& v : rv) v = rng.uniform(0.1f, 3.0f);
+    std::vector<float> y = nan_vec(size);
+    k::batch_norm_forward_infer(y.data(), x.data(), gamma.data(), beta.data(), rm.data(), rv.data(), g, 1e-3f);
+    check_close(y, batch_norm_infer(to_double(x), to_double(gamma), to_double(beta), to_double(rm), to_double(rv), g.n,
+                                    g.c, g.hw, 1e-3),
+                kTol, "batch norm inference");
+  }
+}
+
+TEST_CASE("batch norm backward matches finite differences of the training forward" * doctest::timeout(60)) {
+  Rng rng(24);
+  constexpr double eps = 1e-5;
+  for (const BatchNormGeometry& g : {bn(4, 3, 5), bn(2, 2, 1), bn(3, 1, 7), bn(1, 2, 9), bn(6, 4, 4)}) {
+    INFO(bn_str(g));
+    const i64 size = g.n * g.c * g.hw;
+    const auto x = rng.vec(size), gamma = rng.vec(g.c), beta = rng.vec(g.c), dy = rng.vec(size);
+    std::vector<float> y = nan_vec(size), mean = nan_vec(g.c), invstd = nan_vec(g.c), rm(static_cast<std::size_t>(g.c)),
+                       rv(static_cast<std::size_t>(g.c), 1.0f);
+    k::batch_norm_forward_train(y.data(), mean.data(), invstd.data(), rm.data(), rv.data(), x.data(), gamma.data(),
+                                beta.data(), g, static_cast<float>(eps), 0.1f);
+    std::vector<float> dx = nan_vec(size), dgamma = nan_vec(g.c), dbeta = nan_vec(g.c);
+    k::batch_norm_backward(dx.data(), dgamma.data(), dbeta.data(), x.data(), dy.data(), gamma.data(), mean.data(),
+                           invstd.data(), g);
+    Vec xs = to_double(x), gs = to_double(gamma), bs = to_double(beta);
+    const Vec ddy = to_double(dy);
+    auto loss = [&] { return dot(batch_norm_forward(xs, gs, bs, g.n, g.c, g.hw, eps).y, ddy); };
+    check_close(dx, numeric_grad(loss, xs, 1e-4), 1e-3, "batch norm dx");
+    check_close(dgamma, numeric_grad(loss, gs, 1e-4), 1e-4, "batch norm dgamma");
+    check_close(dbeta, numeric_grad(loss, bs, 1e-4), 1e-4, "batch norm dbeta");
   }
 }
 
@@ -692,6 +817,36 @@ std::vector<std::vector<float>> run_every_kernel() {
   take(pool_y_size(p), [&](float* y) { k::max_pool2d_forward(y, a.data(), p); });
   take(8 * 16 * 1024, [&](float* y) { k::avg_pool2d_backward(y, pdy.data(), p); });
   take(8 * 16 * 1024, [&](float* y) { k::max_pool2d_backward(y, a.data(), pdy.data(), p); });
+
+  const PoolGeometry pp = pool(8, 16, 32, 32, 3, 2, 1);
+  const auto ppdy = rng.vec(pool_y_size(pp));
+  take(pool_y_size(pp), [&](float* y) { k::max_pool2d_forward(y, a.data(), pp); });
+  take(8 * 16 * 1024, [&](float* y) { k::max_pool2d_backward(y, a.data(), ppdy.data(), pp); });
+  take(8 * 16, [&](float* y) { k::global_avg_pool2d_forward(y, a.data(), 8 * 16, 1024); });
+  take(8 * 16 * 1024, [&](float* y) { k::global_avg_pool2d_backward(y, pdy.data(), 8 * 16, 1024); });
+
+  const BatchNormGeometry bg{32, 16, 196};
+  const auto gamma = rng.vec(16), beta = rng.vec(16), bdy = rng.vec(32 * 16 * 196);
+  for (int i = 0; i < 4; ++i) out.push_back(nan_vec(16));
+  std::vector<float>& mean = out[out.size() - 4];
+  std::vector<float>& invstd = out[out.size() - 3];
+  std::vector<float>& rm = out[out.size() - 2];
+  std::vector<float>& rv = out.back();
+  std::fill(rm.begin(), rm.end(), 0.0f);
+  std::fill(rv.begin(), rv.end(), 1.0f);
+  std::vector<float> by = nan_vec(32 * 16 * 196);
+  k::batch_norm_forward_train(by.data(), mean.data(), invstd.data(), rm.data(), rv.data(), a.data(), gamma.data(),
+                              beta.data(), bg, 1e-5f, 0.1f);
+  const std::vector<float> bmean = mean, binvstd = invstd;
+  out.push_back(std::move(by));
+  take(32 * 16 * 196, [&](float* y) { k::batch_norm_forward_infer(y, a.data(), gamma.data(), beta.data(), bmean.data(),
+                                                                  binvstd.data(), bg, 1e-5f); });
+  out.push_back(nan_vec(16));
+  out.push_back(nan_vec(16));
+  take(32 * 16 * 196, [&](float* y) {
+    k::batch_norm_backward(y, out[out.size() - 2].data(), out.back().data(), a.data(), bdy.data(), gamma.data(),
+                           bmean.data(), binvstd.data(), bg);
+  });
 
   std::vector<float> labels(512);
   for (auto& l : labels) l = static_cast<float>(rng.integer(0, 99));

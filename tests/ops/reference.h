@@ -19,6 +19,7 @@
 namespace weft_test::ref {
 
 using weft::kernels::ConvGeometry;
+using weft::kernels::BatchNormGeometry;
 using weft::kernels::PoolGeometry;
 using i64 = std::int64_t;
 using Vec = std::vector<double>;
@@ -133,40 +134,47 @@ inline Vec conv_backward_bias(const Vec& dy, const ConvGeometry& g) {
 
 // ---- pooling ---------------------------------------------------------------
 
-inline i64 pool_out(i64 in, i64 k, i64 s) { return in < k ? 0 : (in - k) / s + 1; }
+inline i64 pool_out(i64 in, i64 k, i64 s, i64 pad = 0) { return in + 2 * pad < k ? 0 : (in + 2 * pad - k) / s + 1; }
 inline i64 pool_y_size(const PoolGeometry& g) {
-  return g.n * g.c * pool_out(g.h, g.kernel, g.stride) * pool_out(g.w, g.kernel, g.stride);
+  return g.n * g.c * pool_out(g.h, g.kernel, g.stride, g.pad) * pool_out(g.w, g.kernel, g.stride, g.pad);
 }
 
-// Calls f(y index, x indices of the window in row-major order).
+// Calls f(y index, x indices of the window inside the input, in row-major
+// order); positions in the padding are left out.
 template <class F>
 void pool_for_each(const PoolGeometry& g, F f) {
-  const i64 oh = pool_out(g.h, g.kernel, g.stride), ow = pool_out(g.w, g.kernel, g.stride);
+  const i64 oh = pool_out(g.h, g.kernel, g.stride, g.pad), ow = pool_out(g.w, g.kernel, g.stride, g.pad);
   std::vector<i64> win;
   for (i64 p = 0; p < g.n * g.c; ++p)
     for (i64 y = 0; y < oh; ++y)
       for (i64 x = 0; x < ow; ++x) {
         win.clear();
         for (i64 i = 0; i < g.kernel; ++i)
-          for (i64 j = 0; j < g.kernel; ++j) win.push_back((p * g.h + y * g.stride + i) * g.w + x * g.stride + j);
+          for (i64 j = 0; j < g.kernel; ++j) {
+            const i64 r = y * g.stride - g.pad + i, c = x * g.stride - g.pad + j;
+            if (r >= 0 && r < g.h && c >= 0 && c < g.w) win.push_back((p * g.h + r) * g.w + c);
+          }
         f((p * oh + y) * ow + x, win);
       }
 }
 
+// Averages divide by the whole window, padding included (count_include_pad).
 inline Vec avg_pool_forward(const Vec& x, const PoolGeometry& g) {
   Vec y(static_cast<std::size_t>(pool_y_size(g)));
+  const double area = static_cast<double>(g.kernel * g.kernel);
   pool_for_each(g, [&](i64 yi, const std::vector<i64>& win) {
     double s = 0.0;
     for (i64 xi : win) s += x[static_cast<std::size_t>(xi)];
-    y[static_cast<std::size_t>(yi)] = s / static_cast<double>(win.size());
+    y[static_cast<std::size_t>(yi)] = s / area;
   });
   return y;
 }
 
 inline Vec avg_pool_backward(const Vec& dy, const PoolGeometry& g) {
   Vec dx(static_cast<std::size_t>(g.n * g.c * g.h * g.w), 0.0);
+  const double area = static_cast<double>(g.kernel * g.kernel);
   pool_for_each(g, [&](i64 yi, const std::vector<i64>& win) {
-    for (i64 xi : win) dx[static_cast<std::size_t>(xi)] += dy[static_cast<std::size_t>(yi)] / static_cast<double>(win.size());
+    for (i64 xi : win) dx[static_cast<std::size_t>(xi)] += dy[static_cast<std::size_t>(yi)] / area;
   });
   return dx;
 }
@@ -193,6 +201,52 @@ inline Vec max_pool_backward(const Vec& x, const Vec& dy, const PoolGeometry& g)
     dx[static_cast<std::size_t>(first_max(x, win))] += dy[static_cast<std::size_t>(yi)];
   });
   return dx;
+}
+
+inline Vec global_avg_pool_forward(const Vec& x, i64 planes, i64 hw) {
+  Vec y(static_cast<std::size_t>(planes), 0.0);
+  for (i64 p = 0; p < planes; ++p) {
+    for (i64 i = 0; i < hw; ++i) y[static_cast<std::size_t>(p)] += x[static_cast<std::size_t>(p * hw + i)];
+    if (hw > 0) y[static_cast<std::size_t>(p)] /= static_cast<double>(hw);
+  }
+  return y;
+}
+
+// ---- batch normalization ---------------------------------------------------
+// x as [n, c, hw]; statistics per channel, straight from the definitions.
+
+struct BatchNormRef {
+  Vec y, mean, var;  // var: biased, the one that normalizes
+};
+
+inline BatchNormRef batch_norm_forward(const Vec& x, const Vec& gamma, const Vec& beta, i64 n, i64 c, i64 hw,
+                                       double eps) {
+  BatchNormRef r{Vec(x.size()), Vec(static_cast<std::size_t>(c), 0.0), Vec(static_cast<std::size_t>(c), 0.0)};
+  const double m = static_cast<double>(n * hw);
+  auto at = [&](i64 i, i64 ch, i64 j) { return static_cast<std::size_t>((i * c + ch) * hw + j); };
+  for (i64 ch = 0; ch < c; ++ch) {
+    const auto k = static_cast<std::size_t>(ch);
+    for (i64 i = 0; i < n; ++i)
+      for (i64 j = 0; j < hw; ++j) r.mean[k] += x[at(i, ch, j)] / m;
+    for (i64 i = 0; i < n; ++i)
+      for (i64 j = 0; j < hw; ++j) r.var[k] += (x[at(i, ch, j)] - r.mean[k]) * (x[at(i, ch, j)] - r.mean[k]) / m;
+    for (i64 i = 0; i < n; ++i)
+      for (i64 j = 0; j < hw; ++j)
+        r.y[at(i, ch, j)] = (x[at(i, ch, j)] - r.mean[k]) / std::sqrt(r.var[k] + eps) * gamma[k] + beta[k];
+  }
+  return r;
+}
+
+inline Vec batch_norm_infer(const Vec& x, const Vec& gamma, const Vec& beta, const Vec& mean, const Vec& var, i64 n,
+                            i64 c, i64 hw, double eps) {
+  Vec y(x.size());
+  for (i64 i = 0; i < n; ++i)
+    for (i64 ch = 0; ch < c; ++ch)
+      for (i64 j = 0; j < hw; ++j) {
+        const auto k = static_cast<std::size_t>(ch), e = static_cast<std::size_t>((i * c + ch) * hw + j);
+        y[e] = (x[e] - mean[k]) / std::sqrt(var[k] + eps) * gamma[k] + beta[k];
+      }
+  return y;
 }
 
 // ---- loss ------------------------------------------------------------------

@@ -25,6 +25,7 @@
 
 namespace weft::nn {
 
+using ops::BatchNormParams;
 using ops::Conv2dParams;
 using ops::Pool2dParams;
 
@@ -35,6 +36,14 @@ struct Parameter {
   Tensor value, grad;
 };
 
+// State a layer keeps that is not trained: batch normalization's running
+// statistics. It has no gradient, is left out of gradient reduction, and is
+// per replica under data parallelism.
+struct Buffer {
+  std::string name;
+  Tensor value;
+};
+
 // Weight initialization, both uniform and symmetric around zero:
 //   kaiming_uniform: U(-a, a), a = sqrt(6 / fan_in) (He et al. 2015). Keeps the
 //     activations' second moment constant through layers followed by a ReLU
@@ -43,8 +52,13 @@ struct Parameter {
 //   xavier_uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)) (Glorot and
 //     Bengio 2010). For a layer with no ReLU after it (the classifier), where
 //     it keeps the initial logits small, so the first loss is near ln(classes).
+//   fan_in_uniform: U(-a, a), a = 1 / sqrt(fan_in): PyTorch's default for
+//     Linear and Conv2d (kaiming_uniform with a = sqrt(5)), a third of
+//     kaiming's variance over two. What D2L's ResNet trains with at lr 0.1;
+//     with kaiming's larger weights on its unnormalized shortcuts and
+//     classifier, ResNet-18 starts with a loss near 6 and diverges there.
 // fan_in = in (dense) or in_channels * kernel^2 (conv); fan_out likewise.
-enum class Init : std::uint8_t { kaiming_uniform, xavier_uniform };
+enum class Init : std::uint8_t { kaiming_uniform, xavier_uniform, fan_in_uniform };
 
 // A seed for the index-th layer of a model built from `seed` (SplitMix64 of
 // both), so neighbouring seeds and layers get unrelated streams.
@@ -66,6 +80,8 @@ class Layer {
   virtual Tensor backward(const Tensor& dy) = 0;
   // The layer's parameters (pointers stay valid as long as the layer).
   virtual std::vector<Parameter*> parameters();
+  // Its buffers (running statistics), likewise.
+  virtual std::vector<Buffer*> buffers();
   // The output shape for an input shape, without pushing anything; throws
   // weft::Error when the input does not fit the layer.
   virtual Shape output_shape(const Shape& input) const = 0;
@@ -134,6 +150,38 @@ class ReLU : public Layer {
   Tensor x_;
 };
 
+// Batch normalization over the channel axis of [N, C, H, W] (or [N, C])
+// inputs (ops::batch_norm_train / _infer / _backward). Parameters
+// "<name>.weight" (gamma, starts at 1) and "<name>.bias" (beta, 0); buffers
+// "<name>.running_mean" (0) and "<name>.running_var" (1). Training mode
+// normalizes by the batch's statistics and updates the running ones (so
+// each forward in training mode counts, even without a backward);
+// evaluation mode normalizes by the running statistics.
+class BatchNorm : public Layer {
+ public:
+  BatchNorm(Engine& engine, std::int64_t channels, Device device = {}, std::string name = "bn",
+            BatchNormParams params = {});
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::vector<Buffer*> buffers() override { return {&running_mean_, &running_var_}; }
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;
+
+  Parameter& weight() noexcept { return weight_; }
+  Parameter& bias() noexcept { return bias_; }
+  Buffer& running_mean() noexcept { return running_mean_; }
+  Buffer& running_var() noexcept { return running_var_; }
+
+ private:
+  std::int64_t channels_;
+  BatchNormParams params_;
+  std::string name_;
+  Parameter weight_, bias_;
+  Buffer running_mean_, running_var_;
+  Tensor x_, save_mean_, save_invstd_;  // from a training forward, until backward
+};
+
 class AvgPool2d : public Layer {
  public:
   explicit AvgPool2d(Pool2dParams params = {}) : params_(params) {}
@@ -161,6 +209,20 @@ class MaxPool2d : public Layer {
   Tensor x_;
 };
 
+// [N, C, H, W] -> [N, C, 1, 1]: the mean of each plane (PyTorch's
+// AdaptiveAvgPool2d((1, 1))).
+class GlobalAvgPool2d : public Layer {
+ public:
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override { return "GlobalAvgPool2d"; }
+
+ private:
+  Shape x_shape_;
+  bool have_x_ = false;
+};
+
 // [N, d1, d2, ...] -> [N, d1 * d2 * ...] (a reshape: shares the storage).
 class Flatten : public Layer {
  public:
@@ -172,6 +234,35 @@ class Flatten : public Layer {
  private:
   Shape x_shape_;
   bool have_x_ = false;
+};
+
+// The residual block of ResNet-18/34 (He et al. 2016; D2L's `Residual`):
+//   y = relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))
+// conv1 and conv2 are 3x3 with padding 1, conv1 with `stride`; the shortcut
+// is x itself, or with `projection` a 1x1 convolution with `stride` (needed
+// when the stride or the channel count changes). Parameters are named
+// "<name>.conv1.weight", "<name>.bn1.weight", ..., "<name>.downsample.weight";
+// the buffers "<name>.bn1.running_mean", ... Its backward adds the two
+// paths' input gradients.
+class Residual : public Layer {
+ public:
+  Residual(Engine& engine, std::int64_t in_channels, std::int64_t out_channels, std::int64_t stride = 1,
+           bool projection = false, Device device = {}, std::uint64_t seed = 0, std::string name = "block",
+           Init init = Init::kaiming_uniform);
+  ~Residual() override;
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::vector<Parameter*> parameters() override;
+  std::vector<Buffer*> buffers() override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;
+  void train(bool on) override;
+
+ private:
+  std::int64_t in_, out_, stride_;
+  std::unique_ptr<Conv2d> conv1_, conv2_, downsample_;  // downsample_: null without projection
+  std::unique_ptr<BatchNorm> bn1_, bn2_;
+  ReLU relu1_, relu_out_;
 };
 
 // Layers in order; backward runs them in reverse.
@@ -190,6 +281,7 @@ class Sequential : public Layer {
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override;
+  std::vector<Buffer*> buffers() override;
   Shape output_shape(const Shape& input) const override;
   // One line per layer, numbered, with its output shape when known (from the
   // last forward's input, or set_input_shape's if later), the batch extent
@@ -228,5 +320,31 @@ std::unique_ptr<Sequential> lenet(Engine& engine, Device device = {}, std::uint6
 // ones and none after the last (sizes.size() >= 2, all positive). Init as lenet.
 std::unique_ptr<Sequential> mlp(Engine& engine, std::vector<std::int64_t> sizes, Device device = {},
                                 std::uint64_t seed = 0);
+
+// ResNet-18 (He et al. 2016) as D2L builds it, one flat Sequential whose
+// layers are the stem, eight Residual blocks and the head, so pipelines can
+// split it between blocks:
+//   stem, layer1.0, layer1.1 (64 channels), layer2.0 (stride 2, projection),
+//   layer2.1 (128), layer3.0, layer3.1 (256), layer4.0, layer4.1 (512),
+//   global average pooling, flatten, fc (512 -> classes).
+// Stems:
+//   small:    conv 3x3 stride 1 pad 1 -> BN -> ReLU. D2L's multi-GPU chapter
+//             model for 28x28 Fashion-MNIST (about 0.9 GFLOP, 0.45 G
+//             multiply-adds, per image forward: layer1 runs at 28x28).
+//   imagenet: conv 7x7 stride 2 pad 3 -> BN -> ReLU -> max pool 3 stride 2
+//             pad 1. D2L's ResNet chapter (inputs resized to 96x96) and the
+//             paper's.
+// Convolutions keep their biases, as D2L's do, and every weight starts as
+// PyTorch's default (Init::fan_in_uniform), as D2L's model does. Names:
+// "conv1", "bn1", "layer3.0.bn1", "fc"; parameter "layer3.0.bn1.weight".
+// Block i's seed is derive_seed(seed, i).
+enum class ResNetStem : std::uint8_t { small, imagenet };
+struct ResNetOptions {
+  std::int64_t in_channels = 1;
+  std::int64_t classes = 10;
+  ResNetStem stem = ResNetStem::small;
+};
+std::unique_ptr<Sequential> resnet18(Engine& engine, Device device = {}, std::uint64_t seed = 0,
+                                     ResNetOptions options = {});
 
 }  // namespace weft::nn

@@ -1,6 +1,7 @@
 // The layer ops the nn building blocks push: dense, 2-D convolution, pooling,
-// softmax cross-entropy and SGD, forward and backward. Layouts: NCHW
-// activations, OIHW filters, [out, in] dense weights (y = x w^T + b).
+// batch normalization, softmax cross-entropy and SGD, forward and backward.
+// Layouts: NCHW activations, OIHW filters, [out, in] dense weights
+// (y = x w^T + b).
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,14 @@ struct Conv2dParams {
   std::int64_t pad = 0;
 };
 
+// A square window moved by `stride`, over the input padded by `pad` on every
+// side (pad <= kernel / 2). Padded positions never win a max, and count as
+// zeros in an average, which always divides by kernel * kernel (PyTorch's
+// default, count_include_pad).
 struct Pool2dParams {
   std::int64_t kernel = 2;
   std::int64_t stride = 2;
+  std::int64_t pad = 0;
 };
 
 // x [N, in], w [out, in], b [out] (may be undefined) -> [N, out]
@@ -38,6 +44,39 @@ Tensor avg_pool2d(const Tensor& x, Pool2dParams p = {});
 Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams p = {});
 Tensor max_pool2d(const Tensor& x, Pool2dParams p = {});
 Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p = {});
+
+// x [N, C, H, W] -> [N, C, 1, 1], the mean of each plane (PyTorch's
+// AdaptiveAvgPool2d((1, 1))); backward spreads dy / (H * W) over the plane.
+Tensor global_avg_pool2d(const Tensor& x);
+Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape);
+
+// Batch normalization (Ioffe and Szegedy 2015) per channel of x [N, C, H, W]
+// or [N, C], with gamma and beta [C]:
+//   y = (x - mean) / sqrt(var + eps) * gamma + beta.
+// Training mode normalizes by the batch's statistics (over N, H, W; the
+// biased variance), needs at least two values per channel, and folds them
+// into running_mean and running_var ([C], updated in place by the same op):
+//   running = (1 - momentum) * running + momentum * batch statistic,
+// with the unbiased variance for running_var (cuDNN's and PyTorch's rule).
+// Inference mode normalizes by running_mean / running_var instead.
+struct BatchNormParams {
+  float eps = 1e-5f;
+  float momentum = 0.1f;
+};
+struct BatchNormTrain {
+  Tensor y;
+  Tensor save_mean, save_invstd;  // [C]: the batch mean and 1 / sqrt(var + eps), for backward
+};
+BatchNormTrain batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
+                                Tensor& running_var, BatchNormParams p = {});
+Tensor batch_norm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
+                        const Tensor& running_var, BatchNormParams p = {});
+struct BatchNormGrads {
+  Tensor dx, dgamma, dbeta;
+};
+// The gradients of a training-mode forward of x, from its saved statistics.
+BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+                                   const Tensor& save_invstd, BatchNormParams p = {});
 
 // logits [N, C], labels [N] (class indices as float) -> mean loss (scalar) and
 // d loss / d logits. A label out of range fails the op (on a GPU: NaN loss).

@@ -59,11 +59,33 @@ void conv2d_backward_data(float* dx, const float* dy, const float* w, const Conv
 // dw (and db when not null) = gradient with respect to the filter and bias.
 void conv2d_backward_filter(float* dw, float* db, const float* x, const float* dy, const ConvGeometry& g);
 
+// Pooling windows are clipped to the input (PoolGeometry: padded positions
+// never win a max; an average divides by kernel^2 all the same).
 void avg_pool2d_forward(float* y, const float* x, const PoolGeometry& g);
 void avg_pool2d_backward(float* dx, const float* dy, const PoolGeometry& g);  // overwrites dx
 void max_pool2d_forward(float* y, const float* x, const PoolGeometry& g);
 // Routes dy to the first maximum of each window (the one forward picked).
 void max_pool2d_backward(float* dx, const float* x, const float* dy, const PoolGeometry& g);  // overwrites dx
+// y[p] = mean of plane p's hw values (planes = N * C); backward spreads
+// dy[p] / hw over the plane (overwrites dx).
+void global_avg_pool2d_forward(float* y, const float* x, std::int64_t planes, std::int64_t hw);
+void global_avg_pool2d_backward(float* dx, const float* dy, std::int64_t planes, std::int64_t hw);
+
+// Batch normalization, per channel of x [N, C, HW] (BatchNormGeometry).
+// Training: normalizes by the batch's mean and biased variance, writes them
+// as save_mean and save_invstd = 1 / sqrt(var + eps), and folds the mean and
+// the unbiased variance into running_mean / running_var with `momentum`
+// (running = (1 - momentum) * running + momentum * batch). Needs N * HW >= 2.
+void batch_norm_forward_train(float* y, float* save_mean, float* save_invstd, float* running_mean,
+                              float* running_var, const float* x, const float* gamma, const float* beta,
+                              const BatchNormGeometry& g, float eps, float momentum);
+// Inference: normalizes by running_mean / running_var.
+void batch_norm_forward_infer(float* y, const float* x, const float* gamma, const float* beta,
+                              const float* running_mean, const float* running_var, const BatchNormGeometry& g,
+                              float eps);
+// Gradients of a training-mode forward, from its saved statistics.
+void batch_norm_backward(float* dx, float* dgamma, float* dbeta, const float* x, const float* dy, const float* gamma,
+                         const float* save_mean, const float* save_invstd, const BatchNormGeometry& g);
 
 // Mean softmax cross-entropy over a batch of `rows` logits rows (`cols`
 // classes); labels hold class indices as floats. Writes the mean loss to

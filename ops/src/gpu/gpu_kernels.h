@@ -52,6 +52,22 @@ void avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const 
 void avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, const PoolGeometry& g);
 void max_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometry& g);
 void max_pool2d_backward(const WorkerHandles& h, float* dx, const float* x, const float* dy, const PoolGeometry& g);
+void global_avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, std::int64_t planes,
+                               std::int64_t hw);
+void global_avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, std::int64_t planes,
+                                std::int64_t hw);
+
+// cuDNN's spatial batch normalization (the legacy API, deprecated in cuDNN 9
+// but present; the same conventions as the CPU kernels).
+void batch_norm_forward_train(const WorkerHandles& h, float* y, float* save_mean, float* save_invstd,
+                              float* running_mean, float* running_var, const float* x, const float* gamma,
+                              const float* beta, const BatchNormGeometry& g, float eps, float momentum);
+void batch_norm_forward_infer(const WorkerHandles& h, float* y, const float* x, const float* gamma, const float* beta,
+                              const float* running_mean, const float* running_var, const BatchNormGeometry& g,
+                              float eps);
+void batch_norm_backward(const WorkerHandles& h, float* dx, float* dgamma, float* dbeta, const float* x,
+                         const float* dy, const float* gamma, const float* save_mean, const float* save_invstd,
+                         const BatchNormGeometry& g, float eps);
 
 // Labels out of range make the loss NaN on the GPU (checked on the host would
 // need a synchronize); the op layer validates labels it creates from host data.

@@ -1,4 +1,5 @@
-// 2-D average and max pooling as own kernels rather than cuDNN: cuDNN's max
+// 2-D average and max pooling (with implicit padding, windows clipped to the
+// input as on the CPU) and global average pooling as own kernels rather than cuDNN: cuDNN's max
 // pooling backward needs the forward output (our signature has only x and
 // dy) and its tie-breaking is unspecified, while the CPU contract routes the
 // gradient to the FIRST maximum of each window in row-major order.
@@ -23,24 +24,41 @@ using detail::blocks_for;
 using detail::kThreads;
 
 struct Dims {
-  std::int64_t h, w, oh, ow, k, s;
+  std::int64_t h, w, oh, ow, k, s, pad;
 };
 
+// The part of window (oh, ow) inside the input, as on the CPU: rows [r0, r1),
+// columns [c0, c1).
+struct Window {
+  std::int64_t r0, r1, c0, c1;
+};
+
+__device__ inline Window window_of(const Dims& d, std::int64_t oh, std::int64_t ow) {
+  const std::int64_t r = oh * d.s - d.pad, c = ow * d.s - d.pad;
+  Window win;
+  win.r0 = r > 0 ? r : 0;
+  win.r1 = r + d.k < d.h ? r + d.k : d.h;
+  win.c0 = c > 0 ? c : 0;
+  win.c1 = c + d.k < d.w ? c + d.k : d.w;
+  return win;
+}
+
+// Plane offset of the window's first largest element in row-major order.
 __device__ inline std::int64_t first_max_offset(const float* plane, const Dims& d, std::int64_t oh, std::int64_t ow,
                                                 float* value) {
-  const float* win = plane + oh * d.s * d.w + ow * d.s;
-  float best = win[0];
-  std::int64_t at = 0;
-  for (std::int64_t i = 0; i < d.k; ++i)
-    for (std::int64_t j = 0; j < d.k; ++j) {
-      const float v = win[i * d.w + j];
+  const Window win = window_of(d, oh, ow);
+  std::int64_t at = win.r0 * d.w + win.c0;
+  float best = plane[at];
+  for (std::int64_t i = win.r0; i < win.r1; ++i)
+    for (std::int64_t j = win.c0; j < win.c1; ++j) {
+      const float v = plane[i * d.w + j];
       if (v > best) {
         best = v;
         at = i * d.w + j;
       }
     }
   if (value != nullptr) *value = best;
-  return (oh * d.s) * d.w + ow * d.s + at;
+  return at;
 }
 
 template <bool Max>
@@ -56,20 +74,22 @@ __global__ void pool_forward_kernel(float* y, const float* x, std::int64_t total
       first_max_offset(xp, d, oh, ow, &best);
       y[i] = best;
     } else {
-      const float* win = xp + oh * d.s * d.w + ow * d.s;
+      const Window win = window_of(d, oh, ow);
       float acc = 0.0f;
-      for (std::int64_t a = 0; a < d.k; ++a)
-        for (std::int64_t b = 0; b < d.k; ++b) acc += win[a * d.w + b];
+      for (std::int64_t a = win.r0; a < win.r1; ++a)
+        for (std::int64_t b = win.c0; b < win.c1; ++b) acc += xp[a * d.w + b];
       y[i] = acc * (1.0f / static_cast<float>(d.k * d.k));
     }
   }
 }
 
-// Windows covering input row r are those with oh * s <= r <= oh * s + k - 1.
-__device__ inline void covering(std::int64_t r, std::int64_t k, std::int64_t s, std::int64_t n_out, std::int64_t& lo,
-                                std::int64_t& hi) {
-  lo = r >= k ? (r - k) / s + 1 : 0;
-  hi = r / s;
+// Windows covering input row r (padded coordinate r + pad) are those with
+// oh * s <= r + pad <= oh * s + k - 1.
+__device__ inline void covering(std::int64_t r, std::int64_t k, std::int64_t s, std::int64_t pad, std::int64_t n_out,
+                                std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t rp = r + pad;
+  lo = rp >= k ? (rp - k) / s + 1 : 0;
+  hi = rp / s;
   if (hi > n_out - 1) hi = n_out - 1;
 }
 
@@ -85,8 +105,8 @@ __global__ void pool_backward_kernel(float* dx, const float* x, const float* dy,
     const std::int64_t plane = i / (d.w * d.h);
     const float* dyp = dy + plane * d.oh * d.ow;
     std::int64_t oh0, oh1, ow0, ow1;
-    covering(ih, d.k, d.s, d.oh, oh0, oh1);
-    covering(iw, d.k, d.s, d.ow, ow0, ow1);
+    covering(ih, d.k, d.s, d.pad, d.oh, oh0, oh1);
+    covering(iw, d.k, d.s, d.pad, d.ow, ow0, ow1);
     float acc = 0.0f;
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
       for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
@@ -100,13 +120,35 @@ __global__ void pool_backward_kernel(float* dx, const float* x, const float* dy,
   }
 }
 
+// One warp per plane: lanes stride over the plane, partial sums in double,
+// then a fixed shuffle tree (deterministic, not the CPU's serial order).
+__global__ void global_avg_forward_kernel(float* y, const float* x, std::int64_t planes, std::int64_t hw) {
+  const std::int64_t warps = static_cast<std::int64_t>(blockDim.x) * gridDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t p = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; p < planes;
+       p += warps) {
+    const float* xp = x + p * hw;
+    double s = 0.0;
+    for (std::int64_t i = lane; i < hw; i += 32) s += xp[i];
+    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) y[p] = hw > 0 ? static_cast<float>(s / static_cast<double>(hw)) : 0.0f;
+  }
+}
+
+__global__ void global_avg_backward_kernel(float* dx, const float* dy, std::int64_t total, std::int64_t hw,
+                                           float inv) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride)
+    dx[i] = dy[i / hw] * inv;
+}
+
 Dims checked_dims(const PoolGeometry& g, const char* op) {
-  if (g.kernel < 1 || g.stride < 1 || g.n < 0 || g.c < 0 || g.h < 0 || g.w < 0)
+  if (g.kernel < 1 || g.stride < 1 || g.pad < 0 || 2 * g.pad > g.kernel || g.n < 0 || g.c < 0 || g.h < 0 || g.w < 0)
     throw weft::Error(std::string(op) + ": invalid pooling geometry (kernel " + std::to_string(g.kernel) +
-                      ", stride " + std::to_string(g.stride) + ")");
-  const std::int64_t oh = g.h >= g.kernel ? g.out_h() : 0;
-  const std::int64_t ow = g.w >= g.kernel ? g.out_w() : 0;
-  return Dims{g.h, g.w, oh, ow, g.kernel, g.stride};
+                      ", stride " + std::to_string(g.stride) + ", pad " + std::to_string(g.pad) + ")");
+  const std::int64_t oh = g.h + 2 * g.pad >= g.kernel ? g.out_h() : 0;
+  const std::int64_t ow = g.w + 2 * g.pad >= g.kernel ? g.out_w() : 0;
+  return Dims{g.h, g.w, oh, ow, g.kernel, g.stride, g.pad};
 }
 
 template <bool Max>
@@ -142,6 +184,22 @@ void max_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const 
 }
 void max_pool2d_backward(const WorkerHandles& h, float* dx, const float* x, const float* dy, const PoolGeometry& g) {
   backward<true>(h, dx, x, dy, g, "max_pool2d_backward");
+}
+
+void global_avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, std::int64_t planes,
+                               std::int64_t hw) {
+  if (planes <= 0) return;
+  global_avg_forward_kernel<<<blocks_for(planes * 32), kThreads, 0, detail::cuda_stream(h)>>>(y, x, planes, hw);
+  WEFT_LAUNCH_CHECK();
+}
+
+void global_avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, std::int64_t planes,
+                                std::int64_t hw) {
+  const std::int64_t total = planes * hw;
+  if (total <= 0) return;
+  const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
+  global_avg_backward_kernel<<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(dx, dy, total, hw, inv);
+  WEFT_LAUNCH_CHECK();
 }
 
 }  // namespace weft::kernels::gpu

@@ -1,6 +1,8 @@
 // The nn layers: each forward/backward pushes the matching op(s) of
 // weft/nn_ops.h and returns at once.
 #include <cmath>
+#include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <utility>
 
@@ -20,6 +22,8 @@ float init_bound(Init init, std::int64_t fan_in, std::int64_t fan_out) {
       return static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in)));
     case Init::xavier_uniform:
       return static_cast<float>(std::sqrt(6.0 / static_cast<double>(fan_in + fan_out)));
+    case Init::fan_in_uniform:
+      return static_cast<float>(1.0 / std::sqrt(static_cast<double>(fan_in)));
   }
   throw InvalidArgument("nn: unknown Init");
 }
@@ -67,10 +71,23 @@ void check_input(const Tensor& x, Check check) {
 
 Shape pool_output(const char* layer, const Shape& x, Pool2dParams p) {
   if (x.rank() != 4) throw InvalidArgument(std::string(layer) + ": input must be [N, C, H, W], got " + x.str());
-  if (p.kernel < 1 || p.stride < 1 || p.kernel > x[2] || p.kernel > x[3])
-    throw InvalidArgument(std::string(layer) + ": window " + num(p.kernel) + " stride " + num(p.stride) +
-                " does not fit input " + x.str());
-  return Shape{x[0], x[1], (x[2] - p.kernel) / p.stride + 1, (x[3] - p.kernel) / p.stride + 1};
+  const std::int64_t h = x[2] + 2 * p.pad, w = x[3] + 2 * p.pad;
+  if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || 2 * p.pad > p.kernel || p.kernel > h || p.kernel > w)
+    throw InvalidArgument(std::string(layer) + ": window " + num(p.kernel) + " stride " + num(p.stride) + " pad " +
+                          num(p.pad) + " does not fit input " + x.str());
+  return Shape{x[0], x[1], (h - p.kernel) / p.stride + 1, (w - p.kernel) / p.stride + 1};
+}
+
+std::string pool_describe(const char* layer, Pool2dParams p) {
+  std::string out = std::string(layer) + "(kernel " + num(p.kernel) + ", stride " + num(p.stride);
+  if (p.pad) out += ", pad " + num(p.pad);
+  return out + ")";
+}
+
+Buffer make_buffer(Engine& engine, const std::string& name, std::int64_t n, float value, Device device) {
+  Tensor t = Tensor::full(engine, Shape{n}, value, device);
+  t.set_name(name);
+  return Buffer{name, std::move(t)};
 }
 
 }  // namespace
@@ -90,6 +107,7 @@ std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t index) noexcept {
 Layer::~Layer() = default;
 
 std::vector<Parameter*> Layer::parameters() { return {}; }
+std::vector<Buffer*> Layer::buffers() { return {}; }
 
 // ---- Dense --------------------------------------------------------------
 
@@ -212,9 +230,7 @@ Tensor AvgPool2d::backward(const Tensor& dy) {
   return ops::avg_pool2d_backward(dy, x_shape_, params_);
 }
 
-std::string AvgPool2d::describe() const {
-  return "AvgPool2d(kernel " + num(params_.kernel) + ", stride " + num(params_.stride) + ")";
-}
+std::string AvgPool2d::describe() const { return pool_describe("AvgPool2d", params_); }
 
 Shape MaxPool2d::output_shape(const Shape& x) const { return pool_output("MaxPool2d", x, params_); }
 
@@ -232,8 +248,163 @@ Tensor MaxPool2d::backward(const Tensor& dy) {
   return dx;
 }
 
-std::string MaxPool2d::describe() const {
-  return "MaxPool2d(kernel " + num(params_.kernel) + ", stride " + num(params_.stride) + ")";
+std::string MaxPool2d::describe() const { return pool_describe("MaxPool2d", params_); }
+
+// ---- GlobalAvgPool2d ------------------------------------------------------
+
+Shape GlobalAvgPool2d::output_shape(const Shape& x) const {
+  if (x.rank() != 4) throw InvalidArgument("GlobalAvgPool2d: input must be [N, C, H, W], got " + x.str());
+  return Shape{x[0], x[1], 1, 1};
+}
+
+Tensor GlobalAvgPool2d::forward(const Tensor& x) {
+  check_input(x, [&] { output_shape(x.shape()); });
+  Tensor y = ops::global_avg_pool2d(x);
+  x_shape_ = x.shape();
+  have_x_ = training_;
+  return y;
+}
+
+Tensor GlobalAvgPool2d::backward(const Tensor& dy) {
+  if (!have_x_) no_forward("GlobalAvgPool2d");
+  check_dy("GlobalAvgPool2d", dy, output_shape(x_shape_));
+  have_x_ = false;
+  return ops::global_avg_pool2d_backward(dy, x_shape_);
+}
+
+// ---- BatchNorm ------------------------------------------------------------
+
+BatchNorm::BatchNorm(Engine& engine, std::int64_t channels, Device device, std::string name, BatchNormParams params)
+    : channels_(channels), params_(params), name_(name) {
+  check_positive("BatchNorm", "channels", channels);
+  if (!(params.eps > 0.0f) || !std::isfinite(params.eps))
+    throw InvalidArgument("BatchNorm: eps must be a positive number, got " + std::to_string(params.eps));
+  if (!(params.momentum >= 0.0f && params.momentum <= 1.0f))
+    throw InvalidArgument("BatchNorm: momentum must be in [0, 1], got " + std::to_string(params.momentum));
+  Tensor gamma = Tensor::ones(engine, Shape{channels}, device);
+  gamma.set_name(name + ".weight");
+  weight_ = Parameter{name + ".weight", std::move(gamma), Tensor()};
+  bias_ = make_bias(engine, name, channels, device);
+  running_mean_ = make_buffer(engine, name + ".running_mean", channels, 0.0f, device);
+  running_var_ = make_buffer(engine, name + ".running_var", channels, 1.0f, device);
+}
+
+Shape BatchNorm::output_shape(const Shape& x) const {
+  if ((x.rank() != 4 && x.rank() != 2) || x[1] != channels_)
+    throw InvalidArgument(describe() + ": input must be [N, " + num(channels_) + ", H, W] or [N, " + num(channels_) +
+                          "], got " + x.str());
+  return x;
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  check_input(x, [&] { output_shape(x.shape()); });
+  if (!training_) {
+    x_ = save_mean_ = save_invstd_ = Tensor();
+    return ops::batch_norm_infer(x, weight_.value, bias_.value, running_mean_.value, running_var_.value, params_);
+  }
+  ops::BatchNormTrain r;
+  try {
+    r = ops::batch_norm_train(x, weight_.value, bias_.value, running_mean_.value, running_var_.value, params_);
+  } catch (const Error& e) {
+    throw InvalidArgument(name_ + " (" + describe() + "): " + e.what());
+  }
+  x_ = x;
+  save_mean_ = std::move(r.save_mean);
+  save_invstd_ = std::move(r.save_invstd);
+  return std::move(r.y);
+}
+
+Tensor BatchNorm::backward(const Tensor& dy) {
+  if (!x_.defined()) no_forward("BatchNorm");
+  check_dy("BatchNorm", dy, x_.shape());
+  ops::BatchNormGrads g = ops::batch_norm_backward(x_, dy, weight_.value, save_mean_, save_invstd_, params_);
+  x_ = save_mean_ = save_invstd_ = Tensor();
+  g.dgamma.set_name(weight_.name + ".grad");
+  g.dbeta.set_name(bias_.name + ".grad");
+  weight_.grad = std::move(g.dgamma);
+  bias_.grad = std::move(g.dbeta);
+  return std::move(g.dx);
+}
+
+std::string BatchNorm::describe() const {
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "BatchNorm(%lld, eps %g, momentum %g)", static_cast<long long>(channels_),
+                static_cast<double>(params_.eps), static_cast<double>(params_.momentum));
+  return buf;
+}
+
+// ---- Residual -------------------------------------------------------------
+
+Residual::Residual(Engine& engine, std::int64_t in_channels, std::int64_t out_channels, std::int64_t stride,
+                   bool projection, Device device, std::uint64_t seed, std::string name, Init init)
+    : in_(in_channels), out_(out_channels), stride_(stride) {
+  check_positive("Residual", "in_channels", in_channels);
+  check_positive("Residual", "out_channels", out_channels);
+  check_positive("Residual", "stride", stride);
+  if (!projection && (stride != 1 || in_channels != out_channels))
+    throw InvalidArgument("Residual " + name + ": " + num(in_channels) + " -> " + num(out_channels) +
+                          " channels with stride " + num(stride) +
+                          " changes the shape, so the shortcut needs the 1x1 projection (projection = true)");
+  conv1_ = std::make_unique<Conv2d>(engine, in_channels, out_channels, 3, Conv2dParams{stride, 1}, device,
+                                    derive_seed(seed, 0), init, name + ".conv1");
+  bn1_ = std::make_unique<BatchNorm>(engine, out_channels, device, name + ".bn1");
+  conv2_ = std::make_unique<Conv2d>(engine, out_channels, out_channels, 3, Conv2dParams{1, 1}, device,
+                                    derive_seed(seed, 1), init, name + ".conv2");
+  bn2_ = std::make_unique<BatchNorm>(engine, out_channels, device, name + ".bn2");
+  if (projection)
+    downsample_ = std::make_unique<Conv2d>(engine, in_channels, out_channels, 1, Conv2dParams{stride, 0}, device,
+                                           derive_seed(seed, 2), init, name + ".downsample");
+}
+
+Residual::~Residual() = default;
+
+Shape Residual::output_shape(const Shape& x) const {
+  const Shape y = conv1_->output_shape(x);  // names the block's convolution on a bad input
+  return conv2_->output_shape(y);
+}
+
+Tensor Residual::forward(const Tensor& x) {
+  check_input(x, [&] { output_shape(x.shape()); });
+  Tensor y = bn2_->forward(conv2_->forward(relu1_.forward(bn1_->forward(conv1_->forward(x)))));
+  const Tensor shortcut = downsample_ ? downsample_->forward(x) : x;
+  return relu_out_.forward(y + shortcut);
+}
+
+Tensor Residual::backward(const Tensor& dy) {
+  const Tensor d = relu_out_.backward(dy);  // throws for a backward without a training forward
+  // The shortcut first: with a projection its gradients are ready earlier.
+  const Tensor d_short = downsample_ ? downsample_->backward(d) : d;
+  const Tensor d_main = conv1_->backward(bn1_->backward(relu1_.backward(conv2_->backward(bn2_->backward(d)))));
+  return d_main + d_short;
+}
+
+std::vector<Parameter*> Residual::parameters() {
+  std::vector<Parameter*> out;
+  for (Layer* l : std::initializer_list<Layer*>{conv1_.get(), bn1_.get(), conv2_.get(), bn2_.get(), downsample_.get()})
+    if (l) {
+      const std::vector<Parameter*> p = l->parameters();
+      out.insert(out.end(), p.begin(), p.end());
+    }
+  return out;
+}
+
+std::vector<Buffer*> Residual::buffers() {
+  std::vector<Buffer*> out = bn1_->buffers();
+  for (Buffer* b : bn2_->buffers()) out.push_back(b);
+  return out;
+}
+
+std::string Residual::describe() const {
+  std::string out = "Residual(" + num(in_) + " -> " + num(out_) + ", stride " + num(stride_);
+  if (downsample_) out += ", 1x1 projection";
+  return out + ")";
+}
+
+void Residual::train(bool on) {
+  training_ = on;
+  for (Layer* l : std::initializer_list<Layer*>{conv1_.get(), bn1_.get(), &relu1_, conv2_.get(), bn2_.get(),
+                                                downsample_.get(), &relu_out_})
+    if (l) l->train(on);
 }
 
 // ---- Flatten ------------------------------------------------------------

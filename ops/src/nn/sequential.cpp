@@ -1,4 +1,4 @@
-// Sequential, SGD and the ready-made models (LeNet, MLP).
+// Sequential, SGD and the ready-made models (LeNet, MLP, ResNet-18).
 #include <sstream>
 #include <string>
 #include <utility>
@@ -47,6 +47,15 @@ std::vector<Parameter*> Sequential::parameters() {
   for (auto& layer : layers_) {
     std::vector<Parameter*> p = layer->parameters();
     out.insert(out.end(), p.begin(), p.end());
+  }
+  return out;
+}
+
+std::vector<Buffer*> Sequential::buffers() {
+  std::vector<Buffer*> out;
+  for (auto& layer : layers_) {
+    std::vector<Buffer*> b = layer->buffers();
+    out.insert(out.end(), b.begin(), b.end());
   }
   return out;
 }
@@ -133,6 +142,44 @@ std::unique_ptr<Sequential> mlp(Engine& engine, std::vector<std::int64_t> sizes,
     if (!last) net->emplace<ReLU>();
   }
   net->set_input_shape(Shape{1, sizes.front()});
+  return net;
+}
+
+std::unique_ptr<Sequential> resnet18(Engine& engine, Device device, std::uint64_t seed, ResNetOptions options) {
+  if (options.in_channels < 1 || options.classes < 1)
+    throw InvalidArgument("resnet18: in_channels and classes must be positive, got " +
+                          std::to_string(options.in_channels) + " and " + std::to_string(options.classes));
+  constexpr Init init = Init::fan_in_uniform;
+  auto net = std::make_unique<Sequential>();
+  std::uint64_t i = 0;
+  if (options.stem == ResNetStem::small) {
+    net->emplace<Conv2d>(engine, options.in_channels, 64, 3, Conv2dParams{1, 1}, device, derive_seed(seed, i++),
+                         init, "conv1");
+  } else {
+    net->emplace<Conv2d>(engine, options.in_channels, 64, 7, Conv2dParams{2, 3}, device, derive_seed(seed, i++),
+                         init, "conv1");
+  }
+  net->emplace<BatchNorm>(engine, 64, device, "bn1");
+  net->emplace<ReLU>();
+  if (options.stem == ResNetStem::imagenet) net->emplace<MaxPool2d>(Pool2dParams{3, 2, 1});
+  // Four stages of two blocks; every stage but the first halves the
+  // resolution and doubles the channels in its first block.
+  std::int64_t channels = 64;
+  for (int stage = 1; stage <= 4; ++stage) {
+    const std::int64_t out = stage == 1 ? 64 : channels * 2;
+    for (int block = 0; block < 2; ++block) {
+      const bool first = block == 0 && stage > 1;
+      net->emplace<Residual>(engine, block == 0 ? channels : out, out, first ? 2 : 1, first, device,
+                             derive_seed(seed, i++),
+                             "layer" + std::to_string(stage) + "." + std::to_string(block), init);
+    }
+    channels = out;
+  }
+  net->emplace<GlobalAvgPool2d>();
+  net->emplace<Flatten>();
+  net->emplace<Dense>(engine, 512, options.classes, device, derive_seed(seed, i++), init, "fc");
+  net->set_input_shape(options.stem == ResNetStem::small ? Shape{1, options.in_channels, 28, 28}
+                                                         : Shape{1, options.in_channels, 96, 96});
   return net;
 }
 
