@@ -1,8 +1,8 @@
-// weft-train-lenet: trains LeNet (weft::nn::lenet) on Fashion-MNIST with
-// plain minibatch SGD, on one device or data-parallel on several
-// (weft::parallel::DataParallel: the batch split over the devices, gradients
-// reduced bucket by bucket while backward goes on), and across the
-// processes of an mpirun job with --dist.
+// The trainer behind weft-train-lenet and weft-train-resnet (trainer.h):
+// a model on Fashion-MNIST with plain minibatch SGD, on one device or
+// data-parallel on several (weft::parallel::DataParallel: the batch split
+// over the devices, gradients reduced bucket by bucket while backward goes
+// on), and across the processes of an mpirun job with --dist.
 //
 // The frontend never waits per batch: each batch pushes its ops (from_host,
 // forward, loss, backward, the bucket reductions, SGD) and the loss and
@@ -11,7 +11,10 @@
 // the frontend at most a few dozen batches ahead. Test accuracy is measured
 // at each epoch's end. The engine's profiler records every epoch; the
 // fraction of the gradient reduction's time during which other ops ran
-// (comm overlap) comes from its spans.
+// (comm overlap) comes from its spans. Each device's allocator gives the peak
+// of the bytes it had handed out (the memory report).
+#include "trainer.h"
+
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -37,18 +40,10 @@
 #include "weft/parallel/data_parallel.h"
 #include "weft/tensor.h"
 
+namespace weft::examples {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Default learning rate. Plain SGD (no momentum, no weight decay), batch 256,
-// the Kaiming-initialized ReLU LeNet with average pooling, 10 epochs, seed 0
-// (test accuracy after epoch 10): lr 0.1 -> 0.858, 0.2 -> 0.880, 0.3 -> 0.891.
-// 0.5 still trains (0.838 after 3 epochs) but 0.9 (D2L's value for its
-// sigmoid LeNet, whose gradients are much smaller) kills the ReLUs in the
-// first epoch (stuck at loss 2.30, accuracy 0.10). 0.3 is the fastest of
-// these with a margin below that cliff.
-constexpr float kDefaultLr = 0.3f;
 
 // Batches between pushing a batch and reading its loss/argmax back.
 constexpr std::size_t kLag = 8;
@@ -56,7 +51,7 @@ constexpr std::size_t kLag = 8;
 struct Options {
   int epochs = 10;
   std::int64_t batch_size = 256;
-  float lr = kDefaultLr;
+  float lr = 0.1f;
   std::string devices = "cpu:0";
   bool dist = false;
   std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
@@ -68,24 +63,22 @@ struct Options {
   bool json = false;
 };
 
-void usage(std::FILE* out) {
+void usage(std::FILE* out, const ModelSpec& m) {
+  const char* p = m.program;
   std::fprintf(out,
-               "weft-train-lenet: train LeNet on Fashion-MNIST with plain SGD, on one device or data-parallel\n"
+               "%s: train %s on Fashion-MNIST with plain SGD, on one device or data-parallel\n"
                "\n"
-               "usage: weft-train-lenet [options]\n"
-               "       mpirun -np N weft-train-lenet --dist [options]\n"
+               "usage: %s [options]\n"
+               "       mpirun -np N %s --dist [options]\n"
                "  --epochs N       passes over the training set (default 10)\n"
-               "  --batch-size N   minibatch size, split over every device of every process (default 256)\n"
-               "  --lr X           SGD learning rate (default %g: with batch 256 it reaches\n"
-               "                   ~0.89 test accuracy in 10 epochs; 0.1 reaches ~0.86; D2L's\n"
-               "                   0.9 is for its sigmoid LeNet and kills this ReLU one's units)\n"
+               "  --batch-size N   minibatch size, split over every device of every process (default %lld)\n"
+               "  --lr X           SGD learning rate (default %g%s)\n"
                "  --devices D,...  the devices of this process: cpu:0 (default), cpu:0,cpu:1, gpu:0,gpu:1,\n"
                "                   a mix (also cpu(0) / gpu(0)); --device D is the same for one device.\n"
                "                   CPU devices beyond cpu:0 are made for the run (EngineConfig::cpu_devices)\n"
                "  --dist           data-parallel across the processes of an mpirun job too (each process\n"
                "                   gives as many devices; rank 0 prints)\n"
-               "  --bucket-kb N    gradient bucket capacity in KiB (default 25 MiB, as PyTorch DDP; LeNet's\n"
-               "                   500 KiB of gradients are then one bucket, reduced after the whole backward;\n"
+               "  --bucket-kb N    gradient bucket capacity in KiB (default 25 MiB, as PyTorch DDP%s;\n"
                "                   0: one bucket per parameter)\n"
                "  --no-overlap     reduce the buckets only after the whole backward (the baseline)\n"
                "  --trace FILE     write the last epoch's trace (chrome://tracing / Perfetto JSON)\n"
@@ -101,9 +94,11 @@ void usage(std::FILE* out) {
                "and per epoch: loss and accuracy on the training batches (measured as they were trained;\n"
                "with --dist, rank 0's share), test accuracy, the epoch's training seconds (without the\n"
                "test pass) and, on several devices, the comm overlap: the fraction of the gradient\n"
-               "reduction's time during which other ops ran, from the engine's profiler.\n"
+               "reduction's time during which other ops ran, from the engine's profiler. The summary\n"
+               "gives each device's peak of allocated memory.%s\n"
                "Exit status: 0 done, 2 bad arguments or data, 1 failure while training.\n",
-               static_cast<double>(kDefaultLr), weft::default_fashion_mnist_dir().c_str());
+               p, m.model, p, p, static_cast<long long>(m.default_batch_size), static_cast<double>(m.default_lr),
+               m.lr_note, m.bucket_note, weft::default_fashion_mnist_dir().c_str(), m.usage_note);
 }
 
 struct UsageError {
@@ -129,7 +124,9 @@ float parse_float(std::string_view flag, const std::string& text) {
 }
 
 // Returns false when --help was given (usage already printed).
-bool parse(int argc, char** argv, Options& o) {
+bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
+  o.lr = m.default_lr;
+  o.batch_size = m.default_batch_size;
   weft::examples::ArgCursor args(argc, argv);
   while (args.next()) {
     const std::string& arg = args.flag();
@@ -139,7 +136,7 @@ bool parse(int argc, char** argv, Options& o) {
       return *std::move(v);
     };
     if (arg == "--help" || arg == "-h") {
-      usage(stdout);
+      usage(stdout, m);
       return false;
     } else if (arg == "--json") {
       if (args.has_inline_value()) throw UsageError{"--json takes no value"};
@@ -240,16 +237,25 @@ double evaluate(weft::Engine& engine, weft::nn::Sequential& net, const weft::Dat
   return tally.acc();
 }
 
-using weft::examples::device_list_str;
+// "1.23 GiB", "456.7 MiB", "12.0 KiB".
+std::string bytes_str(std::size_t bytes) {
+  char buf[32];
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
+  return buf;
+}
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run_trainer(int argc, char** argv, const ModelSpec& m) {
+  const char* prog = m.program;
   Options o;
   try {
-    if (!parse(argc, argv, o)) return 0;
+    if (!parse(argc, argv, o, m)) return 0;
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "weft-train-lenet: %s\nRun 'weft-train-lenet --help' for usage.\n", e.message.c_str());
+    std::fprintf(stderr, "%s: %s\nRun '%s --help' for usage.\n", prog, e.message.c_str(), prog);
     return 2;
   }
 
@@ -257,7 +263,7 @@ int main(int argc, char** argv) {
   try {
     devices = weft::examples::parse_device_list(o.devices);
   } catch (const weft::Error& e) {
-    std::fprintf(stderr, "weft-train-lenet: bad --devices: %s\n", e.what());
+    std::fprintf(stderr, "%s: bad --devices: %s\n", prog, e.what());
     return 2;
   }
 
@@ -269,9 +275,9 @@ int main(int argc, char** argv) {
     std::error_code ec;
     if (!std::filesystem::is_directory(dir, ec)) {
       std::fprintf(stderr,
-                   "weft-train-lenet: Fashion-MNIST directory '%s' does not exist\n"
+                   "%s: Fashion-MNIST directory '%s' does not exist\n"
                    "  pass --data DIR or set WEFT_FASHION_MNIST (Debian: apt install dataset-fashion-mnist)\n",
-                   dir.c_str());
+                   prog, dir.c_str());
       return 2;
     }
     try {
@@ -280,12 +286,12 @@ int main(int argc, char** argv) {
       test = weft::load_mnist_split(dir, "t10k", o.limit);
       load_secs = seconds_since(t0);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "weft-train-lenet: cannot load Fashion-MNIST from '%s': %s\n", dir.c_str(), e.what());
+      std::fprintf(stderr, "%s: cannot load Fashion-MNIST from '%s': %s\n", prog, dir.c_str(), e.what());
       return 2;
     }
     if (train.channels != 1 || train.height != 28 || train.width != 28 || test.channels != 1 || test.height != 28 ||
         test.width != 28) {
-      std::fprintf(stderr, "weft-train-lenet: '%s' does not hold 1x28x28 images (LeNet's input)\n", dir.c_str());
+      std::fprintf(stderr, "%s: '%s' does not hold 1x28x28 images (%s's input)\n", prog, dir.c_str(), m.model);
       return 2;
     }
   }
@@ -299,15 +305,15 @@ int main(int argc, char** argv) {
     const auto known = engine->devices();
     for (weft::Device d : devices)
       if (std::find(known.begin(), known.end(), d) == known.end()) {
-        std::fprintf(stderr, "weft-train-lenet: device %s is not available (this machine has: %s)\n",
-                     d.str().c_str(), device_list_str(known).c_str());
+        std::fprintf(stderr, "%s: device %s is not available (this machine has: %s)\n", prog, d.str().c_str(),
+                     device_list_str(known).c_str());
         return 2;
       }
 
     weft::parallel::DataParallelOptions dp_options{.bucket_bytes = o.bucket_bytes, .overlap = o.overlap,
                                                    .distributed = o.dist};
     weft::parallel::DataParallel dp(
-        *engine, devices, [&](weft::Device d) { return weft::nn::lenet(*engine, d, o.seed); }, dp_options);
+        *engine, devices, [&](weft::Device d) { return m.make(*engine, d, o.seed); }, dp_options);
     const bool main_rank = dp.process_rank() == 0;
     // Only rank 0 prints; every rank runs the same steps.
     auto say = [&](const char* fmt, auto... args) {
@@ -338,6 +344,8 @@ int main(int argc, char** argv) {
     const std::size_t first_replica = static_cast<std::size_t>(dp.process_rank()) * devices.size();
     double train_seconds = 0, test_acc = 0, comm_ms = 0, hidden_ms = 0;
     Tally last;
+    // Peak memory from here on: the model and everything training allocates.
+    for (weft::Device d : devices) engine->allocator(d).reset_peak();
     weft::Profiler& profiler = engine->profiler();
     for (int epoch = 0; epoch < o.epochs; ++epoch) {
       it.start_epoch(epoch);
@@ -426,18 +434,32 @@ int main(int argc, char** argv) {
     if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
     say("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch on %s%s\n", test_acc, last.loss(),
         last.acc(), sec_per_epoch, where.c_str(), overlap_text);
+    // Per device of this process (rank 0's with --dist): the peak of bytes
+    // its allocator had handed out since training began (parameters,
+    // activations, gradients, buckets, the test pass).
+    std::string peaks, peaks_json;
+    for (weft::Device d : devices) {
+      const std::size_t peak = weft::memory_stats(*engine, d).peak_in_use;
+      peaks += (peaks.empty() ? "" : ", ") + d.str() + " " + bytes_str(peak);
+      peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(peak);
+    }
+    say("peak memory allocated: %s\n", peaks.c_str());
     if (o.json)
-      say("{\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,\"epochs\":%d,"
-          "\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
-          "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g}\n",
-          test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs, devices[0].str().c_str(),
-          device_list_str(devices).c_str(), dp.processes(), dp.world_size(), dp.buckets().size(),
-          several ? json_number(comm_overlap).c_str() : "null", comm_ms, static_cast<long long>(o.batch_size),
-          static_cast<double>(o.lr));
+      say("{\"model\":\"%s\",\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,"
+          "\"epochs\":%d,\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
+          "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g,\"train_examples\":%lld,"
+          "\"peak_bytes\":{%s}}\n",
+          m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
+          devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
+          dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
+          static_cast<long long>(o.batch_size), static_cast<double>(o.lr), static_cast<long long>(train.size),
+          peaks_json.c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "weft-train-lenet: training failed: %s\n", e.what());
+    std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());
     return 1;
   }
   return 0;
 }
+
+}  // namespace weft::examples
