@@ -101,6 +101,9 @@ std::vector<ConvGeometry> conv_shapes(Rng& rng) {
       conv(16, 1, 28, 28, 6, 5, 5, 1, 0),  // LeNet conv1
       conv(8, 6, 12, 12, 16, 5, 5, 1, 0),  // LeNet conv2
       conv(3, 16, 10, 10, 32, 3, 3, 1, 1), // big enough per image for gemm to split
+      conv(7, 3, 7, 7, 4, 3, 3, 1, 1),     // 7x7 outputs: images in groups of 6, the last group of 1
+      conv(70, 2, 3, 3, 3, 3, 3, 2, 1),    // 2x2 outputs: groups of 64 and 6
+      conv(9, 4, 4, 4, 5, 1, 1, 1, 0),     // 1x1 stride 1 on small planes: grouped, not direct
   };
   for (int i = 0; i < 20; ++i) {
     ConvGeometry g = conv(rng.integer(0, 3), rng.integer(1, 4), rng.integer(1, 9), rng.integer(1, 9),
