@@ -17,8 +17,8 @@ int main(int argc, char** argv) {
       .bucket_note = "; ResNet-18's\n"
                      "                   43 MiB of gradients are then two buckets",
       .usage_note = "\n\nCost: about 0.9 GFLOP per image forward and twice that backward (11.2 M parameters),\n"
-                    "so on a CPU an epoch over all 60,000 examples takes about an hour; --limit N\n"
-                    "trains on a part.",
+                    "so on a 2-core CPU an epoch over all 60,000 examples takes about 25 minutes;\n"
+                    "--limit N trains on a part.",
       .make = [](weft::Engine& engine, weft::Device device, std::uint64_t seed) {
         return weft::nn::resnet18(engine, device, seed);
       }};

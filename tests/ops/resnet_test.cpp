@@ -232,6 +232,28 @@ TEST_CASE("resnet resnet18 has D2L's layers, names, shapes and parameter count")
   CHECK(buffers[0]->name == "bn1.running_mean");
   CHECK(buffers.back()->name == "layer4.1.bn2.running_var");
   CHECK(net->parameters()[4]->value.name() == "layer1.0.conv1.weight");  // the engine variable is named too
+
+  // Every batch norm follows the model's mode: a training forward moves
+  // every running statistic, an evaluation forward none.
+  auto small = nn::resnet18(*engine, {}, 4, nn::ResNetOptions{.stem = nn::ResNetStem::imagenet});
+  auto snapshot = [&] {
+    std::vector<std::vector<float>> out;
+    for (nn::Buffer* b : small->buffers()) out.push_back(b->value.to_host());
+    return out;
+  };
+  const Tensor x = Tensor::from_host(*engine, Shape{2, 1, 32, 32}, random_vec(2 * 32 * 32, 5));
+  const auto before = snapshot();
+  small->train(false);
+  small->forward(x).wait_to_read();
+  const auto after_eval = snapshot();
+  small->train(true);
+  small->forward(x).wait_to_read();
+  const auto after_train = snapshot();
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    CAPTURE(small->buffers()[i]->name);
+    CHECK(bitwise_equal(after_eval[i], before[i]));
+    CHECK_FALSE(bitwise_equal(after_train[i], before[i]));
+  }
 }
 
 TEST_CASE("resnet a short ResNet-18 run is bitwise the same on naive and threaded engines at 1, 2, 4, 8 workers") {
