@@ -70,18 +70,18 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
     in.push_back(t->storage());
     reads.push_back(t->var());
   }
-  std::uint32_t creates = 0;  // bit k: this op creates output k
+  std::vector<bool> creates;  // [k]: this op creates output k (any number of outputs)
   for (const Tensor* t : outputs) {
-    if (std::exchange(t->storage()->creator_pending, false)) creates |= 1u << out.size();
+    creates.push_back(std::exchange(t->storage()->creator_pending, false));
     out.push_back(t->storage());
     writes.push_back(t->var());
   }
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
   engine.push(
-      [in = std::move(in), out = std::move(out), creates, kernel = std::move(kernel), body](RunContext& ctx) mutable {
+      [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body](RunContext& ctx) mutable {
         gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
         for (std::size_t k = 0; k < out.size(); ++k) {
-          if (creates & (1u << k))
+          if (creates[k])
             out[k]->materialize(stream);
           else
             require_memory(*out[k], ctx.op_name);

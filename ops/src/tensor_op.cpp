@@ -20,7 +20,7 @@ using detail::StoragePtr;
 // and which outputs it creates.
 struct Bound {
   std::vector<StoragePtr> in, out;
-  std::uint32_t creates = 0;  // bit k: this op allocates output k (first 32 only: later ones were created)
+  std::vector<bool> creates;  // [k]: this op allocates output k
   std::vector<Var> reads, writes;
   Engine* engine = nullptr;
 };
@@ -51,7 +51,7 @@ Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& i
     b.reads.push_back(t.var());
   }
   for (std::size_t k = 0; k < outputs.size(); ++k) {
-    if (std::exchange(outputs[k].storage()->creator_pending, false) && k < 32) b.creates |= 1u << k;
+    b.creates.push_back(std::exchange(outputs[k].storage()->creator_pending, false));
     b.out.push_back(outputs[k].storage());
     b.writes.push_back(outputs[k].var());
   }
@@ -71,7 +71,7 @@ TensorData materialize(const Bound& b, RunContext& ctx) {
   // GPU work it hands them to is done before it completes.
   gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
   for (std::size_t k = 0; k < b.out.size(); ++k) {
-    if (k < 32 && (b.creates & (1u << k))) b.out[k]->materialize(stream);
+    if (b.creates[k]) b.out[k]->materialize(stream);
     else detail::require_memory(*b.out[k], ctx.op_name);
   }
   for (const StoragePtr& s : b.in) detail::require_memory(*s, ctx.op_name);

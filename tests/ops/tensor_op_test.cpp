@@ -49,6 +49,18 @@ TEST_CASE("tensor ops read and write tensors in order with built-in ops") {
   });
 }
 
+TEST_CASE("a tensor op writes every output it is given, past 32 too") {
+  for_each_engine([](weft::Engine& e) {
+    std::vector<Tensor> outs;
+    for (int k = 0; k < 40; ++k) outs.push_back(Tensor::empty(e, Shape{2}));
+    weft::push_tensor_op(Device::cpu(0), {}, outs, [](RunContext&, const TensorData& d) {
+      for (std::size_t k = 0; k < 40; ++k) d.out(k)[0] = d.out(k)[1] = static_cast<float>(k);
+    });
+    for (int k = 0; k < 40; ++k)
+      CHECK(outs[static_cast<std::size_t>(k)].to_host() == std::vector<float>{static_cast<float>(k), static_cast<float>(k)});
+  });
+}
+
 TEST_CASE("an async tensor op keeps its tensors until it completes") {
   for_each_engine([](weft::Engine& e) {
     const std::int64_t n = 4096;

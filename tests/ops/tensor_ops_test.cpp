@@ -571,6 +571,26 @@ TEST_CASE("pack and unpack: flat runs, scaled, accumulated, and back" * doctest:
   });
 }
 
+// An op may have any number of outputs: a bucket's unpack writes one
+// gradient per parameter, 65 of them in ResNet-18's second bucket. (The op
+// layer once marked the outputs an op creates in a 32-bit mask and shifted
+// past it for the 33rd: undefined behaviour, which UBSan reported.)
+TEST_CASE("unpack into 70 tensors" * doctest::timeout(60)) {
+  for_each_engine([](Engine& e) {
+    constexpr int kOuts = 70;
+    std::vector<float> values(static_cast<std::size_t>(kOuts * 3));
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+    const Tensor flat = host_tensor(e, Shape{kOuts * 3}, values, cpu1);
+    std::vector<Tensor> outs;
+    for (int k = 0; k < kOuts; ++k) outs.push_back(Tensor::empty(e, Shape{3}, cpu1));
+    ops::unpack(flat, outs);
+    for (int k = 0; k < kOuts; ++k) {
+      const std::vector<float> got = outs[static_cast<std::size_t>(k)].to_host();
+      CHECK(got == std::vector<float>{3.0f * k, 3.0f * k + 1, 3.0f * k + 2});
+    }
+  });
+}
+
 TEST_CASE("a random program gives bitwise identical results on naive and threaded" * doctest::timeout(60)) {
   for (std::uint64_t seed : {11u, 12u, 13u}) {
     INFO("program seed " << seed);
