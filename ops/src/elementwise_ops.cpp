@@ -170,6 +170,27 @@ void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha, bool accumu
          });
 }
 
+Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end) {
+  detail::check_float32("slice_rows", x, "x");
+  if (x.shape().rank() == 0) throw InvalidArgument("slice_rows: x " + x.str() + " has no rows (a scalar)");
+  const std::int64_t rows = x.shape()[0];
+  if (begin < 0 || end < begin || end > rows)
+    throw InvalidArgument("slice_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " + x.str() +
+                          ", which has " + std::to_string(rows));
+  std::vector<std::int64_t> dims = x.shape().dims();
+  dims[0] = end - begin;
+  Tensor y = detail::make_like(x, Shape(std::move(dims)));
+  const std::int64_t row = rows > 0 ? x.numel() / rows : 0, offset = begin * row, n = y.numel();
+  launch("slice_rows", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (n == 0) return;
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("slice_rows", mul_scalar(*ctx.gpu, io.o(0), io.i(0) + offset, 1.0f, n));
+    else
+      cpu::copy(io.o(0), io.i(0) + offset, n);
+  });
+  return y;
+}
+
 void unpack(const Tensor& src, const std::vector<Tensor>& dsts) {
   check_runs("unpack", dsts, "dst", src);
   std::vector<const Tensor*> outputs;

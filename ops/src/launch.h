@@ -16,6 +16,14 @@
 
 namespace weft::detail {
 
+// The innermost ops::PushScope of this thread: the priority and the name
+// suffix of the ops it pushes (0 and "" outside any scope).
+struct PushScopeState {
+  int priority = 0;
+  std::string label;
+};
+const PushScopeState& current_push_scope() noexcept;
+
 // What a kernel sees: the raw memory of its inputs and outputs. The op's
 // closure keeps the storages alive until the op body has run; what the body
 // enqueues on a GPU stream (kernels, or the CPU kernel on a simulated GPU)
@@ -57,6 +65,12 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body) {
         RunContext host{device, worker, name, engine};  // gpu == null: the CPU branch
         kernel(host, io);
       });
+}
+
+inline OpOptions scoped_options(std::string name, OpProperty property, std::uint64_t bytes) {
+  const PushScopeState& scope = current_push_scope();
+  if (!scope.label.empty()) name += " [" + scope.label + "]";
+  return OpOptions{scope.priority, std::move(name), property, bytes};
 }
 
 template <class Kernel>
@@ -101,7 +115,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
         }
         run_kernel(ctx, io, kernel, body);
       },
-      exec, reads, writes, OpOptions{0, std::move(name), property, bytes});
+      exec, reads, writes, scoped_options(std::move(name), property, bytes));
 }
 
 // Argument checks shared by the ops; each throws naming the op.

@@ -113,6 +113,44 @@ DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy) {
   return g;
 }
 
+Tensor dense_backward_data(const Tensor& dy, const Tensor& w) {
+  check_all("dense_backward_data", {{&dy, "dy"}, {&w, "w"}});
+  detail::check_rank("dense_backward_data", dy, 2, "dy");
+  detail::check_rank("dense_backward_data", w, 2, "w");
+  const std::int64_t batch = dy.shape()[0], out = dy.shape()[1], in = w.shape()[1];
+  if (w.shape()[0] != out)
+    throw Error("dense_backward_data: dy " + dims(dy) + " and w " + dims(w) + " do not fit (want w [" +
+                std::to_string(out) + ", in])");
+  Tensor dx = detail::make_like(dy, Shape{batch, in});
+  launch("dense_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("dense_backward_data", dense_backward(*ctx.gpu, io.o(0), nullptr, nullptr, nullptr, io.i(1),
+                                                            io.i(0), batch, in, out));
+    else
+      cpu::dense_backward(io.o(0), nullptr, nullptr, nullptr, io.i(1), io.i(0), batch, in, out);
+  });
+  return dx;
+}
+
+DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
+  check_all("dense_backward_weight", {{&x, "x"}, {&dy, "dy"}});
+  detail::check_rank("dense_backward_weight", x, 2, "x");
+  detail::check_rank("dense_backward_weight", dy, 2, "dy");
+  const std::int64_t batch = x.shape()[0], in = x.shape()[1], out = dy.shape()[1];
+  if (dy.shape()[0] != batch)
+    throw Error("dense_backward_weight: x " + dims(x) + " and dy " + dims(dy) + " have different batch sizes");
+  DenseWeightGrads g{detail::make_like(x, Shape{out, in}), detail::make_like(x, Shape{out})};
+  launch("dense_backward_weight", detail::exec_device(x.device()), {&x, &dy}, {&g.dw, &g.db},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("dense_backward_weight", dense_backward(*ctx.gpu, nullptr, io.o(0), io.o(1), io.i(0),
+                                                                     nullptr, io.i(1), batch, in, out));
+           else
+             cpu::dense_backward(nullptr, io.o(0), io.o(1), io.i(0), nullptr, io.i(1), batch, in, out);
+         });
+  return g;
+}
+
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p) {
   check_all("conv2d", {{&x, "x"}, {&w, "w"}, {&b, "b"}});
   const kernels::ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);

@@ -17,6 +17,12 @@ using detail::StoragePtr;
 
 namespace detail {
 
+namespace {
+thread_local PushScopeState push_scope;
+}
+
+const PushScopeState& current_push_scope() noexcept { return push_scope; }
+
 Storage::~Storage() {
   if (block) allocator->free(block);
   try {
@@ -308,5 +314,20 @@ Tensor Tensor::sum() const { return ops::sum(*this); }
 Tensor Tensor::mean() const { return ops::mean(*this); }
 
 MemoryStats memory_stats(Engine& engine, Device device) { return engine.allocator(device).stats(); }
+
+namespace ops {
+
+PushScope::PushScope(int priority, std::string label)
+    : saved_priority_(detail::push_scope.priority), saved_label_(std::move(detail::push_scope.label)) {
+  detail::push_scope.priority = priority;
+  detail::push_scope.label = std::move(label);
+}
+
+PushScope::~PushScope() {
+  detail::push_scope.priority = saved_priority_;
+  detail::push_scope.label = std::move(saved_label_);
+}
+
+}  // namespace ops
 
 }  // namespace weft

@@ -8,9 +8,11 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <any>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -297,5 +299,63 @@ TEST_CASE("resnet a short ResNet-18 run is bitwise the same on naive and threade
     CHECK(bitwise_equal(got.losses, want.losses));
     CHECK(bitwise_equal(got.params, want.params));
     CHECK(bitwise_equal(got.running, want.running));
+  }
+}
+
+// The two halves of backward give backward's values, bitwise; and what a
+// forward kept can be taken out, another forward run, and put back.
+TEST_CASE("resnet backward_input then backward_weight equals backward, and take_saved / restore_saved round-trip") {
+  auto engine = naive_engine();
+  struct Case {
+    std::string what;
+    std::function<std::unique_ptr<nn::Layer>()> make;
+    Shape x;
+  };
+  const std::vector<Case> cases = {
+      {"Dense", [&] { return std::make_unique<nn::Dense>(*engine, 6, 4, weft::Device{}, 3); }, Shape{5, 6}},
+      {"Conv2d stride 2 pad 1",
+       [&] { return std::make_unique<nn::Conv2d>(*engine, 2, 3, 3, nn::Conv2dParams{2, 1}, weft::Device{}, 4); },
+       Shape{2, 2, 7, 5}},
+      {"Residual with projection", [&] { return std::make_unique<nn::Residual>(*engine, 2, 4, 2, true, weft::Device{}, 5); },
+       Shape{2, 2, 7, 5}},
+      {"ResNet-18 (ImageNet stem)",
+       [&] { return nn::resnet18(*engine, {}, 6, nn::ResNetOptions{.stem = nn::ResNetStem::imagenet}); },
+       Shape{2, 1, 32, 32}},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const Tensor x = Tensor::from_host(*engine, c.x, random_vec(c.x.numel(), 7));
+    auto grads = [](nn::Layer& l) {
+      std::vector<std::vector<float>> out;
+      for (nn::Parameter* p : l.parameters()) out.push_back(p->grad.to_host());
+      return out;
+    };
+    auto whole = c.make(), split = c.make(), stashed = c.make();
+    const Tensor y = whole->forward(x);
+    const Tensor dy = Tensor::from_host(*engine, y.shape(), random_vec(y.numel(), 8));
+    const std::vector<float> dx_whole = whole->backward(dy).to_host();
+
+    (void)split->forward(x);
+    const std::vector<float> dx_split = split->backward_input(dy).to_host();
+    CHECK_THROWS_AS(split->backward_input(dy), weft::Error);  // the weight half is still waiting
+    split->backward_weight();
+    CHECK(bitwise_equal(dx_split, dx_whole));
+    CHECK(grads(*split) == grads(*whole));
+
+    // Micro-batch A's forward, kept aside while B runs forward and backward,
+    // then A's backward in two halves with a take/restore between them.
+    (void)stashed->forward(x);
+    std::any a = stashed->take_saved();
+    const Tensor other = Tensor::from_host(*engine, c.x, random_vec(c.x.numel(), 9));
+    (void)stashed->backward(Tensor::from_host(*engine, y.shape(), random_vec(y.numel(), 10)) * 0.0f +
+                            stashed->forward(other) * 0.0f);
+    stashed->restore_saved(std::move(a));
+    const std::vector<float> dx_stashed = stashed->backward_input(dy).to_host();
+    std::any pending = stashed->take_saved();
+    CHECK_THROWS_AS(stashed->backward_weight(), weft::Error);  // taken out: nothing waits
+    stashed->restore_saved(std::move(pending));
+    stashed->backward_weight();
+    CHECK(bitwise_equal(dx_stashed, dx_whole));
+    CHECK(grads(*stashed) == grads(*whole));
   }
 }

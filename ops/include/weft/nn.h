@@ -13,6 +13,7 @@
 // engine. Biases start at zero.
 #pragma once
 
+#include <any>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -93,6 +94,30 @@ class Layer {
   virtual void train(bool on) { training_ = on; }
   bool training() const noexcept { return training_; }
 
+  // Backward in two halves, for schedules that run them apart (zero-bubble
+  // pipelines move the weight half into idle time): backward_input(dy)
+  // pushes what dx needs and returns dx; backward_weight() then pushes the
+  // parameters' gradients (same values as backward()). backward(dy) is the
+  // two in a row. Defaults: backward_input runs the whole backward, and
+  // backward_weight does nothing (a layer whose gradients come from one op,
+  // as batch norm's). backward_weight throws weft::Error when no
+  // backward_input is waiting for it.
+  virtual Tensor backward_input(const Tensor& dy) { return backward(dy); }
+  virtual void backward_weight() {}
+
+  // What training forwards kept for backward — and a backward_input kept
+  // for its backward_weight — taken out of the layer, which then keeps
+  // nothing, and put back later: several micro-batches between forward and
+  // backward at once (pipelines). Opaque; restore_saved takes only what
+  // take_saved of the same layer gave. Defaults: nothing kept.
+  virtual std::any take_saved() { return {}; }
+  virtual void restore_saved(std::any saved) { (void)saved; }
+
+  // While frozen, training forwards leave running statistics alone (batch
+  // norm): a forward that repeats an earlier one (recomputation) must not
+  // count its batch twice. Default: nothing to freeze.
+  virtual void freeze_running_stats(bool frozen) { (void)frozen; }
+
  protected:
   bool training_ = true;
 };
@@ -108,13 +133,19 @@ class Dense : public Layer {
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
 
+  Tensor backward_input(const Tensor& dy) override;
+  void backward_weight() override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+
   Parameter& weight() noexcept { return weight_; }
   Parameter& bias() noexcept { return bias_; }
 
  private:
   std::int64_t in_, out_;
   Parameter weight_, bias_;
-  Tensor x_;  // forward's input, until backward
+  Tensor x_;   // forward's input, until backward (or backward_weight)
+  Tensor dy_;  // backward_input's dy, until backward_weight
 };
 
 // 2-D convolution, NCHW input, OIHW square filter [out, in, kernel, kernel], bias [out].
@@ -129,6 +160,11 @@ class Conv2d : public Layer {
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
 
+  Tensor backward_input(const Tensor& dy) override;
+  void backward_weight() override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+
   Parameter& weight() noexcept { return weight_; }
   Parameter& bias() noexcept { return bias_; }
 
@@ -136,7 +172,7 @@ class Conv2d : public Layer {
   std::int64_t in_, out_, kernel_;
   Conv2dParams params_;
   Parameter weight_, bias_;
-  Tensor x_;
+  Tensor x_, dy_;  // as Dense's
 };
 
 class ReLU : public Layer {
@@ -145,6 +181,8 @@ class ReLU : public Layer {
   Tensor backward(const Tensor& dy) override;
   Shape output_shape(const Shape& input) const override { return input; }
   std::string describe() const override { return "ReLU"; }
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
 
  private:
   Tensor x_;
@@ -172,10 +210,14 @@ class BatchNorm : public Layer {
   Parameter& bias() noexcept { return bias_; }
   Buffer& running_mean() noexcept { return running_mean_; }
   Buffer& running_var() noexcept { return running_var_; }
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+  void freeze_running_stats(bool frozen) override { frozen_ = frozen; }
 
  private:
   std::int64_t channels_;
   BatchNormParams params_;
+  bool frozen_ = false;
   std::string name_;
   Parameter weight_, bias_;
   Buffer running_mean_, running_var_;
@@ -189,6 +231,8 @@ class AvgPool2d : public Layer {
   Tensor backward(const Tensor& dy) override;
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
 
  private:
   Pool2dParams params_;
@@ -203,6 +247,8 @@ class MaxPool2d : public Layer {
   Tensor backward(const Tensor& dy) override;
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
 
  private:
   Pool2dParams params_;
@@ -217,6 +263,8 @@ class GlobalAvgPool2d : public Layer {
   Tensor backward(const Tensor& dy) override;
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override { return "GlobalAvgPool2d"; }
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
 
  private:
   Shape x_shape_;
@@ -230,6 +278,8 @@ class Flatten : public Layer {
   Tensor backward(const Tensor& dy) override;
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override { return "Flatten"; }
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
 
  private:
   Shape x_shape_;
@@ -257,8 +307,14 @@ class Residual : public Layer {
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
   void train(bool on) override;
+  Tensor backward_input(const Tensor& dy) override;
+  void backward_weight() override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+  void freeze_running_stats(bool frozen) override;
 
  private:
+  std::vector<Layer*> children() const;  // in forward order, the shortcut's last
   std::int64_t in_, out_, stride_;
   std::unique_ptr<Conv2d> conv1_, conv2_, downsample_;  // downsample_: null without projection
   std::unique_ptr<BatchNorm> bn1_, bn2_;
@@ -288,6 +344,11 @@ class Sequential : public Layer {
   // printed as N, and its parameter count. Ends with the total.
   std::string describe() const override;
   void train(bool on) override;
+  Tensor backward_input(const Tensor& dy) override;  // every layer's, in reverse
+  void backward_weight() override;                   // every layer's, in reverse
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+  void freeze_running_stats(bool frozen) override;
 
   // The input shape describe() assumes (the batch extent is ignored), e.g.
   // {1, 1, 28, 28}; forward() sets it too.

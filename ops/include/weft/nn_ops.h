@@ -31,6 +31,13 @@ struct DenseGrads {
   Tensor dx, dw, db;
 };
 DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy);
+// Its two halves as separate ops, same values: dx = dy w; and dw = dy^T x,
+// db = column sums of dy (both in one op).
+Tensor dense_backward_data(const Tensor& dy, const Tensor& w);
+struct DenseWeightGrads {
+  Tensor dw, db;
+};
+DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy);
 
 // x [N, C, H, W], w [O, C, KH, KW], b [O] (may be undefined) -> [N, O, OH, OW]
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p = {});

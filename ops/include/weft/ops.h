@@ -5,11 +5,30 @@
 // float32 only for now.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "weft/tensor.h"
 
 namespace weft::ops {
+
+// While alive, every op this thread pushes through the ops layer (the ops
+// below, weft/nn_ops.h, Tensor's methods, the nn layers) gets `priority`
+// (higher runs first among ready ops of a device) and has " [label]"
+// appended to its name (traces, the profiler's tables, errors). Scopes nest:
+// the innermost one counts. A pipeline marks each stage's actions so
+// ("conv2d [stage 1 F3]"), with backward over forward.
+class PushScope {
+ public:
+  PushScope(int priority, std::string label);
+  ~PushScope();
+  PushScope(const PushScope&) = delete;
+  PushScope& operator=(const PushScope&) = delete;
+
+ private:
+  int saved_priority_;
+  std::string saved_label_;
+};
 
 // Threads one CPU kernel may use: every CPU op parallelizes inside one shared
 // oneTBB arena of this many slots (default: the hardware threads), so
@@ -37,6 +56,9 @@ void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha = 1.0f, bool
 // The inverse: each dsts[k] becomes its run of `src` (the same layout as
 // pack's). One op reading src and writing every dst; the dsts are distinct.
 void unpack(const Tensor& src, const std::vector<Tensor>& dsts);
+
+// Rows [begin, end) of x (along dim 0) as a new tensor on x's device.
+Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end);
 
 // Reductions.
 Tensor sum(const Tensor& x);   // scalar (shape [])

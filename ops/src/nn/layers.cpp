@@ -84,6 +84,28 @@ std::string pool_describe(const char* layer, Pool2dParams p) {
   return out + ")";
 }
 
+// What a layer with an input and a pending dy keeps (Dense, Conv2d).
+struct InputAndGrad {
+  Tensor x, dy;
+};
+// What a shape-only layer keeps (average pooling, flatten).
+struct KeptShape {
+  Shape shape;
+  bool have = false;
+};
+
+template <class T>
+T saved_as(std::any& saved, const char* layer) {
+  if (!saved.has_value()) return T{};
+  T* v = std::any_cast<T>(&saved);
+  if (!v) throw InvalidArgument(std::string(layer) + "::restore_saved: not what this kind of layer's take_saved gave");
+  return std::move(*v);
+}
+
+void no_backward_input(const std::string& layer) {
+  throw InvalidArgument(layer + ": backward_weight without a backward_input before it");
+}
+
 Buffer make_buffer(Engine& engine, const std::string& name, std::int64_t n, float value, Device device) {
   Tensor t = Tensor::full(engine, Shape{n}, value, device);
   t.set_name(name);
@@ -145,6 +167,31 @@ Tensor Dense::backward(const Tensor& dy) {
   return std::move(g.dx);
 }
 
+Tensor Dense::backward_input(const Tensor& dy) {
+  if (!x_.defined() || dy_.defined()) no_forward("Dense");
+  check_dy("Dense", dy, output_shape(x_.shape()));
+  dy_ = dy;
+  return ops::dense_backward_data(dy, weight_.value);
+}
+
+void Dense::backward_weight() {
+  if (!dy_.defined()) no_backward_input("Dense");
+  ops::DenseWeightGrads g = ops::dense_backward_weight(x_, dy_);
+  x_ = dy_ = Tensor();
+  g.dw.set_name(weight_.name + ".grad");
+  g.db.set_name(bias_.name + ".grad");
+  weight_.grad = std::move(g.dw);
+  bias_.grad = std::move(g.db);
+}
+
+std::any Dense::take_saved() { return InputAndGrad{std::exchange(x_, Tensor()), std::exchange(dy_, Tensor())}; }
+
+void Dense::restore_saved(std::any saved) {
+  InputAndGrad k = saved_as<InputAndGrad>(saved, "Dense");
+  x_ = std::move(k.x);
+  dy_ = std::move(k.dy);
+}
+
 std::string Dense::describe() const { return "Dense(" + num(in_) + " -> " + num(out_) + ")"; }
 
 // ---- Conv2d -------------------------------------------------------------
@@ -191,6 +238,31 @@ Tensor Conv2d::backward(const Tensor& dy) {
   return dx;
 }
 
+Tensor Conv2d::backward_input(const Tensor& dy) {
+  if (!x_.defined() || dy_.defined()) no_forward("Conv2d");
+  check_dy("Conv2d", dy, output_shape(x_.shape()));
+  dy_ = dy;
+  return ops::conv2d_backward_data(dy, weight_.value, x_.shape(), params_);
+}
+
+void Conv2d::backward_weight() {
+  if (!dy_.defined()) no_backward_input("Conv2d");
+  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy_, weight_.value.shape(), params_);
+  x_ = dy_ = Tensor();
+  g.dw.set_name(weight_.name + ".grad");
+  g.db.set_name(bias_.name + ".grad");
+  weight_.grad = std::move(g.dw);
+  bias_.grad = std::move(g.db);
+}
+
+std::any Conv2d::take_saved() { return InputAndGrad{std::exchange(x_, Tensor()), std::exchange(dy_, Tensor())}; }
+
+void Conv2d::restore_saved(std::any saved) {
+  InputAndGrad k = saved_as<InputAndGrad>(saved, "Conv2d");
+  x_ = std::move(k.x);
+  dy_ = std::move(k.dy);
+}
+
 std::string Conv2d::describe() const {
   return "Conv2d(" + num(in_) + " -> " + num(out_) + ", kernel " + num(kernel_) + ", stride " + num(params_.stride) +
          ", pad " + num(params_.pad) + ")";
@@ -212,6 +284,9 @@ Tensor ReLU::backward(const Tensor& dy) {
   return dx;
 }
 
+std::any ReLU::take_saved() { return std::exchange(x_, Tensor()); }
+void ReLU::restore_saved(std::any saved) { x_ = saved_as<Tensor>(saved, "ReLU"); }
+
 // ---- pooling ------------------------------------------------------------
 
 Shape AvgPool2d::output_shape(const Shape& x) const { return pool_output("AvgPool2d", x, params_); }
@@ -232,6 +307,14 @@ Tensor AvgPool2d::backward(const Tensor& dy) {
 
 std::string AvgPool2d::describe() const { return pool_describe("AvgPool2d", params_); }
 
+std::any AvgPool2d::take_saved() { return KeptShape{x_shape_, std::exchange(have_x_, false)}; }
+
+void AvgPool2d::restore_saved(std::any saved) {
+  const KeptShape k = saved_as<KeptShape>(saved, "AvgPool2d");
+  x_shape_ = k.shape;
+  have_x_ = k.have;
+}
+
 Shape MaxPool2d::output_shape(const Shape& x) const { return pool_output("MaxPool2d", x, params_); }
 
 Tensor MaxPool2d::forward(const Tensor& x) {
@@ -249,6 +332,17 @@ Tensor MaxPool2d::backward(const Tensor& dy) {
 }
 
 std::string MaxPool2d::describe() const { return pool_describe("MaxPool2d", params_); }
+
+std::any MaxPool2d::take_saved() { return std::exchange(x_, Tensor()); }
+void MaxPool2d::restore_saved(std::any saved) { x_ = saved_as<Tensor>(saved, "MaxPool2d"); }
+
+std::any GlobalAvgPool2d::take_saved() { return KeptShape{x_shape_, std::exchange(have_x_, false)}; }
+
+void GlobalAvgPool2d::restore_saved(std::any saved) {
+  const KeptShape k = saved_as<KeptShape>(saved, "GlobalAvgPool2d");
+  x_shape_ = k.shape;
+  have_x_ = k.have;
+}
 
 // ---- GlobalAvgPool2d ------------------------------------------------------
 
@@ -303,8 +397,10 @@ Tensor BatchNorm::forward(const Tensor& x) {
     return ops::batch_norm_infer(x, weight_.value, bias_.value, running_mean_.value, running_var_.value, params_);
   }
   ops::BatchNormTrain r;
+  ops::BatchNormParams p = params_;
+  if (frozen_) p.momentum = 0.0f;  // running = 1 * running + 0 * batch: unchanged
   try {
-    r = ops::batch_norm_train(x, weight_.value, bias_.value, running_mean_.value, running_var_.value, params_);
+    r = ops::batch_norm_train(x, weight_.value, bias_.value, running_mean_.value, running_var_.value, p);
   } catch (const Error& e) {
     throw InvalidArgument(name_ + " (" + describe() + "): " + e.what());
   }
@@ -324,6 +420,22 @@ Tensor BatchNorm::backward(const Tensor& dy) {
   weight_.grad = std::move(g.dgamma);
   bias_.grad = std::move(g.dbeta);
   return std::move(g.dx);
+}
+
+struct BatchNormSaved {
+  Tensor x, mean, invstd;
+};
+
+std::any BatchNorm::take_saved() {
+  return BatchNormSaved{std::exchange(x_, Tensor()), std::exchange(save_mean_, Tensor()),
+                        std::exchange(save_invstd_, Tensor())};
+}
+
+void BatchNorm::restore_saved(std::any saved) {
+  BatchNormSaved k = saved_as<BatchNormSaved>(saved, "BatchNorm");
+  x_ = std::move(k.x);
+  save_mean_ = std::move(k.mean);
+  save_invstd_ = std::move(k.invstd);
 }
 
 std::string BatchNorm::describe() const {
@@ -378,6 +490,46 @@ Tensor Residual::backward(const Tensor& dy) {
   return d_main + d_short;
 }
 
+Tensor Residual::backward_input(const Tensor& dy) {
+  const Tensor d = relu_out_.backward(dy);
+  const Tensor d_short = downsample_ ? downsample_->backward_input(d) : d;
+  const Tensor d_main =
+      conv1_->backward_input(bn1_->backward(relu1_.backward(conv2_->backward_input(bn2_->backward(d)))));
+  return d_main + d_short;
+}
+
+void Residual::backward_weight() {
+  if (downsample_) downsample_->backward_weight();
+  conv2_->backward_weight();
+  conv1_->backward_weight();
+}
+
+std::vector<Layer*> Residual::children() const {
+  std::vector<Layer*> out{conv1_.get(), bn1_.get(), const_cast<ReLU*>(&relu1_), conv2_.get(), bn2_.get(),
+                          const_cast<ReLU*>(&relu_out_)};
+  if (downsample_) out.push_back(downsample_.get());
+  return out;
+}
+
+std::any Residual::take_saved() {
+  std::vector<std::any> saved;
+  for (Layer* l : children()) saved.push_back(l->take_saved());
+  return saved;
+}
+
+void Residual::restore_saved(std::any saved) {
+  std::vector<std::any> parts = saved_as<std::vector<std::any>>(saved, "Residual");
+  const std::vector<Layer*> layers = children();
+  if (parts.empty()) parts.resize(layers.size());
+  if (parts.size() != layers.size()) throw InvalidArgument("Residual::restore_saved: saved by another block");
+  for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->restore_saved(std::move(parts[i]));
+}
+
+void Residual::freeze_running_stats(bool frozen) {
+  bn1_->freeze_running_stats(frozen);
+  bn2_->freeze_running_stats(frozen);
+}
+
 std::vector<Parameter*> Residual::parameters() {
   std::vector<Parameter*> out;
   for (Layer* l : std::initializer_list<Layer*>{conv1_.get(), bn1_.get(), conv2_.get(), bn2_.get(), downsample_.get()})
@@ -402,9 +554,7 @@ std::string Residual::describe() const {
 
 void Residual::train(bool on) {
   training_ = on;
-  for (Layer* l : std::initializer_list<Layer*>{conv1_.get(), bn1_.get(), &relu1_, conv2_.get(), bn2_.get(),
-                                                downsample_.get(), &relu_out_})
-    if (l) l->train(on);
+  for (Layer* l : children()) l->train(on);
 }
 
 // ---- Flatten ------------------------------------------------------------
@@ -421,6 +571,14 @@ Tensor Flatten::forward(const Tensor& x) {
   x_shape_ = x.shape();
   have_x_ = training_;
   return y;
+}
+
+std::any Flatten::take_saved() { return KeptShape{x_shape_, std::exchange(have_x_, false)}; }
+
+void Flatten::restore_saved(std::any saved) {
+  const KeptShape k = saved_as<KeptShape>(saved, "Flatten");
+  x_shape_ = k.shape;
+  have_x_ = k.have;
 }
 
 Tensor Flatten::backward(const Tensor& dy) {

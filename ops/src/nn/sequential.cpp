@@ -42,6 +42,34 @@ Tensor Sequential::backward(const Tensor& dy) {
   return d;
 }
 
+Tensor Sequential::backward_input(const Tensor& dy) {
+  Tensor d = dy;
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) d = (*it)->backward_input(d);
+  return d;
+}
+
+void Sequential::backward_weight() {
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) (*it)->backward_weight();
+}
+
+std::any Sequential::take_saved() {
+  std::vector<std::any> saved;
+  for (auto& layer : layers_) saved.push_back(layer->take_saved());
+  return saved;
+}
+
+void Sequential::restore_saved(std::any saved) {
+  if (!saved.has_value()) saved = std::vector<std::any>(layers_.size());
+  auto* parts = std::any_cast<std::vector<std::any>>(&saved);
+  if (!parts || parts->size() != layers_.size())
+    throw InvalidArgument("Sequential::restore_saved: not what this Sequential's take_saved gave");
+  for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->restore_saved(std::move((*parts)[i]));
+}
+
+void Sequential::freeze_running_stats(bool frozen) {
+  for (auto& layer : layers_) layer->freeze_running_stats(frozen);
+}
+
 std::vector<Parameter*> Sequential::parameters() {
   std::vector<Parameter*> out;
   for (auto& layer : layers_) {
