@@ -44,6 +44,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -170,6 +171,16 @@ struct SimStream final : Stream {
     work_cv.notify_one();
   }
 
+  // Host wait for everything enqueued so far, leaving any error for the
+  // next event (what freeing memory waits for). Not from this stream's own
+  // thread, whose earlier items are done anyway.
+  void drain() {
+    if (tls_stream == this) return;
+    std::unique_lock lock(mutex);
+    const std::uint64_t target = enqueued;
+    done_cv.wait(lock, [&] { return finished >= target; });
+  }
+
   // Host wait for everything enqueued so far; rethrows an error no event took.
   void synchronize() {
     std::unique_lock lock(mutex);
@@ -208,6 +219,7 @@ struct SimStream final : Stream {
   bool stopping = false;
   std::exception_ptr pending_error;
   std::thread thread;
+  static thread_local const SimStream* tls_stream;  // the stream whose thread this is, if any
 
  private:
   void run() {
@@ -216,6 +228,7 @@ struct SimStream final : Stream {
     // deadline, not the default 50 us timer slack.
     prctl(PR_SET_TIMERSLACK, 1000UL, 0UL, 0UL, 0UL);
 #endif
+    tls_stream = this;
     std::unique_lock lock(mutex);
     while (true) {
       work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
@@ -237,6 +250,8 @@ struct SimStream final : Stream {
     }
   }
 };
+
+thread_local const SimStream* SimStream::tls_stream = nullptr;
 
 struct SimDevice {
   std::size_t capacity = 0;
@@ -300,6 +315,7 @@ class SimRuntime final : public Runtime {
     if (!stream) return;
     auto* s = static_cast<SimStream*>(stream);
     {
+      std::unique_lock life(streams_life_);  // not while a free drains the streams
       SimDevice& d = devices_[static_cast<std::size_t>(s->device)];
       std::lock_guard lock(d.mutex);
       d.streams.erase(std::remove(d.streams.begin(), d.streams.end(), s), d.streams.end());
@@ -426,13 +442,17 @@ class SimRuntime final : public Runtime {
       d.used -= it->second;
       d.blocks.erase(it);
     }
+    drain_all();
     std::free(ptr);
   }
 
   void* pinned_malloc(std::size_t bytes) noexcept override {
     return std::aligned_alloc(kAlign, (std::max<std::size_t>(bytes, 1) + kAlign - 1) / kAlign * kAlign);
   }
-  void pinned_free(void* ptr) noexcept override { std::free(ptr); }
+  void pinned_free(void* ptr) noexcept override {
+    drain_all();
+    std::free(ptr);
+  }
 
  protected:
   void do_event_synchronize(NativeEvent* event) override {
@@ -442,6 +462,24 @@ class SimRuntime final : public Runtime {
     if (rec->error) std::rethrow_exception(rec->error);
   }
   void do_stream_synchronize(Stream* stream) override { sim(stream).synchronize(); }
+  // cudaFree and cudaFreeHost synchronize before they free, and so must
+  // this: work enqueued earlier on any stream may still use the memory (the
+  // caching allocator hands a block back to the system when it drops its
+  // cache — running out of memory, or at its end — and a cached block's
+  // last use may still be queued on its stream). Freeing at once let a
+  // stream write into freed heap memory.
+  void drain_all() noexcept {
+    std::shared_lock life(streams_life_);  // no stream is destroyed meanwhile
+    for (SimDevice& d : devices_) {
+      std::vector<SimStream*> streams;
+      {
+        std::lock_guard lock(d.mutex);
+        streams = d.streams;
+      }
+      for (SimStream* s : streams) s->drain();
+    }
+  }
+
   void do_device_synchronize(int device) override {
     SimDevice& d = dev(device);
     std::vector<SimStream*> streams;
@@ -531,6 +569,7 @@ class SimRuntime final : public Runtime {
 
   const SimConfig config_;
   std::vector<SimDevice> devices_;
+  std::shared_mutex streams_life_;  // drain_all (shared) vs destroy_stream (exclusive)
 };
 
 }  // namespace

@@ -105,14 +105,18 @@ struct Pipeline::Impl {
   }
 
   // The gate: the stage's next action starts after its previous one. Its
-  // inputs are rewritten (a no-op) by an op that also reads the stage's order
-  // variable, so every op reading them waits.
+  // inputs are read and rewritten (a no-op) by an op that also reads the
+  // stage's order variable, so every op reading them waits. Read as well as
+  // written: a failed input (out of memory upstream, say) skips the gate and
+  // stays failed, instead of being cleared by a successful write.
   void gate(Stage& s, const std::vector<Tensor>& inputs) {
-    std::vector<Var> writes;
+    std::vector<Var> vars;
     for (const Tensor& t : inputs)
-      if (t.defined()) writes.push_back(t.var());
-    if (writes.empty()) return;
-    engine->push([] {}, s.device, {s.order}, writes, OpOptions{.name = "gate"});
+      if (t.defined()) vars.push_back(t.var());
+    if (vars.empty()) return;
+    std::vector<Var> reads = vars;
+    reads.push_back(s.order);
+    engine->push([] {}, s.device, reads, vars, OpOptions{.name = "gate"});
   }
   // ...and the action's outputs, once written, mark the stage's order.
   void mark(Stage& s, const std::vector<Tensor>& outputs) {

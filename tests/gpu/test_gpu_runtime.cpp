@@ -6,6 +6,8 @@
 // a block to another stream while a stream that used it may still run. The
 // timing-model checks hold on simulated GPUs only (they say so).
 #include <atomic>
+#include <chrono>
+#include <cstring>
 #include <thread>
 
 #include "gpu_test_util.h"
@@ -251,6 +253,38 @@ TEST_CASE("gpu runtime - a block another stream used is not reused before that u
   CHECK(after.ptr == first);
   alloc->free(meanwhile);
   alloc->free(after);
+}
+
+// A freed block stays with its stream, whose queued work may still use it;
+// giving the cache back to the system (as running out of memory does) must
+// wait for that work, as cudaFree synchronizes. The simulator freed at once
+// and its stream then wrote into freed heap memory (found by a pipeline's
+// largest-batch search; AddressSanitizer names it here without the wait).
+TEST_CASE("gpu runtime - releasing the cache waits for work still queued on a block's stream" *
+          doctest::timeout(60)) {
+  WEFT_REQUIRE_GPU();
+  auto alloc = weft::make_caching_allocator(Device::gpu(0));
+  gpu::StreamResources stream(0, gpu::StreamRole::compute, 0);
+  const std::size_t bytes = 1 << 16;
+  weft::Block block = alloc->allocate(bytes, stream.handles().stream);
+  Gate gate;
+  std::atomic<bool> wrote{false};
+  // Work on the block's own stream, held back by a gate: the block may be
+  // freed (cached for this stream) before it runs, as a GPU op's memory is.
+  gpu::launch_host_func(stream.handles().stream, [&gate, &wrote, p = static_cast<unsigned char*>(block.ptr), bytes] {
+    gate.wait();
+    std::memset(p, 0x5a, bytes);
+    wrote = true;
+  });
+  alloc->free(block);
+  std::thread opener([&gate] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    gate.release();
+  });
+  alloc->release_cached();  // gives the block back to the system: only after the write
+  CHECK(wrote.load());
+  opener.join();
+  stream.synchronize();
 }
 
 TEST_CASE("gpu runtime - device memory has a capacity and running out is an OutOfMemory naming it" *

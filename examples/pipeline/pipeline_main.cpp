@@ -1,0 +1,513 @@
+// weft-pipeline: the pipeline-parallel experiments of the seed's slides, on
+// LeNet and ResNet-18 split over a device list (CPU devices, simulated or
+// real GPUs), with weft::parallel::Pipeline:
+//   1. plain model parallelism (one micro-batch) vs the pipeline (M = 4K);
+//   2. a micro-batch sweep, the bubble measured from the trace beside
+//      (K - 1) / (M + K - 1);
+//   3. the balance: naive even split vs by time vs by memory;
+//   4. GPipe vs 1F1B, with and without recomputation: peak memory per device;
+//   5. on GPUs, the largest batch that fits, with and without recomputation
+//      (simulated GPUs have a capacity: WEFT_SIM_GPU_MEMORY).
+// Synthetic data (the throughput, bubble and memory do not depend on it).
+// Each configuration: a warm-up step, then --steps timed steps, each
+// flushed (wait_all) so steps do not overlap.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "arg_cursor.h"
+#include "device_list.h"
+#include "weft/engine.h"
+#include "weft/error.h"
+#include "weft/nn.h"
+#include "weft/ops.h"
+#include "weft/parallel/pipeline.h"
+#include "weft/tensor.h"
+
+namespace {
+
+namespace nn = weft::nn;
+namespace par = weft::parallel;
+using weft::Device;
+using weft::Engine;
+using weft::Shape;
+using weft::Tensor;
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string models = "all";  // lenet, resnet18, all
+  std::string devices = "cpu:0,cpu:1";
+  std::int64_t lenet_batch = 256, resnet_batch = 64;
+  int steps = 3;
+  int kernel_threads = 1;
+  bool quick = false, json = false;
+  std::string trace;
+  std::string sweeps = "12345";  // which of the five experiments
+  bool wants(char sweep) const { return sweeps.find(sweep) != std::string::npos; }
+};
+
+void usage(std::FILE* out) {
+  std::fprintf(out,
+               "weft-pipeline: pipeline parallelism (GPipe, 1F1B) on LeNet and ResNet-18 over a device list\n"
+               "\n"
+               "usage: weft-pipeline [options]\n"
+               "  --models M         lenet, resnet18 or all (default all)\n"
+               "  --devices D,...    one device per stage (default cpu:0,cpu:1; gpu:0,gpu:1 with\n"
+               "                     WEFT_GPU_BACKEND=sim for simulated GPUs)\n"
+               "  --batch-size N     LeNet's batch (default 256); ResNet-18's is --resnet-batch-size (default 64)\n"
+               "  --resnet-batch-size N\n"
+               "  --steps N          timed steps per configuration (default 3)\n"
+               "  --kernel-threads N threads each CPU kernel may use (default 1: a stage on a CPU device\n"
+               "                     is one core, so K stages need K cores to overlap)\n"
+               "  --quick            a reduced sweep (under a minute on two cores)\n"
+               "  --sweeps LIST      which experiments, e.g. 24 (default 12345: all five above)\n"
+               "  --trace FILE       write the trace of the pipelined configuration of sweep 1\n"
+               "  --json             one JSON line per configuration instead of the tables\n"
+               "  --help             this text\n"
+               "\n"
+               "JSON keys: sweep, model, schedule, checkpoint, stages, chunks, balance, batch,\n"
+               "samples_per_sec, step_ms, bubble_measured (mean over stages), bubble_per_stage,\n"
+               "bubble_predicted, peak_bytes (per device), and for the fit sweep max_batch.\n"
+               "Exit status: 0 done, 2 bad arguments, 1 failure.\n");
+}
+
+struct UsageError {
+  std::string message;
+};
+
+bool parse(int argc, char** argv, Options& o) {
+  weft::examples::ArgCursor args(argc, argv);
+  while (args.next()) {
+    const std::string arg = args.flag();
+    auto number = [&](long long lo, long long hi) {
+      const std::optional<long long> v = args.int_value(lo, hi);
+      if (!v) throw UsageError{arg + " wants a whole number from " + std::to_string(lo) + " to " + std::to_string(hi)};
+      return *v;
+    };
+    auto text = [&] {
+      std::optional<std::string> v = args.value();
+      if (!v || v->empty()) throw UsageError{arg + " needs a value"};
+      return *v;
+    };
+    auto flag = [&] {
+      if (args.has_inline_value()) throw UsageError{arg + " takes no value"};
+    };
+    if (arg == "--help" || arg == "-h") {
+      usage(stdout);
+      return false;
+    } else if (arg == "--models") {
+      o.models = text();
+      if (o.models != "lenet" && o.models != "resnet18" && o.models != "all")
+        throw UsageError{"--models wants lenet, resnet18 or all, got '" + o.models + "'"};
+    } else if (arg == "--devices") {
+      o.devices = text();
+    } else if (arg == "--batch-size") {
+      o.lenet_batch = number(1, 1 << 20);
+    } else if (arg == "--resnet-batch-size") {
+      o.resnet_batch = number(1, 1 << 20);
+    } else if (arg == "--steps") {
+      o.steps = static_cast<int>(number(1, 1000));
+    } else if (arg == "--kernel-threads") {
+      o.kernel_threads = static_cast<int>(number(1, 1024));
+    } else if (arg == "--quick") {
+      flag();
+      o.quick = true;
+    } else if (arg == "--json") {
+      flag();
+      o.json = true;
+    } else if (arg == "--trace") {
+      o.trace = text();
+    } else if (arg == "--sweeps") {
+      o.sweeps = text();
+      if (o.sweeps.find_first_not_of("12345") != std::string::npos)
+        throw UsageError{"--sweeps wants digits 1 to 5, got '" + o.sweeps + "'"};
+    } else {
+      throw UsageError{"unknown argument '" + arg + "'"};
+    }
+  }
+  return true;
+}
+
+// ---- models and data --------------------------------------------------------
+
+struct Model {
+  std::string name;
+  std::function<std::unique_ptr<nn::Sequential>(Engine&, Device)> make;
+  std::vector<std::int64_t> example;  // one input's shape
+  std::int64_t batch = 0;
+};
+
+struct Batch {
+  Tensor x, y;
+};
+
+Batch synthetic(Engine& e, const Model& m, std::int64_t rows, Device device = Device::cpu(0)) {
+  std::vector<std::int64_t> dims{rows};
+  dims.insert(dims.end(), m.example.begin(), m.example.end());
+  const Shape shape(dims);
+  std::mt19937 gen(1);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(shape.numel())), y(static_cast<std::size_t>(rows));
+  for (float& v : x) v = u(gen);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>(i % 10);
+  return {Tensor::from_host(e, shape, x, device), Tensor::from_host(e, Shape{rows}, y, device)};
+}
+
+// ---- one configuration ----------------------------------------------------------
+
+struct Config {
+  std::string sweep;
+  std::vector<int> balance;
+  std::string balance_by;  // even, time, size
+  int chunks = 1;
+  std::string schedule = "gpipe";
+  par::Checkpoint checkpoint = par::Checkpoint::never;
+  std::int64_t batch = 0;
+};
+
+struct Result {
+  double samples_per_sec = 0, step_ms = 0;
+  std::vector<double> bubble;
+  std::vector<std::size_t> peak;
+};
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return v.empty() ? 0.0 : s / static_cast<double>(v.size());
+}
+
+Result run(Engine& e, const Model& m, const std::vector<Device>& devices, const Config& c, int steps,
+           const std::string& trace = "") {
+  auto net = m.make(e, devices[0]);
+  par::Pipeline pipe(e, *net,
+                     {.balance = c.balance, .devices = devices, .chunks = c.chunks, .checkpoint = c.checkpoint,
+                      .schedule = c.schedule});
+  const Batch b = synthetic(e, m, c.batch);
+  auto one_step = [&] {
+    pipe.train_step(b.x, b.y).wait_to_read();
+    pipe.step(0.01f);
+    e.wait_all();
+  };
+  one_step();  // warm-up: caches, allocators, cuDNN plans
+  for (Device d : devices) e.allocator(d).reset_peak();
+  e.profiler().clear();
+  e.profiler().start();
+  const auto t0 = Clock::now();
+  for (int s = 0; s < steps; ++s) one_step();
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  e.profiler().stop();
+  if (!trace.empty()) e.profiler().dump(trace);
+  Result r;
+  r.step_ms = secs * 1e3 / steps;
+  r.samples_per_sec = static_cast<double>(c.batch) * steps / secs;
+  r.bubble = par::measured_bubble(e.profiler().spans(), pipe.stages());
+  // The bubble per step: the measurement spans all timed steps, and the
+  // flush between steps is idle time of every stage, as within a step.
+  for (Device d : devices) r.peak.push_back(weft::memory_stats(e, d).peak_in_use);
+  return r;
+}
+
+// "a<sep>b<sep>c" of the items as text.
+template <class T, class F>
+std::string joined(const std::vector<T>& items, const char* sep, F text) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += text(i, items[i]);
+  }
+  return out;
+}
+
+std::string balance_str(const std::vector<int>& b) {
+  std::string out = "[";
+  out += joined(b, ",", [](std::size_t, int v) { return std::to_string(v); });
+  out += "]";
+  return out;
+}
+
+std::string fixed(double v, const char* format = "%.3f") {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string bubbles_str(const std::vector<double>& b) {
+  return joined(b, " ", [](std::size_t, double v) { return fixed(v); });
+}
+
+std::string mib(std::size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f", static_cast<double>(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+class Report {
+ public:
+  Report(bool json, std::vector<Device> devices) : json_(json), devices_(std::move(devices)) {}
+
+  void title(const std::string& text) {
+    if (!json_) std::printf("\n%s\n", text.c_str());
+  }
+  void header(const std::string& text) {
+    if (!json_) std::printf("%s\n", text.c_str());
+  }
+  void row(const std::string& text) {
+    if (!json_) std::printf("%s\n", text.c_str());
+    std::fflush(stdout);
+  }
+  void json(const Model& m, const Config& c, const Result& r, const std::string& extra = "") {
+    if (!json_) return;
+    std::string bubbles = "[", peaks = "{";
+    bubbles += joined(r.bubble, ",", [](std::size_t, double v) { return num(v); });
+    peaks += joined(r.peak, ",", [&](std::size_t i, std::size_t v) {
+      std::string entry = "\"";
+      entry += devices_[i].str();
+      entry += "\":";
+      entry += std::to_string(v);
+      return entry;
+    });
+    std::printf(
+        "{\"sweep\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"checkpoint\":\"%s\",\"stages\":%zu,\"chunks\":%d,"
+        "\"balance\":%s,\"balance_by\":\"%s\",\"batch\":%lld,\"samples_per_sec\":%s,\"step_ms\":%s,"
+        "\"bubble_measured\":%s,\"bubble_per_stage\":%s],\"bubble_predicted\":%s,\"peak_bytes\":%s}%s}\n",
+        c.sweep.c_str(), m.name.c_str(), c.schedule.c_str(), std::string(par::to_string(c.checkpoint)).c_str(),
+        c.balance.size(), c.chunks, balance_str(c.balance).c_str(), c.balance_by.c_str(),
+        static_cast<long long>(c.batch), num(r.samples_per_sec).c_str(), num(r.step_ms).c_str(),
+        num(mean(r.bubble)).c_str(), bubbles.c_str(),
+        num(par::predicted_bubble(static_cast<int>(c.balance.size()), c.chunks)).c_str(), peaks.c_str(),
+        extra.c_str());
+    std::fflush(stdout);
+  }
+  std::string peaks(const Result& r) const {
+    return joined(r.peak, " / ", [](std::size_t, std::size_t v) { return mib(v); });
+  }
+
+ private:
+  static std::string num(double v) { return fixed(v, "%.4f"); }
+  bool json_;
+  std::vector<Device> devices_;
+};
+
+std::vector<int> even_split(int layers, int stages) {
+  std::vector<int> out;
+  for (int k = 0; k < stages; ++k) out.push_back(layers / stages + (k < layers % stages ? 1 : 0));
+  return out;
+}
+
+// The largest batch (a power of two, then bisected) whose step trains
+// without running out of device memory, each attempt on a fresh engine.
+std::int64_t largest_batch(const Model& m, const std::vector<Device>& devices, const std::vector<int>& balance,
+                           par::Checkpoint cp, int chunks, std::int64_t limit) {
+  auto fits = [&](std::int64_t batch) {
+    weft::EngineConfig config;
+    for (Device d : devices)
+      if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
+    auto e = Engine::create(config);
+    try {
+      auto net = m.make(*e, devices[0]);
+      const int micro = static_cast<int>(std::min<std::int64_t>(chunks, batch));
+      par::Pipeline pipe(*e, *net, {.balance = balance, .devices = devices, .chunks = micro, .checkpoint = cp});
+      const Batch b = synthetic(*e, m, batch);
+      pipe.train_step(b.x, b.y).wait_to_read();
+      e->wait_all();
+      return true;
+    } catch (const weft::OutOfMemory&) {
+      try {
+        e->wait_all();
+      } catch (...) {
+      }
+      return false;
+    }
+  };
+  std::int64_t lo = 0, hi = 1;
+  while (hi <= limit && fits(hi)) {
+    lo = hi;
+    hi *= 2;
+  }
+  if (hi > limit) return lo;
+  while (hi - lo > 1) {
+    const std::int64_t mid = (lo + hi) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<Device>& devices, Report& rep,
+                 bool first_model) {
+  const int k_count = static_cast<int>(devices.size());
+  auto probe = m.make(e, devices[0]);
+  const int layers = static_cast<int>(probe->size());
+  if (layers < k_count)
+    throw weft::InvalidArgument(m.name + " has " + std::to_string(layers) + " layers, fewer than the " +
+                                std::to_string(k_count) + " stages");
+  // Balance by time on the sample batch (on the first device), by memory,
+  // and the naive even split.
+  const Batch sample = synthetic(e, m, std::min<std::int64_t>(m.batch, 32), devices[0]);
+  const std::vector<int> by_time = par::balance_by_time(*probe, sample.x, k_count, o.quick ? 1 : 3);
+  std::vector<std::int64_t> dims{m.batch};
+  dims.insert(dims.end(), m.example.begin(), m.example.end());
+  const std::vector<int> by_size = par::balance_by_size(*probe, Shape(dims), k_count);
+  const std::vector<int> even = even_split(layers, k_count);
+  probe.reset();
+  e.wait_all();
+  const int steps = o.quick ? std::max(1, o.steps - 1) : o.steps;
+  const int pipelined_chunks = static_cast<int>(std::min<std::int64_t>(4 * k_count, m.batch));
+  const bool heavy = m.name == "resnet18";
+
+  if (!o.json)
+    std::printf("\n== %s, batch %lld, %d stages on %s; balance by time %s, by size %s, even %s ==\n", m.name.c_str(),
+                static_cast<long long>(m.batch), k_count, weft::examples::device_list_str(devices).c_str(),
+                balance_str(by_time).c_str(), balance_str(by_size).c_str(), balance_str(even).c_str());
+
+  // 1. Model parallelism vs the pipeline.
+  if (o.wants('1')) {
+  rep.title("1. plain model parallelism (one micro-batch) vs pipelined (M = 4K), GPipe, balance by time");
+  rep.header("   chunks  samples/s   ms/step  bubble measured / predicted");
+  double base = 0;
+  for (int chunks : {1, pipelined_chunks}) {
+    const Config c{"model_parallel", by_time, "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
+    const Result r = run(e, m, devices, c, steps, chunks > 1 && first_model ? o.trace : "");
+    if (chunks == 1) base = r.samples_per_sec;
+    const std::string speedup = chunks > 1 ? "   (speed-up " + fixed(r.samples_per_sec / base, "%.2f") + "x)" : "";
+    char line[160];
+    std::snprintf(line, sizeof line, "   %6d  %9.1f  %8.1f  %.3f / %.3f%s", chunks, r.samples_per_sec, r.step_ms,
+                  mean(r.bubble), par::predicted_bubble(k_count, chunks), speedup.c_str());
+    rep.row(line);
+    rep.json(m, c, r);
+  }
+  }
+
+  // 2. The micro-batch sweep.
+  if (o.wants('2')) {
+  rep.title("2. micro-batches: bubble per stage from the trace vs (K - 1) / (M + K - 1), GPipe, balance by time");
+  rep.header("   chunks  samples/s   ms/step  bubble per stage           mean / predicted");
+  std::vector<int> sweep = {1, 2, 4, 8, 16, 32};
+  if (o.quick) sweep = heavy ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
+  for (int chunks : sweep) {
+    if (chunks > m.batch) break;
+    const Config c{"chunks", by_time, "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
+    const Result r = run(e, m, devices, c, steps);
+    char line[200];
+    std::snprintf(line, sizeof line, "   %6d  %9.1f  %8.1f  %-26s %.3f / %.3f", chunks, r.samples_per_sec, r.step_ms,
+                  bubbles_str(r.bubble).c_str(), mean(r.bubble), par::predicted_bubble(k_count, chunks));
+    rep.row(line);
+    rep.json(m, c, r);
+  }
+  }
+  if (o.quick && heavy) return;
+
+  // 3. Balance.
+  if (o.wants('3')) {
+  rep.title("3. balance: naive even split vs by time vs by memory (GPipe, M = 4K)");
+  rep.header("   balance by  layers per stage  samples/s   ms/step  bubble per stage");
+  for (const auto& [name, balance] : {std::pair<std::string, std::vector<int>>{"even", even}, {"time", by_time},
+                                      {"size", by_size}}) {
+    const Config c{"balance", balance, name, pipelined_chunks, "gpipe", par::Checkpoint::never, m.batch};
+    const Result r = run(e, m, devices, c, steps);
+    char line[200];
+    std::snprintf(line, sizeof line, "   %-10s  %-16s  %9.1f  %8.1f  %s", name.c_str(), balance_str(balance).c_str(),
+                  r.samples_per_sec, r.step_ms, bubbles_str(r.bubble).c_str());
+    rep.row(line);
+    rep.json(m, c, r);
+  }
+  }
+
+  // 4. Schedules and recomputation: memory.
+  if (o.wants('4')) {
+  rep.title("4. GPipe vs 1F1B, recomputation: peak allocated MiB per device (M = 4K, balance by time)");
+  rep.header("   schedule  checkpoint   samples/s  peak MiB per device");
+  for (const char* schedule : {"gpipe", "1f1b"})
+    for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::except_last, par::Checkpoint::always}) {
+      const Config c{"memory", by_time, "time", pipelined_chunks, schedule, cp, m.batch};
+      const Result r = run(e, m, devices, c, steps);
+      char line[200];
+      std::snprintf(line, sizeof line, "   %-8s  %-11s  %9.1f  %s", schedule,
+                    std::string(par::to_string(cp)).c_str(), r.samples_per_sec, rep.peaks(r).c_str());
+      rep.row(line);
+      rep.json(m, c, r);
+    }
+  }
+
+  // 5. The largest batch that fits (GPUs only: CPU memory has no set limit).
+  if (!o.wants('5')) return;
+  rep.title("5. largest batch that fits, with and without recomputation (GPipe, M = 4K)");
+  bool all_gpus = true;
+  for (Device d : devices) all_gpus = all_gpus && d.is_gpu();
+  if (!all_gpus) {
+    rep.row("   skipped: CPU devices have no memory limit to hit (--devices gpu:0,gpu:1 with WEFT_GPU_BACKEND=sim "
+            "and WEFT_SIM_GPU_MEMORY set)");
+    return;
+  }
+  for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::always}) {
+    const std::int64_t most = largest_batch(m, devices, by_time, cp, pipelined_chunks, heavy ? 4096 : 65536);
+    char line[120];
+    std::snprintf(line, sizeof line, "   checkpoint %-11s largest batch %lld", std::string(par::to_string(cp)).c_str(),
+                  static_cast<long long>(most));
+    rep.row(line);
+    Config c{"fit", by_time, "time", pipelined_chunks, "gpipe", cp, most};
+    rep.json(m, c, Result{}, ",\"max_batch\":" + std::to_string(most));
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  try {
+    if (!parse(argc, argv, o)) return 0;
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "weft-pipeline: %s\nRun 'weft-pipeline --help' for usage.\n", e.message.c_str());
+    return 2;
+  }
+  std::vector<Device> devices;
+  try {
+    devices = weft::examples::parse_device_list(o.devices);
+  } catch (const weft::Error& e) {
+    std::fprintf(stderr, "weft-pipeline: bad --devices: %s\n", e.what());
+    return 2;
+  }
+  if (o.quick) {
+    o.lenet_batch = std::min<std::int64_t>(o.lenet_batch, 64);
+    o.resnet_batch = std::min<std::int64_t>(o.resnet_batch, 16);
+  }
+  try {
+    weft::EngineConfig config;
+    for (Device d : devices)
+      if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
+    config.workers_per_cpu_device = 1;  // a stage on a CPU device: one worker, like a GPU's stream
+    auto engine = Engine::create(config);
+    const auto known = engine->devices();
+    for (Device d : devices)
+      if (std::find(known.begin(), known.end(), d) == known.end()) {
+        std::fprintf(stderr, "weft-pipeline: device %s is not available (this machine has: %s)\n", d.str().c_str(),
+                     weft::examples::device_list_str(known).c_str());
+        return 2;
+      }
+    weft::ops::set_cpu_kernel_threads(o.kernel_threads);
+    Report report(o.json, devices);
+    std::vector<Model> models;
+    if (o.models != "resnet18")
+      models.push_back({"lenet", [](Engine& e, Device d) { return nn::lenet(e, d, 0); }, {1, 28, 28}, o.lenet_batch});
+    if (o.models != "lenet")
+      models.push_back({"resnet18", [](Engine& e, Device d) { return nn::resnet18(e, d, 0); }, {1, 28, 28},
+                        o.resnet_batch});
+    if (!o.json)
+      std::printf("weft-pipeline: %zu stages on %s, %d timed steps per configuration, %d thread(s) per CPU kernel\n",
+                  devices.size(), weft::examples::device_list_str(devices).c_str(), o.steps, o.kernel_threads);
+    for (std::size_t i = 0; i < models.size(); ++i) sweep_model(o, *engine, models[i], devices, report, i == 0);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "weft-pipeline: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
