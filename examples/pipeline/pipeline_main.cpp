@@ -69,7 +69,8 @@ void usage(std::FILE* out) {
                "                     is one core, so K stages need K cores to overlap)\n"
                "  --quick            a reduced sweep (under a minute on two cores)\n"
                "  --sweeps LIST      which experiments, e.g. 24 (default 12345: all five above)\n"
-               "  --trace FILE       write the trace of the pipelined configuration of sweep 1\n"
+               "  --trace PREFIX     write traces of the first model's pipelined step: PREFIX-gpipe.json\n"
+               "                     (sweep 1, M = 4K) and PREFIX-1f1b.json (sweep 4, no recomputation)\n"
                "  --json             one JSON line per configuration instead of the tables\n"
                "  --help             this text\n"
                "\n"
@@ -375,7 +376,7 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   double base = 0;
   for (int chunks : {1, pipelined_chunks}) {
     const Config c{"model_parallel", by_time, "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
-    const Result r = run(e, m, devices, c, steps, chunks > 1 && first_model ? o.trace : "");
+    const Result r = run(e, m, devices, c, steps, chunks > 1 && first_model && !o.trace.empty() ? o.trace + "-gpipe.json" : "");
     if (chunks == 1) base = r.samples_per_sec;
     const std::string speedup = chunks > 1 ? "   (speed-up " + fixed(r.samples_per_sec / base, "%.2f") + "x)" : "";
     char line[160];
@@ -428,7 +429,8 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   for (const char* schedule : {"gpipe", "1f1b"})
     for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::except_last, par::Checkpoint::always}) {
       const Config c{"memory", by_time, "time", pipelined_chunks, schedule, cp, m.batch};
-      const Result r = run(e, m, devices, c, steps);
+      const bool traced = first_model && !o.trace.empty() && cp == par::Checkpoint::never && schedule[0] == '1';
+      const Result r = run(e, m, devices, c, steps, traced ? o.trace + "-1f1b.json" : "");
       char line[200];
       std::snprintf(line, sizeof line, "   %-8s  %-11s  %9.1f  %s", schedule,
                     std::string(par::to_string(cp)).c_str(), r.samples_per_sec, rep.peaks(r).c_str());
@@ -447,6 +449,10 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
             "and WEFT_SIM_GPU_MEMORY set)");
     return;
   }
+  // Each attempt runs on an engine of its own; this one's cached blocks
+  // would take the GPUs' memory from them.
+  e.wait_all();
+  for (Device d : devices) e.allocator(d).release_cached();
   for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::always}) {
     const std::int64_t most = largest_batch(m, devices, by_time, cp, pipelined_chunks, heavy ? 4096 : 65536);
     char line[120];

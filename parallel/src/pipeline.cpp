@@ -367,8 +367,12 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
       layer->train(true);
       (void)layer->take_saved();  // nothing left over from an earlier forward
     }
-  // The lists merged into one push order: each stage moves while its next
-  // action's inputs have been pushed (validate() ruled out deadlocks).
+  // The lists merged into one push order, round-robin: each pass gives each
+  // stage its next action if that action's inputs have been pushed
+  // (validate() ruled out deadlocks). One action per stage per pass keeps
+  // the push order close to the order the actions run in: draining one
+  // stage's list first would fill the engine's in-flight bound with that
+  // stage's ops and leave the next stage nothing to run meanwhile.
   const Schedule& sched = m.schedule;
   std::vector<std::size_t> next(static_cast<std::size_t>(k_count), 0);
   std::vector<std::vector<std::vector<bool>>> sent(
@@ -378,17 +382,16 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
     for (int k = 0; k < k_count; ++k) {
       const std::vector<Action>& list = sched.stages[static_cast<std::size_t>(k)];
       std::size_t& i = next[static_cast<std::size_t>(k)];
-      while (i < list.size()) {
-        const Action& a = list[i];
-        const auto mb = static_cast<std::size_t>(a.micro_batch);
-        if (a.kind == ActionKind::recv_activation && !sent[static_cast<std::size_t>(k) - 1][0][mb]) break;
-        if (a.kind == ActionKind::recv_grad && !sent[static_cast<std::size_t>(k) + 1][1][mb]) break;
-        m.run(k, a);
-        if (a.kind == ActionKind::send_activation) sent[static_cast<std::size_t>(k)][0][mb] = true;
-        if (a.kind == ActionKind::send_grad) sent[static_cast<std::size_t>(k)][1][mb] = true;
-        ++i;
-        moved = true;
-      }
+      if (i == list.size()) continue;
+      const Action& a = list[i];
+      const auto mb = static_cast<std::size_t>(a.micro_batch);
+      if (a.kind == ActionKind::recv_activation && !sent[static_cast<std::size_t>(k) - 1][0][mb]) continue;
+      if (a.kind == ActionKind::recv_grad && !sent[static_cast<std::size_t>(k) + 1][1][mb]) continue;
+      m.run(k, a);
+      if (a.kind == ActionKind::send_activation) sent[static_cast<std::size_t>(k)][0][mb] = true;
+      if (a.kind == ActionKind::send_grad) sent[static_cast<std::size_t>(k)][1][mb] = true;
+      ++i;
+      moved = true;
     }
   }
   m.last_peaks.clear();
