@@ -318,11 +318,9 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
 }
 
 Pipeline::~Pipeline() {
-  if (!impl_) return;
-  try {
-    impl_->engine->wait_all();
-  } catch (...) {  // a failed op's error was the step's to report
-  }
+  // The order variables go once the ops on them are done; the pipeline
+  // holds no tensors between steps (a wait here would also take, and hide,
+  // errors of other work on the engine).
   for (Stage& s : impl_->stages) impl_->engine->delete_var(s.order);
 }
 
