@@ -116,16 +116,6 @@ Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const cha
   return t;
 }
 
-template <class F>
-auto gpu_only(const char* op, F f) {
-#if WEFT_HAVE_CUDA
-  (void)op;
-  return f;
-#else
-  return [op](const gpu::WorkerHandles&, float*, std::int64_t) { detail::no_gpu_kernels(op); };
-#endif
-}
-
 }  // namespace
 
 Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape) {
@@ -144,9 +134,10 @@ Tensor Tensor::full(Engine& engine, Shape shape, float value, Device device) {
   return create(
       engine, std::move(shape), device, DType::float32, "full",
       [value](float* y, std::int64_t n) { kernels::cpu::fill(y, n, value); },
-      gpu_only("full", [value](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+      [value](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+        (void)h, (void)y, (void)n;
         WEFT_GPU_KERNEL("full", fill(h, y, n, value));
-      }));
+      });
 }
 
 Tensor Tensor::zeros(Engine& engine, Shape shape, Device device, DType dtype) {
@@ -164,9 +155,10 @@ Tensor Tensor::uniform(Engine& engine, Shape shape, float lo, float hi, std::uin
   return create(
       engine, std::move(shape), device, DType::float32, "uniform",
       [=](float* y, std::int64_t n) { kernels::cpu::uniform(y, n, lo, hi, seed); },
-      gpu_only("uniform", [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+      [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+        (void)h, (void)y, (void)n;
         WEFT_GPU_KERNEL("uniform", uniform(h, y, n, lo, hi, seed));
-      }));
+      });
 }
 
 Tensor Tensor::normal(Engine& engine, Shape shape, float mean, float stddev, std::uint64_t seed, Device device) {
@@ -174,9 +166,10 @@ Tensor Tensor::normal(Engine& engine, Shape shape, float mean, float stddev, std
   return create(
       engine, std::move(shape), device, DType::float32, "normal",
       [=](float* y, std::int64_t n) { kernels::cpu::normal(y, n, mean, stddev, seed); },
-      gpu_only("normal", [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+      [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+        (void)h, (void)y, (void)n;
         WEFT_GPU_KERNEL("normal", normal(h, y, n, mean, stddev, seed));
-      }));
+      });
 }
 
 Tensor Tensor::from_host(Engine& engine, Shape shape, std::span<const float> data, Device device) {

@@ -20,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "test_workers.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 
@@ -66,21 +67,18 @@ struct Config {
 
 inline const weft::Device cpu0 = weft::Device::cpu(0);
 
-inline const int kWorkerCounts[] = {1, 2, 4, 8};
-
-// {naive} ∪ {threaded × workers {1, 2, 4, 8}}.
+// {naive} ∪ {threaded × worker_counts()}: workers 1, 2, 4, 8 (test_workers.h).
 inline std::vector<Config> all_configs(int cpu_devices = 1, std::size_t max_inflight = 0) {
   std::vector<Config> out;
   out.push_back(Config{"naive", 1, cpu_devices, max_inflight});
-  for (int w : kWorkerCounts) out.push_back(Config{"threaded", w, cpu_devices, max_inflight});
+  for (int w : worker_counts()) out.push_back(Config{"threaded", w, cpu_devices, max_inflight});
   return out;
 }
 
 // Threaded configurations with at least `min_workers` workers.
 inline std::vector<Config> threaded_configs(int min_workers = 1, int cpu_devices = 1, std::size_t max_inflight = 0) {
   std::vector<Config> out;
-  for (int w : kWorkerCounts)
-    if (w >= min_workers) out.push_back(Config{"threaded", w, cpu_devices, max_inflight});
+  for (int w : worker_counts_from(min_workers)) out.push_back(Config{"threaded", w, cpu_devices, max_inflight});
   return out;
 }
 

@@ -110,7 +110,7 @@ std::vector<Config> differential_configs() {
   std::vector<Config> out;
   out.push_back(Config{"naive", 1, 1, 0});
   for (int devices : {1, 3})
-    for (int w : kWorkerCounts) out.push_back(Config{"threaded", w, devices, 0});
+    for (int w : worker_counts()) out.push_back(Config{"threaded", w, devices, 0});
   return out;
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "test_workers.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
@@ -68,7 +69,7 @@ void with_each_gpu_engine(int gpus, F&& fn, int cpu_devices = 1) {
     fn(*e);
     e->wait_all();
   }
-  for (int workers : {1, 2, 4, 8}) {
+  for (int workers : weft_test::worker_counts()) {
     INFO("threaded engine, " << workers << " workers per device");
     auto e = make_engine({.kind = "threaded", .cpu_devices = cpu_devices, .workers_per_cpu_device = workers,
                           .gpu_devices = gpus, .compute_streams_per_gpu = workers});

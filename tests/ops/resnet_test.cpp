@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "test_workers.h"
 #include "ops/layer_test_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -292,7 +293,7 @@ TEST_CASE("resnet a short ResNet-18 run is bitwise the same on naive and threade
   REQUIRE(want.losses.size() == 4);
   for (float l : want.losses) CHECK(std::isfinite(l));
   CHECK(want.losses[2] < want.losses[0]);  // three steps on one batch lower its loss
-  for (int workers : {1, 2, 4, 8}) {
+  for (int workers : weft_test::worker_counts()) {
     CAPTURE(workers);
     auto engine = Engine::create(EngineConfig{.kind = "threaded", .workers_per_cpu_device = workers});
     const Result got = run(*engine);

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "test_workers.h"
 #include "parallel/data_parallel_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -48,7 +49,7 @@ void with_each_engine(int cpus, F&& fn) {
     auto e = Engine::create(EngineConfig{.kind = "naive", .cpu_devices = cpus});
     fn(*e);
   }
-  for (int workers : {1, 2, 4, 8}) {
+  for (int workers : weft_test::worker_counts()) {
     INFO("threaded engine, " << workers << " workers per device");
     auto e = Engine::create(EngineConfig{.kind = "threaded", .cpu_devices = cpus, .workers_per_cpu_device = workers});
     fn(*e);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "test_workers.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
@@ -47,7 +48,7 @@ void for_each_engine(int gpus, F&& fn) {
     fn(*e);
     e->wait_all();
   }
-  for (int workers : {1, 2, 4, 8}) {
+  for (int workers : weft_test::worker_counts()) {
     INFO("threaded engine, " << workers << " workers per device");
     auto e = Engine::create({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = workers,
                              .gpu_devices = gpus, .compute_streams_per_gpu = workers});
