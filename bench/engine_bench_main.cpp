@@ -43,6 +43,7 @@ std::vector<std::unique_ptr<Peer>> make_peers(const Options& o, int threads) {
   peers.push_back(make_sequential_peer());  // always first: the reference
 #ifndef WEFT_BENCH_NO_WEFT
   if (wanted("weft")) peers.push_back(make_weft_peer());
+  if (wanted("replay")) peers.push_back(make_weft_replay_peer());
 #endif
   if (wanted("tbb_flow_graph")) peers.push_back(make_tbb_flow_graph_peer(threads));
 #ifdef WEFT_BENCH_HAVE_OMP

@@ -57,6 +57,7 @@ std::vector<std::string> available_engines() {
   std::vector<std::string> e{"sequential"};
 #ifndef WEFT_BENCH_NO_WEFT
   e.push_back("weft");
+  e.push_back("replay");
 #endif
   e.push_back("tbb_flow_graph");
 #ifdef WEFT_BENCH_HAVE_OMP

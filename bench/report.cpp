@@ -16,9 +16,11 @@ void print_json_line(std::FILE* out, const Result& r) {
 }
 
 void print_table(std::FILE* out, const std::vector<Result>& results, const std::vector<std::string>& engines) {
-  std::fprintf(out, "\nns/op (median) and speedup vs sequential\n");
+  std::fprintf(out,
+               "\nns/op (median), its spread over the repetitions (half of max - min, in %% of the median) and "
+               "speedup vs sequential\n");
   std::fprintf(out, "%-12s %-6s %9s", "shape", "body", "ops");
-  for (const std::string& e : engines) std::fprintf(out, " %22s", e.c_str());
+  for (const std::string& e : engines) std::fprintf(out, " %26s", e.c_str());
   std::fprintf(out, "\n");
   // Rows in the order the results were measured.
   std::vector<std::pair<std::string, std::string>> rows;
@@ -34,11 +36,13 @@ void print_table(std::FILE* out, const std::vector<Result>& results, const std::
         return r.engine == e && r.shape == shape && r.body == body;
       });
       if (it == results.end()) {
-        std::fprintf(out, " %22s", "-");
+        std::fprintf(out, " %26s", "-");
       } else {
+        const double median = it->ns_per_op.median;
+        const double spread = median > 0 ? 50.0 * (it->ns_per_op.max - it->ns_per_op.min) / median : 0.0;
         char cell[64];
-        std::snprintf(cell, sizeof cell, "%.1f (%.2fx)", it->ns_per_op.median, it->speedup_vs_sequential);
-        std::fprintf(out, " %22s", cell);
+        std::snprintf(cell, sizeof cell, "%.1f +-%.0f%% (%.2fx)", median, spread, it->speedup_vs_sequential);
+        std::fprintf(out, " %26s", cell);
       }
     }
     std::fprintf(out, "\n");

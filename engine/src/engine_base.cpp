@@ -204,6 +204,7 @@ void EngineBase::push_op(OpFunction fn, Device device, VarList reads, VarList wr
                           "variables)");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
+  if (capture_push(op)) return;
   launch(op);
 }
 
@@ -219,6 +220,7 @@ void EngineBase::push_async_op(AsyncOpFunction fn, Device device, VarList reads,
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
   op->async = true;
+  if (capture_push(op)) return;
   launch(op);
 }
 
@@ -239,6 +241,7 @@ void EngineBase::recycle(OpBlock* op) noexcept {
 }
 
 void EngineBase::refuse_wait_inside_op(std::string_view call, const Var* var) const {
+  refuse_wait_while_capturing(call, var);
   if (const OpScope* scope = running_op_of(scope_key())) {
     throw OpError(std::string(call) + (var ? "(" + vars_.describe(*var) + ")" : std::string("()")) +
                       " called from inside op '" + op_label(*scope->op_name) + "' running on " +

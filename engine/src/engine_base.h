@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -30,6 +31,12 @@ class EngineBase : public Engine {
   std::size_t max_inflight() const noexcept override { return config_.max_inflight; }
   Allocator& allocator(Device device) override;
 
+  // Capture is shared (op_graph.cpp); how a graph runs is replay_graph().
+  void begin_capture() override;
+  OpGraph end_capture() override;
+  void replay(const OpGraph& graph) override;
+  bool capturing() const noexcept override;
+
   // Validation is shared; what happens to a valid op is the engine's launch().
   void push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
   void push_async_op(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
@@ -48,6 +55,18 @@ class EngineBase : public Engine {
   void record_push(OpBlock& op);
   // Takes a valid, prepared user op: run it, or queue it behind its variables.
   virtual void launch(OpBlock* op) = 0;
+  // Runs a sealed, non-empty graph whose variables were alive at the call.
+  virtual void replay_graph(const std::shared_ptr<GraphImpl>& graph) = 0;
+  // While this thread captures for this engine: records the prepared op
+  // (returning its block to the pool) and returns true. Throws when it
+  // captures for another engine.
+  bool capture_push(OpBlock* op);
+  // A pool block that runs node i of the graph as a pushed op would (fresh
+  // id; its body calls the node's): for engines that replay by pushing.
+  OpBlock* instantiate(const std::shared_ptr<GraphImpl>& graph, std::uint32_t i);
+  // Waiting on the capturing engine from the capturing thread would wait for
+  // ops that have not run: refuse it, naming the call.
+  void refuse_wait_while_capturing(std::string_view call, const Var* var) const;
 
   // The key op scopes are tagged with: the same pointer from every subclass.
   const void* scope_key() const noexcept { return static_cast<const EngineBase*>(this); }

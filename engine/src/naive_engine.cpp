@@ -1,5 +1,6 @@
 #include "naive_engine.h"
 
+#include "graph_impl.h"
 #include "weft/check_context.h"
 
 namespace weft::detail {
@@ -32,6 +33,10 @@ Profiler::Track* NaiveEngine::thread_track(Device device) {
 }
 
 void NaiveEngine::launch(OpBlock* op) { run(op); }
+
+void NaiveEngine::replay_graph(const std::shared_ptr<GraphImpl>& graph) {
+  for (std::uint32_t i = 0; i < graph->nodes.size(); ++i) run(instantiate(graph, i));
+}
 
 void NaiveEngine::run(OpBlock* op) {
   std::lock_guard run_lock(run_mutex_);

@@ -29,6 +29,8 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
 
  private:
   void launch(OpBlock* op) override;
+  // Pushes the nodes again, in capture order: the oracle of replay.
+  void replay_graph(const std::shared_ptr<GraphImpl>& graph) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;
   // Runs the op now, or, when pushed from inside an op, once the outermost
   // running op has finished: push order says a follow-up runs after its parent.

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,7 +27,11 @@ enum class OpKind : std::uint8_t {
   user,        // pushed with push / push_async
   wait,        // wait_to_read / wait_to_write barrier: completes its waiter, changes nothing
   delete_var,  // recycles its variable's slot
+  graph,       // a replay's gate: holds the graph's variables while its nodes run (graph_impl.h)
+  graph_roots, // a worker claiming a replay's roots in chunks (GraphImpl::RootBatch)
 };
+
+struct GraphImpl;
 
 class ThreadedEngine;
 
@@ -68,6 +73,14 @@ struct OpBlock {
   struct WaitSignal* signal = nullptr;   // kind == wait (and naive async ops)
   OpBlock* ready_next = nullptr;         // links ops made ready by one completion
 
+  // Capture and replay (graph_impl.h). A node of a captured graph is a block
+  // the graph owns, reused by every replay: `graph` and `node` say which (a
+  // graph_roots token: its graph and batch).
+  // A gate (kind == graph) keeps its graph alive until the replay is done.
+  GraphImpl* graph = nullptr;
+  std::uint32_t node = 0;
+  std::shared_ptr<GraphImpl> graph_keep;
+
   VarEntry* begin_entries() noexcept { return entries; }
   VarEntry* end_entries() noexcept { return entries + entry_count; }
 
@@ -95,8 +108,10 @@ struct OpBlock {
     after_gpu_work.clear();
     signal = nullptr;
     ready_next = nullptr;
+    graph = nullptr;
     entry_count = 0;
     entries = inline_entries;
+    graph_keep.reset();  // may end the graph: last, after the block is forgotten
   }
 };
 

@@ -6,6 +6,7 @@
 
 #include "gpu_spans.h"
 #include "gpu_sync.h"
+#include "graph_impl.h"
 #include "nvtx_ranges.h"
 #include "weft/check_context.h"
 
@@ -32,6 +33,20 @@ struct InlineTrack {
   Profiler::Track* track;
 };
 thread_local std::vector<InlineTrack> tls_inline_tracks;
+
+// While a worker claims a replay's roots (run_roots): the nodes it finished,
+// counted off the graph's `remaining` in one step at the end.
+// Nodes of that graph its roots made ready on this worker's device wait in
+// `local` (a bounded stack, run before the next chunk) instead of the queue.
+struct RootClaim {
+  GraphImpl* graph = nullptr;
+  int lane = -1;
+  std::int64_t done = 0;
+  std::vector<OpBlock*> local;
+};
+thread_local RootClaim tls_root_claim;
+constexpr std::size_t kRootChunk = 16;   // roots claimed at once
+constexpr std::size_t kLocalReady = 64;  // beyond: through the queue, where other workers find them
 
 // Grants `e` at once when its variable's queue is empty and the access is
 // compatible with what runs; otherwise queues it. Caller holds the lock.
@@ -287,7 +302,7 @@ void ThreadedEngine::submit(OpBlock* op) {
       for (VarEntry* u = first; u != last; ++u) u->slot->lock.unlock();
       std::string name = op->name;
       const unsigned epoch = op->epoch;
-      recycle(op);
+      release_block(op);
       leave_inflight(epoch);
       throw InvalidArgument("push (op '" + name + "'): var #" + std::to_string(id) + " was deleted");
     }
@@ -305,6 +320,10 @@ void ThreadedEngine::submit(OpBlock* op) {
 }
 
 void ThreadedEngine::dispatch(OpBlock* op) {
+  if (op->kind == OpKind::graph) {
+    start_graph(op);
+    return;
+  }
   if (op->kind != OpKind::user) {
     finish(op);  // barriers and deletions have no body
     return;
@@ -371,6 +390,10 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
 }
 
 void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
+  if (op->kind == OpKind::graph_roots) {
+    run_roots(op, lane_index, worker);
+    return;
+  }
   const bool on_worker = worker >= 0;
   if (ErrorRef inherited = inherited_error(*op)) {
     if (!op->run_on_failed_input) {
@@ -433,8 +456,12 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
   // after the call only `state` and the copies above may be touched.
   auto* state = new AsyncCompletion(op, this);
   // The body may call done() and go on running: its captures must outlive
-  // the op block's reuse, so the function moves out of the block first.
-  AsyncOpFunction fn = std::move(op->async_fn);
+  // the op block's reuse, so the function moves out of the block first. A
+  // graph's node keeps its body (replays call it again): the graph stays
+  // alive, and its replay unfinished, until the body returns.
+  std::shared_ptr<GraphImpl> graph = op->graph ? op->graph->shared_from_this() : nullptr;
+  AsyncOpFunction moved = graph ? AsyncOpFunction() : std::move(op->async_fn);
+  AsyncOpFunction& fn = graph ? op->async_fn : moved;
   const std::string name = op->name;  // ctx.op_name must stay valid too
   const std::uint8_t epoch = op->epoch;
   const OpProperty property = op->property;
@@ -443,6 +470,7 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
   // pushes then belongs to this op's epoch, and neither wait_all nor the
   // destructor may miss it.
   counts_.add_pushed(epoch);
+  if (graph) graph->remaining.fetch_add(1, std::memory_order_relaxed);  // the node is not done: remaining > 0
   {
     OpScopeGuard scope(scope_key(), &name, device, epoch);
     CheckContextGuard check(name, device);
@@ -472,6 +500,7 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
     profiler_->record(on_worker ? lane.tracks[static_cast<std::size_t>(worker)] : inline_track(device), traced);
   }
   state->release_executor();
+  if (graph) node_done(*graph);
   leave_inflight(epoch);
 }
 
@@ -486,6 +515,10 @@ void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
 }
 
 void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
+  if (op->graph != nullptr) {  // a node (tokens never finish)
+    finish_node(op, worker_is_done);
+    return;
+  }
   const unsigned epoch = op->epoch;
   OpBlock* ready = nullptr;
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
@@ -511,10 +544,26 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
   } else if (op->kind == OpKind::delete_var) {
     vars_.recycle(op->entries[0].slot);
   }
-  recycle(op);
+  release_block(op);
+  dispatch_ready(ready, worker_is_done);
+  leave_inflight(epoch);
+}
+
+void ThreadedEngine::release_block(OpBlock* op) noexcept {
+  if (op->kind != OpKind::graph) {
+    recycle(op);
+    return;
+  }
+  // A gate goes back to its graph; the graph may end with the last hold.
+  std::shared_ptr<GraphImpl> keep = std::move(op->graph_keep);
+  keep->release_gate(op);
+}
+
+void ThreadedEngine::dispatch_ready(OpBlock* ready, bool worker_is_done, bool first_here) {
   // A single op made ready (a chain) may run next on this worker. Several go
   // through the queues, in grant order (the list was built newest first), so
-  // that priorities and FIFO order decide among them.
+  // that priorities and FIFO order decide among them — except a replay's
+  // nodes (first_here): the first in capture order may run next here.
   if (ready && !ready->ready_next) {
     if (!worker_is_done || ready->kind != OpKind::user ||
         !lanes_[lane_of(*ready)].pool->run_next_here(ready))
@@ -527,13 +576,193 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
       ordered = ready;
       ready = next;
     }
+    if (ordered && first_here && worker_is_done && lanes_[lane_of(*ordered)].pool->run_next_here(ordered))
+      ordered = ordered->ready_next;
     while (ordered) {
       OpBlock* next = ordered->ready_next;
       dispatch(ordered);
       ordered = next;
     }
   }
-  leave_inflight(epoch);
+}
+
+void ThreadedEngine::replay_graph(const std::shared_ptr<GraphImpl>& graph) {
+  OpBlock* gate = graph->acquire_gate();
+  gate->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
+  gate->unblocked_by.store(0, std::memory_order_relaxed);
+  gate->push_ns = -1;
+  gate->graph_keep = graph;
+  gate->pending.store(static_cast<std::int32_t>(gate->entry_count) + 1, std::memory_order_relaxed);
+  enter_inflight(gate);
+  submit(gate);  // rechecks every variable under its lock
+}
+
+void ThreadedEngine::start_graph(OpBlock* gate) {
+  // The last node may finish, and the gate drop the graph, before this returns.
+  const std::shared_ptr<GraphImpl> keep = gate->graph_keep;
+  GraphImpl& g = *keep;
+  assert(g.gate == nullptr && "replays of one graph never overlap (they write its own variable)");
+  g.gate = gate;
+  const std::size_t n = g.nodes.size();
+  if (!g.batched) batch_roots(g);
+  // Every node, and every token (one that finds no root left still runs
+  // later: the replay must not end before it).
+  std::size_t tokens = 0;
+  for (const GraphImpl::RootBatch& b : g.root_batches) tokens += b.tokens.size();
+  g.remaining.store(static_cast<std::int64_t>(n + tokens), std::memory_order_relaxed);
+  // Ids in capture order, after the gate's: what a failure reported before
+  // the replay reaches, and the FIFO order among equal priorities.
+  g.first_id = next_op_id_.fetch_add(n, std::memory_order_relaxed) + 1;
+  // The node blocks themselves are reset one by one as they become ready
+  // (arm_node): a large graph is walked once per replay, not twice.
+  for (std::size_t i = 0; i < n; ++i) g.pending[i].store(g.in_degree[i], std::memory_order_relaxed);
+  // Released by the dispatches below (the pending counts are set). The
+  // nodes are not counted in flight one by one: the gate is, until the
+  // last of them is done.
+  for (GraphImpl::RootBatch& b : g.root_batches) {
+    b.claimed->store(0, std::memory_order_relaxed);
+    for (auto& token : b.tokens) lanes_[b.lane].pool->enqueue(token.get());
+  }
+  for (std::uint32_t r : g.single_roots) {
+    OpBlock* node = g.nodes[r];
+    arm_node(g, *node, gate->id);
+    dispatch(node);
+  }
+}
+
+void ThreadedEngine::arm_node(GraphImpl& g, OpBlock& node, std::uint64_t unblocked_by) {
+  node.id = g.first_id + node.node;
+  node.epoch = g.gate->epoch;
+  node.error.reset();
+  node.inherited.reset();
+  node.ready_next = nullptr;
+  node.unblocked_by.store(unblocked_by, std::memory_order_relaxed);
+  node.push_ns = -1;
+  if (profiler_->running()) [[unlikely]] {
+    try {
+      record_push(node);
+    } catch (...) {  // the trace misses the op; the replay runs
+    }
+  }
+}
+
+void ThreadedEngine::batch_roots(GraphImpl& g) {
+  g.batched = true;
+  std::vector<std::vector<std::uint32_t>> per_lane(lanes_.size());
+  for (std::uint32_t r : g.roots) {
+    const OpBlock& node = *g.nodes[r];
+    // Prioritized roots keep their place in the priority queue.
+    if (node.device.is_gpu() || node.priority != 0 || node.run_inline) {
+      g.single_roots.push_back(r);
+    } else {
+      per_lane[lane_of(node)].push_back(r);
+    }
+  }
+  for (std::uint32_t lane = 0; lane < per_lane.size(); ++lane) {
+    std::vector<std::uint32_t>& nodes = per_lane[lane];
+    if (nodes.size() < 2 * kRootChunk) {
+      g.single_roots.insert(g.single_roots.end(), nodes.begin(), nodes.end());
+      continue;
+    }
+    GraphImpl::RootBatch& b = g.root_batches.emplace_back();
+    b.lane = lane;
+    const std::size_t tokens =
+        std::min<std::size_t>(static_cast<std::size_t>(lanes_[lane].pool->size()), nodes.size() / kRootChunk);
+    b.nodes = std::move(nodes);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      auto token = std::make_unique<OpBlock>();
+      token->kind = OpKind::graph_roots;
+      token->device = lanes_[lane].device;
+      token->graph = &g;
+      token->node = static_cast<std::uint32_t>(g.root_batches.size() - 1);
+      b.tokens.push_back(std::move(token));
+    }
+  }
+  std::sort(g.single_roots.begin(), g.single_roots.end());  // capture order
+}
+
+void ThreadedEngine::run_roots(OpBlock* token, int lane, int worker) {
+  GraphImpl& g = *token->graph;
+  GraphImpl::RootBatch& b = g.root_batches[token->node];
+  const std::size_t n = b.nodes.size();
+  RootClaim& claim = tls_root_claim;
+  claim.graph = &g;
+  claim.lane = lane;
+  claim.done = 0;
+  for (;;) {
+    const std::size_t first = b.claimed->fetch_add(kRootChunk, std::memory_order_relaxed);
+    if (first >= n) break;
+    const std::size_t last = std::min(n, first + kRootChunk);
+    for (std::size_t i = first; i < last; ++i) {
+      OpBlock* node = g.nodes[b.nodes[i]];
+      arm_node(g, *node, g.gate->id);
+      run(node, lane, worker);
+    }
+    // What they made ready, depth first (its inputs are in this core's cache).
+    while (!claim.local.empty()) {
+      OpBlock* next = claim.local.back();
+      claim.local.pop_back();
+      run(next, lane, worker);
+    }
+  }
+  const std::int64_t done = claim.done + 1;  // and the token itself
+  claim.graph = nullptr;
+  claim.lane = -1;
+  // May end the replay, and the graph with the token: nothing after this.
+  if (g.remaining.fetch_sub(done, std::memory_order_acq_rel) == done) {
+    OpBlock* gate = std::exchange(g.gate, nullptr);
+    finish(gate);
+  }
+}
+
+void ThreadedEngine::finish_node(OpBlock* op, bool worker_is_done) {
+  GraphImpl& g = *op->graph;
+  // The gate holds every variable: no other op touches them now, and the
+  // graph's edges order the nodes that share one.
+  for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
+    if (!e->write) continue;
+    tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+    apply_write(*e->slot, *op);
+  }
+  OpBlock* ready = nullptr;
+  for (std::uint32_t k = g.succ_begin[op->node]; k != g.succ_begin[op->node + 1]; ++k) {
+    const std::uint32_t s = g.succ[k];
+    if (g.pending[s].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      OpBlock* next = g.nodes[s];
+      arm_node(g, *next, op->id);
+      next->ready_next = ready;
+      ready = next;
+    }
+  }
+  RootClaim& claim = tls_root_claim;
+  if (claim.graph == &g) {
+    // Inside run_roots: keep what runs on this device for after the chunk.
+    OpBlock* rest = nullptr;
+    while (ready) {
+      OpBlock* next = ready->ready_next;
+      if (claim.local.size() < kLocalReady && ready->priority == 0 && !ready->run_inline &&
+          static_cast<int>(lane_of(*ready)) == claim.lane) {
+        claim.local.push_back(ready);
+      } else {
+        ready->ready_next = rest;
+        rest = ready;
+      }
+      ready = next;
+    }
+    ready = rest;
+  }
+  dispatch_ready(ready, worker_is_done, true);
+  node_done(g);  // may end the graph (and `op`): nothing after this
+}
+
+void ThreadedEngine::node_done(GraphImpl& g) {
+  if (tls_root_claim.graph == &g) {  // run_roots counts them off at its end
+    ++tls_root_claim.done;
+    return;
+  }
+  if (g.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  OpBlock* gate = std::exchange(g.gate, nullptr);
+  finish(gate);  // releases the variables; drops the gate's hold on the graph
 }
 
 void ThreadedEngine::wait_for(Var var, bool write) {

@@ -36,6 +36,26 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
 
  private:
   void launch(OpBlock* op) override;
+  // Queues a gate holding the graph's variables; once granted, start_graph
+  // runs the nodes as their dependencies allow and the last one releases it.
+  void replay_graph(const std::shared_ptr<GraphImpl>& graph) override;
+  void start_graph(OpBlock* gate);
+  // Returns a finished op's block: to the pool, or a gate to its graph.
+  void release_block(OpBlock* op) noexcept;
+  // Readies a node block for this replay (id, errors, trace): when it
+  // becomes ready, so each block is touched once per replay.
+  void arm_node(GraphImpl& graph, OpBlock& node, std::uint64_t unblocked_by);
+  // At a graph's first replay: its roots grouped by CPU device into batches.
+  void batch_roots(GraphImpl& graph);
+  // A graph_roots token on a worker: claims and runs roots until none is left.
+  void run_roots(OpBlock* token, int lane, int worker);
+  // A node of a running graph is done: its writes are applied, its
+  // successors counted down, the gate released after the last node.
+  void finish_node(OpBlock* op, bool worker_is_done);
+  // One of the graph's nodes (or an async node's body) is done.
+  void node_done(GraphImpl& graph);
+  // Runs or queues what one completion made ready (`ready` newest first).
+  void dispatch_ready(OpBlock* ready, bool worker_is_done, bool first_here = false);
   void execute(OpBlock* op, int lane, int worker) override { run(op, lane, worker); }
   void on_worker_start(int lane, int worker) override;
   void complete_async(OpBlock* op, std::exception_ptr error) override;

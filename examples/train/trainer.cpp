@@ -13,6 +13,11 @@
 // fraction of the gradient reduction's time during which other ops ran
 // (comm overlap) comes from its spans. Each device's allocator gives the peak
 // of the bytes it had handed out (the memory report).
+//
+// --hybridize captures one training step per batch size (forward, loss,
+// backward, SGD: Engine::begin_capture / end_capture) on fixed input
+// tensors, and then per batch copies the batch into them and replays the
+// step: the seed's hybridization, with its dependencies resolved once.
 #include "trainer.h"
 
 #include <algorithm>
@@ -25,6 +30,7 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,6 +42,7 @@
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/nn.h"
+#include "weft/op_graph.h"
 #include "weft/ops.h"
 #include "weft/parallel/data_parallel.h"
 #include "weft/tensor.h"
@@ -56,6 +63,7 @@ struct Options {
   bool dist = false;
   std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
   bool overlap = true;
+  bool hybridize = false;
   std::string trace;
   std::string data;
   std::int64_t limit = 0;
@@ -81,6 +89,8 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --bucket-kb N    gradient bucket capacity in KiB (default 25 MiB, as PyTorch DDP%s;\n"
                "                   0: one bucket per parameter)\n"
                "  --no-overlap     reduce the buckets only after the whole backward (the baseline)\n"
+               "  --hybridize      capture one training step (forward, loss, backward, SGD) per batch\n"
+               "                   size once and replay it for every batch (one device, no --dist)\n"
                "  --trace FILE     write the last epoch's trace (chrome://tracing / Perfetto JSON)\n"
                "  --data DIR       Fashion-MNIST IDX files (train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz]);\n"
                "                   default $WEFT_FASHION_MNIST, else %s\n"
@@ -155,6 +165,9 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       o.dist = true;
     } else if (arg == "--bucket-kb") {
       o.bucket_bytes = parse_int<std::size_t>(arg, take(), 0) * 1024;
+    } else if (arg == "--hybridize") {
+      if (args.has_inline_value()) throw UsageError{"--hybridize takes no value"};
+      o.hybridize = true;
     } else if (arg == "--no-overlap") {
       if (args.has_inline_value()) throw UsageError{"--no-overlap takes no value"};
       o.overlap = false;
@@ -322,6 +335,13 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       std::fflush(stdout);
     };
     const bool several = dp.world_size() > 1;
+    if (o.hybridize && several) {
+      // A collective creates and deletes variables of its own at each call,
+      // which a captured graph cannot hold.
+      std::fprintf(stderr, "%s: --hybridize trains on one device without --dist (got %d replicas)\n", prog,
+                   dp.world_size());
+      return 2;
+    }
     say("data: %s: %lld training, %lld test examples of %lldx%lldx%lld (%.2f s to load)\n", dir.c_str(),
         static_cast<long long>(train.size), static_cast<long long>(test.size), static_cast<long long>(train.channels),
         static_cast<long long>(train.height), static_cast<long long>(train.width), load_secs);
@@ -343,6 +363,32 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     const std::int64_t world = dp.world_size();
     const std::size_t first_replica = static_cast<std::size_t>(dp.process_rank()) * devices.size();
     double train_seconds = 0, test_acc = 0, comm_ms = 0, hidden_ms = 0;
+    std::int64_t steps = 0;
+    // --hybridize: per batch size, the step captured on fixed input tensors.
+    struct Hybrid {
+      weft::Tensor x, y, loss, pred;
+      weft::OpGraph step;
+    };
+    std::map<std::int64_t, Hybrid> hybrid;
+    auto capture_step = [&](std::int64_t rows) {
+      Hybrid h;
+      h.x = weft::Tensor::empty(*engine, weft::Shape{rows, train.channels, train.height, train.width}, devices[0]);
+      h.y = weft::Tensor::empty(*engine, weft::Shape{rows}, devices[0]);
+      engine->begin_capture();
+      try {
+        const std::vector<weft::Tensor> logits = dp.forward({h.x});
+        weft::ops::SoftmaxCrossEntropy sce = weft::ops::softmax_cross_entropy(logits[0], h.y);
+        h.loss = sce.loss;
+        h.pred = weft::ops::argmax(logits[0]);
+        dp.backward({sce.dlogits});
+        dp.step(o.lr);
+      } catch (...) {
+        (void)engine->end_capture();
+        throw;
+      }
+      h.step = engine->end_capture();
+      return h;
+    };
     Tally last;
     // Peak memory from here on: the model and everything training allocates.
     for (weft::Device d : devices) engine->allocator(d).reset_peak();
@@ -373,6 +419,21 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       std::int64_t n = 0;
       for (std::int64_t b = 0; b < batches && it.next(images, labels, n); ++b) {
         if (n < world) continue;  // (a last batch smaller than the replicas: skipped on every rank alike)
+        ++steps;
+        if (o.hybridize) {
+          auto found = hybrid.find(n);
+          if (found == hybrid.end()) found = hybrid.emplace(n, capture_step(n)).first;
+          Hybrid& h = found->second;
+          h.x.copy_from(weft::Tensor::from_host(*engine, h.x.shape(), images, devices[0]));
+          h.y.copy_from(weft::Tensor::from_host(*engine, h.y.shape(), labels, devices[0]));
+          engine->replay(h.step);
+          // Copies: the next replay overwrites the step's own outputs.
+          Pending p;
+          p.parts.push_back({h.loss.copy_to(devices[0]), h.pred.copy_to(devices[0]), labels, n});
+          pending.push_back(std::move(p));
+          if (pending.size() > kLag) read_front();
+          continue;
+        }
         const std::vector<weft::Tensor> x =
             dp.split_and_load(weft::Shape{n, train.channels, train.height, train.width}, images);
         const std::vector<weft::Tensor> y = dp.split_and_load(weft::Shape{n}, labels);
@@ -432,8 +493,10 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     const double comm_overlap = comm_ms > 0 ? hidden_ms / comm_ms : 0.0;
     char overlap_text[64] = "";
     if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
-    say("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch on %s%s\n", test_acc, last.loss(),
-        last.acc(), sec_per_epoch, where.c_str(), overlap_text);
+    const double ms_per_step = steps ? 1e3 * train_seconds / static_cast<double>(steps) : 0.0;
+    say("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch (%.2f ms per step%s) on %s%s\n",
+        test_acc, last.loss(), last.acc(), sec_per_epoch, ms_per_step, o.hybridize ? ", hybridized" : "",
+        where.c_str(), overlap_text);
     // Per device of this process (rank 0's with --dist): the peak of bytes
     // its allocator had handed out since training began (parameters,
     // activations, gradients, buckets, the test pass).
@@ -448,12 +511,12 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       say("{\"model\":\"%s\",\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,"
           "\"epochs\":%d,\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
           "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g,\"train_examples\":%lld,"
-          "\"peak_bytes\":{%s}}\n",
+          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"peak_bytes\":{%s}}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
           static_cast<long long>(o.batch_size), static_cast<double>(o.lr), static_cast<long long>(train.size),
-          peaks_json.c_str());
+          ms_per_step, o.hybridize ? "true" : "false", peaks_json.c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());

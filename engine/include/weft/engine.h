@@ -29,6 +29,7 @@
 #include "weft/error.h"
 #include "weft/gpu.h"
 #include "weft/gpu_streams.h"
+#include "weft/op_graph.h"
 #include "weft/op_property.h"
 #include "weft/profiler.h"
 #include "weft/unique_function.h"
@@ -230,6 +231,17 @@ class Engine {
   // yet reported (all pending errors count as reported afterwards).
   virtual void wait_all() = 0;
 
+  // Capture and replay (weft/op_graph.h): between begin_capture and
+  // end_capture this thread's pushes to this engine are recorded, not run;
+  // replay runs the recorded ops again, as often as wanted. Throws
+  // weft::InvalidArgument for a nested capture, one begun inside an op, an
+  // end without a begin, and for replaying an invalid graph, another
+  // engine's, one whose variable was deleted, or while capturing.
+  virtual void begin_capture() = 0;
+  virtual OpGraph end_capture() = 0;
+  virtual void replay(const OpGraph& graph) = 0;
+  virtual bool capturing() const noexcept = 0;  // this thread captures for this engine
+
   // Deletes the variable after everything pending on it; the handle is invalid
   // from this call on.
   virtual void delete_var(Var var) = 0;
@@ -262,6 +274,8 @@ class Engine {
   virtual void push_async_op(AsyncOpFunction fn, Device device, VarList reads, VarList writes,
                              OpOptions options) = 0;
   std::unique_ptr<Profiler> profiler_;
+  // What outlives the engine's handles learns of its end through it.
+  const std::shared_ptr<detail::EngineLife>& life() const noexcept { return life_; }
 
  private:
   friend class SharedVar;

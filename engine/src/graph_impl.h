@@ -1,0 +1,81 @@
+// A captured op graph (weft/op_graph.h): the recorded ops as op blocks the
+// graph owns, their dependencies resolved once, and what a replay holds of
+// the engine's variables. docs/design/capture-replay.md.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "engine_life.h"
+#include "op_block.h"
+#include "var_table.h"
+
+namespace weft::detail {
+
+struct GraphImpl : std::enable_shared_from_this<GraphImpl> {
+  ~GraphImpl();
+
+  // Adds a prepared user op (its fields and accesses move into a node block
+  // of the graph; `op` goes back to its pool by the caller).
+  void add(OpBlock& op);
+  // Resolves the dependencies and the union of accesses. `self` is the
+  // graph's own variable (written by every replay, so replays never overlap).
+  void seal(Var self, VarSlot* self_slot);
+  // Whether every variable the graph touches is still alive; when not, the
+  // first deleted one and a node that uses it.
+  const VarEntry* deleted_var(std::uint32_t* node) const noexcept;
+
+  std::uint32_t engine_id = 0;
+  std::shared_ptr<EngineLife> life;  // the engine, while it lives
+  Var self;                          // deleted with the graph (while the engine lives)
+
+  // Node blocks in capture order, allocated in chunks (a replay walks them
+  // in order: contiguous memory keeps that a stream).
+  std::vector<OpBlock*> nodes;
+  std::vector<std::unique_ptr<OpBlock[]>> chunks;
+  static constexpr std::size_t kChunk = 256;
+  // Successors of node i: succ[succ_begin[i] .. succ_begin[i + 1]).
+  std::vector<std::uint32_t> succ_begin, succ;
+  std::vector<std::int32_t> in_degree;
+  std::vector<std::uint32_t> roots;  // nodes without predecessors, in capture order
+  // The union of the nodes' accesses, sorted by slot (push's lock order),
+  // written where any node writes, plus `self` written.
+  std::vector<VarEntry> vars;
+  std::uint32_t async_nodes = 0;
+
+  // Per replay (one at a time): nodes not yet done, plus one per async body
+  // running (it may go on after its done()) and one per root token not yet
+  // run to its end; the gate holding the variables.
+  std::atomic<std::int64_t> remaining{0};
+  OpBlock* gate = nullptr;
+  std::uint64_t first_id = 0;  // node i's push id is first_id + i
+  // Per node: predecessors not yet done (compact: reset at each replay
+  // without touching the node blocks).
+  std::unique_ptr<std::atomic<std::int32_t>[]> pending;
+
+  // The threaded engine's gates: blocks holding `vars` as entries, made
+  // once and reused (several replays of one graph may be queued at once).
+  OpBlock* acquire_gate();
+  void release_gate(OpBlock* gate) noexcept;
+  std::mutex gates_mutex;
+  std::vector<std::unique_ptr<OpBlock>> gates;
+  std::vector<OpBlock*> free_gates;
+
+  // The threaded engine's root batches, made at the first replay: the roots
+  // of one CPU device, which its workers claim in chunks through `claimed`
+  // (tokens: blocks of kind graph_roots queued instead of each root).
+  struct RootBatch {
+    std::uint32_t lane = 0;
+    std::vector<std::uint32_t> nodes;
+    std::vector<std::unique_ptr<OpBlock>> tokens;
+    std::unique_ptr<std::atomic<std::size_t>> claimed = std::make_unique<std::atomic<std::size_t>>(0);
+  };
+  bool batched = false;
+  std::vector<RootBatch> root_batches;
+  std::vector<std::uint32_t> single_roots;  // roots dispatched one by one (GPU lanes, small batches)
+};
+
+}  // namespace weft::detail

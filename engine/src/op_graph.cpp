@@ -1,0 +1,299 @@
+// Capture and replay: what both engines share — recording pushes into a
+// graph, resolving its dependencies once, the misuse checks. How a graph
+// runs is each engine's replay_graph. docs/design/capture-replay.md.
+#include <algorithm>
+#include <mutex>
+#include <shared_mutex>
+#include <unordered_map>
+
+#include "engine_base.h"
+#include "graph_impl.h"
+
+namespace weft {
+
+std::size_t OpGraph::ops() const noexcept { return impl_ ? impl_->nodes.size() : 0; }
+std::size_t OpGraph::dependencies() const noexcept { return impl_ ? impl_->succ.size() : 0; }
+std::size_t OpGraph::vars() const noexcept { return impl_ && !impl_->vars.empty() ? impl_->vars.size() - 1 : 0; }
+
+namespace detail {
+
+namespace {
+// The capture this thread is recording (one at a time per thread).
+struct CaptureState {
+  const EngineBase* engine = nullptr;
+  std::shared_ptr<GraphImpl> graph;
+};
+thread_local CaptureState tls_capture;
+
+std::string label(const std::string& name) { return name.empty() ? std::string("(unnamed)") : "'" + name + "'"; }
+}  // namespace
+
+GraphImpl::~GraphImpl() {
+  if (self.is_null() || !life) return;
+  std::shared_lock lock(life->mutex);
+  if (life->engine == nullptr) return;  // its variables ended with it
+  try {
+    life->engine->delete_var(self);
+  } catch (const std::exception&) {  // the engine is ending: nothing to free
+  }
+}
+
+void GraphImpl::add(OpBlock& op) {
+  if (nodes.size() % kChunk == 0) chunks.push_back(std::make_unique<OpBlock[]>(kChunk));
+  OpBlock* node = &chunks.back()[nodes.size() % kChunk];
+  node->fn = std::move(op.fn);
+  node->async_fn = std::move(op.async_fn);
+  node->name = std::move(op.name);
+  node->device = op.device;
+  node->priority = op.priority;
+  node->kind = OpKind::user;
+  node->property = op.property;
+  node->async = op.async;
+  node->run_on_failed_input = op.run_on_failed_input;
+  node->run_inline = op.run_inline;
+  node->defer_gpu_waits = op.defer_gpu_waits;
+  node->after_gpu_work = op.after_gpu_work;
+  node->bytes = op.bytes;
+  node->reserve_entries(op.entry_count);
+  for (std::uint32_t k = 0; k < op.entry_count; ++k) {
+    node->entries[k] = op.entries[k];
+    node->entries[k].op = node;
+    node->entries[k].next = nullptr;
+  }
+  node->entry_count = op.entry_count;
+  node->graph = this;
+  node->node = static_cast<std::uint32_t>(nodes.size());
+  if (node->async) ++async_nodes;
+  nodes.push_back(node);
+}
+
+void GraphImpl::seal(Var self_var, VarSlot* self_slot) {
+  self = self_var;
+  const std::size_t n = nodes.size();
+  // Per variable, the last writer and the readers since: a read depends on
+  // the last write, a write on the last write and every read since.
+  struct History {
+    std::int64_t writer = -1;
+    std::vector<std::uint32_t> readers;
+    std::size_t var = 0;  // index in `vars`
+  };
+  std::unordered_map<VarSlot*, History> history;
+  std::vector<std::vector<std::uint32_t>> out(n);
+  std::vector<std::uint32_t> stamp(n, ~std::uint32_t{0});
+  in_degree.assign(n, 0);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    auto edge_from = [&](std::uint32_t from) {
+      if (stamp[from] == i) return;  // each pair once
+      stamp[from] = i;
+      out[from].push_back(i);
+      ++in_degree[i];
+    };
+    OpBlock& node = *nodes[i];
+    for (VarEntry* e = node.begin_entries(); e != node.end_entries(); ++e) {
+      auto [it, fresh] = history.try_emplace(e->slot);
+      History& h = it->second;
+      if (fresh) {
+        h.var = vars.size();
+        VarEntry& u = vars.emplace_back(*e);
+        u.op = nullptr;
+        u.next = nullptr;
+        u.write = u.read = false;
+      }
+      vars[h.var].write |= e->write;
+      vars[h.var].read |= e->read;
+      if (h.writer >= 0) edge_from(static_cast<std::uint32_t>(h.writer));
+      if (e->write) {
+        for (std::uint32_t r : h.readers) edge_from(r);
+        h.writer = i;
+        h.readers.clear();
+      } else {
+        h.readers.push_back(i);
+      }
+    }
+  }
+  VarEntry& own = vars.emplace_back();
+  own.slot = self_slot;
+  own.generation = VarAccess::generation(self_var);
+  own.var_id = self_var.id();
+  own.write = true;
+  std::sort(vars.begin(), vars.end(), [](const VarEntry& a, const VarEntry& b) { return std::less<>()(a.slot, b.slot); });
+  succ_begin.assign(n + 1, 0);
+  for (std::size_t i = 0; i < n; ++i) succ_begin[i + 1] = succ_begin[i] + static_cast<std::uint32_t>(out[i].size());
+  succ.reserve(succ_begin[n]);
+  for (auto& list : out) succ.insert(succ.end(), list.begin(), list.end());
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (in_degree[i] == 0) roots.push_back(i);
+  pending = std::make_unique<std::atomic<std::int32_t>[]>(n);
+}
+
+OpBlock* GraphImpl::acquire_gate() {
+  std::lock_guard lock(gates_mutex);
+  if (!free_gates.empty()) {
+    OpBlock* gate = free_gates.back();
+    free_gates.pop_back();
+    return gate;
+  }
+  auto gate = std::make_unique<OpBlock>();
+  gate->reserve_entries(vars.size());
+  for (std::size_t k = 0; k < vars.size(); ++k) {
+    gate->entries[k] = vars[k];
+    gate->entries[k].op = gate.get();
+  }
+  gate->entry_count = static_cast<std::uint32_t>(vars.size());
+  gate->name = "replay";
+  gate->device = Device::cpu(0);
+  gate->kind = OpKind::graph;
+  gates.push_back(std::move(gate));
+  return gates.back().get();
+}
+
+void GraphImpl::release_gate(OpBlock* gate) noexcept {
+  gate->error.reset();
+  gate->ready_next = nullptr;
+  std::lock_guard lock(gates_mutex);
+  free_gates.push_back(gate);
+}
+
+const VarEntry* GraphImpl::deleted_var(std::uint32_t* node) const noexcept {
+  for (const VarEntry& v : vars) {
+    if (v.slot->generation.load(std::memory_order_acquire) == v.generation) continue;
+    for (const OpBlock* b : nodes)
+      for (const VarEntry* e = b->entries; e != b->entries + b->entry_count; ++e)
+        if (e->slot == v.slot) {
+          *node = b->node;
+          return &v;
+        }
+    *node = ~std::uint32_t{0};
+    return &v;
+  }
+  return nullptr;
+}
+
+bool EngineBase::capturing() const noexcept { return tls_capture.graph && tls_capture.engine == this; }
+
+bool EngineBase::capture_push(OpBlock* op) {
+  // Bodies running on this thread (inline ops) push as usual.
+  if (!tls_capture.graph || current_op_scope() != nullptr) return false;
+  if (tls_capture.engine != this) {
+    std::string name = op->name;
+    recycle(op);
+    throw InvalidArgument("push (op " + label(name) +
+                          "): this thread is capturing ops for another engine (begin_capture); a capture records "
+                          "the pushes to one engine: end_capture() first");
+  }
+  try {
+    tls_capture.graph->add(*op);
+  } catch (...) {
+    recycle(op);
+    throw;
+  }
+  recycle(op);
+  return true;
+}
+
+void EngineBase::refuse_wait_while_capturing(std::string_view call, const Var* var) const {
+  if (!capturing() || current_op_scope() != nullptr) return;
+  throw InvalidArgument(std::string(call) + (var ? "(" + vars_.describe(*var) + ")" : std::string("()")) +
+                        " while this thread captures ops (begin_capture): the " +
+                        std::to_string(tls_capture.graph->nodes.size()) +
+                        " ops captured so far have not run; end_capture() and replay() the graph, then wait");
+}
+
+void EngineBase::begin_capture() {
+  if (const OpScope* scope = running_op_of(scope_key()))
+    throw InvalidArgument("begin_capture called from inside op " + label(*scope->op_name) +
+                          ": capture from the thread that pushes the ops");
+  if (tls_capture.graph)
+    throw InvalidArgument(std::string("begin_capture: this thread is already capturing") +
+                          (tls_capture.engine == this ? "" : " for another engine") + " (" +
+                          std::to_string(tls_capture.graph->nodes.size()) +
+                          " ops so far); captures do not nest: end_capture() first");
+  auto graph = std::make_shared<GraphImpl>();
+  graph->engine_id = engine_id_;
+  graph->life = life();
+  tls_capture = {this, std::move(graph)};
+}
+
+OpGraph EngineBase::end_capture() {
+  if (!capturing())
+    throw InvalidArgument(tls_capture.graph ? "end_capture: this thread captures for another engine"
+                                            : "end_capture without begin_capture on this thread");
+  std::shared_ptr<GraphImpl> graph = std::move(tls_capture.graph);
+  tls_capture = {};
+  const Var self = vars_.create("graph of " + std::to_string(graph->nodes.size()) + " ops");
+  try {
+    graph->seal(self, vars_.resolve(self, "end_capture"));
+  } catch (...) {
+    delete_var(self);
+    throw;
+  }
+  return OpGraph(std::move(graph));
+}
+
+void EngineBase::replay(const OpGraph& graph) {
+  if (!graph.impl_) throw InvalidArgument("replay: an invalid OpGraph (default-constructed or moved from)");
+  GraphImpl& g = *graph.impl_;
+  if (g.engine_id != engine_id_)
+    throw InvalidArgument("replay: the graph of " + std::to_string(g.nodes.size()) +
+                          " ops was captured on another engine");
+  if (tls_capture.graph && current_op_scope() == nullptr)
+    throw InvalidArgument("replay while this thread captures ops (begin_capture): end_capture() first");
+  std::uint32_t node = 0;
+  if (const VarEntry* v = g.deleted_var(&node)) {
+    const Var var = VarAccess::make(v->slot, v->var_id, v->generation, engine_id_);
+    std::string user = node < g.nodes.size() ? " (used by captured op " + label(g.nodes[node]->name) + ", #" +
+                                                   std::to_string(node) + " of " + std::to_string(g.nodes.size()) + ")"
+                                             : std::string(" (the graph's own variable)");
+    throw InvalidArgument("replay: var #" + std::to_string(var.id()) + user +
+                          " was deleted after the capture; a graph replays on the variables it captured");
+  }
+  if (g.nodes.empty()) return;
+  replay_graph(graph.impl_);
+}
+
+OpBlock* EngineBase::instantiate(const std::shared_ptr<GraphImpl>& graph, std::uint32_t i) {
+  const OpBlock& node = *graph->nodes[i];
+  OpBlock* op = ops_.acquire();
+  op->reserve_entries(node.entry_count);
+  for (std::uint32_t k = 0; k < node.entry_count; ++k) {
+    op->entries[k] = node.entries[k];
+    op->entries[k].op = op;
+    op->entries[k].next = nullptr;
+  }
+  op->entry_count = node.entry_count;
+  op->name = node.name;
+  op->device = node.device;
+  op->priority = node.priority;
+  op->kind = OpKind::user;
+  op->property = node.property;
+  op->async = node.async;
+  op->run_on_failed_input = node.run_on_failed_input;
+  op->run_inline = node.run_inline;
+  op->defer_gpu_waits = node.defer_gpu_waits;
+  op->after_gpu_work = node.after_gpu_work;
+  op->bytes = node.bytes;
+  // The body stays the graph's: the copy calls it, and keeps the graph alive.
+  if (node.async) {
+    op->async_fn = AsyncOpFunction([graph, i](RunContext& ctx, Completion done) {
+      graph->nodes[i]->async_fn(ctx, std::move(done));
+    });
+  } else {
+    op->fn = OpFunction([graph, i](RunContext& ctx) { graph->nodes[i]->fn(ctx); });
+  }
+  op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
+  op->unblocked_by.store(0, std::memory_order_relaxed);
+  op->push_ns = -1;
+  if (profiler_->running()) [[unlikely]] {
+    try {
+      record_push(*op);
+    } catch (...) {
+      recycle(op);
+      throw;
+    }
+  }
+  op->pending.store(static_cast<std::int32_t>(op->entry_count) + 1, std::memory_order_relaxed);
+  return op;
+}
+
+}  // namespace detail
+}  // namespace weft
