@@ -387,6 +387,8 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         throw;
       }
       h.step = engine->end_capture();
+      say("  captured the training step for batch %lld: %zu ops, %zu dependencies, %zu variables\n",
+          static_cast<long long>(rows), h.step.ops(), h.step.dependencies(), h.step.vars());
       return h;
     };
     Tally last;

@@ -28,7 +28,7 @@ std::string find_file(const std::string& dir, const std::string& stem) {
               " exists" + hint);
 }
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void dataset_fail(const std::string& path, const std::string& what) {
   throw Error("weft::load_mnist_split: " + path + ": " + what);
 }
 
@@ -50,14 +50,14 @@ Dataset load_mnist_split(const std::string& dir, const std::string& split, std::
 
   IdxArray images = read_idx(images_path);
   if (images.dims.size() != 3)
-    fail(images_path, "images must be rank 3 (count, rows, cols), this file has rank " +
+    dataset_fail(images_path, "images must be rank 3 (count, rows, cols), this file has rank " +
                           std::to_string(images.dims.size()));
   if (images.dims[1] == 0 || images.dims[2] == 0)
-    fail(images_path, "images of " + std::to_string(images.dims[1]) + "x" + std::to_string(images.dims[2]) +
+    dataset_fail(images_path, "images of " + std::to_string(images.dims[1]) + "x" + std::to_string(images.dims[2]) +
                           " pixels (rows and cols must be positive)");
   IdxArray labels = read_idx(labels_path);
   if (labels.dims.size() != 1)
-    fail(labels_path, "labels must be rank 1 (count), this file has rank " + std::to_string(labels.dims.size()));
+    dataset_fail(labels_path, "labels must be rank 1 (count), this file has rank " + std::to_string(labels.dims.size()));
   if (images.dims[0] != labels.dims[0])
     throw Error("weft::load_mnist_split: count mismatch: " + images_path + " holds " +
                 std::to_string(images.dims[0]) + " images but " + labels_path + " holds " +
@@ -67,7 +67,7 @@ Dataset load_mnist_split(const std::string& dir, const std::string& split, std::
   d.classes = 10;
   for (std::size_t i = 0; i < labels.data.size(); ++i)
     if (labels.data[i] >= d.classes)
-      fail(labels_path, "label " + std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
+      dataset_fail(labels_path, "label " + std::to_string(labels.data[i]) + " at index " + std::to_string(i) +
                             " is not a class in 0..9");
 
   d.size = limit > 0 ? std::min(limit, images.dims[0]) : images.dims[0];

@@ -19,7 +19,7 @@ namespace {
 
 constexpr std::uint64_t kMaxBytes = std::uint64_t{1} << 34;  // 16 GiB
 
-[[noreturn]] void fail(const std::string& path, const std::string& what) {
+[[noreturn]] void idx_fail(const std::string& path, const std::string& what) {
   throw Error("weft::read_idx: " + path + ": " + what);
 }
 
@@ -67,7 +67,7 @@ class PlainSource final : public Source {
   ~PlainSource() override { std::fclose(f_); }
   std::size_t read(void* dst, std::size_t n) override {
     std::size_t got = std::fread(dst, 1, n, f_);
-    if (got < n && std::ferror(f_)) fail(path_, std::string("read error: ") + std::strerror(errno));
+    if (got < n && std::ferror(f_)) idx_fail(path_, std::string("read error: ") + std::strerror(errno));
     return got;
   }
 
@@ -96,8 +96,8 @@ class GzipSource final : public Source {
       if (got < 0) {
         int errnum = 0;
         const char* msg = gzerror(f_, &errnum);
-        if (errnum == Z_ERRNO) fail(path_, std::string("read error: ") + std::strerror(errno));
-        fail(path_, "corrupt gzip stream (zlib: " + zlib_message(path_, msg) + ")");
+        if (errnum == Z_ERRNO) idx_fail(path_, std::string("read error: ") + std::strerror(errno));
+        idx_fail(path_, "corrupt gzip stream (zlib: " + zlib_message(path_, msg) + ")");
       }
       total += static_cast<std::size_t>(got);
       if (static_cast<unsigned>(got) < chunk) break;
@@ -124,11 +124,11 @@ std::string hex_magic(const unsigned char* m) {
 
 std::unique_ptr<Source> open_source(const std::string& path, bool& gzip) {
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) fail(path, "is a directory, not an IDX file");
+  if (std::filesystem::is_directory(path, ec)) idx_fail(path, "is a directory, not an IDX file");
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) {
     int e = errno;
-    fail(path, e == ENOENT ? std::string("missing file (no such file)") : std::string("cannot open: ") + std::strerror(e));
+    idx_fail(path, e == ENOENT ? std::string("missing file (no such file)") : std::string("cannot open: ") + std::strerror(e));
   }
   unsigned char head[2] = {0, 0};
   std::size_t got = std::fread(head, 1, 2, f);
@@ -139,7 +139,7 @@ std::unique_ptr<Source> open_source(const std::string& path, bool& gzip) {
   }
   std::fclose(f);
   gzFile g = gzopen(path.c_str(), "rb");
-  if (!g) fail(path, std::string("cannot open as gzip: ") + std::strerror(errno));
+  if (!g) idx_fail(path, std::string("cannot open as gzip: ") + std::strerror(errno));
   gzbuffer(g, 1u << 18);
   return std::make_unique<GzipSource>(path, g);
 }
@@ -159,23 +159,23 @@ IdxArray read_idx(const std::string& path) {
   unsigned char magic[4];
   std::size_t got = src->read(magic, 4);
   if (got < 4)
-    fail(path, "truncated header: the " + what + " has " + std::to_string(got) +
+    idx_fail(path, "truncated header: the " + what + " has " + std::to_string(got) +
                    " bytes, the 4-byte magic number needs 4" + src->short_reason());
   if (magic[0] != 0 || magic[1] != 0)
-    fail(path, "bad magic " + hex_magic(magic) + ": not an IDX file (the first two bytes must be zero)");
+    idx_fail(path, "bad magic " + hex_magic(magic) + ": not an IDX file (the first two bytes must be zero)");
   const unsigned type = magic[2];
   const unsigned rank = magic[3];
-  if (!type_name(type)) fail(path, "bad magic: unknown IDX element type " + hex2(type));
+  if (!type_name(type)) idx_fail(path, "bad magic: unknown IDX element type " + hex2(type));
   if (type != 0x08)
-    fail(path, std::string("unsupported IDX element type ") + hex2(type) + " (" + type_name(type) +
+    idx_fail(path, std::string("unsupported IDX element type ") + hex2(type) + " (" + type_name(type) +
                    "); only unsigned byte (0x08) is supported");
-  if (rank == 0) fail(path, "bad magic: rank 0 (an IDX array needs at least one dimension)");
+  if (rank == 0) idx_fail(path, "bad magic: rank 0 (an IDX array needs at least one dimension)");
 
   // Dimensions, big-endian uint32 each.
   std::vector<unsigned char> raw(4 * std::size_t{rank});
   got = src->read(raw.data(), raw.size());
   if (got < raw.size())
-    fail(path, "truncated header: rank " + std::to_string(rank) + " needs " + std::to_string(raw.size()) +
+    idx_fail(path, "truncated header: rank " + std::to_string(rank) + " needs " + std::to_string(raw.size()) +
                    " bytes of dimensions after the magic, the " + what + " has " + std::to_string(got) +
                    src->short_reason());
   IdxArray out;
@@ -190,7 +190,7 @@ IdxArray read_idx(const std::string& path) {
     for (std::int64_t d : out.dims) {
       auto ud = static_cast<std::uint64_t>(d);
       if (total > (kMaxBytes - 1) / ud)
-        fail(path, "absurd dimensions " + dims_text(out.dims) +
+        idx_fail(path, "absurd dimensions " + dims_text(out.dims) +
                        ": they describe 2^34 bytes (16 GiB) or more, the limit");
       total *= ud;
     }
@@ -205,10 +205,10 @@ IdxArray read_idx(const std::string& path) {
     if (!ec) {
       std::uint64_t have = size >= header ? size - header : 0;
       if (have < total)
-        fail(path, "truncated data: the dimensions " + dims_text(out.dims) + " need " + std::to_string(total) +
+        idx_fail(path, "truncated data: the dimensions " + dims_text(out.dims) + " need " + std::to_string(total) +
                        " bytes after the header, the file has " + std::to_string(have));
       if (have > total)
-        fail(path, "trailing data: " + std::to_string(have - total) + " bytes after the " + std::to_string(total) +
+        idx_fail(path, "trailing data: " + std::to_string(have - total) + " bytes after the " + std::to_string(total) +
                        " data bytes that the dimensions " + dims_text(out.dims) + " describe");
     }
   }
@@ -223,7 +223,7 @@ IdxArray read_idx(const std::string& path) {
     std::size_t n = src->read(out.data.data() + have, next - have);
     have += n;
     if (have < next)
-      fail(path, "truncated data: the dimensions " + dims_text(out.dims) + " need " + std::to_string(total) +
+      idx_fail(path, "truncated data: the dimensions " + dims_text(out.dims) + " need " + std::to_string(total) +
                      " bytes after the header, the " + what + " has " + std::to_string(have) + src->short_reason());
   }
 
@@ -235,13 +235,13 @@ IdxArray read_idx(const std::string& path) {
     if (extra >= (std::uint64_t{1} << 26)) break;  // enough to report
   }
   if (extra)
-    fail(path, "trailing data: " + std::string(extra >= (std::uint64_t{1} << 26) ? "at least " : "") +
+    idx_fail(path, "trailing data: " + std::string(extra >= (std::uint64_t{1} << 26) ? "at least " : "") +
                    std::to_string(extra) + " bytes after the " + std::to_string(total) +
                    " data bytes that the dimensions " + dims_text(out.dims) + " describe");
   // All data is there but the gzip stream itself ends early (say, without its
   // CRC trailer): the file is damaged all the same.
   std::string reason = src->short_reason();
-  if (!reason.empty()) fail(path, "truncated gzip stream after the data" + reason);
+  if (!reason.empty()) idx_fail(path, "truncated gzip stream after the data" + reason);
   return out;
 }
 

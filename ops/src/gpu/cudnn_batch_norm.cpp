@@ -31,8 +31,8 @@ using detail::nchw_tensor;
 using detail::TensorDescriptor;
 using detail::to_int;
 
-constexpr float kOne = 1.0f;
-constexpr float kZero = 0.0f;
+using detail::kOne;
+using detail::kZero;
 
 struct Descriptors {
   TensorDescriptor x, stats;

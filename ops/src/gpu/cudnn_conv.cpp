@@ -198,8 +198,8 @@ void use(const ConvPlan& p, const Choice& c) { WEFT_CUDNN_CHECK(cudnnSetConvolut
 
 void* workspace_for(const WorkerHandles& h, const Choice& c) { return c.bytes == 0 ? nullptr : h.workspace; }
 
-constexpr float kOne = 1.0f;
-constexpr float kZero = 0.0f;
+using detail::kOne;
+using detail::kZero;
 
 // y += b broadcast over N, H, W.
 void add_channel_bias(const WorkerHandles& h, cudnnTensorDescriptor_t bias_desc, const float* b,

@@ -10,6 +10,10 @@
 
 namespace weft::kernels::gpu::detail {
 
+// cuDNN's blending factors (y = one * result + zero * y), passed by address.
+inline constexpr float kOne = 1.0f;
+inline constexpr float kZero = 0.0f;
+
 template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
 class CudnnDescriptor {
  public:
