@@ -95,6 +95,28 @@ struct OpBlock {
     entry_count = 0;
   }
 
+  // Takes `src`'s accesses (now this block's) and its options: device,
+  // priority, property and the OpOptions flags. Not its body, name or run state.
+  void copy_accesses_and_options(const OpBlock& src) {
+    reserve_entries(src.entry_count);
+    for (std::uint32_t k = 0; k < src.entry_count; ++k) {
+      entries[k] = src.entries[k];
+      entries[k].op = this;
+      entries[k].next = nullptr;
+    }
+    entry_count = src.entry_count;
+    device = src.device;
+    priority = src.priority;
+    kind = OpKind::user;
+    property = src.property;
+    async = src.async;
+    run_on_failed_input = src.run_on_failed_input;
+    run_inline = src.run_inline;
+    defer_gpu_waits = src.defer_gpu_waits;
+    after_gpu_work = src.after_gpu_work;
+    bytes = src.bytes;
+  }
+
   // Forget the op (captures are destroyed now: they may hold resources).
   void clear() noexcept {
     fn.reset();

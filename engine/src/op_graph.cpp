@@ -41,26 +41,10 @@ GraphImpl::~GraphImpl() {
 void GraphImpl::add(OpBlock& op) {
   if (nodes.size() % kChunk == 0) chunks.push_back(std::make_unique<OpBlock[]>(kChunk));
   OpBlock* node = &chunks.back()[nodes.size() % kChunk];
+  node->copy_accesses_and_options(op);
   node->fn = std::move(op.fn);
   node->async_fn = std::move(op.async_fn);
   node->name = std::move(op.name);
-  node->device = op.device;
-  node->priority = op.priority;
-  node->kind = OpKind::user;
-  node->property = op.property;
-  node->async = op.async;
-  node->run_on_failed_input = op.run_on_failed_input;
-  node->run_inline = op.run_inline;
-  node->defer_gpu_waits = op.defer_gpu_waits;
-  node->after_gpu_work = op.after_gpu_work;
-  node->bytes = op.bytes;
-  node->reserve_entries(op.entry_count);
-  for (std::uint32_t k = 0; k < op.entry_count; ++k) {
-    node->entries[k] = op.entries[k];
-    node->entries[k].op = node;
-    node->entries[k].next = nullptr;
-  }
-  node->entry_count = op.entry_count;
   node->graph = this;
   node->node = static_cast<std::uint32_t>(nodes.size());
   if (node->async) ++async_nodes;
@@ -254,24 +238,8 @@ void EngineBase::replay(const OpGraph& graph) {
 OpBlock* EngineBase::instantiate(const std::shared_ptr<GraphImpl>& graph, std::uint32_t i) {
   const OpBlock& node = *graph->nodes[i];
   OpBlock* op = ops_.acquire();
-  op->reserve_entries(node.entry_count);
-  for (std::uint32_t k = 0; k < node.entry_count; ++k) {
-    op->entries[k] = node.entries[k];
-    op->entries[k].op = op;
-    op->entries[k].next = nullptr;
-  }
-  op->entry_count = node.entry_count;
+  op->copy_accesses_and_options(node);
   op->name = node.name;
-  op->device = node.device;
-  op->priority = node.priority;
-  op->kind = OpKind::user;
-  op->property = node.property;
-  op->async = node.async;
-  op->run_on_failed_input = node.run_on_failed_input;
-  op->run_inline = node.run_inline;
-  op->defer_gpu_waits = node.defer_gpu_waits;
-  op->after_gpu_work = node.after_gpu_work;
-  op->bytes = node.bytes;
   // The body stays the graph's: the copy calls it, and keeps the graph alive.
   if (node.async) {
     op->async_fn = AsyncOpFunction([graph, i](RunContext& ctx, Completion done) {

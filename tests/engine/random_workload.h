@@ -5,6 +5,8 @@
 // reordering of conflicting ops changes the final values.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -102,5 +104,19 @@ inline std::vector<int> range(int first, int count) {
   return v;
 }
 
+
+// Every value and every version equals the oracle's (counted, so a failure
+// reports how many differ instead of 100 lines).
+template <class Values, class Versions>
+void check_against_oracle(const Values& values, const Values& expected, const Versions& versions,
+                          const Versions& expected_writes) {
+  int value_mismatches = 0, version_mismatches = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    value_mismatches += values[i] != expected[i];
+    version_mismatches += versions[i] != expected_writes[i];
+  }
+  CHECK(value_mismatches == 0);
+  CHECK(version_mismatches == 0);
+}
 
 }  // namespace weft_test

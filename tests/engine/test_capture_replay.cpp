@@ -72,13 +72,7 @@ TEST_CASE("replay: a random workload captured once and replayed equals pushing i
         CHECK(e->inflight() == 0);
         for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
       }
-      int value_mismatches = 0, version_mismatches = 0;
-      for (std::size_t i = 0; i < values.size(); ++i) {
-        value_mismatches += values[i] != expected[i];
-        version_mismatches += versions[i] != expected_writes[i];
-      }
-      CHECK(value_mismatches == 0);
-      CHECK(version_mismatches == 0);
+      check_against_oracle(values, expected, versions, expected_writes);
     }
   }
 }

@@ -36,19 +36,6 @@ std::vector<Config> differential_configs() {
 
 }  // namespace
 
-// Every value and every version equals the oracle's (counted, so a failure
-// reports how many differ instead of 100 lines).
-template <class Values, class Versions>
-void check_against_oracle(const Values& values, const Values& expected, const Versions& versions,
-                          const Versions& expected_writes) {
-  int value_mismatches = 0, version_mismatches = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    value_mismatches += values[i] != expected[i];
-    version_mismatches += versions[i] != expected_writes[i];
-  }
-  CHECK(value_mismatches == 0);
-  CHECK(version_mismatches == 0);
-}
 
 TEST_CASE("differential: random workloads from one thread match the serial oracle" * doctest::timeout(300)) {
   const std::vector<std::uint64_t> seeds = kSanitized ? std::vector<std::uint64_t>{1}
