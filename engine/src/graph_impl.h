@@ -61,8 +61,8 @@ struct GraphImpl : std::enable_shared_from_this<GraphImpl> {
   OpBlock* acquire_gate();
   void release_gate(OpBlock* gate) noexcept;
   std::mutex gates_mutex;
-  std::vector<std::unique_ptr<OpBlock>> gates;
-  std::vector<OpBlock*> free_gates;
+  std::vector<std::unique_ptr<OpBlock>> free_gates;  // at most kFreeGates kept
+  static constexpr std::size_t kFreeGates = 2;
 
   // The threaded engine's root batches, made at the first replay: the roots
   // of one CPU device, which its workers claim in chunks through `claimed`

@@ -35,7 +35,18 @@ Profiler::Track* NaiveEngine::thread_track(Device device) {
 void NaiveEngine::launch(OpBlock* op) { run(op); }
 
 void NaiveEngine::replay_graph(const std::shared_ptr<GraphImpl>& graph) {
-  for (std::uint32_t i = 0; i < graph->nodes.size(); ++i) run(instantiate(graph, i));
+  for (std::uint32_t i = 0; i < graph->nodes.size(); ++i) {
+    // A node's body may have deleted a variable a later node uses: that
+    // push would have failed, so does this one (replay checked them all
+    // before the first node ran).
+    const OpBlock& node = *graph->nodes[i];
+    for (const VarEntry* e = node.entries; e != node.entries + node.entry_count; ++e)
+      if (e->slot->generation.load(std::memory_order_acquire) != e->generation)
+        throw InvalidArgument("replay (op '" + node.name + "', #" + std::to_string(i) + " of " +
+                              std::to_string(graph->nodes.size()) + "): var #" + std::to_string(e->var_id) +
+                              " was deleted by an op of this replay");
+    run(instantiate(graph, i));
+  }
 }
 
 void NaiveEngine::run(OpBlock* op) {

@@ -108,15 +108,19 @@ void GraphImpl::seal(Var self_var, VarSlot* self_slot) {
   for (std::uint32_t i = 0; i < n; ++i)
     if (in_degree[i] == 0) roots.push_back(i);
   pending = std::make_unique<std::atomic<std::int32_t>[]>(n);
+  free_gates.reserve(kFreeGates);
 }
 
 OpBlock* GraphImpl::acquire_gate() {
-  std::lock_guard lock(gates_mutex);
-  if (!free_gates.empty()) {
-    OpBlock* gate = free_gates.back();
-    free_gates.pop_back();
-    return gate;
+  {
+    std::lock_guard lock(gates_mutex);
+    if (!free_gates.empty()) {
+      OpBlock* gate = free_gates.back().release();
+      free_gates.pop_back();
+      return gate;
+    }
   }
+  // A gate in use belongs to its replay (released by release_gate).
   auto gate = std::make_unique<OpBlock>();
   gate->reserve_entries(vars.size());
   for (std::size_t k = 0; k < vars.size(); ++k) {
@@ -127,15 +131,21 @@ OpBlock* GraphImpl::acquire_gate() {
   gate->name = "replay";
   gate->device = Device::cpu(0);
   gate->kind = OpKind::graph;
-  gates.push_back(std::move(gate));
-  return gates.back().get();
+  return gate.release();
 }
 
 void GraphImpl::release_gate(OpBlock* gate) noexcept {
-  gate->error.reset();
-  gate->ready_next = nullptr;
+  std::unique_ptr<OpBlock> owned(gate);
+  owned->error.reset();
+  owned->ready_next = nullptr;
   std::lock_guard lock(gates_mutex);
-  free_gates.push_back(gate);
+  // A few stay for the next replays; more queued at once were a burst.
+  if (free_gates.size() < kFreeGates) {
+    try {
+      free_gates.push_back(std::move(owned));
+    } catch (...) {  // (reserved by seal: never) the gate is freed instead
+    }
+  }
 }
 
 const VarEntry* GraphImpl::deleted_var(std::uint32_t* node) const noexcept {

@@ -1,5 +1,6 @@
 #include "threaded_engine.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdio>
 #include <thread>
@@ -24,6 +25,10 @@ thread_local WorkerCounter tls_counter;
 // Set while this thread runs (or skips) an inline op (OpOptions::run_inline):
 // what that makes ready is queued, so inline runs never nest.
 thread_local bool tls_running_inline = false;
+
+// While this thread runs the body of an async node of a replay: the graph
+// (its gate holds the variables a follow-up of the body must not touch).
+thread_local const GraphImpl* tls_async_node_graph = nullptr;
 
 // While profiling, the tracks this thread recorded inline bodies on (a
 // track has one writer: each thread gets its own per engine and device).
@@ -230,8 +235,28 @@ void ThreadedEngine::on_worker_start(int lane, int worker) {
 }
 
 void ThreadedEngine::launch(OpBlock* op) {
+  if (tls_async_node_graph != nullptr && current_op_scope() != nullptr) [[unlikely]]
+    refuse_follow_up_of_async_node(op);
   enter_inflight(op);
   submit(op);
+}
+
+void ThreadedEngine::refuse_follow_up_of_async_node(OpBlock* op) {
+  const GraphImpl& g = *tls_async_node_graph;
+  for (const VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
+    const auto held = std::lower_bound(g.vars.begin(), g.vars.end(), e->slot,
+                                       [](const VarEntry& v, VarSlot* slot) { return std::less<>()(v.slot, slot); });
+    if (held == g.vars.end() || held->slot != e->slot) continue;
+    const std::string name = op->name;
+    const std::uint32_t id = e->var_id;
+    const std::string parent = *current_op_scope()->op_name;
+    recycle(op);
+    throw InvalidArgument("push (op '" + name + "') from inside the replayed async op '" + parent + "': it uses var #" +
+                          std::to_string(id) +
+                          ", which the replay holds until all its ops are done; if it completed the async op, it "
+                          "would wait for the replay that waits for it. Push it outside the capture, or complete "
+                          "the op without it");
+  }
 }
 
 template <class Pred>
@@ -251,7 +276,7 @@ void ThreadedEngine::enter_inflight(OpBlock* op) {
   } else {
     // Workers never block on the bound either, even outside an op body (a
     // capture's destructor may push).
-    if (op->kind == OpKind::user && tls_counter.engine != this) {
+    if ((op->kind == OpKind::user || op->kind == OpKind::graph) && tls_counter.engine != this) {
       // Counts read by other threads may be newer than `pushed`: differences
       // saturate at zero instead of wrapping into "over the bound".
       const std::uint64_t pushed = counts_.pushed_total();
@@ -471,6 +496,11 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
   // destructor may miss it.
   counts_.add_pushed(epoch);
   if (graph) graph->remaining.fetch_add(1, std::memory_order_relaxed);  // the node is not done: remaining > 0
+  struct AsyncNodeScope {
+    const GraphImpl* outer;
+    explicit AsyncNodeScope(const GraphImpl* g) noexcept : outer(std::exchange(tls_async_node_graph, g)) {}
+    ~AsyncNodeScope() { tls_async_node_graph = outer; }
+  } async_node_scope(graph ? graph.get() : tls_async_node_graph);
   {
     OpScopeGuard scope(scope_key(), &name, device, epoch);
     CheckContextGuard check(name, device);
@@ -588,7 +618,10 @@ void ThreadedEngine::dispatch_ready(OpBlock* ready, bool worker_is_done, bool fi
 
 void ThreadedEngine::replay_graph(const std::shared_ptr<GraphImpl>& graph) {
   OpBlock* gate = graph->acquire_gate();
-  gate->id = next_op_id_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // The gate's id and its nodes' after it, taken now: in push order, as if
+  // the nodes were pushed here (what a failure reported later still reaches,
+  // and the order among equal priorities).
+  gate->id = next_op_id_.fetch_add(graph->nodes.size() + 1, std::memory_order_relaxed) + 1;
   gate->unblocked_by.store(0, std::memory_order_relaxed);
   gate->push_ns = -1;
   gate->graph_keep = graph;
@@ -610,9 +643,7 @@ void ThreadedEngine::start_graph(OpBlock* gate) {
   std::size_t tokens = 0;
   for (const GraphImpl::RootBatch& b : g.root_batches) tokens += b.tokens.size();
   g.remaining.store(static_cast<std::int64_t>(n + tokens), std::memory_order_relaxed);
-  // Ids in capture order, after the gate's: what a failure reported before
-  // the replay reaches, and the FIFO order among equal priorities.
-  g.first_id = next_op_id_.fetch_add(n, std::memory_order_relaxed) + 1;
+  g.first_id = gate->id + 1;  // reserved by replay_graph
   // The node blocks themselves are reset one by one as they become ready
   // (arm_node): a large graph is walked once per replay, not twice.
   for (std::size_t i = 0; i < n; ++i) g.pending[i].store(g.in_degree[i], std::memory_order_relaxed);
@@ -737,15 +768,18 @@ void ThreadedEngine::finish_node(OpBlock* op, bool worker_is_done) {
   RootClaim& claim = tls_root_claim;
   if (claim.graph == &g) {
     // Inside run_roots: keep what runs on this device for after the chunk.
+    // `ready` is newest first; so is what stays in it.
     OpBlock* rest = nullptr;
+    OpBlock** tail = &rest;
     while (ready) {
       OpBlock* next = ready->ready_next;
       if (claim.local.size() < kLocalReady && ready->priority == 0 && !ready->run_inline &&
           static_cast<int>(lane_of(*ready)) == claim.lane) {
         claim.local.push_back(ready);
       } else {
-        ready->ready_next = rest;
-        rest = ready;
+        ready->ready_next = nullptr;
+        *tail = ready;
+        tail = &ready->ready_next;
       }
       ready = next;
     }

@@ -40,6 +40,10 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   // runs the nodes as their dependencies allow and the last one releases it.
   void replay_graph(const std::shared_ptr<GraphImpl>& graph) override;
   void start_graph(OpBlock* gate);
+  // A push from inside a replayed async node's body that uses one of the
+  // replay's variables: refused (it could only run after the replay, which
+  // waits for the node). Throws naming both ops.
+  void refuse_follow_up_of_async_node(OpBlock* op);
   // Returns a finished op's block: to the pool, or a gate to its graph.
   void release_block(OpBlock* op) noexcept;
   // Readies a node block for this replay (id, errors, trace): when it
