@@ -105,6 +105,18 @@ inline std::vector<int> range(int first, int count) {
 }
 
 
+// The workload's variables, and their versions once the work is done.
+inline std::vector<Var> new_vars(weft::Engine& e, int n = kVars) {
+  std::vector<Var> vars;
+  for (int i = 0; i < n; ++i) vars.push_back(e.new_var());
+  return vars;
+}
+inline std::vector<std::uint64_t> versions_of(const weft::Engine& e, const std::vector<Var>& vars) {
+  std::vector<std::uint64_t> out;
+  for (const Var& v : vars) out.push_back(e.version(v));
+  return out;
+}
+
 // Every value and every version equals the oracle's (counted, so a failure
 // reports how many differ instead of 100 lines).
 template <class Values, class Versions>

@@ -51,8 +51,7 @@ TEST_CASE("replay: a random workload captured once and replayed equals pushing i
       std::vector<std::uint64_t> versions(kVars, 0);
       {
         auto e = make_engine(cfg);
-        std::vector<Var> vars;
-        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        const std::vector<Var> vars = new_vars(*e);
         e->begin_capture();
         CHECK(e->capturing());
         push_ops(*e, cfg, ops, vars, values.data());
@@ -70,7 +69,7 @@ TEST_CASE("replay: a random workload captured once and replayed equals pushing i
         }
         e->wait_all();
         CHECK(e->inflight() == 0);
-        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+        versions = versions_of(*e, vars);
       }
       check_against_oracle(values, expected, versions, expected_writes);
     }

@@ -53,14 +53,13 @@ TEST_CASE("differential: random workloads from one thread match the serial oracl
       std::vector<std::uint64_t> versions(kVars, 0);
       {
         auto e = make_engine(cfg);
-        std::vector<Var> vars;
-        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        const std::vector<Var> vars = new_vars(*e);
         push_ops(*e, cfg, ops, vars, values.data());
         // Half the variables read back one by one, then everything.
         for (int i = 0; i < kVars; i += 2) e->wait_to_read(vars[static_cast<std::size_t>(i)]);
         e->wait_all();
         CHECK(e->inflight() == 0);
-        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+        versions = versions_of(*e, vars);
       }
       check_against_oracle(values, expected, versions, expected_writes);
     }
@@ -107,8 +106,7 @@ TEST_CASE("differential: four pushing threads with disjoint writes match the ser
       std::atomic<int> pushed_threads{0};
       {
         auto e = make_engine(cfg);
-        std::vector<Var> vars;
-        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        const std::vector<Var> vars = new_vars(*e);
         std::uint64_t* data = values.data();
         for (int i : shared) {
           e->push([data, i, v = shared_value(i)](RunContext&) { data[i] = v; }, Device::cpu(0), {},
@@ -127,7 +125,7 @@ TEST_CASE("differential: four pushing threads with disjoint writes match the ser
         }
         for (auto& th : threads) th.join();
         e->wait_all();
-        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+        versions = versions_of(*e, vars);
       }
       CHECK(pushed_threads.load() == kThreads);
       check_against_oracle(values, expected, versions, expected_writes);
@@ -213,8 +211,7 @@ TEST_CASE("differential: random workloads with failing ops agree on values, vers
       std::vector<long> outcomes(kVars, -2);
       {
         auto e = make_engine(cfg);
-        std::vector<Var> vars;
-        for (int i = 0; i < kVars; ++i) vars.push_back(e->new_var());
+        const std::vector<Var> vars = new_vars(*e);
         std::uint64_t* data = values.data();
         for (const FailingOp& op : ops) {
           std::array<Var, kMaxReads> reads;
@@ -262,7 +259,7 @@ TEST_CASE("differential: random workloads with failing ops agree on values, vers
         } catch (const OpFailure&) {
         }
         CHECK_NOTHROW(e->wait_all());
-        for (int i = 0; i < kVars; ++i) versions[static_cast<std::size_t>(i)] = e->version(vars[static_cast<std::size_t>(i)]);
+        versions = versions_of(*e, vars);
       }
       int value_mismatches = 0, version_mismatches = 0, clean_but_threw = 0, wrong_type = 0;
       for (int i = 0; i < kVars; ++i) {
