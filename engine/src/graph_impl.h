@@ -44,7 +44,6 @@ struct GraphImpl : std::enable_shared_from_this<GraphImpl> {
   // The union of the nodes' accesses, sorted by slot (push's lock order),
   // written where any node writes, plus `self` written.
   std::vector<VarEntry> vars;
-  std::uint32_t async_nodes = 0;
 
   // Per replay (one at a time): nodes not yet done, plus one per async body
   // running (it may go on after its done()) and one per root token not yet

@@ -47,7 +47,6 @@ void GraphImpl::add(OpBlock& op) {
   node->name = std::move(op.name);
   node->graph = this;
   node->node = static_cast<std::uint32_t>(nodes.size());
-  if (node->async) ++async_nodes;
   nodes.push_back(node);
 }
 
