@@ -15,7 +15,7 @@ usage: scripts/profile-ncu.sh [--kernel REGEX] [--launch-count N] [--output PATH
 
 Runs PROGRAM ARGS under NVIDIA Nsight Compute, collecting the full metric
 set for the first N kernel launches (whose name matches REGEX):
-  ncu --set full [--kernel-name regex:REGEX] --launch-count N --force-overwrite -o REPORT PROGRAM ARGS...
+  ncu --set full [--kernel-name-base demangled --kernel-name regex:REGEX] --launch-count N --force-overwrite -o REPORT PROGRAM ARGS...
 then prints the report:
   ncu --import REPORT.ncu-rep --print-summary per-kernel     (default)
   ncu --import REPORT.ncu-rep --page details                 (--details)
@@ -23,9 +23,11 @@ Open REPORT.ncu-rep in the Nsight Compute GUI (ncu-ui) for everything else.
 
 Options go BEFORE PROGRAM: everything from PROGRAM on is passed to it as is,
 so a --kernel after the program is the program's argument, not this script's.
-  --kernel REGEX      profile only kernels whose (function) name matches the
-                      regular expression, e.g. --kernel 'gemm|conv' (default:
-                      every kernel)
+  --kernel REGEX      profile only kernels whose demangled name (template
+                      arguments included: cuBLAS 13's GEMMs are named
+                      Kernel2<cutlass_80_simt_sgemm_...>) matches the regular
+                      expression, e.g. --kernel 'gemm|conv' (default: every
+                      kernel)
   --launch-count N    stop after N matching launches (default 20; the full
                       set replays each kernel many times, so keep N small)
   --output PATH       report path, with or without .ncu-rep (default:
@@ -118,7 +120,7 @@ fi
 report=$(report_base ncu .ncu-rep "$program" "$output")
 
 cmd=("$tool" --set full)
-if [[ -n "$kernel" ]]; then cmd+=(--kernel-name "regex:$kernel"); fi
+if [[ -n "$kernel" ]]; then cmd+=(--kernel-name-base demangled --kernel-name "regex:$kernel"); fi
 cmd+=(--launch-count "$launch_count" --force-overwrite -o "$report" "$@")
 echo "$me: ${cmd[*]}" >&2
 status=0

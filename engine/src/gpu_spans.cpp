@@ -35,6 +35,7 @@ void GpuSpanRecorder::end(gpu::Stream* stream, const SpanInfo& info) noexcept {
   try {
     {
       std::lock_guard lock(mutex_);
+      if (pending_.size() >= kMaxPending) compact_completed();
       if (pending_.size() >= kMaxPending) {
         free_.push_back(std::move(start));
         ++dropped_;
@@ -51,21 +52,60 @@ void GpuSpanRecorder::end(gpu::Stream* stream, const SpanInfo& info) noexcept {
   }
 }
 
+void GpuSpanRecorder::compact_completed() {
+  std::size_t done = 0;
+  try {
+    free_.reserve(free_.size() + 2 * pending_.size());
+    completed_.reserve(std::min(kMaxCompleted, completed_.size() + pending_.size()));
+    for (; done < pending_.size() && completed_.size() < kMaxCompleted; ++done) {
+      Pending& p = pending_[done];
+      if (!p.end->done()) break;
+      const float duration = p.end->ms_since(*p.start);
+      if (!anchor_) {
+        completed_.push_back(Completed{0.0f, duration, p.info});
+        anchor_ = std::move(p.start);
+      } else {
+        completed_.push_back(Completed{p.start->ms_since(*anchor_), duration, p.info});
+        free_.push_back(std::move(p.start));
+      }
+      free_.push_back(std::move(p.end));
+    }
+  } catch (...) {
+    // A span whose timing failed is lost (its events with it); the rest stay pending.
+    if (done < pending_.size()) {
+      ++done;
+      ++dropped_;
+    }
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+}
+
 void GpuSpanRecorder::resolve(Profiler& profiler, gpu::Stream* stream) {
   std::lock_guard lock(mutex_);
   if (dropped_ != dropped_reported_) {
     std::fprintf(stderr,
                  "weft: profiler: %lld GPU-side spans of gpu(%d) were dropped (events could not be created, or "
-                 "more than %zu spans waited on one stream for wait_all)\n",
-                 static_cast<long long>(dropped_ - dropped_reported_), device_, kMaxPending);
+                 "%zu spans were still queued on one stream, or %zu completed ones waited for wait_all)\n",
+                 static_cast<long long>(dropped_ - dropped_reported_), device_, kMaxPending, kMaxCompleted);
     dropped_reported_ = dropped_;
   }
-  if (pending_.empty()) return;
+  if (pending_.empty() && completed_.empty()) return;
   gpu::TimingEvent reference(device_);
   reference.record(stream);
   reference.synchronize();
   const std::int64_t host_ns = Profiler::now_ns();
   auto ns = [](float ms) { return static_cast<std::int64_t>(std::llround(static_cast<double>(ms) * 1e6)); };
+  if (anchor_) {
+    const std::int64_t anchor_ns = host_ns - ns(reference.ms_since(*anchor_));
+    for (const Completed& c : completed_) {
+      SpanInfo span = c.info;
+      span.start_ns = anchor_ns + ns(c.start_ms);
+      span.end_ns = span.start_ns + std::max<std::int64_t>(0, ns(c.duration_ms));
+      profiler.record(track_, span);
+    }
+    completed_.clear();
+    free_.push_back(std::move(anchor_));
+  }
   // Room for every event first: past this point only CUDA calls and
   // profiler.record can throw, and each leaves the entry it was on pending.
   free_.reserve(free_.size() + 2 * pending_.size());

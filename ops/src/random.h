@@ -27,9 +27,14 @@ WEFT_HOST_DEVICE inline float uniform01(std::uint64_t seed, std::uint64_t counte
 }
 
 // Standard normal for element i: Box-Muller on two uniforms drawn from the
-// element's own counters (2i, 2i + 1); the first uniform is kept away from 0.
+// element's own counters (2i, 2i + 1); the first uniform is kept away from 0
+// ((k + 1) / 2^24 for k in [0, 2^24): in (0, 1]). The scale is written as a
+// hex literal: `1.0f / 16777217.0f` was meant to be 2^-24 (16777217.0f rounds
+// to 2^24 on the host), but nvcc folded it from the unrounded literal into
+// 2^-24 - 2^-48, one ulp lower, and logf(u1) near 1 then differed from the
+// CPU's by ~1e-3 relative (seen on an H200, 2026-11-26).
 WEFT_HOST_DEVICE inline float standard_normal(std::uint64_t seed, std::uint64_t i) {
-  const float u1 = (static_cast<float>(mix(seed, 2 * i) >> 40) + 1.0f) * (1.0f / 16777217.0f);
+  const float u1 = (static_cast<float>(mix(seed, 2 * i) >> 40) + 1.0f) * 0x1p-24f;
   const float u2 = uniform01(seed, 2 * i + 1);
 #if defined(__CUDA_ARCH__)
   return sqrtf(-2.0f * logf(u1)) * cosf(6.283185307179586f * u2);

@@ -1,7 +1,14 @@
 // ResNet-18 on a GPU against the same model on cpu(0): a few SGD steps give
-// the same losses, weights and batch-norm running statistics within
-// tolerance (cuDNN sums in its own order on a real GPU; simulated GPUs run
-// the CPU kernels), and evaluation mode uses the running statistics on both.
+// the same losses, parameter updates and batch-norm running statistics within
+// tolerance, and evaluation mode uses the running statistics on both.
+//
+// Tolerances: simulated GPUs run the CPU kernels, so they agree to the bit;
+// cuDNN sums in its own order, and batch norm over a batch of 4 at 2x2 and
+// 1x1 resolution (layers 3 and 4) amplifies those roundings, so on a real
+// GPU (an H200, 2026-11-26) single elements of an update differed by up to
+// 100 % where the element is small, while whole tensors agreed to a few
+// percent. Updates are therefore compared per tensor in relative L2 norm;
+// elementwise, against the scale of the whole model's parameters.
 #include <cmath>
 
 #include "gpu_test_util.h"
@@ -15,8 +22,20 @@ namespace {
 
 struct Run {
   std::vector<float> losses;
-  std::vector<std::vector<float>> params, buffers;
+  std::vector<std::vector<float>> initial, params, buffers;
 };
+
+double norm2(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += static_cast<double>(x) * x;
+  return std::sqrt(s);
+}
+
+std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& b) {
+  std::vector<float> d(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) d[i] = a[i] - b[i];
+  return d;
+}
 
 // `steps` SGD steps on one batch of 4 images (32x32, the imagenet stem: every
 // layer, the padded max pool included, at a fraction of the small stem's
@@ -28,6 +47,7 @@ Run train(Engine& e, Device d, int steps) {
   const Tensor x = Tensor::from_host(e, Shape{4, 1, 32, 32}, images, d);
   const Tensor y = Tensor::from_host(e, Shape{4}, labels, d);
   Run r;
+  for (nn::Parameter* p : net->parameters()) r.initial.push_back(p->value.to_host());
   for (int s = 0; s < steps; ++s) {
     const ops::SoftmaxCrossEntropy sce = ops::softmax_cross_entropy(net->forward(x), y);
     net->backward(sce.dlogits);
@@ -61,8 +81,30 @@ TEST_CASE("gpu resnet - resnet18 steps on a gpu equal cpu within tolerance" * do
     CHECK(gpu.losses[s] == doctest::Approx(cpu.losses[s]).epsilon(s == 0 ? 1e-4 : 2e-3));
   }
   REQUIRE(gpu.params.size() == cpu.params.size());
-  for (std::size_t i = 0; i < gpu.params.size(); ++i)
-    expect_close_scaled(gpu.params[i], cpu.params[i], 2e-3, "parameter " + std::to_string(i));
+  // Each parameter's update (after - before): within 5 % in relative L2 norm.
+  // Updates below 1e-6 of the largest are the biases ahead of a batch norm,
+  // whose gradient is zero in exact arithmetic (rounding noise on both).
+  double largest_update = 0, scale = 0;
+  for (std::size_t i = 0; i < cpu.params.size(); ++i) {
+    CHECK(gpu.initial[i] == cpu.initial[i]);  // the same initialization, to the bit
+    largest_update = std::max(largest_update, norm2(minus(cpu.params[i], cpu.initial[i])));
+    scale = std::max(scale, max_abs(cpu.params[i]));
+  }
+  double worst = 0;
+  std::size_t compared = 0;
+  for (std::size_t i = 0; i < gpu.params.size(); ++i) {
+    const std::vector<float> want = minus(cpu.params[i], cpu.initial[i]), got = minus(gpu.params[i], gpu.initial[i]);
+    if (norm2(want) < 1e-6 * largest_update) continue;
+    const double rel = norm2(minus(got, want)) / norm2(want);
+    worst = std::max(worst, rel);
+    ++compared;
+    INFO("parameter " << i << ": update differs by " << rel << " in relative L2 norm");
+    CHECK(rel <= 5e-2);
+    expect_close(gpu.params[i], cpu.params[i], 2e-3, 2e-3 * scale, "parameter " + std::to_string(i));
+  }
+  MESSAGE(compared << " of " << gpu.params.size() << " parameter updates compared; the largest relative L2 difference "
+                   << worst);
+  CHECK(compared >= gpu.params.size() / 2);
   REQUIRE(gpu.buffers.size() == cpu.buffers.size());
   for (std::size_t i = 0; i < gpu.buffers.size(); ++i)
     expect_close_scaled(gpu.buffers[i], cpu.buffers[i], 2e-3, "running statistic " + std::to_string(i));

@@ -58,25 +58,45 @@ TEST_CASE("gpu runtime - a stream runs its work in order and asynchronously to t
 
 TEST_CASE("gpu runtime - a stream wait blocks only the waiting stream" * doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
+  // The producer is held by a host function; the consumer and the bystander
+  // enqueue copies, not host functions: CUDA runs the host functions of all
+  // streams on one runtime thread, so a second host function would queue
+  // behind the blocked one whatever its stream.
+  auto device_memory = weft::make_caching_allocator(Device::gpu(0));
+  auto pinned = weft::make_caching_allocator(Device::cpu_pinned(0));
   gpu::StreamResources producer(0, gpu::StreamRole::compute, 0), consumer(0, gpu::StreamRole::compute, 0),
       bystander(0, gpu::StreamRole::compute, 0);
+  weft::Block host = pinned->allocate(4 * sizeof(int));
+  int* const produced = static_cast<int*>(host.ptr);  // [0] produced, [1] consumer's copy, [2] in, [3] out
+  produced[0] = 0, produced[1] = -1, produced[2] = 7, produced[3] = 0;
+  weft::Block on_consumer = device_memory->allocate(sizeof(int), consumer.handles().stream);
+  weft::Block on_bystander = device_memory->allocate(sizeof(int), bystander.handles().stream);
   Gate gate;
-  std::atomic<int> produced{0}, consumed_saw{-1}, bystander_ran{0};
   gpu::launch_host_func(producer.handles().stream, [&] {
     gate.wait();
-    produced.store(42, std::memory_order_relaxed);
+    produced[0] = 42;
   });
   gpu::EventRef ready(gpu::Event::record(0, producer.handles().stream));
   ready->stream_wait(consumer.handles().stream);
-  gpu::launch_host_func(consumer.handles().stream,
-                        [&] { consumed_saw.store(produced.load(std::memory_order_relaxed)); });
-  gpu::launch_host_func(bystander.handles().stream, [&] { bystander_ran.store(1); });
+  gpu::memcpy_async(on_consumer.ptr, &produced[0], sizeof(int), gpu::CopyKind::host_to_device,
+                    consumer.handles().stream);
+  gpu::memcpy_async(&produced[1], on_consumer.ptr, sizeof(int), gpu::CopyKind::device_to_host,
+                    consumer.handles().stream);
+  gpu::EventRef consumed(gpu::Event::record(0, consumer.handles().stream));
+  gpu::memcpy_async(on_bystander.ptr, &produced[2], sizeof(int), gpu::CopyKind::host_to_device,
+                    bystander.handles().stream);
+  gpu::memcpy_async(&produced[3], on_bystander.ptr, sizeof(int), gpu::CopyKind::device_to_host,
+                    bystander.handles().stream);
   bystander.synchronize();  // another stream of the device is not held up
-  CHECK(bystander_ran.load() == 1);
-  CHECK(consumed_saw.load() == -1);  // the consumer still waits for the producer
+  CHECK(produced[3] == 7);
+  CHECK(!consumed->done());  // the consumer still waits for the producer
+  CHECK(produced[1] == -1);
   gate.release();
   consumer.synchronize();
-  CHECK(consumed_saw.load() == 42);
+  CHECK(produced[1] == 42);
+  device_memory->free(on_consumer);
+  device_memory->free(on_bystander);
+  pinned->free(host);
 }
 
 TEST_CASE("gpu runtime - an event never recorded is complete and re-recording moves it" * doctest::timeout(60)) {
@@ -260,31 +280,37 @@ TEST_CASE("gpu runtime - a block another stream used is not reused before that u
 // wait for that work, as cudaFree synchronizes. The simulator freed at once
 // and its stream then wrote into freed heap memory (found by a pipeline's
 // largest-batch search; AddressSanitizer names it here without the wait).
+// The write is a copy queued behind a gated host function: a host function
+// may not touch device memory on CUDA.
 TEST_CASE("gpu runtime - releasing the cache waits for work still queued on a block's stream" *
           doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   auto alloc = weft::make_caching_allocator(Device::gpu(0));
+  auto pinned = weft::make_caching_allocator(Device::cpu_pinned(0));
   gpu::StreamResources stream(0, gpu::StreamRole::compute, 0);
   const std::size_t bytes = 1 << 16;
   weft::Block block = alloc->allocate(bytes, stream.handles().stream);
+  weft::Block source = pinned->allocate(bytes);
+  std::memset(source.ptr, 0x5a, bytes);
   Gate gate;
-  std::atomic<bool> wrote{false};
+  std::atomic<bool> ran{false};
   // Work on the block's own stream, held back by a gate: the block may be
   // freed (cached for this stream) before it runs, as a GPU op's memory is.
-  gpu::launch_host_func(stream.handles().stream, [&gate, &wrote, p = static_cast<unsigned char*>(block.ptr), bytes] {
+  gpu::launch_host_func(stream.handles().stream, [&gate, &ran] {
     gate.wait();
-    std::memset(p, 0x5a, bytes);
-    wrote = true;
+    ran = true;
   });
+  gpu::memcpy_async(block.ptr, source.ptr, bytes, gpu::CopyKind::host_to_device, stream.handles().stream);
   alloc->free(block);
   std::thread opener([&gate] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     gate.release();
   });
-  alloc->release_cached();  // gives the block back to the system: only after the write
-  CHECK(wrote.load());
+  alloc->release_cached();  // gives the block back to the system: only after the copy
+  CHECK(ran.load());
   opener.join();
   stream.synchronize();
+  pinned->free(source);
 }
 
 TEST_CASE("gpu runtime - device memory has a capacity and running out is an OutOfMemory naming it" *

@@ -202,3 +202,30 @@ TEST_CASE("gpu streams - ops complete when enqueued and no worker waits for the 
   CHECK(finite == v.size());
   CHECK(mean_abs(v) > 1e-3);
 }
+
+// More ops than a stream keeps unresolved spans for (kMaxPending, 16,384)
+// between two wait_alls, as a training epoch pushes: every GPU-side span
+// still reaches the profiler, in stream order. Before, each span past the
+// bound was dropped (seen in weft-train-resnet on an H200: ~10,000 per
+// stream and epoch).
+TEST_CASE("gpu streams - profiling more ops than spans wait per stream keeps every GPU-side span" *
+          doctest::timeout(300)) {
+  WEFT_REQUIRE_GPU();
+  auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = 1});
+  const Device gpu = Device::gpu(0);
+  constexpr int kOps = 20000;
+  Tensor x = Tensor::zeros(*e, Shape{16}, gpu);
+  e->wait_all();
+  e->profiler().clear();
+  e->profiler().start();
+  for (int i = 0; i < kOps; ++i) x = weft::ops::add_scalar(x, 1.0f);
+  x.wait_to_read();  // no wait_all: the spans are resolved at the end only
+  e->wait_all();
+  e->profiler().stop();
+  std::vector<std::int64_t> starts;
+  for (const weft::Span& s : e->profiler().spans())
+    if (s.device == gpu && s.track < 1000 && s.name == "add_scalar") starts.push_back(s.start_ns);
+  CHECK(starts.size() == static_cast<std::size_t>(kOps));
+  CHECK(std::is_sorted(starts.begin(), starts.end()));
+  CHECK(x.to_host() == std::vector<float>(16, static_cast<float>(kOps)));
+}

@@ -195,7 +195,7 @@ check_fake_ncu() { # SCRIPT
     "$prog" --kernel x --launch-count 7
   expect_rc "ncu run" 0
   expect_file "ncu run: calls" "$FAKE_LOG" \
-    "call($fake): [--set] [full] [--kernel-name] [regex:gemm|conv] [--launch-count] [5] [--force-overwrite] [-o] [$tmp/rep] [$prog] [--kernel] [x] [--launch-count] [7]
+    "call($fake): [--set] [full] [--kernel-name-base] [demangled] [--kernel-name] [regex:gemm|conv] [--launch-count] [5] [--force-overwrite] [-o] [$tmp/rep] [$prog] [--kernel] [x] [--launch-count] [7]
 program: [--kernel] [x] [--launch-count] [7]
 call($fake): [--import] [$tmp/rep.ncu-rep] [--print-summary] [per-kernel]"
   expect_in "ncu run: summary printed" "$tmp/r.out" "fake report of: --import $tmp/rep.ncu-rep --print-summary per-kernel"
@@ -211,7 +211,7 @@ call($fake): [--import] [$tmp/rep2.ncu-rep] [--page] [details]"
   : > "$FAKE_LOG"
   run_script "$tmp/r" env NCU="$fake" "$script" --kernel=k1 --launch-count=3 --output "$tmp/rep3" "$prog"
   expect_rc "ncu =-forms" 0
-  expect_in "ncu =-forms" "$FAKE_LOG" "[--kernel-name] [regex:k1] [--launch-count] [3] [--force-overwrite] [-o] [$tmp/rep3] [$prog]"
+  expect_in "ncu =-forms" "$FAKE_LOG" "[--kernel-name-base] [demangled] [--kernel-name] [regex:k1] [--launch-count] [3] [--force-overwrite] [-o] [$tmp/rep3] [$prog]"
 
   # No report (no kernel matched): status 1 and a message.
   run_script "$tmp/r" env FAKE_NO_REPORT=1 NCU="$fake" "$script" --output "$tmp/rep4" "$prog"

@@ -105,8 +105,10 @@ void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_devic
                        Stream* stream);
 // Runs `fn` on a host thread once the work enqueued before it on `stream`
 // has completed; work enqueued after it waits for it (cudaLaunchHostFunc).
-// `fn` must not call the GPU runtime. An exception it throws fails the
-// stream's next recorded event (see Event::host_wait).
+// `fn` must not call the GPU runtime, nor wait for another stream's work:
+// CUDA runs the host functions of all streams on one runtime thread, in
+// order, so one that blocks holds back every stream's. An exception it throws
+// fails the stream's next recorded event (see Event::host_wait).
 void launch_host_func(Stream* stream, UniqueFunction<void()> fn);
 // The runtime's own handle: the cudaStream_t on CUDA, null when simulated.
 void* native_handle(Stream* stream) noexcept;
