@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# The checks to run on a real GPU (docs/gpu-validation.md records each run):
+# the GPU test suite on CUDA by group, the collectives with NCCL and without,
+# training beside the PyTorch peer, the overlap demos, the benchmarks, NCCL
+# bootstrapped over MPI, Nsight Compute. Each command has a time limit and
+# the script goes on after a failure; the exit status says whether any failed.
+#
+# usage: scripts/gpu-check.sh [--bin DIR] [--data DIR] [--log FILE] [STEP...]
+#   --bin DIR   the Release build (binaries under DIR/{tests,examples,bench}, or
+#               all in DIR itself; default: build)
+#   --data DIR  Fashion-MNIST (default $WEFT_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
+#   --log FILE  also append everything to FILE
+#   STEP        env tests collectives train peers demos bench mpi ncu (default: all)
+# PyTorch (bench/torch_train_peer.py) runs without LD_LIBRARY_PATH, so that it
+# loads its own cuDNN whatever Weft's binaries were pointed at.
+set -u
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+bin=build
+data=${WEFT_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
+log=""
+steps=()
+while (($#)); do
+  case $1 in
+    --bin) bin=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --log) log=$2; shift 2 ;;
+    -h | --help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
+    *) steps+=("$1"); shift ;;
+  esac
+done
+((${#steps[@]})) || steps=(env tests collectives train peers demos bench mpi ncu)
+[[ -n "$log" ]] && exec > >(tee -a "$log") 2>&1
+export WEFT_GPU_BACKEND=cuda WEFT_FASHION_MNIST=$data
+failed=0
+t0=$(date +%s)
+find_bin() {
+  local d
+  for d in "$bin/tests" "$bin/examples" "$bin/bench" "$bin"; do
+    [[ -x "$d/$1" ]] && { echo "$d/$1"; return; }
+  done
+  echo "gpu-check.sh: no $1 under $bin" >&2
+  echo false
+}
+step() { printf '\n=== [%ss] %s\n' "$(($(date +%s) - t0))" "$*"; }
+run() {  # run SECONDS COMMAND...
+  local limit=$1 start rc
+  shift
+  echo "\$ $*"
+  start=$(date +%s%N)
+  timeout -k 5 "$limit" "$@"
+  rc=$?
+  printf -- '--- exit %d after %.1f s\n' "$rc" "$(echo "($(date +%s%N) - $start) / 1000000000" | bc -l)"
+  ((rc == 0)) || failed=1
+}
+peer() { run "$1" env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" "${@:2}"; }
+tests=$(find_bin weft-tests-gpu)
+
+for s in "${steps[@]}"; do
+  case $s in
+    env)
+      step "machine"
+      date -u; nproc
+      nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+      ldd "$tests" | grep -E 'not found|cudart|cublas|cudnn|nccl'
+      env -u LD_LIBRARY_PATH python3 -c "import torch; print('torch', torch.__version__, 'cudnn', torch.backends.cudnn.version())" 2>&1 | tail -1
+      ;;
+    tests)
+      step "the GPU test suite on CUDA, by group (a hang costs one group)"
+      for g in 'gpu runtime*' 'gpu ops*' 'gpu copies*' 'gpu tensor op*' 'gpu engines*' 'gpu errors*' \
+               'gpu streams*' 'gpu kvstore*' 'gpu data parallel*' 'gpu pipeline*' 'gpu resnet*'; do
+        run 120 "$tests" -tc="$g" --duration=true --no-version --no-colors
+      done
+      ;;
+    collectives)
+      step "collectives: NCCL in process, then the ring over device copies"
+      run 120 "$tests" -tc='gpu collectives*' --duration=true --no-version --no-colors
+      WEFT_NCCL=0 run 120 "$tests" -tc='gpu collectives*' --no-version --no-colors
+      ;;
+    train)
+      step "LeNet: batch 8 plain and hybridized (training must be identical), then 10 epochs at 256; ResNet-18, 3 epochs"
+      run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --batch-size 8 --epochs 1 --limit 8192 --json
+      run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --batch-size 8 --epochs 1 --limit 8192 --json --hybridize
+      run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --json
+      run 300 "$(find_bin weft-train-resnet)" --device gpu:0 --epochs 3 --json
+      ;;
+    peers)
+      step "PyTorch on the same GPU: LeNet (batch 8 and 256), ResNet-18 with TF32 (its default) and in float32"
+      peer 120 --model lenet --batch-size 8 --epochs 2 --limit 8192
+      peer 120 --model lenet --epochs 10
+      peer 300 --model resnet18 --epochs 3
+      peer 300 --model resnet18 --epochs 3 --fp32
+      ;;
+    demos)
+      step "overlap demos (4: CPU + GPU, 5: GPU compute + copies), the trace summary, the tour"
+      run 120 "$(find_bin weft-demo-cpu-gpu)" --json
+      run 120 "$(find_bin weft-demo-compute-copy)" --json --trace /tmp/weft-gpu-check-compute-copy.json
+      run 60 python3 "$here/scripts/trace-summary" /tmp/weft-gpu-check-compute-copy.json
+      run 120 "$(find_bin weft-demo)" --json --out /tmp/weft-gpu-check-demo
+      ;;
+    bench)
+      step "per-op cost and GEMM through the engine vs direct; allreduce with NCCL beside ncclAllReduce"
+      run 300 "$(find_bin weft-bench-ops)" --json --quick
+      run 300 "$(find_bin weft-bench-allreduce)" --members 1 --json
+      ;;
+    mpi)
+      step "NCCL bootstrapped over MPI (one rank: NCCL refuses two ranks on one GPU)"
+      run 120 mpirun --allow-run-as-root -np 1 "$(find_bin weft-tests-parallel-mpi)" -tc='*GPU*' --no-version --no-colors
+      ;;
+    ncu)
+      step "Nsight Compute through scripts/profile-ncu.sh"
+      run 180 bash "$here/scripts/profile-ncu.sh" --kernel gemm --launch-count 1 --output /tmp/weft-gpu-check-ncu \
+        "$(find_bin weft-demo-cpu-gpu)" --count 2 --reps 1
+      ;;
+    *) echo "gpu-check.sh: unknown step $s" >&2; failed=1 ;;
+  esac
+done
+step "done ($( ((failed)) && echo 'something failed' || echo 'all passed'))"
+exit $failed
