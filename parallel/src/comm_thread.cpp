@@ -46,6 +46,14 @@ void CommThread::stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void CommThread::wake() {
+  {
+    std::lock_guard lock(mutex_);
+    woken_ = true;
+  }
+  wake_.notify_one();
+}
+
 void CommThread::yield() { boost::this_fiber::yield(); }
 
 namespace {
@@ -109,7 +117,9 @@ void CommThread::loop() {
       wake_.wait_for(lock,
                      std::clamp(std::chrono::duration_cast<std::chrono::microseconds>(idle / 16),
                                 std::chrono::microseconds(5), kMaxSleep),
-                     [&] { return stop_ || !queue_.empty(); });
+                     [&] { return stop_ || !queue_.empty() || woken_; });
+      if (woken_) idle_since = Clock::now();  // a poll is about to succeed: no longer idle
+      woken_ = false;
       if (stop_) stopping_ = true;
     } else {
       std::this_thread::yield();  // polling: let the engine's threads on this core run

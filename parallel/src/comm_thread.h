@@ -41,6 +41,9 @@ class CommThread {
   // Idempotent; not from the thread itself.
   void stop();
   bool on_this_thread() const noexcept { return std::this_thread::get_id() == thread_.get_id(); }
+  // Cuts short a sleep between polling rounds: something a fiber polls
+  // (the end of a blocking lane's call) just changed. Any thread.
+  void wake();
 
   // ---- for fibers on the thread ----
   enum class Wait { done, timeout, stopping };
@@ -68,6 +71,7 @@ class CommThread {
   std::condition_variable wake_;
   std::deque<UniqueFunction<void()>> queue_;  // guarded by mutex_
   bool stop_ = false;                         // guarded by mutex_
+  bool woken_ = false;                        // guarded by mutex_: wake() since the last sleep
   std::atomic<int> queued_{0};                // queue_ (or stop_) changed since the thread last looked
   // Touched by the thread (its fibers) only.
   int live_ = 0;

@@ -48,6 +48,18 @@ bool collective_fingerprints(const CommunicatorOptions& options) {
 
 namespace {
 
+// WEFT_MPI_LANE: 1 (the default) runs large collectives' data phases on the
+// blocking lane where every rank has MPI_THREAD_MULTIPLE; 0 keeps them
+// non-blocking on the communication thread (measurements, tests of that path).
+bool mpi_lane_wanted() {
+  const char* text = std::getenv("WEFT_MPI_LANE");
+  if (!text || !*text) return true;
+  const std::string value(text);
+  if (value == "1") return true;
+  if (value == "0") return false;
+  throw InvalidArgument("WEFT_MPI_LANE='" + value + "': want 1 (blocking lane for large collectives, the default) or 0");
+}
+
 // The fiber of one job.
 void run(Job& job, CommThread& thread) {
   if (job.kind == Kind::send) return run_send(job, thread);
@@ -264,35 +276,45 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();
   group->size = process.size();
-  // Duplicate MPI_COMM_WORLD three times on the communication thread, with the
+  // Duplicate MPI_COMM_WORLD four times on the communication thread, with the
   // deadline (a rank that never creates its communicator must not hang the
   // others): MPI_Comm_idup is collective and non-blocking.
   std::promise<std::string> created;
   std::future<std::string> result = created.get_future();
   CommThread& thread = process.thread();
-  const bool spawned = thread.spawn([&created, &thread, g = group.get()] {
+  const bool lane_wanted = mpi_lane_wanted();
+  const bool spawned = thread.spawn([&created, &thread, lane_wanted, g = group.get()] {
     // On the heap: MPI writes the new communicators when the requests
     // complete, which a rank arriving after the deadline makes happen after
     // this fiber has given up (the block is then left to MPI).
     struct Pending {
-      MPI_Comm comms[3] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
-      MPI_Request requests[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+      MPI_Comm comms[4] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+      MPI_Request requests[5] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
+                                 MPI_REQUEST_NULL};
+      int lane_level = 0;  // this rank's thread level (0 with WEFT_MPI_LANE=0), then every rank's least
     };
     auto pending = std::make_unique<Pending>();
     // One at a time: Open MPI 4.1 has hung with several MPI_Comm_idup of one
     // communicator outstanding at once (seen here under ASan, one rank's
     // duplicate never completing; Open MPI issue 2025 discusses it).
+    // The fifth step agrees on the blocking lane: every rank must use it for
+    // the same collectives, so it runs only where all ranks can.
     const Clock::time_point deadline = Clock::now() + g->timeout;
-    for (int i = 0; i < 3; ++i) {
-      if (const int rc = MPI_Comm_idup(MPI_COMM_WORLD, &pending->comms[i], &pending->requests[i]); rc != MPI_SUCCESS) {
-        created.set_value("MPI_Comm_idup failed: " + mpi_error_text(rc));
+    pending->lane_level = lane_wanted ? MpiProcess::get().thread_level() : 0;
+    for (int i = 0; i < 5; ++i) {
+      const int posted = i < 4 ? MPI_Comm_idup(MPI_COMM_WORLD, &pending->comms[i], &pending->requests[i])
+                               : MPI_Iallreduce(MPI_IN_PLACE, &pending->lane_level, 1, MPI_INT, MPI_MIN,
+                                                pending->comms[3], &pending->requests[i]);
+      if (posted != MPI_SUCCESS) {
+        created.set_value(std::string(i < 4 ? "MPI_Comm_idup" : "MPI_Iallreduce") +
+                          " failed: " + mpi_error_text(posted));
         return;
       }
       int rc = MPI_SUCCESS;
       const auto waited = thread.poll_until([&] { return test_all({&pending->requests[i]}, rc); }, deadline);
       if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
         static_cast<void>(pending.release());
-        created.set_value(rc != MPI_SUCCESS ? "MPI_Comm_idup failed: " + mpi_error_text(rc)
+        created.set_value(rc != MPI_SUCCESS ? "creating the communicator failed: " + mpi_error_text(rc)
                           : waited == CommThread::Wait::stopping
                               ? std::string("the process is exiting")
                               : "not every rank created its communicator within " + seconds_text(g->timeout) +
@@ -304,6 +326,8 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
     g->check = pending->comms[0];
     g->data = pending->comms[1];
     g->p2p = pending->comms[2];
+    g->blocking = pending->comms[3];
+    if (pending->lane_level == MPI_THREAD_MULTIPLE) g->lane = std::make_unique<BlockingLane>(thread);
     created.set_value("");
   });
   if (!spawned) created.set_value("the process is exiting (Weft's MPI communication thread has stopped)");

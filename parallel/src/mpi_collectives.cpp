@@ -10,17 +10,21 @@
 //   send this rank's fingerprint to every peer, receive theirs, poll
 //   compare: a mismatch or a failed input ends it on every rank, named
 //   wait for the data gate      (MPI sees collectives in the same order everywhere)
-//   post the non-blocking MPI collective (or run Weft's ring for a large
-//   allreduce), poll it with MPI_Test
-//   complete the hold op
+//   post the non-blocking MPI collective and poll it with MPI_Test; or,
+//   from 256 KiB, hand its blocking form to the communicator's blocking
+//   lane (mpi_lane.h) and poll the ticket; without a lane (a rank without
+//   MPI_THREAD_MULTIPLE, or WEFT_MPI_LANE=0), run Weft's ring for a large
+//   allreduce
+//   complete the hold op (the lane's thread does it after its call)
 //
 // Every MPI wait has the collective's deadline, which restarts when a gate
-// opens. Only the communication thread calls MPI (after MPI_Init_thread and
-// the rank query at start-up).
+// opens. Only the communication thread and the lanes' threads call MPI
+// (after MPI_Init_thread and the rank query at start-up).
 
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -193,6 +197,7 @@ struct Outcome {
   int rc = MPI_SUCCESS;
   CommThread::Wait waited = CommThread::Wait::done;
   bool posted = false;  // MPI was given the tensors' memory
+  bool completed = false;  // the job is complete already (the blocking lane did it)
 };
 
 // A data phase that is one non-blocking MPI collective, polled.
@@ -208,9 +213,9 @@ Outcome mpi_collective(Job& job, CommThread& thread) {
   return out;
 }
 
-// Allreduce of large buffers: Open MPI's non-blocking allreduce runs at
-// about half the speed of its blocking one, so large ones run Weft's own
-// chunked ring over non-blocking point-to-point messages (reduce-scatter,
+// Allreduce of large buffers where the communicator has no blocking lane:
+// Open MPI's non-blocking allreduce runs at about half the speed of its
+// blocking one, so large ones run Weft's own chunked ring over non-blocking point-to-point messages (reduce-scatter,
 // then all-gather; the local_collectives.cpp ring across processes). Each
 // chunk travels in segments, reduced as each lands, so reduction overlaps
 // the transfer of the next (1 MiB segments: on this machine smaller ones
@@ -295,6 +300,71 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
   return out;
 }
 
+// Data phases from this size on run on the blocking lane (mpi_lane.h),
+// where the communicator has one: below it, the hand-over to another thread
+// costs more than the non-blocking call loses.
+constexpr std::int64_t kLaneBytes = 256 * 1024;
+
+bool on_lane(const Job& job) {
+  const MpiGroup& g = *job.group;
+  if (!g.lane || g.size == 1 || job.kind == Kind::barrier) return false;
+  int element = 0;
+  MPI_Type_size(job.type, &element);
+  return static_cast<std::int64_t>(job.count) * element >= kLaneBytes;
+}
+
+// post_data's call in its blocking form, on the lane's communicator. It
+// owns copies of what it needs: after a timeout it may outlive the job.
+UniqueFunction<int()> blocking_call(const Job& job) {
+  const MpiGroup& g = *job.group;
+  return [kind = job.kind, in = job.in, out = job.out, count = job.count, type = job.type, op = mpi_op(job.op),
+          root = job.root, rank = g.rank, comm = g.blocking, counts = job.counts, displs = job.displs]() mutable {
+    switch (kind) {
+      case Kind::allreduce: return MPI_Allreduce(MPI_IN_PLACE, out, count, type, op, comm);
+      case Kind::broadcast: return MPI_Bcast(rank == root ? const_cast<void*>(in) : out, count, type, root, comm);
+      case Kind::reduce:
+        if (rank == root) return MPI_Reduce(MPI_IN_PLACE, out, count, type, op, root, comm);
+        return MPI_Reduce(in, nullptr, count, type, op, root, comm);
+      case Kind::reduce_scatter: return MPI_Reduce_scatter(in, out, counts.data(), type, op, comm);
+      case Kind::all_gather:
+        return MPI_Allgatherv(in, counts[static_cast<std::size_t>(rank)], type, out, counts.data(), displs.data(), type,
+                              comm);
+      case Kind::barrier:
+      case Kind::send:
+      case Kind::recv: break;
+    }
+    return MPI_ERR_OTHER;
+  };
+}
+
+// A data phase on the blocking lane: handed over in sequence order (the
+// data gate passes once it is queued), then polled with the deadline. On
+// success the lane's thread finishes and completes the job itself, one
+// thread hand-off less before the waiter learns of it.
+Outcome lane_collective(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  const std::shared_ptr<LaneTicket> ticket = g.lane->submit(blocking_call(job), [&job] {
+    finish_data(job);
+    complete(job);
+  });
+  g.data_gate.pass(job.mine.sequence);
+  Outcome out;
+  out.posted = true;
+  auto ended = [&] { return ticket->state.load(std::memory_order_acquire) == LaneTicket::done; };
+  out.waited = thread.poll_until(ended, job.deadline);
+  if (out.waited != CommThread::Wait::done) {
+    int expected = LaneTicket::pending;
+    if (ticket->state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel))
+      return out;  // the call stays in MPI; the caller fails the job
+    // The lane won: it is finishing the job this very moment.
+    while (!ended()) std::this_thread::yield();
+    out.waited = CommThread::Wait::done;
+  }
+  out.rc = ticket->rc;
+  out.completed = out.rc == MPI_SUCCESS;
+  return out;
+}
+
 }  // namespace
 
 // The fiber of one collective.
@@ -314,7 +384,9 @@ void run_collective(Job& job, CommThread& thread) {
     } else if (wait_turn(job, thread, g.data_gate, seq)) {
       const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
                         static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
-      const Outcome out = ring ? ring_allreduce(job, thread) : mpi_collective(job, thread);
+      const Outcome out = on_lane(job) ? lane_collective(job, thread)
+                          : ring         ? ring_allreduce(job, thread)
+                                         : mpi_collective(job, thread);
       if (out.rc != MPI_SUCCESS || out.waited != CommThread::Wait::done) {
         if (out.posted) abandon_memory(job);
         if (out.rc != MPI_SUCCESS) {
@@ -327,7 +399,7 @@ void run_collective(Job& job, CommThread& thread) {
                                                : " (fingerprints are off, WEFT_COLLECTIVE_CHECK=0: the ranks that "
                                                  "never joined are unknown)"));
         }
-      } else {
+      } else if (!out.completed) {
         complete(job);
       }
     }

@@ -23,6 +23,7 @@
 #include "call.h"
 #include "comm_thread.h"
 #include "communicator_state.h"
+#include "mpi_lane.h"
 #include "weft/completion.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
@@ -49,6 +50,7 @@ class MpiProcess {
     return *process;
   }
   CommThread& thread() { return *thread_; }
+  int thread_level() const noexcept { return provided_; }
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
 
@@ -66,6 +68,7 @@ class MpiProcess {
     } else {
       MPI_Query_thread(&provided);
     }
+    provided_ = provided;
     if (provided < MPI_THREAD_SERIALIZED)
       throw InvalidArgument(
           "weft::parallel::Communicator::mpi: MPI was initialized with thread level " + std::to_string(provided) +
@@ -81,10 +84,14 @@ class MpiProcess {
     p.thread_->stop();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (p.owns_ && !finalized) MPI_Finalize();
+    // A blocking lane's call that never returned (its communicator broke)
+    // would make MPI_Finalize wait for it forever: the job then ends
+    // unfinalized, which mpirun reports.
+    if (p.owns_ && !finalized && BlockingLane::calls_in_mpi() == 0) MPI_Finalize();
   }
 
   bool owns_ = false;
+  int provided_ = MPI_THREAD_SINGLE;
   int rank_ = 0, size_ = 1;
   std::unique_ptr<CommThread> thread_;
 };
@@ -124,6 +131,10 @@ struct MpiGroup {
   MPI_Comm check = MPI_COMM_NULL;  // fingerprints (a duplicate of MPI_COMM_WORLD)
   MPI_Comm data = MPI_COMM_NULL;   // the collectives themselves (another)
   MPI_Comm p2p = MPI_COMM_NULL;    // send and recv (a third)
+  MPI_Comm blocking = MPI_COMM_NULL;  // the blocking lane's calls (a fourth)
+  // Large collectives' data phases, where every rank has MPI_THREAD_MULTIPLE
+  // (null otherwise: they run non-blocking on the communication thread).
+  std::unique_ptr<BlockingLane> lane;
   // Messages pushed so far to and from each (rank, channel) (frontend
   // threads, under the mutex). Channels keep apart the messages of
   // different pairs of members that share two ranks (hierarchical groups).
@@ -142,17 +153,19 @@ struct MpiGroup {
   }
 
   ~MpiGroup() {
+    lane.reset();  // idle unless broken (no job refers to the group any more)
     if (check == MPI_COMM_NULL) return;
     // A broken communicator may have requests in flight: leave it to MPI.
     if (!broken.empty()) return;
     CommThread& thread = MpiProcess::get().thread();
-    auto free = [check = check, data = data, p2p = p2p]() mutable {
+    auto free = [check = check, data = data, p2p = p2p, blocking = blocking]() mutable {
       int finalized = 0;
       MPI_Finalized(&finalized);
       if (finalized) return;
       MPI_Comm_free(&check);
       MPI_Comm_free(&data);
       MPI_Comm_free(&p2p);
+      MPI_Comm_free(&blocking);
     };
     if (thread.on_this_thread()) free();
     else static_cast<void>(thread.spawn(std::move(free)));  // after exit: MPI is gone anyway

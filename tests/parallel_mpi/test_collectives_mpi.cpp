@@ -54,6 +54,60 @@ void for_each_engine(F&& fn) {
   weft_test::with_each_engine(2, fn);
 }
 
+// Every collective on `count` elements, against the serial reference.
+void every_collective_exact(Engine& e, const par::Communicator& comm, std::int64_t count) {
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  INFO("elements: " << count << ", ranks: " << n);
+  std::vector<Tensor> sums, maxes, averages;
+  for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+    Tensor t = rank_tensor(e, rank, count);
+    par::allreduce(comm, {t}, op, {.name = "allreduce " + std::string(par::to_string(op))});
+    (op == par::ReduceOp::sum ? sums : op == par::ReduceOp::max ? maxes : averages).push_back(t);
+  }
+  std::vector<Tensor> broadcasts, reductions;
+  for (int root = 0; root < n; ++root) {
+    Tensor b = rank_tensor(e, rank, count);
+    par::broadcast(comm, {b}, {.name = "b", .root = root});
+    broadcasts.push_back(b);
+    Tensor r = rank_tensor(e, rank, count);
+    par::reduce(comm, {r}, par::ReduceOp::sum, {.name = "r", .root = root});
+    reductions.push_back(r);
+  }
+  const par::Chunk mine = par::chunk(count, n, rank);
+  Tensor input = rank_tensor(e, rank, count);
+  Tensor part = Tensor::zeros(e, Shape{mine.size()}, Device::cpu(0));
+  par::reduce_scatter(comm, {input}, {part}, par::ReduceOp::sum, {.name = "rs"});
+  std::vector<float> own(static_cast<std::size_t>(mine.size()));
+  for (std::int64_t i = 0; i < mine.size(); ++i) own[static_cast<std::size_t>(i)] = value(rank, mine.begin + i);
+  Tensor piece = Tensor::from_host(e, Shape{mine.size()}, own, Device::cpu(0));
+  Tensor gathered = Tensor::zeros(e, Shape{count}, Device::cpu(0));
+  par::all_gather(comm, {piece}, {gathered}, {.name = "ag"});
+  par::barrier(comm);
+
+  const auto s = sums[0].to_host(), m = maxes[0].to_host(), a = averages[0].to_host();
+  const auto rs = part.to_host(), ag = gathered.to_host();
+  for (std::int64_t i = 0; i < count; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    REQUIRE(s[k] == reduced(par::ReduceOp::sum, n, i));
+    REQUIRE(m[k] == reduced(par::ReduceOp::max, n, i));
+    REQUIRE(a[k] == reduced(par::ReduceOp::average, n, i));
+    int owner = 0;  // the rank whose piece element i is
+    while (i >= par::chunk(count, n, owner).end) ++owner;
+    REQUIRE(ag[k] == value(owner, i));
+  }
+  for (std::int64_t i = 0; i < mine.size(); ++i)
+    REQUIRE(rs[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::sum, n, mine.begin + i));
+  for (int root = 0; root < n; ++root) {
+    const auto b = broadcasts[static_cast<std::size_t>(root)].to_host();
+    const auto r = reductions[static_cast<std::size_t>(root)].to_host();
+    for (std::int64_t i = 0; i < count; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      REQUIRE(b[k] == value(root, i));
+      // The root holds the sum; the others' tensors are only read.
+      REQUIRE(r[k] == (rank == root ? reduced(par::ReduceOp::sum, n, i) : value(rank, i)));
+    }
+  }
+}
 
 }  // namespace
 
@@ -73,65 +127,28 @@ TEST_CASE("a group of the processes of the MPI job" * doctest::timeout(120)) {
 TEST_CASE("every collective across processes is exact against a serial reference" * doctest::timeout(240)) {
   for_each_engine([](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
-    const int rank = comm.local_ranks()[0], n = comm.size();
-    for (std::int64_t count : kSizes) {
-      INFO("elements: " << count << ", ranks: " << n);
-      std::vector<Tensor> sums, maxes, averages;
-      for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
-        Tensor t = rank_tensor(e, rank, count);
-        par::allreduce(comm, {t}, op, {.name = "allreduce " + std::string(par::to_string(op))});
-        (op == par::ReduceOp::sum ? sums : op == par::ReduceOp::max ? maxes : averages).push_back(t);
-      }
-      std::vector<Tensor> broadcasts, reductions;
-      for (int root = 0; root < n; ++root) {
-        Tensor b = rank_tensor(e, rank, count);
-        par::broadcast(comm, {b}, {.name = "b", .root = root});
-        broadcasts.push_back(b);
-        Tensor r = rank_tensor(e, rank, count);
-        par::reduce(comm, {r}, par::ReduceOp::sum, {.name = "r", .root = root});
-        reductions.push_back(r);
-      }
-      const par::Chunk mine = par::chunk(count, n, rank);
-      Tensor input = rank_tensor(e, rank, count);
-      Tensor part = Tensor::zeros(e, Shape{mine.size()}, Device::cpu(0));
-      par::reduce_scatter(comm, {input}, {part}, par::ReduceOp::sum, {.name = "rs"});
-      std::vector<float> own(static_cast<std::size_t>(mine.size()));
-      for (std::int64_t i = 0; i < mine.size(); ++i) own[static_cast<std::size_t>(i)] = value(rank, mine.begin + i);
-      Tensor piece = Tensor::from_host(e, Shape{mine.size()}, own, Device::cpu(0));
-      Tensor gathered = Tensor::zeros(e, Shape{count}, Device::cpu(0));
-      par::all_gather(comm, {piece}, {gathered}, {.name = "ag"});
-      par::barrier(comm);
-
-      const auto s = sums[0].to_host(), m = maxes[0].to_host(), a = averages[0].to_host();
-      const auto rs = part.to_host(), ag = gathered.to_host();
-      for (std::int64_t i = 0; i < count; ++i) {
-        const auto k = static_cast<std::size_t>(i);
-        REQUIRE(s[k] == reduced(par::ReduceOp::sum, n, i));
-        REQUIRE(m[k] == reduced(par::ReduceOp::max, n, i));
-        REQUIRE(a[k] == reduced(par::ReduceOp::average, n, i));
-        int owner = 0;  // the rank whose piece element i is
-        while (i >= par::chunk(count, n, owner).end) ++owner;
-        REQUIRE(ag[k] == value(owner, i));
-      }
-      for (std::int64_t i = 0; i < mine.size(); ++i)
-        REQUIRE(rs[static_cast<std::size_t>(i)] == reduced(par::ReduceOp::sum, n, mine.begin + i));
-      for (int root = 0; root < n; ++root) {
-        const auto b = broadcasts[static_cast<std::size_t>(root)].to_host();
-        const auto r = reductions[static_cast<std::size_t>(root)].to_host();
-        for (std::int64_t i = 0; i < count; ++i) {
-          const auto k = static_cast<std::size_t>(i);
-          REQUIRE(b[k] == value(root, i));
-          // The root holds the sum; the others' tensors are only read.
-          REQUIRE(r[k] == (rank == root ? reduced(par::ReduceOp::sum, n, i) : value(rank, i)));
-        }
-      }
-    }
+    for (std::int64_t count : kSizes) every_collective_exact(e, comm, count);
   });
   auto e = Engine::create({.kind = "threaded"});
   sync_ranks(*e);
 }
 
-TEST_CASE("large allreduces (Weft's ring over MPI messages, several segments per chunk) are exact" *
+// 100,003 floats (400 KB, above the lane's 256 KiB): every data phase on
+// the blocking lane (the lane does not depend on the engine: one engine
+// suffices). Without a lane the same collectives are non-blocking on the
+// communication thread, the path of the small sizes above, and large
+// allreduces take Weft's ring (the next case; ctest's
+// parallel_mpi.np2_no_lane runs that one with WEFT_MPI_LANE=0).
+TEST_CASE("large collectives of every kind are exact (the blocking lane)" * doctest::timeout(240)) {
+  auto e = Engine::create({.kind = "threaded", .workers_per_cpu_device = 2});
+  {
+    const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0));
+    every_collective_exact(*e, comm, 100003);
+  }
+  sync_ranks(*e);
+}
+
+TEST_CASE("large allreduces are exact (the blocking lane; without it, Weft's ring, several segments per chunk)" *
           doctest::timeout(240)) {
   for_each_engine([](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
