@@ -36,14 +36,19 @@ std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options)
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
 }
 
-bool collective_fingerprints(const CommunicatorOptions& options) {
-  if (options.fingerprints) return *options.fingerprints;
-  const char* text = std::getenv("WEFT_COLLECTIVE_CHECK");
+bool env_switch(const char* name, const char* on_means, const char* off_means) {
+  const char* text = std::getenv(name);
   if (!text || !*text) return true;
   const std::string value(text);
   if (value == "1") return true;
   if (value == "0") return false;
-  throw InvalidArgument("WEFT_COLLECTIVE_CHECK='" + value + "': want 1 (fingerprints on, the default) or 0 (off)");
+  throw InvalidArgument(std::string(name) + "='" + value + "': want 1 (" + on_means + ", the default) or 0 (" +
+                        off_means + ")");
+}
+
+bool collective_fingerprints(const CommunicatorOptions& options) {
+  if (options.fingerprints) return *options.fingerprints;
+  return env_switch("WEFT_COLLECTIVE_CHECK", "fingerprints on", "off");
 }
 
 namespace {
@@ -52,12 +57,7 @@ namespace {
 // blocking lane where every rank has MPI_THREAD_MULTIPLE; 0 keeps them
 // non-blocking on the communication thread (measurements, tests of that path).
 bool mpi_lane_wanted() {
-  const char* text = std::getenv("WEFT_MPI_LANE");
-  if (!text || !*text) return true;
-  const std::string value(text);
-  if (value == "1") return true;
-  if (value == "0") return false;
-  throw InvalidArgument("WEFT_MPI_LANE='" + value + "': want 1 (blocking lane for large collectives, the default) or 0");
+  return env_switch("WEFT_MPI_LANE", "a blocking lane for large collectives", "non-blocking calls only");
 }
 
 // The fiber of one job.

@@ -516,12 +516,7 @@ std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const Com
 
 bool nccl_wanted() {
   if (gpu::backend() != gpu::Backend::cuda) return false;
-  const char* text = std::getenv("WEFT_NCCL");
-  if (!text || !*text) return true;
-  const std::string v(text);
-  if (v == "0") return false;
-  if (v == "1") return true;
-  throw InvalidArgument("WEFT_NCCL='" + v + "': want 1 (NCCL for GPU members, the default) or 0 (Weft's own paths)");
+  return env_switch("WEFT_NCCL", "NCCL for GPU members", "Weft's own paths");
 }
 
 std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique_ptr<Backend> ring) {

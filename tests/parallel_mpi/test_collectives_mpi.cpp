@@ -347,6 +347,14 @@ TEST_CASE("bad input is refused at push time, and a refused call takes no sequen
   setenv("WEFT_COLLECTIVE_CHECK", "maybe", 1);
   CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)), doctest::Contains("WEFT_COLLECTIVE_CHECK='maybe'"), weft::InvalidArgument);
   unsetenv("WEFT_COLLECTIVE_CHECK");
+  const char* lane = std::getenv("WEFT_MPI_LANE");
+  const std::string kept_lane = lane ? lane : "";
+  setenv("WEFT_MPI_LANE", "maybe", 1);
+  CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)),
+                       doctest::Contains("WEFT_MPI_LANE='maybe': want 1 (a blocking lane for large collectives"),
+                       weft::InvalidArgument);
+  if (lane) setenv("WEFT_MPI_LANE", kept_lane.c_str(), 1);
+  else unsetenv("WEFT_MPI_LANE");
   sync_ranks(*e);
 }
 
