@@ -10,7 +10,9 @@ mpiexec=$1 binary=$2 mode=${3:-}
 start=$(date +%s)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-timeout 120 "$mpiexec" -n 2 --bind-to none --oversubscribe --allow-run-as-root "$binary" $mode 2>&1 | tee "$log"
+args=()
+[[ -n $mode ]] && args=("$mode")
+timeout 120 "$mpiexec" -n 2 --bind-to none --oversubscribe --allow-run-as-root "$binary" "${args[@]}" 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 took=$(($(date +%s) - start))
 echo "mpirun exited with $rc after ${took} s"
