@@ -44,6 +44,7 @@ std::vector<std::unique_ptr<Peer>> make_peers(const Options& o, int threads) {
 #ifndef WEFT_BENCH_NO_WEFT
   if (wanted("weft")) peers.push_back(make_weft_peer());
   if (wanted("replay")) peers.push_back(make_weft_replay_peer());
+  if (wanted("bulk")) peers.push_back(make_weft_bulk_peer());
 #endif
   if (wanted("tbb_flow_graph")) peers.push_back(make_tbb_flow_graph_peer(threads));
 #ifdef WEFT_BENCH_HAVE_OMP

@@ -58,6 +58,7 @@ std::vector<std::string> available_engines() {
 #ifndef WEFT_BENCH_NO_WEFT
   e.push_back("weft");
   e.push_back("replay");
+  e.push_back("bulk");
 #endif
   e.push_back("tbb_flow_graph");
 #ifdef WEFT_BENCH_HAVE_OMP

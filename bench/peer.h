@@ -32,6 +32,7 @@ std::unique_ptr<Peer> make_sequential_peer();
 #ifndef WEFT_BENCH_NO_WEFT
 std::unique_ptr<Peer> make_weft_peer();
 std::unique_ptr<Peer> make_weft_replay_peer();
+std::unique_ptr<Peer> make_weft_bulk_peer();
 #endif
 std::unique_ptr<Peer> make_tbb_flow_graph_peer(int threads);
 #ifdef WEFT_BENCH_HAVE_OMP

@@ -1,7 +1,9 @@
 // Weft as a user would drive it: the default engine (no tuning of workers or
-// the in-flight bound), one Var per data item, push + wait_all ("weft"); and
-// the same ops captured once and replayed ("replay": Engine::begin_capture /
-// end_capture outside the timed run, then replay + wait_all).
+// the in-flight bound), one Var per data item, push + wait_all ("weft"); the
+// same ops captured once and replayed ("replay": Engine::begin_capture /
+// end_capture outside the timed run, then replay + wait_all); and pushed in
+// bulks of kBulkSize ("bulk": a BulkScope around the pushes, MXNet's bulk
+// execution at about its default training size of 15).
 #include <span>
 #include <vector>
 
@@ -13,10 +15,13 @@
 namespace weft_bench {
 namespace {
 
+enum class Mode { push, replay, bulk };
+constexpr std::size_t kBulkSize = 16;
+
 class WeftPeer final : public Peer {
  public:
-  explicit WeftPeer(bool replay)
-      : engine_(weft::Engine::create(weft::EngineConfig{})), cpu_(weft::Device::cpu(0)), replay_(replay) {}
+  explicit WeftPeer(Mode mode)
+      : engine_(weft::Engine::create(weft::EngineConfig{})), cpu_(weft::Device::cpu(0)), mode_(mode) {}
 
   ~WeftPeer() override {
     // Give the vars back the documented way rather than leaving them to the
@@ -29,12 +34,16 @@ class WeftPeer final : public Peer {
     }
   }
 
-  std::string_view name() const override { return replay_ ? "replay" : "weft"; }
+  std::string_view name() const override {
+    return mode_ == Mode::replay ? "replay" : mode_ == Mode::bulk ? "bulk" : "weft";
+  }
 
   std::string describe() const override {
     return "kind " + std::string(engine_->kind()) + ", workers " + std::to_string(engine_->workers(cpu_)) +
            ", max_inflight " + std::to_string(engine_->max_inflight()) + " (EngineConfig{} defaults)" +
-           (replay_ ? "; the shape captured once (untimed), each run one replay" : "");
+           (mode_ == Mode::replay ? "; the shape captured once (untimed), each run one replay"
+            : mode_ == Mode::bulk ? "; pushed in bulks of " + std::to_string(kBulkSize) + " (BulkScope)"
+                                  : std::string());
   }
 
   // Vars are created once and reused by every later shape and repetition: the
@@ -45,9 +54,18 @@ class WeftPeer final : public Peer {
   }
 
   double run(const ShapeSpec& shape, const Body& body, std::uint64_t* items) override {
-    if (!replay_) {
+    if (mode_ == Mode::push) {
       Stopwatch sw;
       push_ops(shape, body, items);
+      engine_->wait_all();
+      return sw.seconds();
+    }
+    if (mode_ == Mode::bulk) {
+      Stopwatch sw;
+      {
+        weft::BulkScope bulk(*engine_, kBulkSize);
+        push_ops(shape, body, items);
+      }
       engine_->wait_all();
       return sw.seconds();
     }
@@ -92,7 +110,7 @@ class WeftPeer final : public Peer {
 
   std::unique_ptr<weft::Engine> engine_;
   weft::Device cpu_;
-  bool replay_;
+  Mode mode_;
   std::vector<weft::Var> vars_;
   weft::OpGraph graph_;
   Captured captured_;
@@ -100,7 +118,8 @@ class WeftPeer final : public Peer {
 
 }  // namespace
 
-std::unique_ptr<Peer> make_weft_peer() { return std::make_unique<WeftPeer>(false); }
-std::unique_ptr<Peer> make_weft_replay_peer() { return std::make_unique<WeftPeer>(true); }
+std::unique_ptr<Peer> make_weft_peer() { return std::make_unique<WeftPeer>(Mode::push); }
+std::unique_ptr<Peer> make_weft_replay_peer() { return std::make_unique<WeftPeer>(Mode::replay); }
+std::unique_ptr<Peer> make_weft_bulk_peer() { return std::make_unique<WeftPeer>(Mode::bulk); }
 
 }  // namespace weft_bench

@@ -126,25 +126,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
     recycle(op);
     throw;
   }
-  // Sort by variable (the order push takes their locks in) and merge
-  // duplicates: a variable read and written is written (and read).
-  VarEntry* first = op->entries;
-  VarEntry* last = first + op->entry_count;
-  if (op->entry_count > 1) {
-    std::sort(first, last, [](const VarEntry& a, const VarEntry& b) {
-      return a.slot != b.slot ? std::less<>()(a.slot, b.slot) : a.write > b.write;
-    });
-    VarEntry* out = first;
-    for (VarEntry* in = first + 1; in != last; ++in) {
-      if (in->slot == out->slot) {
-        out->write |= in->write;
-        out->read |= in->read;
-      } else {
-        *++out = *in;
-      }
-    }
-    op->entry_count = static_cast<std::uint32_t>(out - first + 1);
-  }
+  sort_accesses(*op);
   op->name = std::move(options.name);
   op->priority = options.priority;
   op->property = options.property;
@@ -173,6 +155,29 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   }
   op->pending.store(static_cast<std::int32_t>(op->entry_count) + 1, std::memory_order_relaxed);
   return op;
+}
+
+void EngineBase::sort_accesses(OpBlock& op) noexcept {
+  if (op.entry_count < 2) return;
+  VarEntry* first = op.entries;
+  VarEntry* last = first + op.entry_count;
+  std::sort(first, last, [](const VarEntry& a, const VarEntry& b) {
+    return a.slot != b.slot ? std::less<>()(a.slot, b.slot) : a.write > b.write;
+  });
+  VarEntry* out = first;
+  for (VarEntry* in = first + 1; in != last; ++in) {
+    if (in->slot == out->slot) {
+      out->write |= in->write;
+      out->read |= in->read;
+      // Two handles of one slot in a bulk: the variable was deleted (by
+      // another thread) and the slot reused between two of its pushes.
+      // Generation 0 is never valid, so submit reports the deletion.
+      if (in->generation != out->generation) out->generation = 0;
+    } else {
+      *++out = *in;
+    }
+  }
+  op.entry_count = static_cast<std::uint32_t>(out - first + 1);
 }
 
 void EngineBase::record_push(OpBlock& op) {
@@ -204,7 +209,7 @@ void EngineBase::push_op(OpFunction fn, Device device, VarList reads, VarList wr
                           "variables)");
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->fn = std::move(fn);
-  if (capture_push(op)) return;
+  if (capture_push(op) || bulk_push(op)) return;
   launch(op);
 }
 
@@ -220,7 +225,7 @@ void EngineBase::push_async_op(AsyncOpFunction fn, Device device, VarList reads,
   OpBlock* op = prepare(OpKind::user, device, reads, writes, std::move(options));
   op->async_fn = std::move(fn);
   op->async = true;
-  if (capture_push(op)) return;
+  if (capture_push(op) || bulk_push(op)) return;
   launch(op);
 }
 
@@ -236,6 +241,12 @@ std::string_view to_string_impl(OpProperty p) noexcept {
 }
 
 void EngineBase::recycle(OpBlock* op) noexcept {
+  for (OpBlock* member = op->bulk; member != nullptr;) {  // a bulk's ops go with it
+    OpBlock* next = member->ready_next;
+    member->clear();
+    ops_.release(member);
+    member = next;
+  }
   op->clear();
   ops_.release(op);
 }

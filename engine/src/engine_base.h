@@ -37,6 +37,10 @@ class EngineBase : public Engine {
   void replay(const OpGraph& graph) override;
   bool capturing() const noexcept override;
 
+  // Bulking is shared (bulk.cpp); how a flushed bulk runs is launch_bulk().
+  std::size_t set_bulk_size(std::size_t ops) override;
+  std::size_t bulk_size() const noexcept override;
+
   // Validation is shared; what happens to a valid op is the engine's launch().
   void push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
   void push_async_op(AsyncOpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) final;
@@ -64,6 +68,30 @@ class EngineBase : public Engine {
   // A pool block that runs node i of the graph as a pushed op would (fresh
   // id; its body calls the node's): for engines that replay by pushing.
   OpBlock* instantiate(const std::shared_ptr<GraphImpl>& graph, std::uint32_t i);
+  // Bulking (bulk.cpp). While this thread bulks for this engine: collects
+  // the prepared op and returns true, or pushes what was collected first
+  // when the op cannot join it and returns false (the caller launches the
+  // op). Pushes from inside ops are never collected.
+  bool bulk_push(OpBlock* op);
+  // Pushes what this thread collected for this engine. Waits, deletions,
+  // capture and replay call it first: what was collected comes before them.
+  void flush_bulk();
+  void restore_bulk_size(std::size_t ops) noexcept override;
+  // Pushes `count` collected ops: one as itself, more with launch_bulk.
+  void launch_collected(OpBlock* first, std::size_t count);
+  // Runs a flushed bulk: `count` >= 2 prepared ops of one device, property
+  // and priority, in push order, linked by ready_next. The default launches
+  // them one by one (the naive engine: the oracle of a bulk).
+  virtual void launch_bulk(OpBlock* first, std::size_t count);
+  // "bulk of 3 ops ('first' .. 'last')": errors and traces name a bulk so.
+  static std::string bulk_name(const OpBlock* first, std::size_t count);
+  // Engines call it first in their destructor: pushes what this thread
+  // collected, warns when other threads still bulk.
+  void end_bulks() noexcept;
+  // Sorts the op's accesses by variable (the order push takes their locks
+  // in) and merges duplicates: a variable read and written is written (and read).
+  static void sort_accesses(OpBlock& op) noexcept;
+
   // Waiting on the capturing engine from the capturing thread would wait for
   // ops that have not run: refuse it, naming the call.
   void refuse_wait_while_capturing(std::string_view call, const Var* var) const;
@@ -103,6 +131,7 @@ class EngineBase : public Engine {
   VarTable vars_;
   ErrorLog errors_;
   ObjectPool<OpBlock> ops_;
+  std::atomic<int> bulking_threads_{0};  // threads whose bulk size for this engine is above 1
   // Written by every push: a cache line of its own, so that workers reading
   // the members around it do not pull it away from the frontend.
   alignas(64) std::atomic<std::uint64_t> next_op_id_{0};  // ids handed out: 1..next_op_id_

@@ -22,6 +22,7 @@ NaiveEngine::NaiveEngine(ResolvedConfig config) : EngineBase(std::move(config)) 
 }
 
 NaiveEngine::~NaiveEngine() {
+  end_bulks();
   close_shared_vars();
   at_shutdown();
 }
@@ -172,6 +173,7 @@ void NaiveEngine::complete_async(OpBlock* op, std::exception_ptr error) {
 
 void NaiveEngine::wait_to_read(Var var) {
   refuse_wait_inside_op("wait_to_read", &var);
+  flush_bulk();
   VarSlot* slot = vars_.resolve(var, "wait_to_read");
   std::lock_guard run_lock(run_mutex_);  // ops pushed by other threads finish first
   report(error_of(*slot));
@@ -179,6 +181,7 @@ void NaiveEngine::wait_to_read(Var var) {
 
 void NaiveEngine::wait_to_write(Var var) {
   refuse_wait_inside_op("wait_to_write", &var);
+  flush_bulk();
   VarSlot* slot = vars_.resolve(var, "wait_to_write");
   std::lock_guard run_lock(run_mutex_);
   report(error_of(*slot));
@@ -186,11 +189,13 @@ void NaiveEngine::wait_to_write(Var var) {
 
 void NaiveEngine::wait_all() {
   refuse_wait_inside_op("wait_all", nullptr);
+  flush_bulk();
   std::lock_guard run_lock(run_mutex_);
   report_all_errors();
 }
 
 void NaiveEngine::delete_var(Var var) {
+  flush_bulk();  // the deletion comes after what this thread collected
   // The handle dies now; the slot is recycled when the deletion runs, which
   // from inside an op is after the follow-ups pushed before it.
   OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});

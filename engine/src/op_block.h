@@ -29,6 +29,7 @@ enum class OpKind : std::uint8_t {
   delete_var,  // recycles its variable's slot
   graph,       // a replay's gate: holds the graph's variables while its nodes run (graph_impl.h)
   graph_roots, // a worker claiming a replay's roots in chunks (GraphImpl::RootBatch)
+  bulk,        // consecutive ops of one thread and device run as one (`bulk` lists them; bulk.cpp)
 };
 
 struct GraphImpl;
@@ -81,6 +82,10 @@ struct OpBlock {
   std::uint32_t node = 0;
   std::shared_ptr<GraphImpl> graph_keep;
 
+  // kind == bulk: the collected ops, in push order, linked by ready_next
+  // (they are never queued themselves). Recycled with the bulk.
+  OpBlock* bulk = nullptr;
+
   VarEntry* begin_entries() noexcept { return entries; }
   VarEntry* end_entries() noexcept { return entries + entry_count; }
 
@@ -131,6 +136,7 @@ struct OpBlock {
     signal = nullptr;
     ready_next = nullptr;
     graph = nullptr;
+    bulk = nullptr;
     entry_count = 0;
     entries = inline_entries;
     graph_keep.reset();  // may end the graph: last, after the block is forgotten

@@ -201,6 +201,7 @@ void EngineBase::begin_capture() {
                           (tls_capture.engine == this ? "" : " for another engine") + " (" +
                           std::to_string(tls_capture.graph->nodes.size()) +
                           " ops so far); captures do not nest: end_capture() first");
+  flush_bulk();  // what this thread collected comes before the capture
   auto graph = std::make_shared<GraphImpl>();
   graph->engine_id = engine_id_;
   graph->life = life();
@@ -241,6 +242,7 @@ void EngineBase::replay(const OpGraph& graph) {
                           " was deleted after the capture; a graph replays on the variables it captured");
   }
   if (g.nodes.empty()) return;
+  flush_bulk();  // what this thread collected comes before the replay
   replay_graph(graph.impl_);
 }
 

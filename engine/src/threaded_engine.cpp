@@ -171,6 +171,7 @@ ThreadedEngine::ThreadedEngine(ResolvedConfig config)
 }
 
 ThreadedEngine::~ThreadedEngine() {
+  end_bulks();
   close_shared_vars();
   gpu::ScopedWaitCause cause(gpu::WaitCause::shutdown);
   drain();
@@ -241,6 +242,55 @@ void ThreadedEngine::launch(OpBlock* op) {
   submit(op);
 }
 
+void ThreadedEngine::launch_bulk(OpBlock* first, std::size_t count) {
+  OpBlock* bulk = ops_.acquire();
+  OpBlock* last = first;
+  std::size_t accesses = 0;
+  for (OpBlock* op = first; op != nullptr; op = op->ready_next) {
+    accesses += op->entry_count;
+    last = op;
+  }
+  bulk->reserve_entries(accesses);
+  // The union: members mostly share variables (a chain of 16 ops touches one
+  // or two), so duplicates are merged as they come while the union is small
+  // and the sort sees few entries; beyond kScan, sort_accesses merges them.
+  constexpr std::uint32_t kScan = 32;
+  for (OpBlock* op = first; op != nullptr; op = op->ready_next) {
+    for (const VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
+      VarEntry* same = nullptr;
+      if (bulk->entry_count <= kScan)
+        for (VarEntry* u = bulk->entries; u != bulk->entries + bulk->entry_count && !same; ++u)
+          if (u->slot == e->slot) same = u;
+      if (same) {
+        same->write |= e->write;
+        same->read |= e->read;
+        if (same->generation != e->generation) same->generation = 0;  // as sort_accesses: a deleted variable
+        continue;
+      }
+      VarEntry& u = bulk->entries[bulk->entry_count++];
+      u = *e;
+      u.op = bulk;
+      u.next = nullptr;
+    }
+  }
+  sort_accesses(*bulk);
+  bulk->bulk = first;  // from here on the members are recycled with the bulk
+  bulk->name = bulk_name(first, count);
+  bulk->device = first->device;
+  bulk->priority = first->priority;
+  bulk->property = first->property;
+  bulk->kind = OpKind::bulk;
+  bulk->async = false;
+  // The last member's id: its place among equal priorities, and what the
+  // ops it makes ready were unblocked by (traces).
+  bulk->id = last->id;
+  bulk->bytes = 0;
+  bulk->unblocked_by.store(0, std::memory_order_relaxed);
+  bulk->push_ns = -1;
+  bulk->pending.store(static_cast<std::int32_t>(bulk->entry_count) + 1, std::memory_order_relaxed);
+  launch(bulk);
+}
+
 void ThreadedEngine::refuse_follow_up_of_async_node(OpBlock* op) {
   const GraphImpl& g = *tls_async_node_graph;
   for (const VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
@@ -276,7 +326,8 @@ void ThreadedEngine::enter_inflight(OpBlock* op) {
   } else {
     // Workers never block on the bound either, even outside an op body (a
     // capture's destructor may push).
-    if ((op->kind == OpKind::user || op->kind == OpKind::graph) && tls_counter.engine != this) {
+    if ((op->kind == OpKind::user || op->kind == OpKind::graph || op->kind == OpKind::bulk) &&
+        tls_counter.engine != this) {
       // Counts read by other threads may be newer than `pushed`: differences
       // saturate at zero instead of wrapping into "over the bound".
       const std::uint64_t pushed = counts_.pushed_total();
@@ -349,7 +400,7 @@ void ThreadedEngine::dispatch(OpBlock* op) {
     start_graph(op);
     return;
   }
-  if (op->kind != OpKind::user) {
+  if (op->kind != OpKind::user && op->kind != OpKind::bulk) {
     finish(op);  // barriers and deletions have no body
     return;
   }
@@ -417,6 +468,10 @@ void ThreadedEngine::run_body(OpBlock* op, Lane& lane, int worker, RunContext& c
 void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
   if (op->kind == OpKind::graph_roots) {
     run_roots(op, lane_index, worker);
+    return;
+  }
+  if (op->kind == OpKind::bulk) {
+    run_bulk(op, lane_index, worker);
     return;
   }
   const bool on_worker = worker >= 0;
@@ -534,6 +589,95 @@ void ThreadedEngine::run(OpBlock* op, int lane_index, int worker) {
   leave_inflight(epoch);
 }
 
+void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
+  Lane& lane = lanes_[static_cast<std::size_t>(lane_index)];
+  const Device device = bulk->device;
+  const bool profiling = profiler_->running();
+  RunContext ctx{device, worker, {}, this};
+  // The GPU history of the union is settled once, before the first member:
+  // what any member depends on, the first waits for.
+  gpu::Stream* stream = nullptr;
+  GpuSpanRecorder* timing = nullptr;
+  ErrorRef settle_failed;
+  if (device.is_gpu()) {
+    const gpu::WorkerHandles& h = lane.streams[static_cast<std::size_t>(worker)]->handles();
+    ctx.gpu = &h;
+    stream = h.stream;
+    try {
+      gpu_op_wait(*bulk, stream);
+    } catch (...) {  // the stream cannot be ordered after the inputs: every member fails
+      settle_failed = errors_.add(std::current_exception(), bulk->name);
+    }
+    if (profiling) timing = lane.gpu_spans[static_cast<std::size_t>(worker)].get();
+  } else if (config_.gpu_devices > 0) {
+    try {
+      host_op_wait(*bulk);
+      host_op_publish(*bulk);
+    } catch (...) {  // GPU work behind the variables failed: every member fails with it
+      settle_failed = errors_.add(std::current_exception(), bulk->name);
+    }
+  }
+  std::uint64_t unblocked_by = bulk->unblocked_by.load(std::memory_order_relaxed);
+  for (OpBlock* op = bulk->bulk; op != nullptr; op = op->ready_next) {
+    // As run() does for a pushed op, with what the members before it wrote
+    // already applied: a member reading a failed one's output is skipped.
+    if (settle_failed) {
+      op->error = settle_failed;
+    } else if (ErrorRef inherited = inherited_error(*op)) {
+      if (op->run_on_failed_input) {
+        op->inherited = std::move(inherited);
+      } else {
+        op->error = std::move(inherited);
+      }
+    }
+    if (!op->error) {
+      ctx.op_name = op->name;
+      ctx.failed_input = op->inherited ? op->inherited->error : nullptr;
+      SpanInfo traced;
+      if (profiling)
+        traced = SpanInfo{profiler_->intern(op->name), op->id, Profiler::now_ns(), 0, op->push_ns, unblocked_by,
+                          op->bytes, op->property};
+      {
+        OpScopeGuard scope(scope_key(), &op->name, device, bulk->epoch);
+        CheckContextGuard check(op->name, device);
+        NvtxRange range(nvtx_.of(device), op->name.c_str(), op->property);
+        if (timing) timing->begin(stream);
+        try {
+          op->fn(ctx);
+        } catch (...) {
+          fail(*op, std::current_exception());
+        }
+        if (timing) timing->end(stream, traced);
+      }
+      if (profiling) {
+        traced.end_ns = Profiler::now_ns();
+        profiler_->record(lane.tracks[static_cast<std::size_t>(worker)], traced);
+      }
+    }
+    // Its writes count now (versions, errors): the bulk holds the variables.
+    for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
+      if (!e->write) continue;
+      tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+      apply_write(*e->slot, *op);
+    }
+    unblocked_by = op->id;
+  }
+  // Whatever the members enqueued (even those that threw) orders later users.
+  if (stream) {
+    try {
+      gpu_op_publish(*bulk, device.index(), stream);
+    } catch (...) {  // later users could not order after the work: its outputs fail
+      const ErrorRef failed = errors_.add(std::current_exception(), bulk->name);
+      for (VarEntry* e = bulk->begin_entries(); e != bulk->end_entries(); ++e) {
+        if (!e->write) continue;
+        tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+        e->slot->error = failed;
+      }
+    }
+  }
+  finish(bulk, true);
+}
+
 void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
   struct Finisher {  // the destructor waits for this thread to leave the engine
     std::atomic<std::int32_t>& count;
@@ -595,7 +739,7 @@ void ThreadedEngine::dispatch_ready(OpBlock* ready, bool worker_is_done, bool fi
   // that priorities and FIFO order decide among them — except a replay's
   // nodes (first_here): the first in capture order may run next here.
   if (ready && !ready->ready_next) {
-    if (!worker_is_done || ready->kind != OpKind::user ||
+    if (!worker_is_done || (ready->kind != OpKind::user && ready->kind != OpKind::bulk) ||
         !lanes_[lane_of(*ready)].pool->run_next_here(ready))
       dispatch(ready);
   } else {
@@ -802,6 +946,7 @@ void ThreadedEngine::node_done(GraphImpl& g) {
 void ThreadedEngine::wait_for(Var var, bool write) {
   const char* call = write ? "wait_to_write" : "wait_to_read";
   refuse_wait_inside_op(call, &var);
+  flush_bulk();
   gpu::ScopedWaitCause cause(gpu::WaitCause::frontend);
   WaitSignal signal;
   OpBlock* op = write ? prepare(OpKind::wait, Device::cpu(0), {}, var, OpOptions{0, call})
@@ -824,6 +969,7 @@ void ThreadedEngine::wait_for(Var var, bool write) {
 
 void ThreadedEngine::wait_all() {
   refuse_wait_inside_op("wait_all", nullptr);
+  flush_bulk();
   gpu::ScopedWaitCause cause(gpu::WaitCause::frontend);
   {
     // Close the epoch of everything pushed so far; later pushes (from other
@@ -844,6 +990,7 @@ void ThreadedEngine::wait_all() {
 }
 
 void ThreadedEngine::delete_var(Var var) {
+  flush_bulk();  // the deletion comes after what this thread collected
   OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});
   enter_inflight(op);
   submit(op);

@@ -36,6 +36,11 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
 
  private:
   void launch(OpBlock* op) override;
+  // A flushed bulk becomes one op over the union of its members' variables.
+  void launch_bulk(OpBlock* first, std::size_t count) override;
+  // Runs a bulk's members back to back on one worker, each with its own
+  // error handling, writes and trace span.
+  void run_bulk(OpBlock* bulk, int lane, int worker);
   // Queues a gate holding the graph's variables; once granted, start_graph
   // runs the nodes as their dependencies allow and the last one releases it.
   void replay_graph(const std::shared_ptr<GraphImpl>& graph) override;

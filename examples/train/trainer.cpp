@@ -18,6 +18,8 @@
 // backward, SGD: Engine::begin_capture / end_capture) on fixed input
 // tensors, and then per batch copies the batch into them and replays the
 // step: the seed's hybridization, with its dependencies resolved once.
+// --bulk N pushes each step's ops in bulks of up to N (Engine::set_bulk_size):
+// MXNet's bulk execution, one engine op per run of consecutive ops of a device.
 #include "trainer.h"
 
 #include <algorithm>
@@ -64,6 +66,7 @@ struct Options {
   std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
   bool overlap = true;
   bool hybridize = false;
+  std::size_t bulk = 0;  // 0: off
   std::string trace;
   std::string data;
   std::int64_t limit = 0;
@@ -91,6 +94,9 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --no-overlap     reduce the buckets only after the whole backward (the baseline)\n"
                "  --hybridize      capture one training step (forward, loss, backward, SGD) per batch\n"
                "                   size once and replay it for every batch (one device, no --dist)\n"
+               "  --bulk N         push each step's ops in bulks of up to N (Engine::set_bulk_size, MXNet's\n"
+               "                   bulk execution): consecutive ops of one device run as one engine op\n"
+               "                   (default 0: off)\n"
                "  --trace FILE     write the last epoch's trace (chrome://tracing / Perfetto JSON)\n"
                "  --data DIR       Fashion-MNIST IDX files (train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz]);\n"
                "                   default $WEFT_FASHION_MNIST, else %s\n"
@@ -168,6 +174,8 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
     } else if (arg == "--hybridize") {
       if (args.has_inline_value()) throw UsageError{"--hybridize takes no value"};
       o.hybridize = true;
+    } else if (arg == "--bulk") {
+      o.bulk = parse_int<std::size_t>(arg, take(), 0);
     } else if (arg == "--no-overlap") {
       if (args.has_inline_value()) throw UsageError{"--no-overlap takes no value"};
       o.overlap = false;
@@ -422,6 +430,9 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       for (std::int64_t b = 0; b < batches && it.next(images, labels, n); ++b) {
         if (n < world) continue;  // (a last batch smaller than the replicas: skipped on every rank alike)
         ++steps;
+        // --bulk: this step's pushes in bulks; its end pushes the rest.
+        std::optional<weft::BulkScope> bulk;
+        if (o.bulk > 1) bulk.emplace(*engine, o.bulk);
         if (o.hybridize) {
           auto found = hybrid.find(n);
           if (found == hybrid.end()) found = hybrid.emplace(n, capture_step(n)).first;
@@ -496,9 +507,10 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     char overlap_text[64] = "";
     if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
     const double ms_per_step = steps ? 1e3 * train_seconds / static_cast<double>(steps) : 0.0;
+    std::string mode = o.hybridize ? ", hybridized" : "";
+    if (o.bulk > 1) mode += ", bulks of " + std::to_string(o.bulk);
     say("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch (%.2f ms per step%s) on %s%s\n",
-        test_acc, last.loss(), last.acc(), sec_per_epoch, ms_per_step, o.hybridize ? ", hybridized" : "",
-        where.c_str(), overlap_text);
+        test_acc, last.loss(), last.acc(), sec_per_epoch, ms_per_step, mode.c_str(), where.c_str(), overlap_text);
     // Per device of this process (rank 0's with --dist): the peak of bytes
     // its allocator had handed out since training began (parameters,
     // activations, gradients, buckets, the test pass).
@@ -513,12 +525,12 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       say("{\"model\":\"%s\",\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,"
           "\"epochs\":%d,\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
           "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g,\"train_examples\":%lld,"
-          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"peak_bytes\":{%s}}\n",
+          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"bulk\":%zu,\"peak_bytes\":{%s}}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
           static_cast<long long>(o.batch_size), static_cast<double>(o.lr), static_cast<long long>(train.size),
-          ms_per_step, o.hybridize ? "true" : "false", peaks_json.c_str());
+          ms_per_step, o.hybridize ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());

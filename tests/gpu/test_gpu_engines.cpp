@@ -44,6 +44,35 @@ TEST_CASE("gpu engines - naive and threaded give identical results" * doctest::t
   compare_runs(naive, reference, 1e-4, 1e-4, "naive gpu(0) vs cpu reference");
 }
 
+TEST_CASE("gpu engines - ops pushed in bulks give the bits of ops pushed one by one" * doctest::timeout(240)) {
+  WEFT_REQUIRE_GPU();
+  // GPU ops, copies both ways (another property: they flush) and host ops,
+  // on one GPU and on two: bulks of GPU ops run on one stream, with one
+  // stream wait for their inputs and one event for their outputs.
+  const ProgramOptions opt{.side = 32, .slots = 10, .noise_every = 0, .noise_side = 0};
+  const std::vector<Instr> program = make_program(400, 5151, opt.slots);
+  for (const int gpus : {1, 2}) {
+    if (weft::gpu::device_count() < gpus) break;
+    std::vector<Device> devs;
+    for (int g = 0; g < gpus; ++g) devs.push_back(Device::gpu(g));
+    ProgramResult plain;
+    {
+      auto e = make_engine({.kind = "naive", .gpu_devices = gpus});
+      plain = run_program(*e, program, devs, Device::cpu(0), opt);
+    }
+    for (const std::size_t size : {std::size_t{4}, std::size_t{32}}) {
+      INFO(gpus << " GPU(s), bulks of " << size);
+      auto e = make_engine({.kind = "threaded", .gpu_devices = gpus, .compute_streams_per_gpu = 3});
+      ProgramResult bulked;
+      {
+        weft::BulkScope bulk(*e, size);
+        bulked = run_program(*e, program, devs, Device::cpu(0), opt);
+      }
+      CHECK(compare_runs(bulked, plain, 0, 0, "bulked threaded vs naive") == 0);
+    }
+  }
+}
+
 namespace {
 
 struct LeNet {

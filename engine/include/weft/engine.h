@@ -242,6 +242,29 @@ class Engine {
   virtual void replay(const OpGraph& graph) = 0;
   virtual bool capturing() const noexcept = 0;  // this thread captures for this engine
 
+  // Bulking (MXNet's bulk execution; docs/design/bulking.md). While this
+  // thread's bulk size for this engine is above 1, the ops it pushes with
+  // push() are collected, and consecutive ones for one device (with the same
+  // property and priority) reach the engine together, as one op over the
+  // union of their variables that one worker runs back to back: one
+  // dependency hand-off instead of one per op. Each op keeps its meaning —
+  // its own errors (a failed op fails what reads it, later ops of the bulk
+  // included; the others run), versions, follow-ups and trace span — and the
+  // bulk behaves as the ops pushed one after another would, with two
+  // differences: the ops are pushed when the bulk is flushed (another thread
+  // sees, and waits for, them from then on), and an op using any of the
+  // bulk's variables waits for the whole bulk. A flush happens when `ops`
+  // are collected, at a push that cannot join (push_async, another device,
+  // property or priority, OpOptions::after_gpu_work), and at this thread's
+  // wait_to_read, wait_to_write, wait_all, delete_var, begin_capture, replay
+  // and set_bulk_size. Pushes while capturing are captured, and pushes from
+  // inside ops run as usual: neither is collected. Returns the previous size
+  // (0 and 1: off). Set it back (BulkScope does) before the engine ends; a
+  // flush may throw what the pushes would have (a variable another thread
+  // deleted meanwhile), naming the ops.
+  virtual std::size_t set_bulk_size(std::size_t ops) = 0;
+  virtual std::size_t bulk_size() const noexcept = 0;  // this thread's, for this engine
+
   // Deletes the variable after everything pending on it; the handle is invalid
   // from this call on.
   virtual void delete_var(Var var) = 0;
@@ -276,10 +299,30 @@ class Engine {
   std::unique_ptr<Profiler> profiler_;
   // What outlives the engine's handles learns of its end through it.
   const std::shared_ptr<detail::EngineLife>& life() const noexcept { return life_; }
+  // As set_bulk_size, for BulkScope's destructor: a failing flush is kept
+  // for the next wait_all (and the exit warning) instead of thrown.
+  virtual void restore_bulk_size(std::size_t ops) noexcept = 0;
 
  private:
   friend class SharedVar;
+  friend class BulkScope;
   std::shared_ptr<detail::EngineLife> life_;  // what SharedVars hold of the engine
+};
+
+// This thread's pushes to `engine` are bulked, `ops` at a time, for the
+// scope's life (Engine::set_bulk_size); the size before it comes back at its
+// end, which pushes what is collected.
+//   { weft::BulkScope bulk(*engine, 16); for (...) engine->push(...); }
+class BulkScope {
+ public:
+  BulkScope(Engine& engine, std::size_t ops) : engine_(engine), previous_(engine.set_bulk_size(ops)) {}
+  ~BulkScope() { engine_.restore_bulk_size(previous_); }
+  BulkScope(const BulkScope&) = delete;
+  BulkScope& operator=(const BulkScope&) = delete;
+
+ private:
+  Engine& engine_;
+  std::size_t previous_;
 };
 
 }  // namespace weft
