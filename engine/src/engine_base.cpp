@@ -282,8 +282,10 @@ void EngineBase::fail(OpBlock& op, std::exception_ptr error) {
 
 void EngineBase::apply_write(VarSlot& slot, const OpBlock& op) noexcept {
   if (op.kind != OpKind::user) return;  // barriers and deletions order, they do not write
-  slot.version.fetch_add(1, std::memory_order_release);
-  slot.error = op.error;
+  // The writer holds the variable's write access: nobody else writes the
+  // version now (no read-modify-write needed), readers only load it.
+  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  if (slot.error != op.error) slot.error = op.error;
 }
 
 void EngineBase::report(const ErrorRef& error) {

@@ -369,13 +369,15 @@ void ThreadedEngine::leave_inflight(unsigned epoch) noexcept {
 void ThreadedEngine::submit(OpBlock* op) {
   VarEntry* first = op->begin_entries();
   VarEntry* last = op->end_entries();
-  for (VarEntry* e = first; e != last; ++e) e->slot->lock.lock();
-  // Rechecked under the locks: a delete_var racing with this push either
-  // queues behind it or makes it fail here, never in between.
+  // Every lock first (in address order, as every pusher), so that two pushes
+  // sharing variables are in the same order in all their queues.
   for (VarEntry* e = first; e != last; ++e) {
-    if (e->slot->generation.load(std::memory_order_relaxed) != e->generation) {
+    e->slot->lock.lock();
+    // Rechecked under the lock: a delete_var racing with this push either
+    // queues behind it or makes it fail here, never in between.
+    if (e->slot->generation.load(std::memory_order_relaxed) != e->generation) [[unlikely]] {
       const std::uint32_t id = e->var_id;  // the slot's own id may already name a new variable
-      for (VarEntry* u = first; u != last; ++u) u->slot->lock.unlock();
+      for (VarEntry* u = first; u <= e; ++u) u->slot->lock.unlock();
       std::string name = op->name;
       const unsigned epoch = op->epoch;
       release_block(op);
@@ -384,9 +386,15 @@ void ThreadedEngine::submit(OpBlock* op) {
     }
   }
   if (op->kind == OpKind::delete_var) first->slot->generation.fetch_add(1, std::memory_order_release);
+  // Then each variable is linked and let go at once: a pusher that locks it
+  // next links behind this op there, and on any other variable they share
+  // too (it must first get that variable's lock, still held here until this
+  // op is linked in it).
   int granted = 0;
-  for (VarEntry* e = first; e != last; ++e) granted += link(*e);
-  for (VarEntry* e = first; e != last; ++e) e->slot->lock.unlock();
+  for (VarEntry* e = first; e != last; ++e) {
+    granted += link(*e);
+    e->slot->lock.unlock();
+  }
   if (op->pending.fetch_sub(granted + 1, std::memory_order_acq_rel) == granted + 1) {
     // Accesses queued at link were granted by producers that finished since.
     assert(granted == static_cast<int>(op->entry_count) ||
@@ -654,12 +662,10 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
         profiler_->record(lane.tracks[static_cast<std::size_t>(worker)], traced);
       }
     }
-    // Its writes count now (versions, errors): the bulk holds the variables.
-    for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
-      if (!e->write) continue;
-      tbb::spin_mutex::scoped_lock lock(e->slot->lock);
-      apply_write(*e->slot, *op);
-    }
+    // Its writes count now (versions, errors), without the variables'
+    // locks: the bulk holds their write access, so no other op looks.
+    for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e)
+      if (e->write) apply_write(*e->slot, *op);
     unblocked_by = op->id;
   }
   // Whatever the members enqueued (even those that threw) orders later users.
@@ -892,17 +898,17 @@ void ThreadedEngine::run_roots(OpBlock* token, int lane, int worker) {
 
 void ThreadedEngine::finish_node(OpBlock* op, bool worker_is_done) {
   GraphImpl& g = *op->graph;
-  // The gate holds every variable: no other op touches them now, and the
-  // graph's edges order the nodes that share one.
-  for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
-    if (!e->write) continue;
-    tbb::spin_mutex::scoped_lock lock(e->slot->lock);
-    apply_write(*e->slot, *op);
-  }
+  // The gate holds every variable the graph writes: no other op can look at
+  // them now (no lock needed), and the graph's edges order the nodes that
+  // share one.
+  for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e)
+    if (e->write) apply_write(*e->slot, *op);
   OpBlock* ready = nullptr;
   for (std::uint32_t k = g.succ_begin[op->node]; k != g.succ_begin[op->node + 1]; ++k) {
     const std::uint32_t s = g.succ[k];
-    if (g.pending[s].fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    // A node with one predecessor is ready now: no count to share (this
+    // thread's release of what the node reads is the hand-off itself).
+    if (g.in_degree[s] == 1 || g.pending[s].fetch_sub(1, std::memory_order_acq_rel) == 1) {
       OpBlock* next = g.nodes[s];
       arm_node(g, *next, op->id);
       next->ready_next = ready;

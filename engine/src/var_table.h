@@ -55,8 +55,13 @@ struct alignas(64) VarSlot {
     VarEntry* tail = nullptr;
     VarSlot* next_free;
   };
+  // Both written only by the op holding the variable's write access (no
+  // other op runs on it then): a plain store for the version; the error
+  // under the lock, except by a replay's node or a bulk's member, whose
+  // gate or bulk holds the access for them (error_of() readers queue
+  // behind it).
   std::atomic<std::uint64_t> version{0};
-  ErrorRef error;  // guarded by lock; set by the last completed write
+  ErrorRef error;  // set by the last completed write
   std::atomic<GpuVarState*> gpu{nullptr};  // created by the first GPU op on it (gpu_sync.h)
 
   // Whether the op with this push id, reading the variable, inherits its
