@@ -229,15 +229,18 @@ std::optional<std::string> thrown_message(F&& f) {
 
 inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
-// What fn() throws as a weft::Error, or "(no error)".
-std::string error_of(auto&& fn) {
+// What fn() throws as an E, or "(no error)" (anything else escapes).
+template <class E, class F>
+std::string what_thrown(F&& fn) {
   try {
     fn();
-  } catch (const weft::Error& err) {
+  } catch (const E& err) {
     return err.what();
   }
   return "(no error)";
 }
+// What fn() throws as a weft::Error, or "(no error)".
+std::string error_of(auto&& fn) { return what_thrown<weft::Error>(fn); }
 inline bool contains(const std::optional<std::string>& text, const std::string& part) {
   return text && contains(*text, part);
 }

@@ -35,16 +35,9 @@ std::vector<OpSpec> plain(std::vector<OpSpec> ops) {
   return ops;
 }
 
-// What fn() throws (any std::exception: op failures reach waits as thrown),
-// or "(no error)".
-std::string what_of(auto&& fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+// What fn() throws (op failures reach waits as thrown, std::runtime_error
+// here), or "(no error)".
+std::string what_of(auto&& fn) { return what_thrown<std::exception>(fn); }
 
 }  // namespace
 
