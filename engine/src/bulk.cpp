@@ -2,28 +2,50 @@
 // what may join, flushing. How a flushed bulk runs is each engine's
 // launch_bulk. docs/design/bulking.md.
 #include <cstdio>
-#include <utility>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine_base.h"
+#include "engine_life.h"
 
 namespace weft::detail {
 
 namespace {
 // What one thread collects for one engine (engines are told apart by id:
-// unlike an address, an id is never reused by a later engine).
+// unlike an address, an id is never reused by a later engine). `life`
+// reaches the engine when the thread ends with ops still collected.
 struct BulkBuffer {
   std::uint32_t engine_id = 0;
   std::size_t size = 0;  // > 1
   OpBlock* head = nullptr;  // collected ops in push order, linked by ready_next
   OpBlock* tail = nullptr;
   std::size_t count = 0;
+  std::shared_ptr<EngineLife> life;
 };
-thread_local std::vector<BulkBuffer> tls_bulks;
+
+// A thread that ends while it bulks pushes what it collected, to every
+// engine still alive (its last pushes must not vanish), and stops counting
+// as bulking.
+struct ThreadBulks {
+  std::vector<BulkBuffer> list;
+  ~ThreadBulks() {
+    while (!list.empty()) {
+      BulkBuffer b = std::move(list.back());
+      list.pop_back();
+      std::shared_lock lock(b.life->mutex);
+      if (b.life->engine == nullptr) continue;  // ended: its pool took the blocks
+      static_cast<EngineBase*>(b.life->engine)->thread_ended_bulking(b.head, b.count);
+    }
+  }
+};
+thread_local ThreadBulks tls_bulks;
 
 BulkBuffer* find_bulk(std::uint32_t engine_id) noexcept {
-  for (BulkBuffer& b : tls_bulks)
+  for (BulkBuffer& b : tls_bulks.list)
     if (b.engine_id == engine_id) return &b;
   return nullptr;
 }
@@ -45,7 +67,7 @@ std::size_t EngineBase::set_bulk_size(std::size_t ops) {
   const std::size_t previous = b ? b->size : 0;
   if (ops > 1) {
     if (!b) {
-      tls_bulks.push_back(BulkBuffer{engine_id_, ops, nullptr, nullptr, 0});
+      tls_bulks.list.push_back(BulkBuffer{engine_id_, ops, nullptr, nullptr, 0, life()});
       bulking_threads_.fetch_add(1, std::memory_order_relaxed);
       return previous;
     }
@@ -58,7 +80,7 @@ std::size_t EngineBase::set_bulk_size(std::size_t ops) {
   // throw, and may run op bodies on this thread).
   OpBlock* first = b->head;
   const std::size_t count = b->count;
-  tls_bulks.erase(tls_bulks.begin() + (b - tls_bulks.data()));
+  tls_bulks.list.erase(tls_bulks.list.begin() + (b - tls_bulks.list.data()));
   bulking_threads_.fetch_sub(1, std::memory_order_relaxed);
   launch_collected(first, count);
   return previous;
@@ -73,7 +95,7 @@ void EngineBase::restore_bulk_size(std::size_t ops) noexcept {
 }
 
 void EngineBase::flush_bulk() {
-  if (tls_bulks.empty()) return;  // the common case: nobody bulks
+  if (tls_bulks.list.empty()) return;  // the common case: nobody bulks
   BulkBuffer* b = find_bulk(engine_id_);
   if (!b || b->count == 0) return;
   // Taken out first: launching may run op bodies on this thread (the naive
@@ -85,17 +107,29 @@ void EngineBase::flush_bulk() {
 }
 
 void EngineBase::launch_collected(OpBlock* first, std::size_t count) {
-  if (count == 0) return;
-  if (count == 1) {
-    first->ready_next = nullptr;
-    launch(first);
-  } else {
-    launch_bulk(first, count);
+  if (count > 0) launch_bulk(first, count);
+}
+
+void EngineBase::thread_ended_bulking(OpBlock* first, std::size_t count) noexcept {
+  bulking_threads_.fetch_sub(1, std::memory_order_relaxed);
+  try {
+    launch_collected(first, count);
+  } catch (...) {
+    errors_.add(std::current_exception(), "(the bulk of a thread that ended)");  // for wait_all
   }
 }
 
+std::exception_ptr EngineBase::flush_bulk_for_deletion() noexcept {
+  try {
+    flush_bulk();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
 bool EngineBase::bulk_push(OpBlock* op) {
-  if (tls_bulks.empty() || current_op_scope() != nullptr) return false;
+  if (tls_bulks.list.empty() || current_op_scope() != nullptr) return false;
   BulkBuffer* b = find_bulk(engine_id_);
   if (!b) return false;
   const bool joins = !op->async && op->after_gpu_work.empty();
@@ -103,8 +137,11 @@ bool EngineBase::bulk_push(OpBlock* op) {
     try {
       flush_bulk();
     } catch (...) {
-      recycle(op);  // not pushed: the flush before it failed
-      throw;
+      // What was collected is refused (the error says why); this op is
+      // valid, and is pushed all the same, as it would have been unbulked.
+      const std::exception_ptr refused = std::current_exception();
+      launch(op);
+      std::rethrow_exception(refused);
     }
     b = find_bulk(engine_id_);
     if (!b) return false;
@@ -130,31 +167,40 @@ std::string EngineBase::bulk_name(const OpBlock* first, std::size_t count) {
 }
 
 void EngineBase::launch_bulk(OpBlock* first, std::size_t count) {
-  auto recycle_all = [&] {
-    for (OpBlock* op = first; op != nullptr;) {
+  auto refuse = [&](OpBlock* from, const std::string& what, std::uint32_t var_id) {
+    for (OpBlock* op = from; op != nullptr;) {
       OpBlock* next = op->ready_next;
       op->ready_next = nullptr;
       recycle(op);
       op = next;
     }
+    throw InvalidArgument("push (op '" + what + "'): var #" + std::to_string(var_id) + " was deleted");
   };
-  // As the threaded engine's bulk, pushed as a whole or not at all: a
-  // variable deleted (by another thread) since the ops were collected fails
-  // them all.
-  for (const OpBlock* op = first; op != nullptr; op = op->ready_next) {
-    for (const VarEntry* e = op->entries; e != op->entries + op->entry_count; ++e) {
-      if (e->slot->generation.load(std::memory_order_acquire) == e->generation) continue;
-      std::string message =
-          "push (op '" + bulk_name(first, count) + "'): var #" + std::to_string(e->var_id) + " was deleted";
-      recycle_all();
-      throw InvalidArgument(message);
-    }
-  }
+  auto deleted = [](const OpBlock& op) -> const VarEntry* {
+    for (const VarEntry* e = op.entries; e != op.entries + op.entry_count; ++e)
+      if (e->slot->generation.load(std::memory_order_acquire) != e->generation) return e;
+    return nullptr;
+  };
+  // As the threaded engine's bulk: pushed as a whole or refused as a whole
+  // when a variable was deleted (by another thread) since the ops were
+  // collected ...
+  for (const OpBlock* op = first; op != nullptr; op = op->ready_next)
+    if (const VarEntry* e = deleted(*op)) refuse(first, count == 1 ? first->name : bulk_name(first, count), e->var_id);
+  // ... then run one by one, each checked again before it is pushed: a
+  // member may delete a variable of a later one (which the threaded
+  // engine's bulk would hold until its end; pushing the later op would
+  // have failed here).
   while (first != nullptr) {
     OpBlock* op = first;
     first = op->ready_next;  // the op's block is recycled once it ran
     op->ready_next = nullptr;
-    launch(op);  // the naive engine's launch runs it; errors stay on its variables
+    if (const VarEntry* e = deleted(*op)) {
+      const std::string name = op->name;
+      const std::uint32_t id = e->var_id;
+      op->ready_next = first;
+      refuse(op, name, id);
+    }
+    launch(op);
   }
 }
 

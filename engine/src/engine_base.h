@@ -77,12 +77,22 @@ class EngineBase : public Engine {
   // capture and replay call it first: what was collected comes before them.
   void flush_bulk();
   void restore_bulk_size(std::size_t ops) noexcept override;
-  // Pushes `count` collected ops: one as itself, more with launch_bulk.
+  // Pushes `count` collected ops (launch_bulk; nothing for none).
   void launch_collected(OpBlock* first, std::size_t count);
-  // Runs a flushed bulk: `count` >= 2 prepared ops of one device, property
+  // delete_var flushes first, but deletes even when the flush fails: the
+  // failure, if any, to rethrow once the deletion is queued.
+  std::exception_ptr flush_bulk_for_deletion() noexcept;
+  // Runs a flushed bulk: `count` >= 1 prepared ops of one device, property
   // and priority, in push order, linked by ready_next. The default launches
   // them one by one (the naive engine: the oracle of a bulk).
   virtual void launch_bulk(OpBlock* first, std::size_t count);
+
+ public:
+  // A thread that bulked for this engine ended: what it collected is pushed
+  // (a failure is kept for wait_all). Called under the engine's life lock.
+  void thread_ended_bulking(OpBlock* first, std::size_t count) noexcept;
+
+ protected:
   // "bulk of 3 ops ('first' .. 'last')": errors and traces name a bulk so.
   static std::string bulk_name(const OpBlock* first, std::size_t count);
   // Engines call it first in their destructor: pushes what this thread

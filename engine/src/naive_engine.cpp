@@ -195,7 +195,9 @@ void NaiveEngine::wait_all() {
 }
 
 void NaiveEngine::delete_var(Var var) {
-  flush_bulk();  // the deletion comes after what this thread collected
+  // The deletion comes after what this thread collected, and happens even
+  // when pushing that fails.
+  const std::exception_ptr flush_failed = flush_bulk_for_deletion();
   // The handle dies now; the slot is recycled when the deletion runs, which
   // from inside an op is after the follow-ups pushed before it.
   OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});
@@ -206,6 +208,7 @@ void NaiveEngine::delete_var(Var var) {
     throw;
   }
   run(op);
+  if (flush_failed) std::rethrow_exception(flush_failed);
 }
 
 }  // namespace weft::detail

@@ -243,14 +243,30 @@ void ThreadedEngine::launch(OpBlock* op) {
 }
 
 void ThreadedEngine::launch_bulk(OpBlock* first, std::size_t count) {
-  OpBlock* bulk = ops_.acquire();
-  OpBlock* last = first;
-  std::size_t accesses = 0;
-  for (OpBlock* op = first; op != nullptr; op = op->ready_next) {
-    accesses += op->entry_count;
-    last = op;
+  if (count == 1) {  // pushed as itself (submit checks its variables)
+    first->ready_next = nullptr;
+    launch(first);
+    return;
   }
-  bulk->reserve_entries(accesses);
+  OpBlock* bulk = nullptr;
+  try {
+    bulk = ops_.acquire();
+    bulk->name = bulk_name(first, count);
+    std::size_t accesses = 0;
+    for (const OpBlock* op = first; op != nullptr; op = op->ready_next) accesses += op->entry_count;
+    bulk->reserve_entries(accesses);
+  } catch (...) {  // out of memory: nothing is pushed, nothing kept
+    if (bulk) recycle(bulk);
+    for (OpBlock* op = first; op != nullptr;) {
+      OpBlock* next = op->ready_next;
+      op->ready_next = nullptr;
+      recycle(op);
+      op = next;
+    }
+    throw;
+  }
+  OpBlock* last = first;
+  while (last->ready_next) last = last->ready_next;
   // The union: members mostly share variables (a chain of 16 ops touches one
   // or two), so duplicates are merged as they come while the union is small
   // and the sort sees few entries; beyond kScan, sort_accesses merges them.
@@ -275,7 +291,6 @@ void ThreadedEngine::launch_bulk(OpBlock* first, std::size_t count) {
   }
   sort_accesses(*bulk);
   bulk->bulk = first;  // from here on the members are recycled with the bulk
-  bulk->name = bulk_name(first, count);
   bulk->device = first->device;
   bulk->priority = first->priority;
   bulk->property = first->property;
@@ -617,14 +632,8 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
       settle_failed = errors_.add(std::current_exception(), bulk->name);
     }
     if (profiling) timing = lane.gpu_spans[static_cast<std::size_t>(worker)].get();
-  } else if (config_.gpu_devices > 0) {
-    try {
-      host_op_wait(*bulk);
-      host_op_publish(*bulk);
-    } catch (...) {  // GPU work behind the variables failed: every member fails with it
-      settle_failed = errors_.add(std::current_exception(), bulk->name);
-    }
   }
+  const bool settle_host = !device.is_gpu() && config_.gpu_devices > 0;
   std::uint64_t unblocked_by = bulk->unblocked_by.load(std::memory_order_relaxed);
   for (OpBlock* op = bulk->bulk; op != nullptr; op = op->ready_next) {
     // As run() does for a pushed op, with what the members before it wrote
@@ -651,6 +660,12 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
         NvtxRange range(nvtx_.of(device), op->name.c_str(), op->property);
         if (timing) timing->begin(stream);
         try {
+          // A CPU member on an engine with GPUs settles its own variables'
+          // GPU history, as a pushed op does (a failure there is its own).
+          if (settle_host) {
+            host_op_wait(*op);
+            host_op_publish(*op);
+          }
           op->fn(ctx);
         } catch (...) {
           fail(*op, std::current_exception());
@@ -668,8 +683,10 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
       if (e->write) apply_write(*e->slot, *op);
     unblocked_by = op->id;
   }
-  // Whatever the members enqueued (even those that threw) orders later users.
-  if (stream) {
+  // Whatever the members enqueued (even those that threw) orders later users
+  // — unless the stream could not be ordered after the inputs: then nothing
+  // ran, and the variables' GPU history stays as it was.
+  if (stream && !settle_failed) {
     try {
       gpu_op_publish(*bulk, device.index(), stream);
     } catch (...) {  // later users could not order after the work: its outputs fail
@@ -996,10 +1013,13 @@ void ThreadedEngine::wait_all() {
 }
 
 void ThreadedEngine::delete_var(Var var) {
-  flush_bulk();  // the deletion comes after what this thread collected
+  // The deletion comes after what this thread collected, and happens even
+  // when pushing that fails.
+  const std::exception_ptr flush_failed = flush_bulk_for_deletion();
   OpBlock* op = prepare(OpKind::delete_var, Device::cpu(0), {}, var, OpOptions{0, "delete_var"});
   enter_inflight(op);
   submit(op);
+  if (flush_failed) std::rethrow_exception(flush_failed);
 }
 
 }  // namespace weft::detail

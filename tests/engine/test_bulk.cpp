@@ -383,3 +383,95 @@ TEST_CASE("bulk: each member has its own trace span, named, on the bulk's worker
     CHECK(ids.size() == 9);  // the members' own ids
   });
 }
+
+TEST_CASE("bulk: a single collected op whose variable another thread deleted is refused, naming it") {
+  for_each_config([](const Config& cfg) {
+    auto e = make_engine(cfg);
+    Var x = e->new_var("x");
+    int runs = 0;
+    e->set_bulk_size(8);
+    e->push([&] { ++runs; }, {}, {x}, {.name = "lonely"});
+    std::thread([&] { e->delete_var(x); }).join();
+    const std::string message = error_of([&] { e->wait_all(); });
+    CHECK(contains(message, "op 'lonely'"));
+    CHECK(contains(message, "was deleted"));
+    e->set_bulk_size(0);
+    e->wait_all();
+    CHECK(runs == 0);
+    // The slot was not written after its deletion: a new variable starts clean.
+    Var fresh = e->new_var("fresh");
+    CHECK(e->version(fresh) == 0);
+  });
+}
+
+TEST_CASE("bulk: a member deleting a variable a later member uses never writes a freed slot") {
+  for_each_config([](const Config& cfg) {
+    auto e = make_engine(cfg);
+    Var t = e->new_var("t"), x = e->new_var("x");
+    int runs = 0;
+    std::string message;
+    {
+      weft::BulkScope bulk(*e, 8);
+      e->push([&](RunContext& ctx) {
+        ++runs;
+        ctx.engine->delete_var(t);  // from inside the op: after what was pushed before it
+      }, {}, {x}, {.name = "deleter"});
+      e->push([&] { ++runs; }, {}, {t}, {.name = "user"});
+      message = error_of([&] { e->wait_all(); });
+    }
+    e->wait_all();
+    if (cfg.threaded()) {
+      // The bulk holds t: the deletion queues behind it, as it would behind
+      // the second op pushed one by one.
+      CHECK(message == "(no error)");
+      CHECK(runs == 2);
+    } else {
+      // The naive engine runs the first op (and the deletion) before it
+      // pushes the second, which fails as its push would have.
+      CHECK(contains(message, "op 'user'"));
+      CHECK(contains(message, "was deleted"));
+      CHECK(runs == 1);
+    }
+    Var fresh = e->new_var("fresh");
+    CHECK(e->version(fresh) == 0);
+    CHECK(what_of([&] { e->wait_to_read(fresh); }) == "(no error)");
+  });
+}
+
+TEST_CASE("bulk: delete_var deletes even when pushing what was collected fails, and a later push still goes") {
+  for_each_config([](const Config& cfg) {
+    auto e = make_engine(cfg);
+    Var x = e->new_var("x"), y = e->new_var("y"), z = e->new_var("z");
+    int z_runs = 0;
+    e->set_bulk_size(8);
+    e->push([] {}, {}, {x}, {.name = "on x"});
+    std::thread([&] { e->delete_var(x); }).join();
+    CHECK(contains(error_of([&] { e->delete_var(y); }), "was deleted"));  // the flush's failure
+    CHECK(contains(error_of([&] { (void)e->version(y); }), "deleted"));   // y is gone all the same
+    Var w = e->new_var("w");
+    e->push([&] { ++z_runs; }, {}, {z});
+    e->push([] {}, {}, {w}, {.name = "on w"});
+    std::thread([&] { e->delete_var(w); }).join();  // gone before the flush
+    // A push that cannot join flushes first; the flush fails, the push goes.
+    CHECK(contains(error_of([&] { e->push_async([&](Completion done) { ++z_runs; done(); }, {}, {z}); }),
+                   "was deleted"));
+    e->set_bulk_size(0);
+    e->wait_all();
+    CHECK(z_runs == 1);  // the async op ran; the bulk (the op on z and "on w") was refused
+  });
+}
+
+TEST_CASE("bulk: a thread that ends while it bulks pushes what it collected") {
+  for_each_config([](const Config& cfg) {
+    auto e = make_engine(cfg);
+    Var x = e->new_var("x");
+    std::atomic<int> runs{0};
+    std::thread([&] {
+      e->set_bulk_size(16);  // never set back
+      for (int i = 0; i < 5; ++i) e->push([&] { runs.fetch_add(1); }, {}, {x});
+    }).join();
+    e->wait_all();
+    CHECK(runs.load() == 5);
+    CHECK(e->version(x) == 5);
+  });
+}

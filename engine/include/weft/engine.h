@@ -259,9 +259,10 @@ class Engine {
   // wait_to_read, wait_to_write, wait_all, delete_var, begin_capture, replay
   // and set_bulk_size. Pushes while capturing are captured, and pushes from
   // inside ops run as usual: neither is collected. Returns the previous size
-  // (0 and 1: off). Set it back (BulkScope does) before the engine ends; a
-  // flush may throw what the pushes would have (a variable another thread
-  // deleted meanwhile), naming the ops.
+  // (0 and 1: off). Set it back (BulkScope does), or end the thread, before
+  // the engine ends: a thread that ends pushes what it collected. A flush
+  // may throw what the pushes would have (a variable another thread deleted
+  // meanwhile), naming the ops.
   virtual std::size_t set_bulk_size(std::size_t ops) = 0;
   virtual std::size_t bulk_size() const noexcept = 0;  // this thread's, for this engine
 
