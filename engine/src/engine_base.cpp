@@ -161,6 +161,17 @@ void EngineBase::sort_accesses(OpBlock& op) noexcept {
   if (op.entry_count < 2) return;
   VarEntry* first = op.entries;
   VarEntry* last = first + op.entry_count;
+  if (op.entry_count == 2) {  // the common read-one-write-one op: no sort machinery
+    if (first[0].slot == first[1].slot) {
+      first[0].write |= first[1].write;
+      first[0].read |= first[1].read;
+      if (first[0].generation != first[1].generation) first[0].generation = 0;  // as below
+      op.entry_count = 1;
+    } else if (std::less<>()(first[1].slot, first[0].slot)) {
+      std::swap(first[0], first[1]);
+    }
+    return;
+  }
   std::sort(first, last, [](const VarEntry& a, const VarEntry& b) {
     return a.slot != b.slot ? std::less<>()(a.slot, b.slot) : a.write > b.write;
   });

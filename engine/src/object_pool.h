@@ -34,11 +34,12 @@ class ObjectPool {
     if (cache.items.empty()) refill(cache);
     T* item = cache.items.back();
     cache.items.pop_back();
-    // The next item was most likely released by another thread (a worker
-    // on another core): start moving its first lines here, for writing, so
-    // that the next acquire's caller does not stall on them.
-    if (!cache.items.empty()) {
-      const char* next = reinterpret_cast<const char*>(cache.items.back());
+    // The next items were most likely released by another thread (a worker
+    // on another core): start moving their first lines here, for writing,
+    // two acquires ahead (one is too short to hide a transfer between
+    // cores), so that the callers do not stall on them.
+    for (std::size_t ahead = 1; ahead <= 2 && ahead <= cache.items.size(); ++ahead) {
+      const char* next = reinterpret_cast<const char*>(cache.items[cache.items.size() - ahead]);
       for (std::size_t offset = 0; offset < std::min<std::size_t>(sizeof(T), kPrefetchBytes); offset += 64)
         __builtin_prefetch(next + offset, 1, 3);
     }
