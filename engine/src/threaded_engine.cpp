@@ -617,8 +617,9 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
   const Device device = bulk->device;
   const bool profiling = profiler_->running();
   RunContext ctx{device, worker, {}, this};
-  // The GPU history of the union is settled once, before the first member:
-  // what any member depends on, the first waits for.
+  // A GPU bulk's stream waits once, before the first member, for the GPU
+  // producers of the whole union (what any member depends on, the first
+  // waits for); a CPU member settles its own variables below.
   gpu::Stream* stream = nullptr;
   GpuSpanRecorder* timing = nullptr;
   ErrorRef settle_failed;
