@@ -78,9 +78,10 @@ for s in "${steps[@]}"; do
       WEFT_NCCL=0 run 120 "$tests" -tc='gpu collectives*' --no-version --no-colors
       ;;
     train)
-      step "LeNet: batch 8 plain, hybridized and in bulks of 16 (training must be identical), then 10 epochs at 256; ResNet-18, 3 epochs"
+      step "LeNet: batch 8 plain, hybridized, hybridized with stream graphs and in bulks of 16 (training must be identical), then 10 epochs at 256; ResNet-18, 3 epochs"
       run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --batch-size 8 --epochs 1 --limit 8192 --json
       run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --batch-size 8 --epochs 1 --limit 8192 --json --hybridize
+      run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --batch-size 8 --epochs 1 --limit 8192 --json --hybridize --gpu-graphs
       run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --batch-size 8 --epochs 1 --limit 8192 --json --bulk 16
       run 120 "$(find_bin weft-train-lenet)" --device gpu:0 --json
       run 300 "$(find_bin weft-train-resnet)" --device gpu:0 --epochs 3 --json

@@ -52,6 +52,24 @@ void CUDART_CB run_host_func(void* data) {
   delete fn;
 }
 
+struct CudaStreamGraph final : StreamGraph {
+  cudaGraphExec_t exec = nullptr;
+  // Launches still in flight finish: CUDA frees the graph after them.
+  ~CudaStreamGraph() override {
+    if (exec) (void)cudaGraphExecDestroy(exec);
+  }
+};
+
+// Work that must not be recorded into a CUDA Graph is refused while the
+// stream captures (the caller ends and drops the capture).
+void refuse_while_capturing(Stream* stream, const char* call) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  WEFT_CUDA_CHECK(cudaStreamIsCapturing(cu(stream), &status));
+  if (status != cudaStreamCaptureStatusNone)
+    throw InvalidArgument(std::string(call) + " while its stream is captured into a graph: only work that can run "
+                          "again may be recorded" + weft::detail::current_op_suffix());
+}
+
 class CudaRuntime final : public Runtime {
  public:
   CudaRuntime() {
@@ -174,10 +192,45 @@ class CudaRuntime final : public Runtime {
   }
 
   void launch_host_func(Stream* stream, UniqueFunction<void()> fn) override {
+    // Its box is freed after one call: a graph launching it again would call freed memory.
+    refuse_while_capturing(stream, "gpu::launch_host_func (a host function that runs once)");
     auto* boxed = new UniqueFunction<void()>(std::move(fn));
     const cudaError_t status = cudaLaunchHostFunc(cu(stream), run_host_func, boxed);
     if (status != cudaSuccess) delete boxed;
     WEFT_CUDA_CHECK(status);
+  }
+
+  // Not used on CUDA (its kernels are CUDA kernels); refused while capturing as launch_host_func is.
+  void launch_host_kernel(Stream* stream, UniqueFunction<void()> fn) override {
+    launch_host_func(stream, std::move(fn));
+  }
+
+  void begin_capture(Stream* stream) override {
+    // Thread-local mode: an unsafe call of this thread (a synchronization,
+    // cudaMalloc) fails and invalidates the capture; other threads' calls
+    // go on as usual.
+    WEFT_CUDA_CHECK(cudaStreamBeginCapture(cu(stream), cudaStreamCaptureModeThreadLocal));
+  }
+
+  std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why) override {
+    cudaGraph_t graph = nullptr;
+    cudaError_t status = cudaStreamEndCapture(cu(stream), &graph);
+    auto failed = [&](const char* call) -> std::unique_ptr<StreamGraph> {
+      if (why) *why = std::string(call) + ": " + cudaGetErrorString(status);
+      (void)cudaGetLastError();  // capture errors are not sticky; clear the last error
+      if (graph) (void)cudaGraphDestroy(graph);
+      return nullptr;
+    };
+    if (status != cudaSuccess || graph == nullptr) return failed("cudaStreamEndCapture");
+    auto g = std::make_unique<CudaStreamGraph>();
+    status = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (status != cudaSuccess) return failed("cudaGraphInstantiate");
+    (void)cudaGraphDestroy(graph);  // the executable graph keeps what it needs
+    return g;
+  }
+
+  void launch_graph(StreamGraph& graph, Stream* stream) override {
+    WEFT_CUDA_CHECK(cudaGraphLaunch(static_cast<CudaStreamGraph&>(graph).exec, cu(stream)));
   }
 
   void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) override {

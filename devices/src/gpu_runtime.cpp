@@ -86,6 +86,10 @@ class NoRuntime final : public Runtime {
   bool event_done(NativeEvent*) override { return true; }
   float elapsed_ms(NativeEvent*, NativeEvent*) override { fail("gpu timing"); }
   void launch_host_func(Stream*, UniqueFunction<void()>) override { fail("gpu host function"); }
+  void launch_host_kernel(Stream*, UniqueFunction<void()>) override { fail("gpu host function"); }
+  void begin_capture(Stream*) override { fail("gpu stream capture"); }
+  std::unique_ptr<StreamGraph> end_capture(Stream*, std::string*) override { fail("gpu stream capture"); }
+  void launch_graph(StreamGraph&, Stream*) override { fail("gpu stream graph"); }
   void memcpy_async(void*, const void*, std::size_t, CopyKind, Stream*) override { fail("GPU copy"); }
   void memcpy_peer_async(void*, int, const void*, int, std::size_t, Stream*) override { fail("GPU copy"); }
   void* device_malloc(int, std::size_t) noexcept override { return nullptr; }
@@ -326,6 +330,19 @@ void launch_host_func(Stream* stream, UniqueFunction<void()> fn) {
   if (!fn) throw InvalidArgument("gpu::launch_host_func: the function is empty");
   runtime().launch_host_func(stream, std::move(fn));
 }
+
+void launch_host_kernel(Stream* stream, UniqueFunction<void()> fn) {
+  if (!fn) throw InvalidArgument("gpu::launch_host_kernel: the function is empty");
+  runtime().launch_host_kernel(stream, std::move(fn));
+}
+
+void begin_stream_capture(Stream* stream) { runtime().begin_capture(stream); }
+
+std::unique_ptr<StreamGraph> end_stream_capture(Stream* stream, std::string* why) {
+  return runtime().end_capture(stream, why);
+}
+
+void launch_stream_graph(StreamGraph& graph, Stream* stream) { runtime().launch_graph(graph, stream); }
 
 void* native_handle(Stream* stream) noexcept { return runtime().native_handle(stream); }
 

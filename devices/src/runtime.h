@@ -60,9 +60,15 @@ class Runtime {
 
   // Stream-ordered work.
   virtual void launch_host_func(Stream* stream, UniqueFunction<void()> fn) = 0;
+  virtual void launch_host_kernel(Stream* stream, UniqueFunction<void()> fn) = 0;
   virtual void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) = 0;
   virtual void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
                                  Stream* stream) = 0;
+
+  // Stream graphs (weft/gpu_streams.h).
+  virtual void begin_capture(Stream* stream) = 0;
+  virtual std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why) = 0;
+  virtual void launch_graph(StreamGraph& graph, Stream* stream) = 0;
 
   // Memory. Null when there is no room (never throws).
   virtual void* device_malloc(int device, std::size_t bytes) noexcept = 0;

@@ -162,7 +162,17 @@ struct SimStream final : Stream {
     thread.join();
   }
 
-  void enqueue(Item item) {
+  // `one_shot`: the call that enqueues an item that cannot run again (an
+  // event's recording, a wait, a host function), refused while capturing.
+  void enqueue(Item item, const char* one_shot = nullptr) {
+    if (capture) {  // only the thread using the stream enqueues on it
+      if (one_shot)
+        throw InvalidArgument(std::string("sim: ") + one_shot +
+                              " while its stream is captured into a graph: only work that can run again may be "
+                              "recorded" + weft::detail::current_op_suffix());
+      capture->push_back(std::move(item));
+      return;
+    }
     {
       std::lock_guard lock(mutex);
       queue.push_back(std::move(item));
@@ -215,6 +225,8 @@ struct SimStream final : Stream {
   std::mutex mutex;
   std::condition_variable work_cv, done_cv;
   std::deque<Item> queue;
+  // While captured (gpu::begin_stream_capture): what enqueue records instead.
+  std::unique_ptr<std::vector<Item>> capture;
   std::uint64_t enqueued = 0, finished = 0;
   bool stopping = false;
   std::exception_ptr pending_error;
@@ -346,16 +358,18 @@ class SimRuntime final : public Runtime {
       std::lock_guard lock(e.mutex);
       e.latest = rec;
     }
-    s.enqueue([rec](SimStream& self) { rec->complete(self.take_error()); });
+    s.enqueue([rec](SimStream& self) { rec->complete(self.take_error()); }, "gpu event record");
   }
 
   void stream_wait_event(Stream* stream, NativeEvent* event) override {
     std::shared_ptr<Recording> rec = ev(event).current();
     if (!rec) return;  // never recorded: nothing to wait for
-    sim(stream).enqueue([rec = std::move(rec)](SimStream& self) {
-      rec->wait();
-      if (rec->error) self.hold_error(rec->error);  // what it waited for failed: so does what follows
-    });
+    sim(stream).enqueue(
+        [rec = std::move(rec)](SimStream& self) {
+          rec->wait();
+          if (rec->error) self.hold_error(rec->error);  // what it waited for failed: so does what follows
+        },
+        "gpu stream wait");
   }
 
   // As cudaEventQuery: work that failed before the event surfaces here.
@@ -377,7 +391,45 @@ class SimRuntime final : public Runtime {
   }
 
   void launch_host_func(Stream* stream, UniqueFunction<void()> fn) override {
+    sim(stream).enqueue([fn = std::move(fn)](SimStream&) mutable { fn(); }, "gpu::launch_host_func (a host function that runs once)");
+  }
+  void launch_host_kernel(Stream* stream, UniqueFunction<void()> fn) override {
     sim(stream).enqueue([fn = std::move(fn)](SimStream&) mutable { fn(); });
+  }
+
+  // A graph is the captured items, run in order as one item at each launch
+  // (an item that throws fails the stream's next event, as when enqueued).
+  struct SimStreamGraph final : StreamGraph {
+    std::shared_ptr<std::vector<SimStream::Item>> items;
+  };
+  void begin_capture(Stream* stream) override {
+    SimStream& s = sim(stream);
+    if (s.capture)
+      throw InvalidArgument("sim: begin_stream_capture on a stream already capturing" +
+                            weft::detail::current_op_suffix());
+    s.capture = std::make_unique<std::vector<SimStream::Item>>();
+  }
+  std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why) override {
+    SimStream& s = sim(stream);
+    if (!s.capture) {
+      if (why) *why = "sim: end_stream_capture on a stream that is not capturing";
+      return nullptr;
+    }
+    auto g = std::make_unique<SimStreamGraph>();
+    g->items = std::make_shared<std::vector<SimStream::Item>>(std::move(*s.capture));
+    s.capture.reset();
+    return g;
+  }
+  void launch_graph(StreamGraph& graph, Stream* stream) override {
+    sim(stream).enqueue([items = static_cast<SimStreamGraph&>(graph).items](SimStream& self) {
+      for (SimStream::Item& item : *items) {
+        try {
+          item(self);
+        } catch (...) {
+          self.hold_error(std::current_exception());
+        }
+      }
+    });
   }
 
   void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) override {

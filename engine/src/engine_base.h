@@ -32,7 +32,7 @@ class EngineBase : public Engine {
   Allocator& allocator(Device device) override;
 
   // Capture is shared (op_graph.cpp); how a graph runs is replay_graph().
-  void begin_capture() override;
+  void begin_capture(CaptureOptions options = {}) override;
   OpGraph end_capture() override;
   void replay(const OpGraph& graph) override;
   bool capturing() const noexcept override;
@@ -61,6 +61,9 @@ class EngineBase : public Engine {
   virtual void launch(OpBlock* op) = 0;
   // Runs a sealed, non-empty graph whose variables were alive at the call.
   virtual void replay_graph(const std::shared_ptr<GraphImpl>& graph) = 0;
+  // Whether replay_graph runs GPU segments as stream graphs (end_capture
+  // then folds them: GraphImpl::fold_gpu_segments).
+  virtual bool runs_stream_graphs() const noexcept { return false; }
   // While this thread captures for this engine: records the prepared op
   // (returning its block to the pool) and returns true. Throws when it
   // captures for another engine.

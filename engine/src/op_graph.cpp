@@ -11,8 +11,15 @@
 
 namespace weft {
 
-std::size_t OpGraph::ops() const noexcept { return impl_ ? impl_->nodes.size() : 0; }
+std::size_t OpGraph::ops() const noexcept { return impl_ ? impl_->captured : 0; }
 std::size_t OpGraph::dependencies() const noexcept { return impl_ ? impl_->succ.size() : 0; }
+std::size_t OpGraph::gpu_segments() const noexcept { return impl_ ? impl_->segments.size() : 0; }
+std::size_t OpGraph::gpu_segment_ops() const noexcept {
+  std::size_t n = 0;
+  if (impl_)
+    for (const auto& s : impl_->segments) n += s.ops;
+  return n;
+}
 std::size_t OpGraph::vars() const noexcept { return impl_ && !impl_->vars.empty() ? impl_->vars.size() - 1 : 0; }
 
 namespace detail {
@@ -50,8 +57,79 @@ void GraphImpl::add(OpBlock& op) {
   nodes.push_back(node);
 }
 
-void GraphImpl::seal(Var self_var, VarSlot* self_slot) {
+void GraphImpl::fold_gpu_segments() {
+  auto foldable = [](const OpBlock& op) {
+    return op.device.is_gpu() && !op.async && !op.run_inline && op.after_gpu_work.empty();
+  };
+  auto same_segment = [](const OpBlock& a, const OpBlock& b) {
+    return a.device == b.device && a.property == b.property && a.priority == b.priority;
+  };
+  std::vector<OpBlock*> folded;
+  std::vector<std::uint32_t> first;
+  const std::size_t n = nodes.size();
+  for (std::size_t i = 0; i < n;) {
+    std::size_t j = i + 1;
+    if (foldable(*nodes[i]))
+      while (j < n && foldable(*nodes[j]) && same_segment(*nodes[i], *nodes[j])) ++j;
+    first.push_back(static_cast<std::uint32_t>(i));
+    segment_of.push_back(j - i < 2 ? -1 : static_cast<std::int32_t>(segments.size()));
+    if (j - i < 2) {
+      nodes[i]->node = static_cast<std::uint32_t>(folded.size());
+      folded.push_back(nodes[i]);
+      i = j;
+      continue;
+    }
+    // The segment's node: the union of its members' accesses (written where
+    // any writes, read where any reads), each variable once.
+    Segment& s = segments.emplace_back();
+    s.ops = static_cast<std::uint32_t>(j - i);
+    s.node = std::make_unique<OpBlock>();
+    OpBlock& node = *s.node;
+    std::vector<VarEntry> all;
+    std::unordered_map<VarSlot*, std::size_t> at;
+    for (std::size_t k = i; k < j; ++k) {
+      OpBlock& op = *nodes[k];
+      op.node = static_cast<std::uint32_t>(k);  // a member: its place in capture order
+      op.ready_next = k + 1 < j ? nodes[k + 1] : nullptr;
+      for (const VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
+        auto [it, fresh] = at.try_emplace(e->slot, all.size());
+        if (fresh) {
+          all.push_back(*e);
+          all.back().op = &node;
+          all.back().next = nullptr;
+        } else {
+          all[it->second].write |= e->write;
+          all[it->second].read |= e->read;
+        }
+      }
+    }
+    node.reserve_entries(all.size());
+    for (const VarEntry& e : all) node.entries[node.entry_count++] = e;
+    node.kind = OpKind::bulk;
+    node.bulk = nodes[i];
+    node.device = nodes[i]->device;
+    node.priority = nodes[i]->priority;
+    node.property = nodes[i]->property;
+    node.graph = this;
+    node.node = static_cast<std::uint32_t>(folded.size());
+    node.name = "stream graph of " + std::to_string(j - i) + " ops on " + node.device.str() + " ('" +
+                nodes[i]->name + "' .. '" + nodes[j - 1]->name + "')";
+    folded.push_back(&node);
+    i = j;
+  }
+  nodes = std::move(folded);
+  first_op = std::move(first);
+}
+
+void GraphImpl::seal(Var self_var, VarSlot* self_slot, bool fold) {
   self = self_var;
+  captured = nodes.size();
+  if (fold) {
+    fold_gpu_segments();
+  } else {
+    first_op.resize(captured);
+    for (std::size_t i = 0; i < captured; ++i) first_op[i] = static_cast<std::uint32_t>(i);
+  }
   const std::size_t n = nodes.size();
   // Per variable, the last writer and the readers since: a read depends on
   // the last write, a write on the last write and every read since.
@@ -147,16 +225,29 @@ void GraphImpl::release_gate(OpBlock* gate) noexcept {
   }
 }
 
-const VarEntry* GraphImpl::deleted_var(std::uint32_t* node) const noexcept {
+const VarEntry* GraphImpl::deleted_var(const OpBlock** user, std::uint32_t* index) const noexcept {
+  auto uses = [](const OpBlock& op, const VarSlot* slot) {
+    for (const VarEntry* e = op.entries; e != op.entries + op.entry_count; ++e)
+      if (e->slot == slot) return true;
+    return false;
+  };
   for (const VarEntry& v : vars) {
     if (v.slot->generation.load(std::memory_order_acquire) == v.generation) continue;
-    for (const OpBlock* b : nodes)
-      for (const VarEntry* e = b->entries; e != b->entries + b->entry_count; ++e)
-        if (e->slot == v.slot) {
-          *node = b->node;
-          return &v;
-        }
-    *node = ~std::uint32_t{0};
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      const OpBlock& b = *nodes[i];
+      if (!uses(b, v.slot)) continue;
+      *user = &b;
+      *index = first_op[i];
+      if (b.kind == OpKind::bulk)  // a folded segment: the member that uses it
+        for (const OpBlock* m = b.bulk; m != nullptr; m = m->ready_next, ++*index)
+          if (uses(*m, v.slot)) {
+            *user = m;
+            break;
+          }
+      return &v;
+    }
+    *user = nullptr;
+    *index = static_cast<std::uint32_t>(captured);
     return &v;
   }
   return nullptr;
@@ -192,7 +283,7 @@ void EngineBase::refuse_wait_while_capturing(std::string_view call, const Var* v
                         " ops captured so far have not run; end_capture() and replay() the graph, then wait");
 }
 
-void EngineBase::begin_capture() {
+void EngineBase::begin_capture(CaptureOptions options) {
   if (const OpScope* scope = running_op_of(scope_key()))
     throw InvalidArgument("begin_capture called from inside op " + label(*scope->op_name) +
                           ": capture from the thread that pushes the ops");
@@ -205,6 +296,7 @@ void EngineBase::begin_capture() {
   auto graph = std::make_shared<GraphImpl>();
   graph->engine_id = engine_id_;
   graph->life = life();
+  graph->gpu_graphs = options.gpu_graphs;
   tls_capture = {this, std::move(graph)};
 }
 
@@ -216,7 +308,7 @@ OpGraph EngineBase::end_capture() {
   tls_capture = {};
   const Var self = vars_.create("graph of " + std::to_string(graph->nodes.size()) + " ops");
   try {
-    graph->seal(self, vars_.resolve(self, "end_capture"));
+    graph->seal(self, vars_.resolve(self, "end_capture"), graph->gpu_graphs && runs_stream_graphs());
   } catch (...) {
     delete_var(self);
     throw;
@@ -228,16 +320,17 @@ void EngineBase::replay(const OpGraph& graph) {
   if (!graph.impl_) throw InvalidArgument("replay: an invalid OpGraph (default-constructed or moved from)");
   GraphImpl& g = *graph.impl_;
   if (g.engine_id != engine_id_)
-    throw InvalidArgument("replay: the graph of " + std::to_string(g.nodes.size()) +
+    throw InvalidArgument("replay: the graph of " + std::to_string(g.captured) +
                           " ops was captured on another engine");
   if (tls_capture.graph && current_op_scope() == nullptr)
     throw InvalidArgument("replay while this thread captures ops (begin_capture): end_capture() first");
-  std::uint32_t node = 0;
-  if (const VarEntry* v = g.deleted_var(&node)) {
+  const OpBlock* op = nullptr;
+  std::uint32_t index = 0;
+  if (const VarEntry* v = g.deleted_var(&op, &index)) {
     const Var var = VarAccess::make(v->slot, v->var_id, v->generation, engine_id_);
-    std::string user = node < g.nodes.size() ? " (used by captured op " + label(g.nodes[node]->name) + ", #" +
-                                                   std::to_string(node) + " of " + std::to_string(g.nodes.size()) + ")"
-                                             : std::string(" (the graph's own variable)");
+    std::string user = op ? " (used by captured op " + label(op->name) + ", #" + std::to_string(index) + " of " +
+                                std::to_string(g.captured) + ")"
+                          : std::string(" (the graph's own variable)");
     throw InvalidArgument("replay: var #" + std::to_string(var.id()) + user +
                           " was deleted after the capture; a graph replays on the variables it captured");
   }

@@ -636,7 +636,22 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
   }
   const bool settle_host = !device.is_gpu() && config_.gpu_devices > 0;
   std::uint64_t unblocked_by = bulk->unblocked_by.load(std::memory_order_relaxed);
-  for (OpBlock* op = bulk->bulk; op != nullptr; op = op->ready_next) {
+  bool launched = false;  // a replay's segment launched as a stream graph
+  if (stream && !settle_failed && bulk->graph != nullptr && bulk->graph->gpu_graphs) {
+    try {
+      launched = launch_segment(*bulk, stream, ctx, lane, worker, timing);
+    } catch (...) {  // the launch failed: so does every member
+      launched = true;
+      const ErrorRef failed = errors_.add(std::current_exception(), bulk->name);
+      for (OpBlock* op = bulk->bulk; op != nullptr; op = op->ready_next) op->error = failed;
+    }
+  }
+  if (launched) {
+    for (OpBlock* op = bulk->bulk; op != nullptr; op = op->ready_next)
+      for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e)
+        if (e->write) apply_write(*e->slot, *op);
+  }
+  for (OpBlock* op = launched ? nullptr : bulk->bulk; op != nullptr; op = op->ready_next) {
     // As run() does for a pushed op, with what the members before it wrote
     // already applied: a member reading a failed one's output is skipped.
     if (settle_failed) {
@@ -700,6 +715,69 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
     }
   }
   finish(bulk, true);
+}
+
+bool ThreadedEngine::launch_segment(OpBlock& segment, gpu::Stream* stream, RunContext& ctx, Lane& lane, int worker,
+                                    GpuSpanRecorder* timing) {
+  GraphImpl& g = *segment.graph;
+  GraphImpl::Segment& s = g.segments[static_cast<std::size_t>(g.segment_of[segment.node])];
+  if (s.failed) return false;
+  // A member that would be skipped, or run with a failure: op by op, so that
+  // each fails or runs as pushed (the graph stays for the next replay).
+  for (OpBlock* op = segment.bulk; op != nullptr; op = op->ready_next)
+    if (inherited_error(*op)) return false;
+  if (s.replays++ == 0) return false;  // the warm-up: the bodies allocate what they write
+  gpu::StreamGraph* graph = s.graph_for(stream);
+  if (graph == nullptr) {
+    // What the bodies enqueue is recorded, not run; the launch below runs it.
+    std::string why;
+    try {
+      gpu::begin_stream_capture(stream);
+      try {
+        for (OpBlock* op = segment.bulk; op != nullptr; op = op->ready_next) {
+          ctx.op_name = op->name;
+          ctx.failed_input = nullptr;
+          OpScopeGuard scope(scope_key(), &op->name, segment.device, segment.epoch);
+          CheckContextGuard check(op->name, segment.device);
+          op->fn(ctx);
+        }
+      } catch (const std::exception& e) {
+        why = "op '" + std::string(ctx.op_name) + "' threw while captured: " + e.what();
+      } catch (...) {
+        why = "op '" + std::string(ctx.op_name) + "' threw while captured";
+      }
+      std::string ended;
+      std::unique_ptr<gpu::StreamGraph> made = gpu::end_stream_capture(stream, &ended);
+      if (why.empty() && !made) why = ended;
+      if (why.empty()) {
+        graph = made.get();
+        s.graphs.emplace_back(stream, std::move(made));
+      }
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    if (graph == nullptr) {
+      s.failed = true;
+      std::fprintf(stderr, "weft: replay: %s runs op by op from now on: %s\n", segment.name.c_str(), why.c_str());
+      return false;
+    }
+  }
+  const bool profiling = profiler_->running();
+  SpanInfo traced;
+  if (profiling)
+    traced = SpanInfo{profiler_->intern(segment.name), segment.id, Profiler::now_ns(), 0, -1,
+                      segment.unblocked_by.load(std::memory_order_relaxed), 0, segment.property};
+  {
+    NvtxRange range(nvtx_.of(segment.device), segment.name.c_str(), segment.property);
+    if (timing) timing->begin(stream);
+    gpu::launch_stream_graph(*graph, stream);
+    if (timing) timing->end(stream, traced);
+  }
+  if (profiling) {
+    traced.end_ns = Profiler::now_ns();
+    profiler_->record(lane.tracks[static_cast<std::size_t>(worker)], traced);
+  }
+  return true;
 }
 
 void ThreadedEngine::complete_async(OpBlock* op, std::exception_ptr error) {
@@ -789,7 +867,7 @@ void ThreadedEngine::replay_graph(const std::shared_ptr<GraphImpl>& graph) {
   // The gate's id and its nodes' after it, taken now: in push order, as if
   // the nodes were pushed here (what a failure reported later still reaches,
   // and the order among equal priorities).
-  gate->id = next_op_id_.fetch_add(graph->nodes.size() + 1, std::memory_order_relaxed) + 1;
+  gate->id = next_op_id_.fetch_add(graph->captured + 1, std::memory_order_relaxed) + 1;
   gate->unblocked_by.store(0, std::memory_order_relaxed);
   gate->push_ns = -1;
   gate->graph_keep = graph;
@@ -830,14 +908,33 @@ void ThreadedEngine::start_graph(OpBlock* gate) {
 }
 
 void ThreadedEngine::arm_node(GraphImpl& g, OpBlock& node, std::uint64_t unblocked_by) {
-  node.id = g.first_id + node.node;
+  std::uint64_t id = g.first_id + g.first_op[node.node];
   node.epoch = g.gate->epoch;
   node.error.reset();
   node.inherited.reset();
   node.ready_next = nullptr;
   node.unblocked_by.store(unblocked_by, std::memory_order_relaxed);
   node.push_ns = -1;
-  if (profiler_->running()) [[unlikely]] {
+  const bool profiling = profiler_->running();
+  if (node.kind == OpKind::bulk) {  // a folded GPU segment: its ops in capture order, the node has the last id
+    for (OpBlock* op = node.bulk; op != nullptr; op = op->ready_next) {
+      op->id = id++;
+      op->epoch = node.epoch;
+      op->error.reset();
+      op->inherited.reset();
+      op->push_ns = -1;
+      if (profiling) [[unlikely]] {
+        try {
+          record_push(*op);
+        } catch (...) {  // the trace misses the op; the replay runs
+        }
+      }
+    }
+    node.id = id - 1;
+    return;
+  }
+  node.id = id;
+  if (profiling) [[unlikely]] {
     try {
       record_push(node);
     } catch (...) {  // the trace misses the op; the replay runs

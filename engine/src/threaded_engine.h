@@ -41,6 +41,7 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   // Runs a bulk's members back to back on one worker, each with its own
   // error handling, writes and trace span.
   void run_bulk(OpBlock* bulk, int lane, int worker);
+  bool runs_stream_graphs() const noexcept override { return config_.gpu_devices > 0; }
   // Queues a gate holding the graph's variables; once granted, start_graph
   // runs the nodes as their dependencies allow and the last one releases it.
   void replay_graph(const std::shared_ptr<GraphImpl>& graph) override;
@@ -108,6 +109,12 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   static constexpr int kLanesPerGpu = 5;
   std::size_t lane_of(const OpBlock& op) const noexcept;
   // traced: the op's span while profiling, else null.
+  // A replay's GPU segment (CaptureOptions::gpu_graphs) as one stream graph
+  // launched on `stream`, captured first when this stream has none: true
+  // when launched, false when it must run op by op (its first replay, a
+  // failed input, a capture that failed). A span for the launch when timed.
+  bool launch_segment(OpBlock& segment, gpu::Stream* stream, RunContext& ctx, Lane& lane, int worker,
+                      GpuSpanRecorder* timing);
   void run_body(OpBlock* op, Lane& lane, int worker, RunContext& ctx, const SpanInfo* traced);
   // Moves completed GPU-side spans into the profiler (streams synchronized).
   void resolve_gpu_spans();

@@ -66,6 +66,7 @@ struct Options {
   std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
   bool overlap = true;
   bool hybridize = false;
+  bool gpu_graphs = false;
   std::size_t bulk = 0;  // 0: off
   std::string trace;
   std::string data;
@@ -94,6 +95,8 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --no-overlap     reduce the buckets only after the whole backward (the baseline)\n"
                "  --hybridize      capture one training step (forward, loss, backward, SGD) per batch\n"
                "                   size once and replay it for every batch (one device, no --dist)\n"
+               "  --gpu-graphs     with --hybridize on a GPU: the captured step's GPU ops replay as one\n"
+               "                   CUDA Graph (CaptureOptions::gpu_graphs; simulated GPUs record their items)\n"
                "  --bulk N         push each step's ops in bulks of up to N (Engine::set_bulk_size, MXNet's\n"
                "                   bulk execution): consecutive ops of one device run as one engine op\n"
                "                   (default 0: off)\n"
@@ -174,6 +177,9 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
     } else if (arg == "--hybridize") {
       if (args.has_inline_value()) throw UsageError{"--hybridize takes no value"};
       o.hybridize = true;
+    } else if (arg == "--gpu-graphs") {
+      if (args.has_inline_value()) throw UsageError{"--gpu-graphs takes no value"};
+      o.gpu_graphs = true;
     } else if (arg == "--bulk") {
       o.bulk = parse_int<std::size_t>(arg, take(), 0);
     } else if (arg == "--no-overlap") {
@@ -343,6 +349,10 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       std::fflush(stdout);
     };
     const bool several = dp.world_size() > 1;
+    if (o.gpu_graphs && !o.hybridize) {
+      std::fprintf(stderr, "%s: --gpu-graphs needs --hybridize (it is how the captured step replays)\n", prog);
+      return 2;
+    }
     if (o.hybridize && several) {
       // A collective creates and deletes variables of its own at each call,
       // which a captured graph cannot hold.
@@ -382,7 +392,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       Hybrid h;
       h.x = weft::Tensor::empty(*engine, weft::Shape{rows, train.channels, train.height, train.width}, devices[0]);
       h.y = weft::Tensor::empty(*engine, weft::Shape{rows}, devices[0]);
-      engine->begin_capture();
+      engine->begin_capture({.gpu_graphs = o.gpu_graphs});
       try {
         const std::vector<weft::Tensor> logits = dp.forward({h.x});
         weft::ops::SoftmaxCrossEntropy sce = weft::ops::softmax_cross_entropy(logits[0], h.y);
@@ -395,8 +405,10 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         throw;
       }
       h.step = engine->end_capture();
-      say("  captured the training step for batch %lld: %zu ops, %zu dependencies, %zu variables\n",
+      say("  captured the training step for batch %lld: %zu ops, %zu dependencies, %zu variables",
           static_cast<long long>(rows), h.step.ops(), h.step.dependencies(), h.step.vars());
+      if (o.gpu_graphs) say(", %zu ops in %zu stream graphs", h.step.gpu_segment_ops(), h.step.gpu_segments());
+      say("\n");
       return h;
     };
     Tally last;
@@ -507,7 +519,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     char overlap_text[64] = "";
     if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
     const double ms_per_step = steps ? 1e3 * train_seconds / static_cast<double>(steps) : 0.0;
-    std::string mode = o.hybridize ? ", hybridized" : "";
+    std::string mode = o.hybridize ? (o.gpu_graphs ? ", hybridized, stream graphs" : ", hybridized") : "";
     if (o.bulk > 1) mode += ", bulks of " + std::to_string(o.bulk);
     say("done: test acc %.4f, train loss %.4f, train acc %.4f, %.1f s per epoch (%.2f ms per step%s) on %s%s\n",
         test_acc, last.loss(), last.acc(), sec_per_epoch, ms_per_step, mode.c_str(), where.c_str(), overlap_text);
@@ -525,12 +537,12 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       say("{\"model\":\"%s\",\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,"
           "\"epochs\":%d,\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
           "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g,\"train_examples\":%lld,"
-          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"bulk\":%zu,\"peak_bytes\":{%s}}\n",
+          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s}}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
           static_cast<long long>(o.batch_size), static_cast<double>(o.lr), static_cast<long long>(train.size),
-          ms_per_step, o.hybridize ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str());
+          ms_per_step, o.hybridize ? "true" : "false", o.gpu_graphs ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());

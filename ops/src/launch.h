@@ -43,8 +43,8 @@ enum class Body {
   // kernel(ctx, io) has a CPU branch (taken when ctx.gpu is null) and a GPU
   // branch. On CUDA the GPU branch enqueues its kernels on ctx.gpu->stream; on
   // simulated GPUs the CPU branch runs as stream-ordered work on that stream
-  // (gpu::launch_host_func). This is the one place in Weft outside devices/
-  // that asks which GPU runtime is active.
+  // (gpu::launch_host_kernel: a stream graph may run it again). This is the
+  // one place in Weft outside devices/ that asks which GPU runtime is active.
   kernels,
   // kernel(ctx, io) calls the stream API itself (gpu::memcpy_async, ...),
   // which every GPU runtime implements: copies.
@@ -58,7 +58,7 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body) {
     kernel(ctx, io);
     return;
   }
-  gpu::launch_host_func(
+  gpu::launch_host_kernel(
       ctx.gpu->stream, [io = std::move(io), kernel = std::move(kernel), device = ctx.device, worker = ctx.worker,
                         name = std::string(ctx.op_name), engine = ctx.engine]() mutable {
         CheckContextGuard check(name, device);

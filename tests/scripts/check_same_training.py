@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """A trainer must train exactly as without them with each of its engine
-modes: --hybridize (one captured step replayed per batch) and --bulk N (each
+modes: --hybridize (one captured step replayed per batch), --hybridize
+--gpu-graphs (its GPU ops replayed as stream graphs: the run must say it
+captured some, and no segment may fall back to op by op) and --bulk N (each
 step's ops pushed in bulks): the same loss, training and test accuracy, to
 the last digit the JSON line prints. Also, with hybridize: --hybridize over
 two devices is refused with exit status 2 and a message naming the flag.
 
 usage: check_same_training.py MODES TRAINER [trainer args...]
-  MODES  comma-separated: hybridize, bulk
+  MODES  comma-separated: hybridize, graphs, bulk
 """
 import json
+import re
 import subprocess
 import sys
 
-FLAGS = {"hybridize": ["--hybridize"], "bulk": ["--bulk", "16"]}
+FLAGS = {"hybridize": ["--hybridize"], "graphs": ["--hybridize", "--gpu-graphs"], "bulk": ["--bulk", "16"]}
 
 
 def run(cmd):
@@ -22,6 +25,12 @@ def run(cmd):
     lines = [l for l in proc.stdout.splitlines() if l.startswith('{"model"')]
     if not lines:
         sys.exit(f"{' '.join(cmd)} printed no JSON line:\n{proc.stdout}")
+    if "--gpu-graphs" in cmd:
+        graphs = re.findall(r"ops in (\d+) stream graphs", proc.stdout)
+        if not graphs or int(graphs[0]) == 0:
+            sys.exit(f"{' '.join(cmd)} captured no stream graph:\n{proc.stdout}")
+        if "runs op by op" in proc.stderr:
+            sys.exit(f"{' '.join(cmd)}: a stream graph fell back to op by op:\n{proc.stderr}")
     return json.loads(lines[-1])
 
 
@@ -32,11 +41,14 @@ def main():
     if unknown:
         sys.exit(f"unknown mode(s) {unknown}; known: {', '.join(FLAGS)}")
     plain = run([trainer, *args, "--json"])
-    if plain["hybridize"] is not False or plain["bulk"] != 0:
+    if plain["hybridize"] is not False or plain["gpu_graphs"] is not False or plain["bulk"] != 0:
         sys.exit(f"the plain run's JSON line says it was not plain: {plain}")
     for mode in modes:
         other = run([trainer, *args, "--json", *FLAGS[mode]])
-        said = other["hybridize"] is True if mode == "hybridize" else other["bulk"] == int(FLAGS[mode][1])
+        if mode == "bulk":
+            said = other["bulk"] == int(FLAGS[mode][1])
+        else:
+            said = other["hybridize"] is True and other["gpu_graphs"] is (mode == "graphs")
         if not said:
             sys.exit(f"the JSON line of the {mode} run does not say so: {other}")
         for key in ("train_loss", "train_acc", "test_acc"):

@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -110,6 +112,32 @@ void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_devic
 // order, so one that blocks holds back every stream's. An exception it throws
 // fails the stream's next recorded event (see Event::host_wait).
 void launch_host_func(Stream* stream, UniqueFunction<void()> fn);
+// launch_host_func for work that may run again: recorded into a stream graph
+// (below), it runs at every launch. The CPU kernels of simulated GPUs.
+void launch_host_kernel(Stream* stream, UniqueFunction<void()> fn);
+
+// ---- stream graphs (CUDA Graphs) --------------------------------------------
+// What one stream recorded between begin_stream_capture and
+// end_stream_capture, launched again as a whole with one call: a CUDA Graph
+// (cudaStreamBeginCapture, cudaGraphInstantiate) on CUDA, the recorded stream
+// items on simulated GPUs. While a stream captures, work enqueued on it is
+// recorded, not run, and only work that can run again may be enqueued:
+// kernels, library calls, copies, launch_host_kernel. launch_host_func,
+// event records and stream waits throw there (as CUDA refuses what is not
+// capturable); the caller then ends the capture and drops it. A graph holds
+// raw pointers and arguments as captured: launch it where the same memory
+// holds the new data, on the stream it was captured on (library calls use
+// that stream's workspace). Destroying a graph while launches are in flight
+// is safe (they finish).
+class StreamGraph {
+ public:
+  virtual ~StreamGraph() = default;
+};
+void begin_stream_capture(Stream* stream);
+// The graph, or null when the capture failed (`*why` says why; the stream
+// is no longer capturing either way).
+std::unique_ptr<StreamGraph> end_stream_capture(Stream* stream, std::string* why);
+void launch_stream_graph(StreamGraph& graph, Stream* stream);
 // The runtime's own handle: the cudaStream_t on CUDA, null when simulated.
 void* native_handle(Stream* stream) noexcept;
 

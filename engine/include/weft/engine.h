@@ -237,7 +237,7 @@ class Engine {
   // weft::InvalidArgument for a nested capture, one begun inside an op, an
   // end without a begin, and for replaying an invalid graph, another
   // engine's, one whose variable was deleted, or while capturing.
-  virtual void begin_capture() = 0;
+  virtual void begin_capture(CaptureOptions options = {}) = 0;
   virtual OpGraph end_capture() = 0;
   virtual void replay(const OpGraph& graph) = 0;
   virtual bool capturing() const noexcept = 0;  // this thread captures for this engine

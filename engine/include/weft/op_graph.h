@@ -33,6 +33,27 @@
 
 namespace weft {
 
+// How a capture's ops replay (Engine::begin_capture).
+struct CaptureOptions {
+  // GPU ops of one device and stream role captured back to back (no other
+  // op between them in capture order) replay as one stream graph — a CUDA
+  // Graph; simulated GPUs record their stream items — launched with one
+  // call: the threaded engine runs such a segment's ops op by op at the
+  // first replay (their bodies allocate what they write then), captures
+  // what their bodies enqueue at the second, and from then on only launches
+  // the graph: the bodies are not called again. They must therefore enqueue
+  // the same work on the same memory at every replay — fixed shapes and
+  // buffers, scalars fixed at capture (CUDA Graphs' own contract) — and a
+  // graph is made per stream it ran on. A segment runs op by op at a replay
+  // where one of its inputs carries a failure (so each op fails or runs as
+  // pushed), and from then on for good when its capture fails: a body threw
+  // or enqueued what a graph cannot hold (a host function, an event, a
+  // synchronization); that replay calls its bodies again, op by op, and the
+  // engine says why on stderr once. The naive engine (the oracle) ignores it.
+  // docs/design/capture-replay.md, "Stream graphs".
+  bool gpu_graphs = false;
+};
+
 namespace detail {
 struct GraphImpl;
 class EngineBase;
@@ -44,8 +65,14 @@ class OpGraph {
 
   bool valid() const noexcept { return impl_ != nullptr; }
   std::size_t ops() const noexcept;           // ops captured
-  std::size_t dependencies() const noexcept;  // edges between them (each pair once)
+  // Edges between the graph's nodes, each pair once (a GPU segment folded
+  // for CaptureOptions::gpu_graphs is one node).
+  std::size_t dependencies() const noexcept;
   std::size_t vars() const noexcept;          // variables the graph touches
+  // GPU segments replayed as stream graphs (CaptureOptions::gpu_graphs; 0
+  // on the naive engine) and the ops in them.
+  std::size_t gpu_segments() const noexcept;
+  std::size_t gpu_segment_ops() const noexcept;
 
  private:
   friend class detail::EngineBase;
