@@ -144,6 +144,13 @@ class CachingAllocator final : public Allocator {
 
   Block allocate(std::size_t bytes, gpu::Stream* stream) override {
     if (bytes == 0) return {};
+    // Memory a capture hands out would be a graph's for good, and CUDA
+    // refuses cudaMalloc there: what a captured op writes is allocated at
+    // the replay before (its warm-up).
+    if (device_.is_gpu() && gpu::detail::Runtime::capturing_stream() != nullptr)
+      throw InvalidArgument("allocating " + human_bytes(bytes) + " on " + device_.str() +
+                            " while this thread captures a stream graph: a captured op must find its memory "
+                            "allocated (by the replay before, its warm-up)" + detail::current_op_suffix());
     const std::size_t size = size_class(bytes);
     std::lock_guard lock(mutex_);
     ++stats_.allocations;
@@ -201,8 +208,10 @@ class CachingAllocator final : public Allocator {
       for (gpu::Stream* s : r->uses) r->pending.push_back(backend_->record_event(s));
       r->uses.clear();
       pending_.push_back(r);
-    } catch (...) {
+    } catch (const std::exception& e) {
       // No event means no proof the other streams are done: never reuse it.
+      std::fprintf(stderr, "weft: %s: a freed block of %s is never reused (no event for the streams that used it: %s)\n",
+                   device_.str().c_str(), human_bytes(r->size).c_str(), e.what());
       stats_.reserved -= r->size;
       delete r;
     }

@@ -6,7 +6,10 @@
 #include <cudnn.h>
 
 #include <cstdio>
+#include <mutex>
+#include <shared_mutex>
 #include <string>
+#include <unordered_map>
 
 #include "runtime.h"
 #include "weft/cuda_check.h"
@@ -62,7 +65,7 @@ struct CudaStreamGraph final : StreamGraph {
 
 // Work that must not be recorded into a CUDA Graph is refused while the
 // stream captures (the caller ends and drops the capture).
-void refuse_while_capturing(Stream* stream, const char* call) {
+void refuse_if_stream_captures(Stream* stream, const char* call) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   WEFT_CUDA_CHECK(cudaStreamIsCapturing(cu(stream), &status));
   if (status != cudaStreamCaptureStatusNone)
@@ -114,14 +117,33 @@ class CudaRuntime final : public Runtime {
     WEFT_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     cudaStream_t s = nullptr;
     WEFT_CUDA_CHECK(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, highest_priority ? greatest : least));
+    try {
+      std::lock_guard lock(stream_devices_mutex_);
+      stream_devices_[s] = device;
+    } catch (...) {
+      cudaStreamDestroy(s);
+      throw;
+    }
     return reinterpret_cast<Stream*>(s);
   }
 
   void destroy_stream(Stream* stream) noexcept override {
-    if (stream) cudaStreamDestroy(cu(stream));
+    if (!stream) return;
+    {
+      std::lock_guard lock(stream_devices_mutex_);
+      stream_devices_.erase(cu(stream));
+    }
+    cudaStreamDestroy(cu(stream));
   }
 
+  // Remembered from creation: cudaStreamGetDevice on a stream another thread
+  // captures fails and invalidates that capture (the allocator asks for the
+  // device of a stream that used a block it frees).
   int stream_device(Stream* stream) override {
+    {
+      std::shared_lock lock(stream_devices_mutex_);
+      if (auto it = stream_devices_.find(cu(stream)); it != stream_devices_.end()) return it->second;
+    }
     int device = 0;
     WEFT_CUDA_CHECK(cudaStreamGetDevice(cu(stream), &device));
     return device;
@@ -170,10 +192,10 @@ class CudaRuntime final : public Runtime {
   void destroy_event(NativeEvent* event) noexcept override {
     if (event) cudaEventDestroy(cu(event));
   }
-  void record_event(NativeEvent* event, Stream* stream) override {
+  void do_record_event(NativeEvent* event, Stream* stream) override {
     WEFT_CUDA_CHECK(cudaEventRecord(cu(event), cu(stream)));
   }
-  void stream_wait_event(Stream* stream, NativeEvent* event) override {
+  void do_stream_wait_event(Stream* stream, NativeEvent* event) override {
     WEFT_CUDA_CHECK(cudaStreamWaitEvent(cu(stream), cu(event), 0));
   }
   bool event_done(NativeEvent* event) override {
@@ -193,7 +215,7 @@ class CudaRuntime final : public Runtime {
 
   void launch_host_func(Stream* stream, UniqueFunction<void()> fn) override {
     // Its box is freed after one call: a graph launching it again would call freed memory.
-    refuse_while_capturing(stream, "gpu::launch_host_func (a host function that runs once)");
+    refuse_if_stream_captures(stream, "gpu::launch_host_func (a host function that runs once)");
     auto* boxed = new UniqueFunction<void()>(std::move(fn));
     const cudaError_t status = cudaLaunchHostFunc(cu(stream), run_host_func, boxed);
     if (status != cudaSuccess) delete boxed;
@@ -205,14 +227,14 @@ class CudaRuntime final : public Runtime {
     launch_host_func(stream, std::move(fn));
   }
 
-  void begin_capture(Stream* stream) override {
+  void do_begin_capture(Stream* stream) override {
     // Thread-local mode: an unsafe call of this thread (a synchronization,
     // cudaMalloc) fails and invalidates the capture; other threads' calls
     // go on as usual.
     WEFT_CUDA_CHECK(cudaStreamBeginCapture(cu(stream), cudaStreamCaptureModeThreadLocal));
   }
 
-  std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why) override {
+  std::unique_ptr<StreamGraph> do_end_capture(Stream* stream, std::string* why) override {
     cudaGraph_t graph = nullptr;
     cudaError_t status = cudaStreamEndCapture(cu(stream), &graph);
     auto failed = [&](const char* call) -> std::unique_ptr<StreamGraph> {
@@ -276,6 +298,8 @@ class CudaRuntime final : public Runtime {
 
  private:
   int count_ = 0;
+  std::shared_mutex stream_devices_mutex_;
+  std::unordered_map<cudaStream_t, int> stream_devices_;  // every stream create_stream made
 };
 
 }  // namespace

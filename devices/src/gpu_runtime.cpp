@@ -81,14 +81,14 @@ class NoRuntime final : public Runtime {
   void destroy_handles(WorkerHandles&) noexcept override {}
   NativeEvent* create_event(int, bool) override { fail("gpu event"); }
   void destroy_event(NativeEvent*) noexcept override {}
-  void record_event(NativeEvent*, Stream*) override { fail("gpu event"); }
-  void stream_wait_event(Stream*, NativeEvent*) override { fail("gpu event"); }
+  void do_record_event(NativeEvent*, Stream*) override { fail("gpu event"); }
+  void do_stream_wait_event(Stream*, NativeEvent*) override { fail("gpu event"); }
   bool event_done(NativeEvent*) override { return true; }
   float elapsed_ms(NativeEvent*, NativeEvent*) override { fail("gpu timing"); }
   void launch_host_func(Stream*, UniqueFunction<void()>) override { fail("gpu host function"); }
   void launch_host_kernel(Stream*, UniqueFunction<void()>) override { fail("gpu host function"); }
-  void begin_capture(Stream*) override { fail("gpu stream capture"); }
-  std::unique_ptr<StreamGraph> end_capture(Stream*, std::string*) override { fail("gpu stream capture"); }
+  void do_begin_capture(Stream*) override { fail("gpu stream capture"); }
+  std::unique_ptr<StreamGraph> do_end_capture(Stream*, std::string*) override { fail("gpu stream capture"); }
   void launch_graph(StreamGraph&, Stream*) override { fail("gpu stream graph"); }
   void memcpy_async(void*, const void*, std::size_t, CopyKind, Stream*) override { fail("GPU copy"); }
   void memcpy_peer_async(void*, int, const void*, int, std::size_t, Stream*) override { fail("GPU copy"); }

@@ -33,7 +33,7 @@ struct MemInfo {
 
 class Runtime {
  public:
-  virtual ~Runtime() = default;
+  virtual ~Runtime();
   virtual Backend backend() const noexcept = 0;
   virtual int device_count() const noexcept = 0;
   virtual DeviceProperties properties(int device) = 0;
@@ -50,11 +50,11 @@ class Runtime {
   virtual void create_handles(WorkerHandles& h, std::size_t workspace_bytes) = 0;
   virtual void destroy_handles(WorkerHandles& h) noexcept = 0;
 
-  // Events.
+  // Events. record_event and stream_wait_event honour captures (below).
   virtual NativeEvent* create_event(int device, bool timing) = 0;
   virtual void destroy_event(NativeEvent* event) noexcept = 0;
-  virtual void record_event(NativeEvent* event, Stream* stream) = 0;
-  virtual void stream_wait_event(Stream* stream, NativeEvent* event) = 0;
+  void record_event(NativeEvent* event, Stream* stream);
+  void stream_wait_event(Stream* stream, NativeEvent* event);
   virtual bool event_done(NativeEvent* event) = 0;  // throws what failed before it
   virtual float elapsed_ms(NativeEvent* start, NativeEvent* end) = 0;
 
@@ -65,10 +65,22 @@ class Runtime {
   virtual void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
                                  Stream* stream) = 0;
 
-  // Stream graphs (weft/gpu_streams.h).
-  virtual void begin_capture(Stream* stream) = 0;
-  virtual std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why) = 0;
+  // Stream graphs (weft/gpu_streams.h). While a thread captures a stream:
+  //   * that thread may not record an event on it, make it wait for one,
+  //     synchronize with it or any event, or allocate device memory (what a
+  //     graph cannot replay, or CUDA refuses): InvalidArgument;
+  //   * another thread recording an event on it (the allocator freeing a
+  //     block the stream used) gets an event for the stream's work up to the
+  //     capture's start — what the capture records is not enqueued yet —
+  //     made on a helper stream of the device; another thread synchronizing
+  //     with it waits for that point too. Nothing of theirs joins the capture.
+  // A lock-free check keeps operations on streams no one captures as cheap
+  // as before (two atomic counters, Dekker-style, against begin_capture).
+  void begin_capture(Stream* stream);
+  std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why);
   virtual void launch_graph(StreamGraph& graph, Stream* stream) = 0;
+  // The stream this thread captures, or null.
+  static Stream* capturing_stream() noexcept;
 
   // Memory. Null when there is no room (never throws).
   virtual void* device_malloc(int device, std::size_t bytes) noexcept = 0;
@@ -77,26 +89,28 @@ class Runtime {
   virtual void pinned_free(void* ptr) noexcept = 0;
 
   // Host waits: counted by the caller's declared cause (weft::gpu::WaitCause).
-  void event_synchronize(NativeEvent* event) {
-    count_host_wait();
-    do_event_synchronize(event);
-  }
-  void stream_synchronize(Stream* stream) {
-    count_host_wait();
-    do_stream_synchronize(stream);
-  }
-  void device_synchronize(int device) {
-    count_host_wait();
-    do_device_synchronize(device);
-  }
+  void event_synchronize(NativeEvent* event);
+  void stream_synchronize(Stream* stream);
+  void device_synchronize(int device);
+
+  Runtime();
 
  protected:
+  virtual void do_record_event(NativeEvent* event, Stream* stream) = 0;
+  virtual void do_stream_wait_event(Stream* stream, NativeEvent* event) = 0;
+  virtual void do_begin_capture(Stream* stream) = 0;
+  // Null when the capture failed (`*why`); the stream captures no more.
+  virtual std::unique_ptr<StreamGraph> do_end_capture(Stream* stream, std::string* why) = 0;
   virtual void do_event_synchronize(NativeEvent* event) = 0;
   virtual void do_stream_synchronize(Stream* stream) = 0;
   virtual void do_device_synchronize(int device) = 0;
 
  private:
   static void count_host_wait() noexcept;
+  // Refuses `call` on the stream (or, with null, any host wait) this thread captures.
+  static void refuse_while_capturing(Stream* stream, const char* call);
+  struct Captures;
+  std::unique_ptr<Captures> captures_;
 };
 
 // The process's runtime, created at first use from the environment (or what

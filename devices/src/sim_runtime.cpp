@@ -165,7 +165,9 @@ struct SimStream final : Stream {
   // `one_shot`: the call that enqueues an item that cannot run again (an
   // event's recording, a wait, a host function), refused while capturing.
   void enqueue(Item item, const char* one_shot = nullptr) {
-    if (capture) {  // only the thread using the stream enqueues on it
+    // Set and cleared by the capturing thread; other threads never enqueue
+    // on a capturing stream (Runtime::record_event, stream_capture.cpp).
+    if (capture) {
       if (one_shot)
         throw InvalidArgument(std::string("sim: ") + one_shot +
                               " while its stream is captured into a graph: only work that can run again may be "
@@ -346,7 +348,7 @@ class SimRuntime final : public Runtime {
   }
   void destroy_event(NativeEvent* event) noexcept override { delete static_cast<SimEvent*>(event); }
 
-  void record_event(NativeEvent* event, Stream* stream) override {
+  void do_record_event(NativeEvent* event, Stream* stream) override {
     SimEvent& e = ev(event);
     SimStream& s = sim(stream);
     if (e.device != s.device)
@@ -361,7 +363,7 @@ class SimRuntime final : public Runtime {
     s.enqueue([rec](SimStream& self) { rec->complete(self.take_error()); }, "gpu event record");
   }
 
-  void stream_wait_event(Stream* stream, NativeEvent* event) override {
+  void do_stream_wait_event(Stream* stream, NativeEvent* event) override {
     std::shared_ptr<Recording> rec = ev(event).current();
     if (!rec) return;  // never recorded: nothing to wait for
     sim(stream).enqueue(
@@ -402,22 +404,22 @@ class SimRuntime final : public Runtime {
   struct SimStreamGraph final : StreamGraph {
     std::shared_ptr<std::vector<SimStream::Item>> items;
   };
-  void begin_capture(Stream* stream) override {
+  void do_begin_capture(Stream* stream) override {
     SimStream& s = sim(stream);
     if (s.capture)
       throw InvalidArgument("sim: begin_stream_capture on a stream already capturing" +
                             weft::detail::current_op_suffix());
     s.capture = std::make_unique<std::vector<SimStream::Item>>();
   }
-  std::unique_ptr<StreamGraph> end_capture(Stream* stream, std::string* why) override {
+  std::unique_ptr<StreamGraph> do_end_capture(Stream* stream, std::string* why) override {
     SimStream& s = sim(stream);
     if (!s.capture) {
       if (why) *why = "sim: end_stream_capture on a stream that is not capturing";
       return nullptr;
     }
+    std::unique_ptr<std::vector<SimStream::Item>> items = std::move(s.capture);  // capturing no more, whatever follows
     auto g = std::make_unique<SimStreamGraph>();
-    g->items = std::make_shared<std::vector<SimStream::Item>>(std::move(*s.capture));
-    s.capture.reset();
+    g->items = std::shared_ptr<std::vector<SimStream::Item>>(std::move(items));
     return g;
   }
   void launch_graph(StreamGraph& graph, Stream* stream) override {

@@ -94,8 +94,10 @@ struct GraphImpl : std::enable_shared_from_this<GraphImpl> {
   struct Segment {
     std::unique_ptr<OpBlock> node;
     std::uint32_t ops = 0;
-    std::uint32_t replays = 0;  // op by op at the first (the warm-up)
-    bool failed = false;        // its capture failed: op by op for good
+    bool failed = false;  // its capture failed: op by op for good
+    // Streams it ran on op by op once (the warm-up: libraries set up per
+    // stream; the first replay allocates what the ops write).
+    std::vector<gpu::Stream*> warmed;
     std::vector<std::pair<gpu::Stream*, std::unique_ptr<gpu::StreamGraph>>> graphs;
     gpu::StreamGraph* graph_for(gpu::Stream* stream) const noexcept {
       for (const auto& [s, g] : graphs)

@@ -726,8 +726,11 @@ bool ThreadedEngine::launch_segment(OpBlock& segment, gpu::Stream* stream, RunCo
   // each fails or runs as pushed (the graph stays for the next replay).
   for (OpBlock* op = segment.bulk; op != nullptr; op = op->ready_next)
     if (inherited_error(*op)) return false;
-  if (s.replays++ == 0) return false;  // the warm-up: the bodies allocate what they write
   gpu::StreamGraph* graph = s.graph_for(stream);
+  if (graph == nullptr && std::find(s.warmed.begin(), s.warmed.end(), stream) == s.warmed.end()) {
+    s.warmed.push_back(stream);  // the warm-up on this stream: op by op
+    return false;
+  }
   if (graph == nullptr) {
     // What the bodies enqueue is recorded, not run; the launch below runs it.
     std::string why;
@@ -762,20 +765,29 @@ bool ThreadedEngine::launch_segment(OpBlock& segment, gpu::Stream* stream, RunCo
       return false;
     }
   }
-  const bool profiling = profiler_->running();
+  // One span for the launch (a failure to trace it loses the span, not the launch).
+  bool profiling = profiler_->running();
   SpanInfo traced;
-  if (profiling)
-    traced = SpanInfo{profiler_->intern(segment.name), segment.id, Profiler::now_ns(), 0, -1,
-                      segment.unblocked_by.load(std::memory_order_relaxed), 0, segment.property};
+  if (profiling) {
+    try {
+      traced = SpanInfo{profiler_->intern(segment.name), segment.id, Profiler::now_ns(), 0, -1,
+                        segment.unblocked_by.load(std::memory_order_relaxed), 0, segment.property};
+    } catch (...) {
+      profiling = false;
+    }
+  }
   {
     NvtxRange range(nvtx_.of(segment.device), segment.name.c_str(), segment.property);
-    if (timing) timing->begin(stream);
+    if (timing && profiling) timing->begin(stream);
     gpu::launch_stream_graph(*graph, stream);
-    if (timing) timing->end(stream, traced);
+    if (timing && profiling) timing->end(stream, traced);
   }
   if (profiling) {
     traced.end_ns = Profiler::now_ns();
-    profiler_->record(lane.tracks[static_cast<std::size_t>(worker)], traced);
+    try {
+      profiler_->record(lane.tracks[static_cast<std::size_t>(worker)], traced);
+    } catch (...) {
+    }
   }
   return true;
 }

@@ -7,7 +7,9 @@
 // CUDA Graphs; on simulated GPUs the recorded stream items.
 #include <atomic>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gpu_test_util.h"
@@ -238,4 +240,81 @@ TEST_CASE("gpu stream graphs - a variable deleted after the capture is named wit
   e->delete_var(extra);
   CHECK_THROWS_WITH_AS(e->replay(graph), doctest::Contains("used by captured op 'uses extra', #1 of 3"),
                        weft::InvalidArgument);
+}
+
+TEST_CASE("gpu stream graphs - a body that records an event, waits on the host or allocates makes its capture fail" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  const Device d = Device::gpu(0);
+  for (const std::string what : {"records an event", "waits for its device", "allocates device memory"}) {
+    INFO("a body that " << what);
+    auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = 1});
+    Tensor x = Tensor::full(*e, Shape{16}, 1.0f, d);
+    const weft::Var side = e->new_var("side");
+    std::atomic<int> calls{0};
+    e->begin_capture({.gpu_graphs = true});
+    const Tensor y = ops::add_scalar(x, 1.0f);
+    e->push(
+        [&, what, d](weft::RunContext& ctx) {
+          calls.fetch_add(1);
+          if (what == "records an event") {
+            weft::gpu::Event::record(0, ctx.gpu->stream)->release();
+          } else if (what == "waits for its device") {
+            weft::gpu::synchronize_device(0);
+          } else {
+            weft::Allocator& memory = e->allocator(d);
+            memory.free(memory.allocate(4096, ctx.gpu->stream));
+          }
+        },
+        d, {y.var()}, {side}, {.name = "body that " + what});
+    const Tensor z = ops::mul_scalar(y, 3.0f);
+    const weft::OpGraph graph = e->end_capture();
+    REQUIRE(graph.gpu_segments() == 1);
+    for (int r = 0; r < 4; ++r) e->replay(graph);
+    CHECK(z.to_host().front() == 6.0f);
+    e->wait_all();
+    // Warm-up, the refused call at the capture, then op by op: once more each.
+    CHECK(calls.load() == 5);
+  }
+}
+
+TEST_CASE("gpu stream graphs - another thread freeing memory the capturing stream used keeps it cached" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_GPU();
+  const Device d = Device::gpu(0);
+  auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = 1});
+  // `used` comes from a copy stream and is read on the compute stream: its
+  // free records an event on the compute stream — from this thread, while
+  // the worker captures that stream below.
+  std::optional<Tensor> used = Tensor::from_host(*e, Shape{1 << 14}, std::vector<float>(1 << 14, 2.0f), d);
+  const Tensor doubled = ops::mul_scalar(*used, 2.0f);
+  CHECK(doubled.to_host().front() == 4.0f);
+  e->wait_all();
+  Tensor x = Tensor::full(*e, Shape{8}, 1.0f, d);
+  const weft::Var side = e->new_var("side");
+  std::atomic<int> calls{0};
+  std::atomic<bool> capturing{false}, freed{false};
+  e->begin_capture({.gpu_graphs = true});
+  const Tensor y = ops::add_scalar(x, 1.0f);
+  e->push(
+      [&](weft::RunContext&) {
+        if (calls.fetch_add(1) + 1 != 2) return;  // the capture is the second call
+        capturing.store(true);
+        while (!freed.load()) std::this_thread::yield();
+      },
+      d, {y.var()}, {side}, {.name = "holds the capture open"});
+  const Tensor z = ops::mul_scalar(y, 3.0f);
+  const weft::OpGraph graph = e->end_capture();
+  REQUIRE(graph.gpu_segments() == 1);
+  e->replay(graph);
+  e->replay(graph);  // captured: the body waits for `freed`
+  while (!capturing.load()) std::this_thread::yield();
+  const std::size_t reserved = e->allocator(d).stats().reserved;
+  used.reset();  // the last reference: the allocator records an event on the capturing stream
+  CHECK(e->allocator(d).stats().reserved == reserved);  // kept, waiting for that event: not lost
+  freed.store(true);
+  e->replay(graph);
+  CHECK(z.to_host().front() == 6.0f);
+  e->wait_all();
+  CHECK(calls.load() == 2);
 }

@@ -44,12 +44,17 @@ struct CaptureOptions {
   // the graph: the bodies are not called again. They must therefore enqueue
   // the same work on the same memory at every replay — fixed shapes and
   // buffers, scalars fixed at capture (CUDA Graphs' own contract) — and a
-  // graph is made per stream it ran on. A segment runs op by op at a replay
-  // where one of its inputs carries a failure (so each op fails or runs as
-  // pushed), and from then on for good when its capture fails: a body threw
-  // or enqueued what a graph cannot hold (a host function, an event, a
-  // synchronization); that replay calls its bodies again, op by op, and the
-  // engine says why on stderr once. The naive engine (the oracle) ignores it.
+  // graph is made per stream it ran on (after a warm-up on that stream).
+  // Only what a body enqueues on its own stream (RunContext::gpu) is
+  // captured; work it puts on other streams runs once, at the capture, and
+  // ops it pushes from its body are pushed at the warm-up and the capture
+  // only. A segment runs op by op at a replay where one of its inputs
+  // carries a failure (so each op fails or runs as pushed), and from then on
+  // for good when its capture fails: a body threw, allocated device memory,
+  // or enqueued what a graph cannot hold (a host function, an event record
+  // or wait, a synchronization); that replay calls its bodies again, op by
+  // op, and the engine says why on stderr once. A launch is one trace span,
+  // named after the segment. The naive engine (the oracle) ignores it.
   // docs/design/capture-replay.md, "Stream graphs".
   bool gpu_graphs = false;
 };
