@@ -111,6 +111,11 @@ class Runtime {
   static void refuse_while_capturing(Stream* stream, const char* call);
   struct Captures;
   std::unique_ptr<Captures> captures_;
+  // Calls plain() at once where no stream captures (lock-free); else under
+  // the captures' mutex: captured(capture) when `stream` captures, plain()
+  // when it does not (stream_capture.cpp).
+  template <class Plain, class Captured>
+  void on_stream(Stream* stream, Plain&& plain, Captured&& captured);
 };
 
 // The process's runtime, created at first use from the environment (or what

@@ -75,44 +75,42 @@ struct Touch {
 };
 }  // namespace
 
-void Runtime::record_event(NativeEvent* event, Stream* stream) {
-  refuse_while_capturing(stream, "recording an event on the stream");
+template <class Plain, class Captured>
+void Runtime::on_stream(Stream* stream, Plain&& plain, Captured&& captured) {
   Captures& c = *captures_;
   c.touching.fetch_add(1);
   {
     Touch touch{c.touching};
     if (c.active.load() == 0) {
-      do_record_event(event, stream);
+      plain();
       return;
     }
   }
   std::lock_guard lock(c.mutex);
-  const Captures::Capture* capture = c.find(stream);
-  if (capture == nullptr) {
-    do_record_event(event, stream);
-    return;
+  if (const Captures::Capture* capture = c.find(stream)) {
+    captured(*capture);
+  } else {
+    plain();
   }
+}
+
+void Runtime::record_event(NativeEvent* event, Stream* stream) {
+  refuse_while_capturing(stream, "recording an event on the stream");
   // Another thread captures the stream: the event marks the stream's work
   // up to the capture's start, on the helper stream ordered after it.
-  do_record_event(event, capture->helper);
+  on_stream(
+      stream, [&] { do_record_event(event, stream); },
+      [&](const Captures::Capture& capture) { do_record_event(event, capture.helper); });
 }
 
 void Runtime::stream_wait_event(Stream* stream, NativeEvent* event) {
   refuse_while_capturing(stream, "a stream wait on the stream");
-  Captures& c = *captures_;
-  c.touching.fetch_add(1);
-  {
-    Touch touch{c.touching};
-    if (c.active.load() == 0) {
-      do_stream_wait_event(stream, event);
-      return;
-    }
-  }
-  std::lock_guard lock(c.mutex);
-  if (c.find(stream) != nullptr)
-    throw InvalidArgument("a stream wait on a stream another thread captures into a graph" +
-                          weft::detail::current_op_suffix());
-  do_stream_wait_event(stream, event);
+  on_stream(
+      stream, [&] { do_stream_wait_event(stream, event); },
+      [](const Captures::Capture&) {
+        throw InvalidArgument("a stream wait on a stream another thread captures into a graph" +
+                              weft::detail::current_op_suffix());
+      });
 }
 
 void Runtime::event_synchronize(NativeEvent* event) {
@@ -124,23 +122,12 @@ void Runtime::event_synchronize(NativeEvent* event) {
 void Runtime::stream_synchronize(Stream* stream) {
   refuse_while_capturing(nullptr, "a host wait for a stream");
   count_host_wait();
-  Captures& c = *captures_;
-  c.touching.fetch_add(1);
-  {
-    Touch touch{c.touching};
-    if (c.active.load() == 0) {
-      do_stream_synchronize(stream);
-      return;
-    }
-  }
-  // Under the mutex: the start event lives until the capture ends, which
-  // waits for this (the work before the start needs nothing of the capture).
-  std::lock_guard lock(c.mutex);
-  if (const Captures::Capture* capture = c.find(stream)) {
-    do_event_synchronize(capture->mark);
-  } else {
-    do_stream_synchronize(stream);
-  }
+  // Captured: under the mutex, the capture's mark lives until the capture
+  // ends, which waits for this (the work before its start needs nothing of
+  // the capture).
+  on_stream(
+      stream, [&] { do_stream_synchronize(stream); },
+      [&](const Captures::Capture& capture) { do_event_synchronize(capture.mark); });
 }
 
 void Runtime::device_synchronize(int device) {
