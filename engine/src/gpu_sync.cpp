@@ -27,7 +27,7 @@ void gpu_op_wait(OpBlock& op, gpu::Stream* stream) {
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     GpuVarState* s = state_of(*e->slot);
     if (!s) continue;
-    tbb::spin_mutex::scoped_lock lock(s->lock);
+    std::lock_guard lock(s->lock);
     // A pure write must still follow the previous writer: two streams writing
     // one buffer would otherwise race.
     if (s->writer) s->writer->stream_wait(stream);
@@ -40,7 +40,7 @@ void gpu_op_publish(OpBlock& op, int device, gpu::Stream* stream) {
   gpu::EventRef done(gpu::Event::record(device, stream));
   for (VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     GpuVarState& s = ensure_state(*e->slot);
-    tbb::spin_mutex::scoped_lock lock(s.lock);
+    std::lock_guard lock(s.lock);
     if (e->write) {
       s.writer = done;
       s.readers.clear();
@@ -85,7 +85,7 @@ void host_op_publish(OpBlock& op) {
     if (!e->write) continue;
     GpuVarState* s = state_of(*e->slot);
     if (!s) continue;
-    tbb::spin_mutex::scoped_lock lock(s->lock);
+    std::lock_guard lock(s->lock);
     s->writer.reset();
     s->readers.clear();
   }
@@ -94,7 +94,7 @@ void host_op_publish(OpBlock& op) {
 void collect_events(VarSlot& slot, bool write, EventList& out) {
   GpuVarState* s = state_of(slot);
   if (!s) return;
-  tbb::spin_mutex::scoped_lock lock(s->lock);
+  std::lock_guard lock(s->lock);
   if (s->writer) out.push_back(s->writer);
   if (write) out.insert(out.end(), s->readers.begin(), s->readers.end());
 }

@@ -17,8 +17,7 @@
 
 #include <vector>
 
-#include <oneapi/tbb/spin_mutex.h>
-
+#include "spin_lock.h"
 #include "var_table.h"
 #include "weft/gpu_streams.h"
 
@@ -27,7 +26,7 @@ namespace weft::detail {
 struct OpBlock;
 
 struct GpuVarState {
-  tbb::spin_mutex lock;
+  SpinLock lock;
   gpu::EventRef writer;                 // last GPU write; empty after a CPU write
   std::vector<gpu::EventRef> readers;   // one per stream, since the last write
 };

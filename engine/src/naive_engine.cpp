@@ -157,7 +157,7 @@ void NaiveEngine::run_now(OpBlock* op) {
   }
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
     if (!e->write) continue;
-    tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+    std::lock_guard lock(e->slot->lock);
     apply_write(*e->slot, *op);
   }
   recycle(op);

@@ -75,10 +75,32 @@ int link(VarEntry& e) noexcept {
   return 0;
 }
 
+// Accesses granted under their variables' locks, whose ops are told after
+// the lock is let go: telling an op (its count, its trace link) touches the
+// lines the frontend has just written, and the frontend pushing the next op
+// of a chain is waiting for this lock meanwhile. A long run of reads is told
+// kHeld at a time under the lock, all but the last ones.
+struct Grants {
+  static constexpr int kHeld = 8;
+  VarEntry* held[kHeld];
+  int count = 0;
+};
+
+// Counts one granted access off its op; an op whose last access is granted
+// goes onto `ready`.
+void tell_granted(VarEntry& h, std::uint64_t by, OpBlock*& ready) noexcept {
+  h.op->unblocked_by.store(by, std::memory_order_relaxed);  // published by the decrement below
+  if (h.op->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    h.op->ready_next = ready;
+    ready = h.op;
+  }
+}
+
 // Releases one access and grants, in queue order, what can run next: a run of
-// reads or one write. Ops whose last access is granted are pushed onto
-// `ready`. Caller holds the lock.
-void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
+// reads or one write. Granted accesses go into `grants`, to be told in order
+// after the lock (tell_granted); a full `grants` is told here first. Caller
+// holds the lock.
+void release_and_grant(VarEntry& e, Grants& grants, OpBlock*& ready) noexcept {
   VarSlot& s = *e.slot;
   if (e.write) {
     assert(s.write_running && s.running_reads == 0);
@@ -88,7 +110,8 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
     --s.running_reads;
   }
   while (VarEntry* h = s.head) {
-    if (h->write) {
+    const bool write = h->write;
+    if (write) {
       if (s.write_running || s.running_reads != 0) break;
       s.write_running = true;
     } else {
@@ -97,12 +120,13 @@ void release_and_grant(VarEntry& e, OpBlock*& ready) noexcept {
     }
     s.head = h->next;
     if (!s.head) s.tail = nullptr;
-    h->op->unblocked_by.store(e.op->id, std::memory_order_relaxed);  // published by the decrement below
-    if (h->op->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      h->op->ready_next = ready;
-      ready = h->op;
+    // Unlinked: nobody else reaches `h` through this variable any more.
+    if (grants.count == Grants::kHeld) {  // in grant order: the held ones first
+      for (VarEntry* g : grants.held) tell_granted(*g, e.op->id, ready);
+      grants.count = 0;
     }
-    if (h->write) break;
+    grants.held[grants.count++] = h;
+    if (write) break;
   }
 }
 
@@ -709,7 +733,7 @@ void ThreadedEngine::run_bulk(OpBlock* bulk, int lane_index, int worker) {
       const ErrorRef failed = errors_.add(std::current_exception(), bulk->name);
       for (VarEntry* e = bulk->begin_entries(); e != bulk->end_entries(); ++e) {
         if (!e->write) continue;
-        tbb::spin_mutex::scoped_lock lock(e->slot->lock);
+        std::lock_guard lock(e->slot->lock);
         e->slot->error = failed;
       }
     }
@@ -810,15 +834,24 @@ void ThreadedEngine::finish(OpBlock* op, bool worker_is_done) {
   const unsigned epoch = op->epoch;
   OpBlock* ready = nullptr;
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
-    tbb::spin_mutex::scoped_lock lock(e->slot->lock);
-    if (e->write) apply_write(*e->slot, *op);
-    // A barrier reports the variable's state at its place in push order, not
-    // whatever a later write left when the waiting thread wakes up.
-    if (op->kind == OpKind::wait) {
-      op->signal->error = e->slot->error;
-      if (config_.gpu_devices > 0) collect_events(*e->slot, e->write, op->signal->events);
+    // The access that was queued behind this one when it was granted (the
+    // next op of a chain), most likely granted below: the frontend wrote it,
+    // so start its line on its way before the lock is taken rather than under
+    // it. Nobody writes e->next after the grant, which happened before this.
+    if (e->next) __builtin_prefetch(e->next, 0, 3);
+    Grants grants;
+    {
+      std::lock_guard lock(e->slot->lock);
+      if (e->write) apply_write(*e->slot, *op);
+      // A barrier reports the variable's state at its place in push order, not
+      // whatever a later write left when the waiting thread wakes up.
+      if (op->kind == OpKind::wait) {
+        op->signal->error = e->slot->error;
+        if (config_.gpu_devices > 0) collect_events(*e->slot, e->write, op->signal->events);
+      }
+      release_and_grant(*e, grants, ready);
     }
-    release_and_grant(*e, ready);
+    for (int k = 0; k < grants.count; ++k) tell_granted(*grants.held[k], op->id, ready);
   }
   // What this completion made ready (traces draw an arrow from it).
   // Another op granting an access of the same op may have stored its id

@@ -16,9 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include <oneapi/tbb/spin_mutex.h>
-
 #include "error_log.h"
+#include "spin_lock.h"
 #include "weft/var.h"
 
 namespace weft::detail {
@@ -42,7 +41,7 @@ struct VarEntry {
 //   the head of the queue is blocked: a read only while a write runs, a write
 //   while anything runs. Grants happen strictly in queue (= push) order.
 struct alignas(64) VarSlot {
-  tbb::spin_mutex lock;
+  SpinLock lock;
   bool write_running = false;
   std::uint32_t running_reads = 0;
   std::atomic<std::uint32_t> generation{1};

@@ -4,13 +4,7 @@
 #include <utility>
 
 #include "op_block.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define WEFT_CPU_RELAX() _mm_pause()
-#else
-#define WEFT_CPU_RELAX() ((void)0)
-#endif
+#include "spin_lock.h"  // WEFT_CPU_RELAX
 
 namespace weft::detail {
 

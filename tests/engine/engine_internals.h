@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <mutex>
 
 #include "var_table.h"  // engine/src: internal
 #include "weft/var.h"
@@ -15,7 +16,7 @@ namespace weft_test {
 // threaded engine; read under the variable's lock.
 inline std::size_t queued_accesses(const weft::Var& var) {
   weft::detail::VarSlot* slot = weft::detail::VarAccess::slot(var);
-  tbb::spin_mutex::scoped_lock lock(slot->lock);
+  std::lock_guard lock(slot->lock);
   std::size_t n = 0;
   for (const weft::detail::VarEntry* e = slot->head; e != nullptr; e = e->next) ++n;
   return n;
