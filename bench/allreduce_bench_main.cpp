@@ -47,10 +47,12 @@ int usage(std::FILE* out, int rc) {
                "  ranks sleep meanwhile); memcpy: a single-thread copy of the same bytes. Under mpirun, across\n"
                "  the R ranks: weft_mpi (Weft's MPI communicator, fingerprints on), weft_mpi_unchecked\n"
                "  (WEFT_COLLECTIVE_CHECK=0), both on one buffer, so each call waits for the one before through\n"
-               "  the engine; weft_mpi_4_in_flight (four buffers in turn, as gradient buckets are); and mpi\n"
-               "  (MPI_Allreduce in place), these four with their reps interleaved so that slow spells fall on\n"
-               "  all alike. --quick: up to 16 MiB, 3 reps. Launch with --bind-to none: Weft's\n"
-               "  threads (engine workers, the communication thread) need more than one core per rank.\n"
+               "  the engine; weft_mpi_4_in_flight (four buffers in turn, as gradient buckets are, on a third\n"
+               "  communicator); mpi (MPI_Allreduce in place) and mpi_4_buffers (the same over four buffers in\n"
+               "  turn, the peer of 4_in_flight): these five with their reps interleaved so that slow spells\n"
+               "  fall on all alike, each rep after one untimed call. --quick: up to 16 MiB, 3 reps.\n"
+               "  Launch with --bind-to none: Weft's threads (engine workers, the communication thread)\n"
+               "  need more than one core per rank.\n"
                "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
                "  weft_ring_sim_gpu), the in-process ring over min(N, GPUs) GPU members, and under mpirun\n"
                "  weft_mpi_gpu (or weft_mpi_sim_gpu), gpu(0) of every rank, staged through host memory.\n"
@@ -81,17 +83,35 @@ void print(const Row& r, bool json, double core_round_trip_ns) {
   std::fflush(stdout);
 }
 
+// Calls per rep: enough for ~50 ms at the implementation's steady pace,
+// timed over a batch that doubles until it takes 10 ms, after two warm-up
+// calls. One timed call is not enough: the first calls at a new size, or
+// after another implementation ran, are slower (16 MiB, two ranks over CMA
+// on the lent 16-core machine: 8.8 ms, then down to 2.9 over five calls),
+// and a single timed call once gave weft_mpi a third of the calls of
+// weft_mpi_unchecked, whose reps those slow first calls then dominated: most
+// of the 1.2-1.3x once put down to fingerprints at 16 MiB (docs/results.md). With
+// `together`, every rank runs the same batches and rank 0's timing decides.
+template <class F>
+int calls_for_50ms(F&& run_calls, bool together) {
+  run_calls(2);  // warm-up: caches, the allocator, first-touch of pages, a communicator's first use
+  for (int batch = 1;; batch *= 2) {
+    if (together) MPI_Barrier(MPI_COMM_WORLD);
+    weft_bench::Stopwatch sw;
+    run_calls(batch);
+    double seconds = sw.seconds();
+    if (together) MPI_Bcast(&seconds, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (seconds >= 0.01 || batch >= 100000)
+      return static_cast<int>(std::clamp(0.05 * batch / std::max(seconds, 1e-9), 1.0, 100000.0));
+  }
+}
+
 // Median over reps of the time per call, each rep running `calls` calls (one
 // process alone).
 template <class F>
 double time_per_call_us_alone(int reps, F&& run_calls) {
   std::vector<double> per_call;
-  run_calls(1);  // warm-up: caches, the allocator, first-touch of pages
-  // Calibrate: enough calls for ~50 ms.
-  weft_bench::Stopwatch probe;
-  run_calls(1);
-  const double one = std::max(probe.seconds(), 1e-7);
-  const int calls = static_cast<int>(std::clamp(0.05 / one, 1.0, 100000.0));
+  const int calls = calls_for_50ms(run_calls, false);
   for (int r = 0; r < reps; ++r) {
     weft_bench::Stopwatch sw;
     run_calls(calls);
@@ -118,27 +138,22 @@ struct Job {
 };
 
 // Medians over reps of the time per call of each implementation, each rep
-// running `calls` calls; every rank of the job calls it, and runs the same
-// number of calls (rank 0's calibration), starting together. The reps are
-// interleaved (rep r of every implementation before rep r + 1 of any), so a
-// slow spell of this noisy machine falls on all of them alike instead of on
-// whichever ran then: the ratios are what the targets are about.
+// running its calls (calls_for_50ms, rank 0's timing) on every rank, starting
+// together. The reps are interleaved (rep r of every implementation before
+// rep r + 1 of any), so a slow spell of this noisy machine falls on all of
+// them alike instead of on whichever ran then: the ratios are what the
+// targets are about. Each rep begins with one untimed call, as nccl-tests'
+// warm-up iterations do: the first call after another implementation ran is
+// slower for every implementation (above), and what is measured is the
+// steady cost of back-to-back calls, as a training step's buckets make them.
 std::vector<double> times_per_call_us_together(int reps, const std::vector<std::function<void(int)>>& runs) {
   std::vector<int> calls;
-  for (const auto& run_calls : runs) {
-    run_calls(1);  // warm-up: caches, the allocator, first-touch of pages
-    // Calibrate: enough calls for ~50 ms.
-    MPI_Barrier(MPI_COMM_WORLD);
-    weft_bench::Stopwatch probe;
-    run_calls(1);
-    const double one = std::max(probe.seconds(), 1e-7);
-    int n = static_cast<int>(std::clamp(0.05 / one, 1.0, 100000.0));
-    MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    calls.push_back(n);
-  }
+  for (const auto& run_calls : runs) calls.push_back(calls_for_50ms(run_calls, true));
   std::vector<std::vector<double>> per_call(runs.size());
   for (int r = 0; r < reps; ++r)
     for (std::size_t i = 0; i < runs.size(); ++i) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      runs[i](1);
       MPI_Barrier(MPI_COMM_WORLD);
       weft_bench::Stopwatch sw;
       runs[i](calls[i]);
@@ -215,6 +230,12 @@ int main(int argc, char** argv) {
   // MPI_Allreduce too) and finalizes it at exit.
   const par::Communicator across = par::Communicator::mpi(*engine, weft::Device::cpu(0));
   const par::Communicator unchecked = par::Communicator::mpi(*engine, weft::Device::cpu(0), {.fingerprints = false});
+  // weft_mpi_4_in_flight on a communicator of its own, so that what one row
+  // leaves behind (its lane thread, its MPI communicators) does not fall on
+  // another row: with the communicator shared, weft_mpi / weft_mpi_unchecked
+  // measured 1.02-1.08 at 16 MiB, apart 0.85-0.95 (three runs each, one
+  // machine; docs/results.md).
+  const par::Communicator in_flight = par::Communicator::mpi(*engine, weft::Device::cpu(0));
   const Job job{across.local_ranks()[0], across.size()};
   const bool json = o.json, print_here = job.rank == 0;
   std::vector<weft::Device> devices;
@@ -304,17 +325,27 @@ int main(int argc, char** argv) {
     for (int k = 0; k < 4; ++k) bucket.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0)));
     engine->wait_all();
     std::vector<float> buffer(static_cast<std::size_t>(count), 1.0f);
-    const std::vector<const char*> impls = {"weft_mpi", "weft_mpi_unchecked", "weft_mpi_4_in_flight", "mpi"};
+    // Plain MPI over four buffers in turn: the peer of weft_mpi_4_in_flight,
+    // whose working set is four times one buffer's (at 16 MiB one buffer
+    // stays in the cache between calls, four do not).
+    std::vector<std::vector<float>> buffers(4, std::vector<float>(static_cast<std::size_t>(count), 1.0f));
+    const std::vector<const char*> impls = {"weft_mpi", "weft_mpi_unchecked", "weft_mpi_4_in_flight", "mpi",
+                                            "mpi_4_buffers"};
     const std::vector<double> us = times_per_call_us_together(
         o.reps, {weft_calls(across), weft_calls(unchecked),
                  [&](int calls) {
-                   for (int k = 0; k < calls; ++k) par::allreduce(across, {bucket[static_cast<std::size_t>(k % 4)]});
+                   for (int k = 0; k < calls; ++k) par::allreduce(in_flight, {bucket[static_cast<std::size_t>(k % 4)]});
                    engine->wait_all();
                  },
                  [&](int calls) {
                    for (int k = 0; k < calls; ++k)
                      MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
                                    MPI_COMM_WORLD);
+                 },
+                 [&](int calls) {
+                   for (int k = 0; k < calls; ++k)
+                     MPI_Allreduce(MPI_IN_PLACE, buffers[static_cast<std::size_t>(k % 4)].data(),
+                                   static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                  }});
     for (std::size_t i = 0; i < impls.size(); ++i) report({impls[i], job.size, bytes, us[i]});
   }

@@ -50,7 +50,8 @@ run() {  # run SECONDS COMMAND...
   start=$(date +%s%N)
   timeout -k 5 "$limit" "$@"
   rc=$?
-  printf -- '--- exit %d after %.1f s\n' "$rc" "$(echo "($(date +%s%N) - $start) / 1000000000" | bc -l)"
+  local ms=$((($(date +%s%N) - start) / 1000000))
+  printf -- '--- exit %d after %d.%03d s\n' "$rc" $((ms / 1000)) $((ms % 1000))
   ((rc == 0)) || failed=1
 }
 peer() { run "$1" env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" "${@:2}"; }

@@ -46,6 +46,9 @@ namespace gputest {
 // to mean anything (overlap, stream-ordered completion) scale it by this.
 inline bool simulated() { return weft::gpu::device_count() > 0 && weft::gpu::properties(0).simulated; }
 
+// GPU members of an in-process group: every GPU, at most 4.
+inline int member_gpus() { return std::min(weft::gpu::device_count(), 4); }
+
 using weft::Device;
 using weft::Engine;
 using weft::EngineConfig;

@@ -37,14 +37,12 @@ namespace par = weft::parallel;
 
 const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
-int gpus() { return std::min(weft::gpu::device_count(), 4); }
-
 // Each scenario on fresh engines: naive, and threaded at 1, 2, 4 and 8
 // workers per CPU device and compute streams per GPU; then no GPU worker
 // may have waited on the host.
 template <class F>
 void for_each_engine(F&& fn) {
-  gputest::with_each_gpu_engine(gpus(), fn);
+  gputest::with_each_gpu_engine(gputest::member_gpus(), fn);
 }
 
 std::vector<Device> gpu_members(int n) {
@@ -73,7 +71,7 @@ TEST_CASE("gpu collectives - allreduce sum, average and max, bit-exact, the same
           doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
   for_each_engine([](Engine& e) {
-    for (int n = 1; n <= gpus(); ++n) {
+    for (int n = 1; n <= gputest::member_gpus(); ++n) {
       const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
       for (std::int64_t count : kSizes)
         for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
@@ -90,7 +88,7 @@ TEST_CASE("gpu collectives - allreduce sum, average and max, bit-exact, the same
 TEST_CASE("gpu collectives - broadcast and reduce from and to every root" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
   for_each_engine([](Engine& e) {
-    for (int n = 1; n <= gpus(); ++n) {
+    for (int n = 1; n <= gputest::member_gpus(); ++n) {
       const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
       for (std::int64_t count : kSizes)
         for (int root = 0; root < n; ++root) {
@@ -112,7 +110,7 @@ TEST_CASE("gpu collectives - broadcast and reduce from and to every root" * doct
 TEST_CASE("gpu collectives - reduce_scatter and all_gather into outputs no op wrote yet" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
   for_each_engine([](Engine& e) {
-    for (int n = 1; n <= gpus(); ++n) {
+    for (int n = 1; n <= gputest::member_gpus(); ++n) {
       const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
       for (std::int64_t count : kSizes)
         for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
@@ -145,7 +143,7 @@ TEST_CASE("gpu collectives - reduce_scatter and all_gather into outputs no op wr
 // buffers still wait, in the hold op, for each fresh buffer's creation.)
 TEST_CASE("gpu collectives - a chain of broadcasts makes no CPU worker wait on the host" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
-  if (gpus() < 2) return;
+  if (gputest::member_gpus() < 2) return;
   for_each_engine([](Engine& e) {
     const par::Communicator comm = par::Communicator::local(e, gpu_members(2));
     std::vector<Tensor> t = member_tensors(e, 2, 1003);
@@ -168,9 +166,9 @@ TEST_CASE("gpu collectives - a chain of broadcasts makes no CPU worker wait on t
 TEST_CASE("gpu collectives - after GPU compute, no CPU worker waits on the host for the producers" *
           doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
-  if (gpus() < 2) return;
+  if (gputest::member_gpus() < 2) return;
   for_each_engine([](Engine& e) {
-    const int n = gpus();
+    const int n = gputest::member_gpus();
     const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
     const std::int64_t count = 1003;
     std::vector<Tensor> t = member_tensors(e, n, count);
@@ -195,7 +193,7 @@ TEST_CASE("gpu collectives - after GPU compute, no CPU worker waits on the host 
 // only: a real GPU's failing kernel cannot be staged from a test.
 TEST_CASE("gpu collectives - a producer failing on its stream fails the collective" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
-  if (gpus() < 2 || !gputest::simulated()) return;
+  if (gputest::member_gpus() < 2 || !gputest::simulated()) return;
   for_each_engine([](Engine& e) {
     const par::Communicator comm = par::Communicator::local(e, gpu_members(2));
     std::vector<Tensor> t = member_tensors(e, 2, 1003);
@@ -224,7 +222,7 @@ TEST_CASE("gpu collectives - many in flight, interleaved with GPU compute on the
           doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
   for_each_engine([](Engine& e) {
-    const int n = gpus();
+    const int n = gputest::member_gpus();
     const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
     const std::int64_t count = 257;
     std::vector<Tensor> t = member_tensors(e, n, count);
@@ -270,9 +268,9 @@ TEST_CASE("gpu collectives - many in flight, interleaved with GPU compute on the
 TEST_CASE("gpu collectives - a failed input fails the collective on every member, without hanging" *
           doctest::timeout(300)) {
   WEFT_REQUIRE_GPU();
-  if (gpus() < 2) return;
+  if (gputest::member_gpus() < 2) return;
   for_each_engine([](Engine& e) {
-    const int n = gpus();
+    const int n = gputest::member_gpus();
     const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
     std::vector<Tensor> t = member_tensors(e, n, 10);
     weft::push_tensor_op(Device::gpu(1), {}, {t[1]},
@@ -298,9 +296,9 @@ TEST_CASE("gpu collectives - a failed input fails the collective on every member
 TEST_CASE("gpu collectives - send and recv along a chain of GPUs, the sender overwriting right after" *
           doctest::timeout(300)) {
   WEFT_REQUIRE_GPU();
-  if (gpus() < 2) return;
+  if (gputest::member_gpus() < 2) return;
   for_each_engine([](Engine& e) {
-    const int n = gpus();
+    const int n = gputest::member_gpus();
     const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
     for (std::int64_t count : kSizes) {
       INFO(what(n, count));
@@ -322,7 +320,7 @@ TEST_CASE("gpu collectives - send and recv along a chain of GPUs, the sender ove
 
 TEST_CASE("gpu collectives - groups are all GPUs or all CPU devices; bad input named at push time") {
   WEFT_REQUIRE_GPU();
-  auto e = make_engine({.kind = "threaded", .cpu_devices = 2, .gpu_devices = gpus()});
+  auto e = make_engine({.kind = "threaded", .cpu_devices = 2, .gpu_devices = gputest::member_gpus()});
   CHECK_THROWS_WITH_AS(par::Communicator::local(*e, {Device::gpu(0), Device::cpu(1)}),
                        doctest::Contains("member 1 is cpu(1) but member 0 is gpu(0)"), weft::InvalidArgument);
   CHECK_THROWS_WITH_AS(par::Communicator::local(*e, {Device::gpu(0), Device::gpu(0)}),

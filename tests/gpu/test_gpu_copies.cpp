@@ -19,7 +19,7 @@ std::vector<float> copy_data(std::int64_t n, std::uint64_t seed) {
   return v;
 }
 
-const std::int64_t kSizes[] = {0, 1, 2, 1023, 65537, (4 << 20) + 3};
+const std::int64_t kCopySizes[] = {0, 1, 2, 1023, 65537, (4 << 20) + 3};
 
 }  // namespace
 
@@ -27,7 +27,7 @@ TEST_CASE("gpu copies - cpu cpu gpu pinned gpu cpu chain round-trips exactly" * 
   WEFT_REQUIRE_GPU();
   auto e = make_engine({.kind = "threaded", .cpu_devices = 2, .gpu_devices = 1});
   std::uint64_t seed = 1;
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : kCopySizes) {
     const std::vector<float> v = copy_data(n, ++seed);
     const std::string tag = " n=" + std::to_string(n);
     const Tensor a = Tensor::from_host(*e, Shape{n}, v, Device::cpu(0));
@@ -97,7 +97,7 @@ TEST_CASE("gpu copies - peer copies between two gpus round-trip exactly" * docte
   }
   auto e = make_engine({.kind = "threaded", .gpu_devices = 2});
   std::uint64_t seed = 50;
-  for (std::int64_t n : kSizes) {
+  for (std::int64_t n : kCopySizes) {
     const std::vector<float> v = copy_data(n, ++seed);
     const std::string tag = " n=" + std::to_string(n);
     const Tensor a = Tensor::from_host(*e, Shape{n}, v, Device::gpu(0));

@@ -22,8 +22,6 @@ using weft::Shape;
 using weft::Tensor;
 namespace par = weft::parallel;
 
-int gpus() { return std::min(weft::gpu::device_count(), 4); }
-
 // values(r, count, salt) on devices[r].
 std::vector<Tensor> on(Engine& e, const std::vector<Device>& devices, std::int64_t count, int salt) {
   return collective_test::member_tensors(e, static_cast<int>(devices.size()), count,
@@ -38,9 +36,9 @@ std::vector<float> sum_of(int n, std::int64_t count, int salt) {
 
 TEST_CASE("gpu kvstore - the device kind places keys on the GPUs and sums there" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
-  gputest::with_each_gpu_engine(gpus(), [](Engine& e) {
+  gputest::with_each_gpu_engine(gputest::member_gpus(), [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::device);
-    const int n = gpus();
+    const int n = gputest::member_gpus();
     std::vector<Device> all;
     for (int g = 0; g < n; ++g) all.push_back(Device::gpu(g));
     // One key per GPU, equal sizes: each on its own GPU, in order.
@@ -60,8 +58,8 @@ TEST_CASE("gpu kvstore - the device kind places keys on the GPUs and sums there"
 
 TEST_CASE("gpu kvstore - GPU and CPU values mixed in one push, on every kind in process" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
-  gputest::with_each_gpu_engine(gpus(), [](Engine& e) {
-    std::vector<Device> mixed = {Device::gpu(0), Device::cpu(0), Device::gpu(gpus() - 1)};
+  gputest::with_each_gpu_engine(gputest::member_gpus(), [](Engine& e) {
+    std::vector<Device> mixed = {Device::gpu(0), Device::cpu(0), Device::gpu(gputest::member_gpus() - 1)};
     for (par::KVStoreKind kind : {par::KVStoreKind::local, par::KVStoreKind::device}) {
       INFO(par::to_string(kind));
       par::KVStore store(e, kind);
@@ -76,7 +74,7 @@ TEST_CASE("gpu kvstore - GPU and CPU values mixed in one push, on every kind in 
 
 TEST_CASE("gpu kvstore - an SGD updater runs on the GPU holding the key, once per push" * doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
-  gputest::with_each_gpu_engine(gpus(), [](Engine& e) {
+  gputest::with_each_gpu_engine(gputest::member_gpus(), [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::device);
     const std::int64_t count = 257;
     store.init("fc.weight", Tensor::from_host(e, Shape{count}, collective_test::values(0, count, 7), Device::gpu(0)));
@@ -89,10 +87,10 @@ TEST_CASE("gpu kvstore - an SGD updater runs on the GPU holding the key, once pe
     });
     std::vector<float> want = collective_test::values(0, count, 7);
     std::vector<Device> all;
-    for (int g = 0; g < gpus(); ++g) all.push_back(Device::gpu(g));
+    for (int g = 0; g < gputest::member_gpus(); ++g) all.push_back(Device::gpu(g));
     for (int step = 0; step < 4; ++step) {
       store.push("fc.weight", on(e, all, count, 20 + step));
-      const std::vector<float> g = sum_of(gpus(), count, 20 + step);
+      const std::vector<float> g = sum_of(gputest::member_gpus(), count, 20 + step);
       for (std::size_t i = 0; i < want.size(); ++i) want[i] -= 0.25f * g[i];
     }
     CHECK(calls == 4);

@@ -20,7 +20,7 @@ namespace ops = weft::ops;
 
 namespace {
 
-struct Run {
+struct ResnetRun {
   std::vector<float> losses;
   std::vector<std::vector<float>> initial, params, buffers;
 };
@@ -40,13 +40,13 @@ std::vector<float> minus(const std::vector<float>& a, const std::vector<float>& 
 // `steps` SGD steps on one batch of 4 images (32x32, the imagenet stem: every
 // layer, the padded max pool included, at a fraction of the small stem's
 // cost), then the loss in evaluation mode.
-Run train(Engine& e, Device d, int steps) {
+ResnetRun train_resnet(Engine& e, Device d, int steps) {
   const std::vector<float> images = random_values(4 * 32 * 32, 71, 0.0f, 1.0f);
   const std::vector<float> labels = {1, 7, 2, 2};
   auto net = nn::resnet18(e, d, 5, nn::ResNetOptions{.stem = nn::ResNetStem::imagenet});
   const Tensor x = Tensor::from_host(e, Shape{4, 1, 32, 32}, images, d);
   const Tensor y = Tensor::from_host(e, Shape{4}, labels, d);
-  Run r;
+  ResnetRun r;
   for (nn::Parameter* p : net->parameters()) r.initial.push_back(p->value.to_host());
   for (int s = 0; s < steps; ++s) {
     const ops::SoftmaxCrossEntropy sce = ops::softmax_cross_entropy(net->forward(x), y);
@@ -71,8 +71,8 @@ TEST_CASE("gpu resnet - resnet18 steps on a gpu equal cpu within tolerance" * do
   WEFT_REQUIRE_GPU();
   auto e = make_engine({.kind = "threaded", .gpu_devices = 1});
   constexpr int steps = 2;
-  const Run cpu = train(*e, Device::cpu(0), steps);
-  const Run gpu = train(*e, Device::gpu(0), steps);
+  const ResnetRun cpu = train_resnet(*e, Device::cpu(0), steps);
+  const ResnetRun gpu = train_resnet(*e, Device::gpu(0), steps);
   REQUIRE(gpu.losses.size() == steps + 1);
   MESSAGE("losses cpu " << cpu.losses[0] << " " << cpu.losses[1] << " " << cpu.losses[2] << ", gpu " << gpu.losses[0]
                         << " " << gpu.losses[1] << " " << gpu.losses[2]);

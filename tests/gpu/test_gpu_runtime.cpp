@@ -28,7 +28,7 @@ struct Gate {
   void release() { open.store(true, std::memory_order_release); }
 };
 
-std::string message_of(const std::function<void()>& f) {
+std::string exception_text(const std::function<void()>& f) {
   try {
     f();
   } catch (const std::exception& e) {
@@ -130,13 +130,13 @@ TEST_CASE("gpu runtime - a failed host function reaches the next event's waiter,
   gpu::StreamResources s(0, gpu::StreamRole::compute, 0), other(0, gpu::StreamRole::compute, 0);
   gpu::launch_host_func(s.handles().stream, [] { throw weft::Error("kernel failed on purpose"); });
   gpu::EventRef failed(gpu::Event::record(0, s.handles().stream));
-  CHECK(message_of([&] { failed->host_wait(); }).find("kernel failed on purpose") != std::string::npos);
+  CHECK(exception_text([&] { failed->host_wait(); }).find("kernel failed on purpose") != std::string::npos);
   // What waited for it on another stream fails too; the stream itself goes on.
   gpu::launch_host_func(s.handles().stream, [] { throw weft::Error("second failure"); });
   gpu::EventRef second(gpu::Event::record(0, s.handles().stream));
   second->stream_wait(other.handles().stream);
   gpu::EventRef downstream(gpu::Event::record(0, other.handles().stream));
-  CHECK(message_of([&] { downstream->host_wait(); }).find("second failure") != std::string::npos);
+  CHECK(exception_text([&] { downstream->host_wait(); }).find("second failure") != std::string::npos);
   int ran = 0;
   gpu::launch_host_func(s.handles().stream, [&] { ++ran; });
   gpu::EventRef fine(gpu::Event::record(0, s.handles().stream));
@@ -180,15 +180,15 @@ TEST_CASE("gpu runtime - copies move exactly their bytes and check their pointer
   CHECK(std::memcmp(host_out.ptr, src.data(), n * 4) == 0);
   if (simulated()) {
     // Pointers that are not what the copy kind says are an error at enqueue time.
-    const std::string wrong = message_of(
+    const std::string wrong = exception_text(
         [&] { gpu::memcpy_async(host_out.ptr, host_in.ptr, 16, gpu::CopyKind::host_to_device, s0.handles().stream); });
     CHECK(wrong.find("not memory of gpu(0)") != std::string::npos);
     if (gpus == 2) {
-      const std::string other = message_of(
+      const std::string other = exception_text(
           [&] { gpu::memcpy_async(host_out.ptr, d1.ptr, 16, gpu::CopyKind::device_to_host, s0.handles().stream); });
       CHECK(other.find("belongs to gpu(1)") != std::string::npos);
     }
-    const std::string past = message_of(
+    const std::string past = exception_text(
         [&] { gpu::memcpy_async(host_out.ptr, d0.ptr, n * 4 + 4096, gpu::CopyKind::device_to_host, s0.handles().stream); });
     CHECK(past.find("past the end") != std::string::npos);
   }

@@ -57,7 +57,7 @@ std::vector<float> labels_of(int i, std::int64_t rows) {
   return v;
 }
 
-struct Run {
+struct GraphRun {
   std::vector<float> losses;
   std::vector<std::vector<float>> params;
 };
@@ -65,9 +65,9 @@ struct Run {
 constexpr std::int64_t kRows = 24;
 constexpr int kSteps = 6;
 
-Run pushed(Engine& e, Device d) {
+GraphRun pushed(Engine& e, Device d) {
   Net net = make_net(e, d);
-  Run r;
+  GraphRun r;
   for (int i = 0; i < kSteps; ++i) {
     const Tensor x = Tensor::from_host(e, Shape{kRows, 64}, batch_of(i, kRows), d);
     const Tensor y = Tensor::from_host(e, Shape{kRows}, labels_of(i, kRows), d);
@@ -77,14 +77,14 @@ Run pushed(Engine& e, Device d) {
   return r;
 }
 
-Run replayed(Engine& e, Device d, std::size_t* segments) {
+GraphRun replayed(Engine& e, Device d, std::size_t* segments) {
   Net net = make_net(e, d);
   Tensor x = Tensor::empty(e, Shape{kRows, 64}, d), y = Tensor::empty(e, Shape{kRows}, d);
   e.begin_capture({.gpu_graphs = true});
   const Tensor loss = step(net, x, y);
   const weft::OpGraph graph = e.end_capture();
   *segments = graph.gpu_segments();
-  Run r;
+  GraphRun r;
   for (int i = 0; i < kSteps; ++i) {
     x.copy_from(Tensor::from_host(e, Shape{kRows, 64}, batch_of(i, kRows), d));
     y.copy_from(Tensor::from_host(e, Shape{kRows}, labels_of(i, kRows), d));
@@ -101,7 +101,7 @@ TEST_CASE("gpu stream graphs - a captured step replayed as stream graphs gives t
           doctest::timeout(240)) {
   WEFT_REQUIRE_GPU();
   const Device d = Device::gpu(0);
-  Run plain;
+  GraphRun plain;
   {
     auto e = make_engine({.kind = "naive", .gpu_devices = 1});
     plain = pushed(*e, d);
@@ -110,7 +110,7 @@ TEST_CASE("gpu stream graphs - a captured step replayed as stream graphs gives t
     INFO(streams << " compute stream(s)");
     auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .compute_streams_per_gpu = streams});
     std::size_t segments = 0;
-    const Run graphs = replayed(*e, d, &segments);
+    const GraphRun graphs = replayed(*e, d, &segments);
     CHECK(segments >= 1);
     CHECK(graphs.losses == plain.losses);
     CHECK(graphs.params == plain.params);
@@ -119,7 +119,7 @@ TEST_CASE("gpu stream graphs - a captured step replayed as stream graphs gives t
     INFO("naive engine: gpu_graphs ignored, the same bits");
     auto e = make_engine({.kind = "naive", .gpu_devices = 1});
     std::size_t segments = 0;
-    const Run naive = replayed(*e, d, &segments);
+    const GraphRun naive = replayed(*e, d, &segments);
     CHECK(segments == 0);
     CHECK(naive.losses == plain.losses);
   }

@@ -30,6 +30,13 @@ namespace par = weft::parallel;
 
 // Builds the model on a device from a seed (the seed varies per replica, so
 // that only the initial broadcast makes replicas equal).
+// cpu(0), ..., cpu(n - 1).
+inline std::vector<Device> cpus(int n) {
+  std::vector<Device> out;
+  for (int i = 0; i < n; ++i) out.push_back(Device::cpu(i));
+  return out;
+}
+
 using ModelFn = std::function<std::unique_ptr<nn::Sequential>(Engine&, Device, std::uint64_t seed)>;
 
 inline ModelFn lenet_model() {

@@ -38,11 +38,6 @@ const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
 // Each scenario over the naive engine and the threaded one at 1, 2, 4 and 8
 // workers per device.
-template <class F>
-void for_each_engine(F&& fn) {
-  weft_test::with_each_engine(kMaxMembers, fn);
-}
-
 std::vector<Device> devices(int n) {
   std::vector<Device> d;
   for (int r = 0; r < n; ++r) d.push_back(Device::cpu(r));
@@ -59,7 +54,7 @@ std::vector<Tensor> member_tensors(Engine& e, int n, std::int64_t count, int sal
 std::string what(int n, std::int64_t count) { return std::to_string(n) + " members, " + std::to_string(count) + " elements"; }
 
 TEST_CASE("allreduce: sum, average and max, bit-exact for 1 to 4 members and awkward sizes") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     for (int n = 1; n <= kMaxMembers; ++n) {
       const par::Communicator comm = par::Communicator::local(e, devices(n));
       for (std::int64_t count : kSizes)
@@ -75,7 +70,7 @@ TEST_CASE("allreduce: sum, average and max, bit-exact for 1 to 4 members and awk
 }
 
 TEST_CASE("broadcast and reduce: from and to every root") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     for (int n = 1; n <= kMaxMembers; ++n) {
       const par::Communicator comm = par::Communicator::local(e, devices(n));
       for (std::int64_t count : kSizes)
@@ -100,7 +95,7 @@ TEST_CASE("reduce_scatter and all_gather split and join by chunk, sizes not divi
   CHECK(par::chunk(10, 4, 1).begin == 3);
   CHECK(par::chunk(10, 4, 3).end == 10);
   CHECK(par::chunk(2, 4, 3).size() == 0);
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     for (int n = 1; n <= kMaxMembers; ++n) {
       const par::Communicator comm = par::Communicator::local(e, devices(n));
       for (std::int64_t count : kSizes) {
@@ -127,7 +122,7 @@ TEST_CASE("reduce_scatter and all_gather split and join by chunk, sizes not divi
 }
 
 TEST_CASE("many collectives in flight, interleaved with compute on the same tensors") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     const int n = kMaxMembers;
     const par::Communicator comm = par::Communicator::local(e, devices(n));
     const std::int64_t count = 257;
@@ -171,7 +166,7 @@ TEST_CASE("many collectives in flight, interleaved with compute on the same tens
 }
 
 TEST_CASE("a failed input fails the collective on every member, without hanging") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     const int n = 3;
     const par::Communicator comm = par::Communicator::local(e, devices(n));
     std::vector<Tensor> t = member_tensors(e, n, 10);
@@ -235,7 +230,7 @@ TEST_CASE("bad input is refused at push time, naming the collective and the memb
 }  // namespace
 
 TEST_CASE("send and recv between members: snapshots in push order, a pipeline's hand-off") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     const par::Communicator comm = par::Communicator::local(e, devices(3));
     for (std::int64_t count : kSizes) {
       INFO(what(3, count));

@@ -27,17 +27,6 @@ namespace {
 
 constexpr int kDevices = 4;
 
-template <class F>
-void for_each_engine(F&& fn) {
-  weft_test::with_each_engine(kDevices, fn);
-}
-
-std::vector<Device> cpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(Device::cpu(i));
-  return out;
-}
-
 // Dense, but lists its parameters bias first.
 class BiasFirstDense : public nn::Dense {
  public:
@@ -89,7 +78,7 @@ TEST_CASE("data parallel: split_rows is balanced, the first parts one larger") {
 
 TEST_CASE("data parallel: MLP on n devices with the batch split equals one device with all of it") {
   const std::vector<Batch> batches = mlp_batches(3, 10);
-  for_each_engine([&](Engine& e) {
+  weft_test::with_each_engine(kDevices, [&](Engine& e) {
     const auto want = reference_run(e, mlp_model(), batches, 0.1f);
     for (int n = 1; n <= kDevices; ++n)
       for (std::size_t bucket : {std::size_t{0}, std::size_t{1024}, std::size_t{25} << 20})
@@ -105,7 +94,7 @@ TEST_CASE("data parallel: MLP on n devices with the batch split equals one devic
 
 TEST_CASE("data parallel: LeNet on 2 devices with batch b/2 each equals one device with batch b") {
   const std::vector<Batch> batches = lenet_batches(2, 8);
-  for_each_engine([&](Engine& e) {
+  weft_test::with_each_engine(kDevices, [&](Engine& e) {
     const auto want = reference_run(e, lenet_model(), batches, 0.1f);
     for (std::size_t bucket : {std::size_t{0}, std::size_t{64} << 10, std::size_t{25} << 20}) {
       auto dp = data_parallel_run(e, lenet_model(), cpus(2), batches, 0.1f, {.bucket_bytes = bucket});
@@ -121,7 +110,7 @@ TEST_CASE("data parallel: LeNet on 2 devices with batch b/2 each equals one devi
 
 TEST_CASE("data parallel: no_sync over k micro-batches equals one step on their summed gradients") {
   const std::vector<Batch> batches = mlp_batches(6, 9);
-  for_each_engine([&](Engine& e) {
+  weft_test::with_each_engine(kDevices, [&](Engine& e) {
     for (int k : {2, 3}) {
       // Steps of k batches each: the reference sums each group's gradients.
       std::vector<std::vector<float>> want;
@@ -159,7 +148,7 @@ TEST_CASE("data parallel: no_sync over k micro-batches equals one step on their 
 }
 
 TEST_CASE("data parallel: buckets follow reverse layer order, whatever order a layer lists its parameters in") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kDevices, [](Engine& e) {
     // Replica 1 lists fc2's parameters bias first; the plan is the same.
     par::DataParallel dp(e, cpus(2), [&](Device d) { return mlp_listing(e, d, d.index() == 1); }, {.bucket_bytes = 0});
     REQUIRE(dp.buckets().size() == 4);
@@ -193,7 +182,7 @@ TEST_CASE("data parallel: buckets follow reverse layer order, whatever order a l
 }
 
 TEST_CASE("data parallel: a parameter without a gradient is named, or counts as zero with allow_unused") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kDevices, [](Engine& e) {
     const std::vector<Batch> batches = mlp_batches(1, 4);
     auto step_once = [&](par::DataParallel& dp) {
       std::vector<Tensor> x = dp.split_and_load(batches[0].x_shape, batches[0].x);
@@ -223,7 +212,7 @@ TEST_CASE("data parallel: a parameter without a gradient is named, or counts as 
 }
 
 TEST_CASE("data parallel: a custom reduction replaces the allreduce, bucket by bucket in reduction order") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kDevices, [](Engine& e) {
     par::DataParallel dp(e, cpus(2), [&](Device d) { return nn::mlp(e, {20, 32, 16, 5}, d, 0); }, {.bucket_bytes = 0});
     std::vector<int> seen;
     // Sum by hand through replica 0 (what reduce_bucket does with a
@@ -311,7 +300,7 @@ TEST_CASE("data parallel: comm_overlap measures the reduction time that other op
 }
 
 TEST_CASE("data parallel: bad input names the problem") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kDevices, [](Engine& e) {
     auto make = [&](Device d) { return nn::mlp(e, {4, 3}, d, 0); };
     CHECK(contains(error_of([&] { par::DataParallel(e, {}, make); }), "DataParallel: no devices"));
     CHECK(contains(error_of([&] { par::DataParallel(e, {Device::cpu(0), Device::cpu(0)}, make); }),

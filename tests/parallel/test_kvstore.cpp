@@ -32,13 +32,8 @@ using weft_test::contains;
 using weft_test::error_of;
 namespace par = weft::parallel;
 
-constexpr int kDevices = 4;
+constexpr int kStoreDevices = 4;
 const par::KVStoreKind kKinds[] = {par::KVStoreKind::local, par::KVStoreKind::device};
-
-template <class F>
-void for_each_engine(F&& fn) {
-  weft_test::with_each_engine(kDevices, fn);
-}
 
 // values(r, count, salt) on cpu(r), for r < n.
 std::vector<Tensor> device_values(Engine& e, int n, std::int64_t count, int salt) {
@@ -52,17 +47,17 @@ std::vector<float> sum_of(int n, std::int64_t count, int salt) {
 }  // namespace
 
 TEST_CASE("kvstore: push sums values from several devices, pull copies the value to several") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     for (par::KVStoreKind kind : kKinds) {
       INFO(par::to_string(kind));
       par::KVStore store(e, kind);
       const std::int64_t count = 1003;
       store.init(3, Tensor::zeros(e, Shape{count}));
-      for (int n = 1; n <= kDevices; ++n) {
+      for (int n = 1; n <= kStoreDevices; ++n) {
         INFO(n << " values");
         store.push(3, device_values(e, n, count, n));
         std::vector<Tensor> outs;
-        for (int r = 0; r < kDevices; ++r) outs.push_back(Tensor::empty(e, Shape{count}, Device::cpu(r)));
+        for (int r = 0; r < kStoreDevices; ++r) outs.push_back(Tensor::empty(e, Shape{count}, Device::cpu(r)));
         store.pull(3, outs);  // no wait: ordered after the push by the engine
         for (const Tensor& out : outs) CHECK(out.to_host() == sum_of(n, count, n));
       }
@@ -71,7 +66,7 @@ TEST_CASE("kvstore: push sums values from several devices, pull copies the value
 }
 
 TEST_CASE("kvstore: the default updater assigns, a custom one runs once per push, where the value lives") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     for (par::KVStoreKind kind : kKinds) {
       INFO(par::to_string(kind));
       par::KVStore store(e, kind);
@@ -106,7 +101,7 @@ TEST_CASE("kvstore: the default updater assigns, a custom one runs once per push
 }
 
 TEST_CASE("kvstore: many keys in flight at once, pushes and pulls interleaved without waits") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     for (par::KVStoreKind kind : kKinds) {
       INFO(par::to_string(kind));
       par::KVStore store(e, kind);
@@ -122,16 +117,16 @@ TEST_CASE("kvstore: many keys in flight at once, pushes and pulls interleaved wi
       for (int round = 0; round < 3; ++round)
         for (int k = 0; k < kKeys; ++k) {
           const int salt = 100 * round + k;
-          const int n = 1 + (k + round) % kDevices;
+          const int n = 1 + (k + round) % kStoreDevices;
           store.push(k, device_values(e, n, counts[static_cast<std::size_t>(k)], salt));
-          Tensor out = Tensor::empty(e, Shape{counts[static_cast<std::size_t>(k)]}, Device::cpu(k % kDevices));
+          Tensor out = Tensor::empty(e, Shape{counts[static_cast<std::size_t>(k)]}, Device::cpu(k % kStoreDevices));
           store.pull(k, {out});
           pulled[static_cast<std::size_t>(k)].push_back(out);
         }
       for (int k = 0; k < kKeys; ++k)
         for (int round = 0; round < 3; ++round) {
           INFO("key " << k << ", round " << round);
-          const int n = 1 + (k + round) % kDevices;
+          const int n = 1 + (k + round) % kStoreDevices;
           CHECK(pulled[static_cast<std::size_t>(k)][static_cast<std::size_t>(round)].to_host() ==
                 sum_of(n, counts[static_cast<std::size_t>(k)], 100 * round + k));
         }
@@ -140,20 +135,20 @@ TEST_CASE("kvstore: many keys in flight at once, pushes and pulls interleaved wi
 }
 
 TEST_CASE("kvstore: pushpull into the pushed tensors is an allreduce") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     for (par::KVStoreKind kind : kKinds) {
       par::KVStore store(e, kind);
       const std::int64_t count = 7;
       store.init("g", Tensor::zeros(e, Shape{count}));
-      std::vector<Tensor> grads = device_values(e, kDevices, count, 5);
+      std::vector<Tensor> grads = device_values(e, kStoreDevices, count, 5);
       store.pushpull("g", grads, grads);
-      for (const Tensor& g : grads) CHECK(g.to_host() == sum_of(kDevices, count, 5));
+      for (const Tensor& g : grads) CHECK(g.to_host() == sum_of(kStoreDevices, count, 5));
     }
   });
 }
 
 TEST_CASE("kvstore: the device kind places keys largest first on the least-loaded device") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::device, {.devices = {Device::cpu(0), Device::cpu(1)}});
     // Bytes: 4000 -> cpu(0); then 2000, 1600 and 40 -> cpu(1) (3640 < 4000).
     store.init({"small", "large", "medium", "fourth"},
@@ -169,10 +164,10 @@ TEST_CASE("kvstore: the device kind places keys largest first on the least-loade
     store.init("after", Tensor::zeros(e, Shape{200}));
     CHECK(store.placement("after") == Device::cpu(0));
     // Values come from anywhere; sums happen where the key lives.
-    store.push("medium", device_values(e, kDevices, 500, 3));
+    store.push("medium", device_values(e, kStoreDevices, 500, 3));
     Tensor out = Tensor::empty(e, Shape{500}, Device::cpu(3));
     store.pull("medium", {out});
-    CHECK(out.to_host() == sum_of(kDevices, 500, 3));
+    CHECK(out.to_host() == sum_of(kStoreDevices, 500, 3));
     CHECK(contains(store.str(), "device KVStore on cpu(0), cpu(1): 6 keys"));
 
     // Without a device list, the engine's GPUs (simulated ones where
@@ -192,7 +187,7 @@ TEST_CASE("kvstore: the device kind places keys largest first on the least-loade
 }
 
 TEST_CASE("kvstore: integer and name keys are distinct and print as such") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::local);
     store.init(3, Tensor::full(e, Shape{2}, 1.0f));
     store.init("3", Tensor::full(e, Shape{2}, 2.0f));
@@ -208,7 +203,7 @@ TEST_CASE("kvstore: integer and name keys are distinct and print as such") {
 }
 
 TEST_CASE("kvstore: bad input is an error naming the key, at the call") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::local);
     store.init("fc1.weight", Tensor::zeros(e, Shape{4, 3}));
     auto err = [](auto&& fn) { return error_of(fn); };
@@ -245,7 +240,7 @@ TEST_CASE("kvstore: bad input is an error naming the key, at the call") {
 }
 
 TEST_CASE("kvstore: two threads pushing one key never mix one push's sum with the other's update") {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(kStoreDevices, [](Engine& e) {
     for (par::KVStoreKind kind : kKinds) {
       INFO(par::to_string(kind));
       par::KVStore store(e, kind);

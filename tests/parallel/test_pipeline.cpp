@@ -33,6 +33,7 @@
 namespace par = weft::parallel;
 namespace nn = weft::nn;
 using dp_test::Batch;
+using dp_test::cpus;
 using weft::Device;
 using weft::Engine;
 using weft::EngineConfig;
@@ -54,12 +55,6 @@ void with_each_engine(int cpus, F&& fn) {
     auto e = Engine::create(EngineConfig{.kind = "threaded", .cpu_devices = cpus, .workers_per_cpu_device = workers});
     fn(*e);
   }
-}
-
-std::vector<Device> cpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(Device::cpu(i));
-  return out;
 }
 
 // Largest |a - b| / max(1, |b|) over every element.

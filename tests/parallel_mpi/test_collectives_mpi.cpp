@@ -49,11 +49,6 @@ const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
 
 // Each scenario over the naive engine and the threaded one at 1, 2, 4 and 8
 // workers per device.
-template <class F>
-void for_each_engine(F&& fn) {
-  weft_test::with_each_engine(2, fn);
-}
-
 // Every collective on `count` elements, against the serial reference.
 void every_collective_exact(Engine& e, const par::Communicator& comm, std::int64_t count) {
   const int rank = comm.local_ranks()[0], n = comm.size();
@@ -125,7 +120,7 @@ TEST_CASE("a group of the processes of the MPI job" * doctest::timeout(120)) {
 }
 
 TEST_CASE("every collective across processes is exact against a serial reference" * doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     for (std::int64_t count : kSizes) every_collective_exact(e, comm, count);
   });
@@ -150,7 +145,7 @@ TEST_CASE("large collectives of every kind are exact (the blocking lane)" * doct
 
 TEST_CASE("large allreduces are exact (the blocking lane; without it, Weft's ring, several segments per chunk)" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
     for (std::int64_t count : {std::int64_t{65537}, std::int64_t{1100003}}) {
@@ -173,7 +168,7 @@ TEST_CASE("large allreduces are exact (the blocking lane; without it, Weft's rin
 
 TEST_CASE("many collectives in flight, ready in a different order on each rank, interleaved with compute" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
     constexpr int kTensors = 24;
@@ -271,7 +266,7 @@ TEST_CASE("a rank that never joins is named by the others within seconds" * doct
 }
 
 TEST_CASE("a failed input fails the collective on every rank, naming the rank" * doctest::timeout(120)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
     const int failing = n - 1;
@@ -309,7 +304,7 @@ TEST_CASE("a failed input fails the collective on every rank, naming the rank" *
 }
 
 TEST_CASE("without fingerprints the collectives give the same results" * doctest::timeout(120)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0), {.fingerprints = false});
     const int rank = comm.local_ranks()[0], n = comm.size();
     Tensor t = rank_tensor(e, rank, 1003);
@@ -360,7 +355,7 @@ TEST_CASE("bad input is refused at push time, and a refused call takes no sequen
 
 TEST_CASE("send and recv between ranks arrive in push order, exact, whatever order their inputs become ready" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
     if (n == 1) return;
@@ -481,7 +476,7 @@ TEST_CASE("a recv whose peer never sends is named within seconds; bad peers are 
 
 TEST_CASE("several devices per process: allreduce, broadcast, reduce, reduce_scatter and all_gather over ranks x devices, exact" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, {Device::cpu(0), Device::cpu(1)});
     const int per = 2, n = comm.size(), processes = n / per;
     REQUIRE(comm.local_ranks().size() == 2);
@@ -569,7 +564,7 @@ TEST_CASE("several devices per process: allreduce, broadcast, reduce, reduce_sca
 
 TEST_CASE("several devices per process: send and recv between any two members, in push order per pair" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const std::vector<Device> devices{Device::cpu(0), Device::cpu(1)};
     const par::Communicator comm = par::Communicator::mpi(e, devices);
     mpi_test::member_rings(e, comm, devices, e.kind() != "naive");

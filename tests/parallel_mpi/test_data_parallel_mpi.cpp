@@ -21,20 +21,11 @@
 using namespace dp_test;
 using weft_test::contains;
 
-namespace {
-
-template <class F>
-void for_each_engine(F&& fn) {
-  weft_test::with_each_engine(2, fn);
-}
-
-}  // namespace
-
 TEST_CASE("distributed data parallel: every rank's share of each batch equals one device with all of it" *
           doctest::timeout(300)) {
   const std::vector<Batch> mlp = mlp_batches(3, 13);
   const std::vector<Batch> lenet = lenet_batches(2, 12);
-  for_each_engine([&](Engine& e) {
+  weft_test::with_each_engine(2, [&](Engine& e) {
     const auto want_mlp = reference_run(e, mlp_model(), mlp, 0.1f);
     const auto want_lenet = reference_run(e, lenet_model(), lenet, 0.1f);
     for (const std::vector<Device>& devices :
@@ -60,7 +51,7 @@ TEST_CASE("distributed data parallel: every rank's share of each batch equals on
 TEST_CASE("distributed data parallel: no_sync across processes equals one step on the summed micro-batches" *
           doctest::timeout(300)) {
   const std::vector<Batch> batches = mlp_batches(4, 9, 21);
-  for_each_engine([&](Engine& e) {
+  weft_test::with_each_engine(2, [&](Engine& e) {
     auto want = reference_run(e, mlp_model(), {batches[0], batches[1]}, 0.05f, Device::cpu(0), true);
     auto dp = data_parallel_run(e, mlp_model(), {Device::cpu(0), Device::cpu(1)}, {batches[0], batches[1]}, 0.05f,
                                 {.bucket_bytes = 700, .distributed = true}, 2);
@@ -70,7 +61,7 @@ TEST_CASE("distributed data parallel: no_sync across processes equals one step o
 }
 
 TEST_CASE("distributed data parallel: ranks with different numbers of batches all end the epoch" * doctest::timeout(300)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     par::DataParallel dp(e, {Device::cpu(0)}, [&](Device d) { return nn::mlp(e, {20, 8, 5}, d, 0); },
                          {.distributed = true});
     // Rank r has 3 + 2r batches; every rank takes 3 steps.
@@ -95,7 +86,7 @@ TEST_CASE("distributed data parallel: ranks with different numbers of batches al
 }
 
 TEST_CASE("distributed data parallel: ranks whose models differ fail naming both bucket plans" * doctest::timeout(300)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator world = par::Communicator::mpi(e, Device::cpu(0));
     if (world.size() == 1) return;  // (needs two ranks; the same on every rank)
     const int rank = world.local_ranks().front();

@@ -34,11 +34,6 @@ using mpi_test::reduced;
 using mpi_test::require_values;
 using mpi_test::sync_ranks;
 
-template <class F>
-void for_each_engine(F&& fn) {
-  weft_test::with_each_engine(2, fn);
-}
-
 
 // This process's two values: members 2 * rank and 2 * rank + 1 of the
 // job's 2 * size, on cpu(0) and cpu(1).
@@ -50,7 +45,7 @@ std::vector<Tensor> two_values(Engine& e, int rank, std::int64_t count) {
 
 TEST_CASE("dist_sync kvstore: a push sums every process's values, pull sees the total on every process" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::dist_sync);
     const int rank = store.rank(), n = store.num_workers();
     CHECK(store.kind() == par::KVStoreKind::dist_sync);
@@ -73,7 +68,7 @@ TEST_CASE("dist_sync kvstore: a push sums every process's values, pull sees the 
 
 TEST_CASE("dist_sync kvstore: every process runs the updater once per push, on the same total" *
           doctest::timeout(240)) {
-  for_each_engine([](Engine& e) {
+  weft_test::with_each_engine(2, [](Engine& e) {
     par::KVStore store(e, par::KVStoreKind::dist_sync);
     const int rank = store.rank(), n = store.num_workers();
     const std::int64_t count = 257;
