@@ -153,9 +153,10 @@ class MpiBackend final : public Backend {
 
   void barrier(const Call& call) override {
     auto job = make_job(call, Tensor(), ReduceOp::sum);
+    send_fingerprint(job);
     try {
       call.state().engine->push_async(
-          [job = std::shared_ptr<Job>(std::move(job))](RunContext& ctx, Completion done) mutable {
+          [job](RunContext& ctx, Completion done) mutable {
             start(std::move(job), ctx, std::move(done));
           },
           group_->device, {}, {},
@@ -167,8 +168,8 @@ class MpiBackend final : public Backend {
   }
 
  private:
-  std::unique_ptr<Job> make_job(const Call& call, const Tensor& t, ReduceOp op) const {
-    auto job = std::make_unique<Job>();
+  std::shared_ptr<Job> make_job(const Call& call, const Tensor& t, ReduceOp op) const {
+    auto job = std::make_shared<Job>();
     job->group = group_;
     job->label = call.label();
     job->kind = call.kind();
@@ -205,15 +206,15 @@ class MpiBackend final : public Backend {
   // completes it; runs even when an input failed, so that the peers learn
   // of it instead of waiting.
   template <class Bind>
-  void push(const Call& call, std::unique_ptr<Job> job, const std::vector<Tensor>& reads,
+  void push(const Call& call, std::shared_ptr<Job> job, const std::vector<Tensor>& reads,
             const std::vector<Tensor>& writes, Bind bind) {
     for (const Tensor& t : reads) job->tensors.push_back(t);
     for (const Tensor& t : writes) job->tensors.push_back(t);
+    send_fingerprint(job);
     try {
       push_tensor_op_async(
           group_->device, reads, writes,
-          [job = std::shared_ptr<Job>(std::move(job)), bind](RunContext& ctx, const TensorData& d,
-                                                             Completion done) mutable {
+          [job = std::move(job), bind](RunContext& ctx, const TensorData& d, Completion done) mutable {
             if (!ctx.failed_input) bind(*job, d);
             start(std::move(job), ctx, std::move(done));
           },
@@ -222,6 +223,14 @@ class MpiBackend final : public Backend {
       break_after_failed_push(call);
       throw;
     }
+  }
+
+  // A collective's fingerprint leaves now, while the tensors' producers
+  // still run: the group's record fiber sends it and compares the peers'
+  // (mpi_collectives.cpp), and the collective's own fiber, started when the
+  // hold op runs, finds the verdict in the job.
+  void send_fingerprint(const std::shared_ptr<Job>& job) {
+    if (group_->fingerprints && job->kind != Kind::send && job->kind != Kind::recv) queue_fingerprint(job);
   }
 
   // The call took its number but its push failed: later collectives would
@@ -237,15 +246,12 @@ class MpiBackend final : public Backend {
   static void start(std::shared_ptr<Job> job, RunContext& ctx, Completion done) {
     job->done = std::move(done);
     job->failed_input = ctx.failed_input;
-    if (job->failed_input) {
+    // A send's header says why its input failed; a collective's fingerprint
+    // left at push (the record fiber may be reading it now): its status
+    // will say (mpi_collectives.cpp).
+    if (job->failed_input && (job->kind == Kind::send || job->kind == Kind::recv)) {
       job->mine.failed = 1;
-      try {
-        std::rethrow_exception(job->failed_input);
-      } catch (const std::exception& e) {
-        copy_text(job->mine.reason, sizeof job->mine.reason, e.what());
-      } catch (...) {
-        copy_text(job->mine.reason, sizeof job->mine.reason, "(not a std::exception)");
-      }
+      copy_text(job->mine.reason, sizeof job->mine.reason, failure_text(job->failed_input));
     }
     job->deadline = Clock::now() + job->group->timeout;
     CommThread& thread = MpiProcess::get().thread();

@@ -1,28 +1,44 @@
-// Collectives across the processes of an MPI job: the fiber of one
-// collective (docs/design/parallel-collectives.md, "Across processes").
+// Collectives across the processes of an MPI job: the fibers of one
+// communicator's collectives (docs/design/parallel-collectives.md, "Across
+// processes").
 //
 // A collective is one hold op per process (mpi_backend.cpp): an async
 // tensor op on the member's device that holds its tensor while the
-// collective runs. Its body hands a Job to the communication thread, where
-// one fiber runs it as straight-line code:
+// collective runs. With fingerprints, its push hands the fingerprint to the
+// group's record fiber, which sends it to every peer at once, receives
+// theirs and compares them while the tensors' producers still run. When
+// the hold op runs, the collective's own fiber runs the rest as
+// straight-line code:
 //
-//   wait for the check gate     (fibers post fingerprints in sequence order)
-//   send this rank's fingerprint to every peer, receive theirs, poll
-//   compare: a mismatch or a failed input ends it on every rank, named
+//   wait for the record fiber's verdict (a mismatch or a missing rank ends
+//   it on every rank, named, without a data phase)
 //   wait for the data gate      (MPI sees collectives in the same order everywhere)
+//   send this rank's status (input valid, or failed and why) to every peer
+//   and post the receives of theirs
 //   post the non-blocking MPI collective and poll it with MPI_Test; or,
 //   from 256 KiB, hand its blocking form to the communicator's blocking
 //   lane (mpi_lane.h) and poll the ticket; without a lane (a rank without
 //   MPI_THREAD_MULTIPLE, or WEFT_MPI_LANE=0), run Weft's ring for a large
-//   allreduce
-//   complete the hold op (the lane's thread does it after its call)
+//   allreduce. A rank whose input failed takes part with zeros.
+//   once every peer's status is in: complete the hold op, with the first
+//   failed input's error if any (the lane's thread does it after its call
+//   when the statuses are in)
 //
-// Every MPI wait has the collective's deadline, which restarts when a gate
-// opens. Only the communication thread and the lanes' threads call MPI
+// No rank waits for its peers to reach a collective before entering its
+// data phase: a rank whose previous call ended early starts its part of
+// the next at once (docs/design/parallel-collectives.md, "What the check
+// costs").
+//
+// Every MPI wait has the collective's deadline, which restarts when its
+// turn comes. Only the communication thread and the lanes' threads call MPI
 // (after MPI_Init_thread and the rank query at start-up).
 
 #include <algorithm>
+#include <deque>
+#include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -78,118 +94,326 @@ std::string rank_list(const std::vector<int>& ranks) {
   return s;
 }
 
-// Exchanges fingerprints; returns false once the job has been completed
-// (mismatch, failed input, timeout, MPI error).
-bool check_fingerprints(Job& job, CommThread& thread) {
+// Pending receives are cancelled (a cancelled receive's wait returns at
+// once whatever the peers do, MPI 4.1 section 3.8.4) and pending sends
+// freed: their buffer (`sent`) is then left to MPI. Returns the peers whose
+// receive never completed.
+template <class T>
+std::vector<int> cancel_pending(std::vector<MPI_Request>& recvs, std::vector<MPI_Request>& sends,
+                                std::unique_ptr<T>& sent) {
+  std::vector<int> missing;
+  bool sending = false;
+  for (std::size_t peer = 0; peer < recvs.size(); ++peer) {
+    MPI_Request& r = recvs[peer];
+    if (r != MPI_REQUEST_NULL) {
+      missing.push_back(static_cast<int>(peer));
+      MPI_Cancel(&r);
+      MPI_Wait(&r, MPI_STATUS_IGNORE);
+    }
+  }
+  for (MPI_Request& q : sends)
+    if (q != MPI_REQUEST_NULL) {
+      MPI_Request_free(&q);
+      sending = true;
+    }
+  if (sending) static_cast<void>(sent.release());
+  return missing;
+}
+
+// Tests every request once (so that, at a deadline, the ones still open
+// name exactly the peers that never answered); true when all are done, or
+// when a test failed (`rc` says which).
+bool test_each(std::vector<MPI_Request>& requests, int& rc) {
+  bool done = true;
+  for (MPI_Request& r : requests) {
+    if (r == MPI_REQUEST_NULL) continue;
+    int flag = 0;
+    if ((rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return true;
+    done = done && flag;
+  }
+  return done;
+}
+
+// Fingerprints go on the check communicator with tag 0, statuses with tag
+// 1, each kind sent and received in sequence order on every rank (the
+// check and data gates), so that the k-th of each from a peer meets this
+// rank's k-th receive. Every rank sends a fingerprint for every collective;
+// a status only for those whose fingerprints matched (on every rank alike),
+// so status receives are posted with the status, under the data gate: one
+// posted earlier, for a collective that then failed its check, would take
+// the next collective's status.
+constexpr int kRecordTag = 0, kStatusTag = 1;
+
+// ---- the record fiber: fingerprints from push on ----------------------------------
+//
+// One fiber per group while fingerprints are pending: it takes them from
+// the pushes (records_in, any order of sequence numbers), sends each to
+// every peer and posts the receives of theirs, in sequence order and at
+// most kRecordsAhead ahead, then waits for the oldest one's peers, compares,
+// and leaves the verdict in the job. One fiber polls MPI for all of them,
+// whatever the number of collectives pushed ahead.
+constexpr std::size_t kRecordsAhead = 64;
+
+// Fails one job's check; after an error MPI cannot recover from, the
+// communicator is broken (the later ones fail at once).
+void fail_check(Job& job, const std::string& why, int peer = CommunicationError::kNoPeer, bool breaks = true) {
+  MpiGroup& g = *job.group;
+  if (breaks && g.broken.empty()) g.broken = job.label + ": " + why;
+  job.check = Job::Check::failed;
+  job.check_error = comm_error(job, breaks ? why + "; the communicator is broken" : why, peer);
+}
+
+int post_record(Job& job) {
   MpiGroup& g = *job.group;
   const int n = g.size;
-  if (!wait_turn(job, thread, g.check_gate, job.mine.sequence)) return false;
-  std::vector<Fingerprint> theirs(static_cast<std::size_t>(n));
-  theirs[static_cast<std::size_t>(g.rank)] = job.mine;
+  job.theirs.assign(static_cast<std::size_t>(n), Fingerprint{});
+  job.theirs[static_cast<std::size_t>(g.rank)] = job.mine;
   // What this rank sends lives on the heap: a send still pending when the
-  // fiber gives up cannot be taken back, and its buffer is then left to MPI.
-  auto mine = std::make_unique<Fingerprint>(job.mine);
-  std::vector<MPI_Request> recvs(static_cast<std::size_t>(n), MPI_REQUEST_NULL), sends = recvs;
-  // Leaves no buffer of this fiber to MPI: a cancelled receive's wait
-  // returns at once whatever the peers do (MPI 4.1, section 3.8.4); pending
-  // sends are freed and keep their buffer. Returns the peers whose
-  // fingerprint never came.
-  auto cancel_pending = [&] {
-    std::vector<int> missing;
-    bool sending = false;
-    for (int peer = 0; peer < n; ++peer) {
-      MPI_Request& r = recvs[static_cast<std::size_t>(peer)];
-      if (r != MPI_REQUEST_NULL) {
-        missing.push_back(peer);
-        MPI_Cancel(&r);
-        MPI_Wait(&r, MPI_STATUS_IGNORE);
-      }
-      MPI_Request& q = sends[static_cast<std::size_t>(peer)];
-      if (q != MPI_REQUEST_NULL) {
-        MPI_Request_free(&q);
-        sending = true;
-      }
-    }
-    if (sending) static_cast<void>(mine.release());
-    return missing;
-  };
+  // check gives up cannot be taken back, and its buffer is then left to MPI.
+  job.record = std::make_unique<Fingerprint>(job.mine);
+  job.record_recvs.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+  job.record_sends = job.record_recvs;
   for (int peer = 0; peer < n; ++peer) {
     if (peer == g.rank) continue;
     const auto p = static_cast<std::size_t>(peer);
-    int rc = MPI_Irecv(&theirs[p], sizeof(Fingerprint), MPI_BYTE, peer, 0, g.check, &recvs[p]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(mine.get(), sizeof(Fingerprint), MPI_BYTE, peer, 0, g.check, &sends[p]);
+    int rc = MPI_Irecv(&job.theirs[p], sizeof(Fingerprint), MPI_BYTE, peer, kRecordTag, g.check, &job.record_recvs[p]);
+    if (rc == MPI_SUCCESS)
+      rc = MPI_Isend(job.record.get(), sizeof(Fingerprint), MPI_BYTE, peer, kRecordTag, g.check, &job.record_sends[p]);
     if (rc != MPI_SUCCESS) {
-      cancel_pending();
-      g.check_gate.pass(job.mine.sequence);
-      fail_broken(job, "sending its fingerprint to rank " + std::to_string(peer) + " failed: " + mpi_error_text(rc),
-                  peer);
-      return false;
+      cancel_pending(job.record_recvs, job.record_sends, job.record);
+      fail_check(job, "sending its fingerprint to rank " + std::to_string(peer) + " failed: " + mpi_error_text(rc), peer);
+      return rc;
     }
   }
-  g.check_gate.pass(job.mine.sequence);
-  // Every request is tested every round (so that, at the deadline, the ones
-  // still open name exactly the ranks that never joined).
-  int mpi_rc = MPI_SUCCESS;
-  auto all_done = [&](std::vector<MPI_Request>& requests) {
-    bool done = true;
-    for (MPI_Request& r : requests) {
-      if (r == MPI_REQUEST_NULL) continue;
-      int flag = 0;
-      if (const int rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE); rc != MPI_SUCCESS) {
-        mpi_rc = rc;
-        return true;
-      }
-      done = done && flag;
-    }
-    return done;
-  };
-  const CommThread::Wait waited = thread.poll_until(
-      [&] {
-        const bool received = all_done(recvs);
-        return all_done(sends) && received;
-      },
-      job.deadline);
+  return MPI_SUCCESS;
+}
+
+// The oldest posted fingerprint's end: every peer's arrived (compared), or
+// the deadline passed, or MPI failed, or the process is exiting.
+void decide(Job& job, CommThread::Wait waited, int mpi_rc) {
+  MpiGroup& g = *job.group;
+  const int n = g.size;
   if (mpi_rc != MPI_SUCCESS) {
-    cancel_pending();
-    fail_broken(job, "exchanging fingerprints failed: " + mpi_error_text(mpi_rc));
-    return false;
+    cancel_pending(job.record_recvs, job.record_sends, job.record);
+    return fail_check(job, "exchanging fingerprints failed: " + mpi_error_text(mpi_rc));
   }
   if (waited != CommThread::Wait::done) {
-    const std::vector<int> missing = cancel_pending();
-    if (waited == CommThread::Wait::stopping) {
-      fail_broken(job, "the process is exiting");
-    } else if (missing.empty()) {
-      fail_broken(job, "its fingerprint was not delivered to every peer within " + seconds_text(g.timeout));
-    } else {
-      fail_broken(job,
-                  rank_list(missing) + " never joined within " + seconds_text(g.timeout) +
-                      " (CommunicatorOptions::timeout, WEFT_COLLECTIVE_TIMEOUT)",
-                  missing.front());
-    }
-    return false;
+    const std::vector<int> missing = cancel_pending(job.record_recvs, job.record_sends, job.record);
+    if (waited == CommThread::Wait::stopping) return fail_check(job, "the process is exiting");
+    if (missing.empty())
+      return fail_check(job, "its fingerprint was not delivered to every peer within " + seconds_text(g.timeout));
+    return fail_check(job,
+                      rank_list(missing) + " never joined within " + seconds_text(g.timeout) +
+                          " (CommunicatorOptions::timeout, WEFT_COLLECTIVE_TIMEOUT)",
+                      missing.front());
   }
   // Every rank compares every record with rank 0's, so every rank raises
-  // the same message.
+  // the same message (and no rank sends a status for this collective).
   std::vector<int> differ;
   for (int r = 1; r < n; ++r)
-    if (!same_call(theirs[static_cast<std::size_t>(r)], theirs[0])) differ.push_back(r);
-  if (!differ.empty()) {
-    std::string why = "collectives differ across ranks: rank 0 called " + describe(theirs[0]);
-    for (std::size_t i = 0; i < differ.size() && i < 8; ++i)
-      why += "; rank " + std::to_string(differ[i]) + " called " + describe(theirs[static_cast<std::size_t>(differ[i])]);
-    if (differ.size() > 8) why += "; and " + std::to_string(differ.size() - 8) + " more ranks";
-    const int peer = g.rank == 0 ? differ.front() : 0;
-    complete(job, comm_error(job, why, peer));
+    if (!same_call(job.theirs[static_cast<std::size_t>(r)], job.theirs[0])) differ.push_back(r);
+  if (differ.empty()) {
+    job.check = Job::Check::matched;
+    return;
+  }
+  std::string why = "collectives differ across ranks: rank 0 called " + describe(job.theirs[0]);
+  for (std::size_t i = 0; i < differ.size() && i < 8; ++i)
+    why += "; rank " + std::to_string(differ[i]) + " called " + describe(job.theirs[static_cast<std::size_t>(differ[i])]);
+  if (differ.size() > 8) why += "; and " + std::to_string(differ.size() - 8) + " more ranks";
+  fail_check(job, why, g.rank == 0 ? differ.front() : 0, /*breaks=*/false);
+}
+
+void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
+  MpiGroup& g = *group;
+  std::map<std::uint64_t, std::shared_ptr<Job>> waiting;  // taken, not yet posted
+  std::deque<std::shared_ptr<Job>> posted;                // in sequence order
+  // Takes what the pushes handed over and posts what may go; false once
+  // there is nothing left (the fiber then ends: the next push starts another).
+  auto take = [&] {
+    {
+      std::lock_guard lock(g.records_mutex);
+      for (std::shared_ptr<Job>& j : g.records_in) waiting.emplace(j->mine.sequence, std::move(j));
+      g.records_in.clear();
+      if (waiting.empty() && posted.empty()) {
+        g.record_fiber = false;
+        return false;
+      }
+    }
+    while (posted.size() < kRecordsAhead && !waiting.empty() && waiting.begin()->first == g.next_record) {
+      std::shared_ptr<Job> job = std::move(waiting.begin()->second);
+      waiting.erase(waiting.begin());
+      ++g.next_record;
+      if (!g.broken.empty()) {
+        job->check = Job::Check::failed;
+        job->check_error = comm_error(*job, "the communicator is broken: " + g.broken);
+      } else if (thread.stopping()) {
+        fail_check(*job, "the process is exiting");
+      } else if (post_record(*job) == MPI_SUCCESS) {
+        posted.push_back(std::move(job));
+      }
+    }
+    return true;
+  };
+  auto arrived = [&] {
+    std::lock_guard lock(g.records_mutex);
+    return !g.records_in.empty();
+  };
+  while (take()) {
+    if (posted.empty()) {
+      // The next number's push is on its way (another thread took it).
+      if (thread.poll_until(arrived, Clock::time_point::max()) == CommThread::Wait::stopping) {
+        for (auto& [seq, job] : waiting) fail_check(*job, "the process is exiting");
+        waiting.clear();
+        g.next_record = std::numeric_limits<std::uint64_t>::max();  // nothing more is posted
+      }
+      continue;
+    }
+    Job& head = *posted.front();
+    // From its turn. (Not the job's deadline: the hold op's thread sets that.)
+    const Clock::time_point deadline = Clock::now() + g.timeout;
+    int rc = MPI_SUCCESS;
+    const CommThread::Wait waited = thread.poll_until(
+        [&] {
+          take();  // later pushes post meanwhile (head stays posted: take never ends the fiber here)
+          const bool received = test_each(head.record_recvs, rc);
+          return test_each(head.record_sends, rc) && received;
+        },
+        deadline);
+    decide(head, waited, rc);
+    posted.pop_front();
+  }
+}
+
+}  // namespace
+
+void queue_fingerprint(const std::shared_ptr<Job>& job) {
+  MpiGroup& g = *job->group;
+  {
+    std::lock_guard lock(g.records_mutex);
+    g.records_in.push_back(job);
+    if (g.record_fiber) return;
+    g.record_fiber = true;
+  }
+  CommThread& thread = MpiProcess::get().thread();
+  if (!thread.spawn([group = job->group, &thread] { run_records(group, thread); })) {
+    // The process is exiting: the collectives' fibers fail as they start.
+    std::lock_guard lock(g.records_mutex);
+    g.record_fiber = false;
+  }
+}
+
+namespace {
+
+// Waits for the record fiber's verdict on this collective's fingerprints;
+// false once the job was completed (they differ, a rank never joined, the
+// process is exiting).
+bool await_check(Job& job, CommThread& thread) {
+  if (thread.poll_until([&] { return job.check != Job::Check::pending; }, Clock::time_point::max()) ==
+      CommThread::Wait::stopping) {
+    fail_broken(job, "the process is exiting");
     return false;
   }
-  for (int r = 0; r < n; ++r) {
-    const Fingerprint& f = theirs[static_cast<std::size_t>(r)];
-    if (!f.failed) continue;
-    if (r == g.rank) complete(job, job.failed_input);  // the original error, on the rank that had it
-    else complete(job, comm_error(job, "rank " + std::to_string(r) + "'s input failed: " + std::string(f.reason), r));
-    return false;
+  if (job.check == Job::Check::matched) return true;
+  complete(job, job.check_error);
+  return false;
+}
+
+// Tells every peer whether this rank's input is valid, and posts the
+// receives of theirs, in sequence order (under the data gate), before this
+// rank enters the data phase: no rank waits for another's status to enter
+// it, and each completes only once it has them all. Returns MPI's code.
+int send_status(Job& job) {
+  MpiGroup& g = *job.group;
+  job.statuses.assign(static_cast<std::size_t>(g.size), Status{});
+  job.status_recvs.assign(static_cast<std::size_t>(g.size), MPI_REQUEST_NULL);
+  for (int peer = 0; peer < g.size; ++peer) {
+    if (peer == g.rank) continue;
+    const auto p = static_cast<std::size_t>(peer);
+    const int rc =
+        MPI_Irecv(&job.statuses[p], sizeof(Status), MPI_BYTE, peer, kStatusTag, g.check, &job.status_recvs[p]);
+    if (rc != MPI_SUCCESS) return rc;
   }
-  return true;
+  job.status = std::make_unique<Status>();
+  job.status->sequence = job.mine.sequence;
+  if (job.failed_input) {
+    job.status->failed = 1;
+    copy_text(job.status->reason, sizeof job.status->reason, failure_text(job.failed_input));
+  }
+  job.status_sends.assign(static_cast<std::size_t>(g.size), MPI_REQUEST_NULL);
+  for (int peer = 0; peer < g.size; ++peer) {
+    if (peer == g.rank) continue;
+    const int rc = MPI_Isend(job.status.get(), sizeof(Status), MPI_BYTE, peer, kStatusTag, g.check,
+                             &job.status_sends[static_cast<std::size_t>(peer)]);
+    if (rc != MPI_SUCCESS) return rc;
+  }
+  return MPI_SUCCESS;
+}
+
+// Every peer's status has arrived (tested once each; `rc` says whether a
+// test failed).
+bool statuses_arrived(Job& job, int& rc) { return test_each(job.status_recvs, rc) && rc == MPI_SUCCESS; }
+
+// The collective's result once every status is in: the first failed
+// input's error, by rank (this rank's own exception where it is the one),
+// or null.
+std::exception_ptr verdict(const Job& job) {
+  const MpiGroup& g = *job.group;
+  for (int r = 0; r < g.size; ++r) {
+    if (r == g.rank) {
+      if (job.failed_input) return job.failed_input;
+      continue;
+    }
+    const Status& s = job.statuses[static_cast<std::size_t>(r)];
+    if (s.sequence != job.mine.sequence)  // the statuses' order broke: a bug in Weft, named
+      return comm_error(job, "rank " + std::to_string(r) + "'s status is for collective #" +
+                                 std::to_string(s.sequence) + ", not this one (internal error)", r);
+    if (s.failed) return comm_error(job, "rank " + std::to_string(r) + "'s input failed: " + std::string(s.reason), r);
+  }
+  return nullptr;
+}
+
+// After the data phase: completes the job once every peer's status is in
+// (each was sent before its peer entered the data phase, so this is a
+// delivery, not another meeting of the ranks).
+void complete_with_statuses(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  int rc = MPI_SUCCESS;
+  const CommThread::Wait waited = thread.poll_until([&] { return test_each(job.status_recvs, rc); }, job.deadline);
+  if (rc != MPI_SUCCESS) return fail_broken(job, "receiving the peers' statuses failed: " + mpi_error_text(rc));
+  if (waited != CommThread::Wait::done) {
+    std::unique_ptr<Status> none;
+    const std::vector<int> missing = cancel_pending(job.status_recvs, job.status_sends, none);
+    if (waited == CommThread::Wait::stopping) return fail_broken(job, "the process is exiting");
+    return fail_broken(job, rank_list(missing) + " never reached the data phase within " + seconds_text(g.timeout),
+                       missing.empty() ? CommunicationError::kNoPeer : missing.front());
+  }
+  complete(job, verdict(job));
+}
+
+// The statuses' last requests, whatever happened: receives still open are
+// cancelled; sends are waited for (with the deadline: each is a small
+// message already on its way), or left to MPI with their buffer.
+void finish_statuses(Job& job, CommThread& thread) {
+  int rc = MPI_SUCCESS;
+  if (!job.status_sends.empty())
+    thread.poll_until([&] { return test_each(job.status_sends, rc); }, job.deadline);
+  cancel_pending(job.status_recvs, job.status_sends, job.status);
+}
+
+// A rank whose input failed enters the data phase all the same, with zeros
+// in place of the tensors' memory (which it may not have): its peers then
+// complete, and every rank fails the collective from the statuses.
+void stand_in(Job& job) {
+  const MpiGroup& g = *job.group;
+  int element = 0;
+  MPI_Type_size(job.type, &element);
+  const std::int64_t whole = job.count;
+  const std::int64_t part = job.counts.empty() ? whole : job.counts[static_cast<std::size_t>(g.rank)];
+  const std::int64_t in = job.kind == Kind::all_gather ? part : whole;
+  const std::int64_t out = job.kind == Kind::reduce_scatter ? part : whole;
+  job.stand_in.assign(static_cast<std::size_t>((in + out) * element), std::byte{0});
+  job.in = job.stand_in.data();
+  job.out = job.stand_in.data() + in * element;
 }
 
 // How a data phase ended.
@@ -339,12 +563,19 @@ UniqueFunction<int()> blocking_call(const Job& job) {
 
 // A data phase on the blocking lane: handed over in sequence order (the
 // data gate passes once it is queued), then polled with the deadline. On
-// success the lane's thread finishes and completes the job itself, one
-// thread hand-off less before the waiter learns of it.
+// success the lane's thread finishes and completes the job itself where
+// every peer's status is in and none failed (the usual case: one thread
+// hand-off less before the waiter learns of it); otherwise the fiber does.
+// The lane's thread may test the status receives: the fiber leaves them
+// alone until the ticket is done, and lanes exist only under
+// MPI_THREAD_MULTIPLE.
 Outcome lane_collective(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   const std::shared_ptr<LaneTicket> ticket = g.lane->submit(blocking_call(job), [&job] {
     finish_data(job);
+    int rc = MPI_SUCCESS;
+    if (job.group->fingerprints && (!statuses_arrived(job, rc) || verdict(job))) return;
+    job.lane_completed = true;
     complete(job);
   });
   g.data_gate.pass(job.mine.sequence);
@@ -361,52 +592,72 @@ Outcome lane_collective(Job& job, CommThread& thread) {
     out.waited = CommThread::Wait::done;
   }
   out.rc = ticket->rc;
-  out.completed = out.rc == MPI_SUCCESS;
+  out.completed = job.lane_completed;
   return out;
+}
+
+// Who never reached the data phase, by their statuses (tested once), for
+// the message of a data phase that timed out.
+std::string late_ranks(Job& job) {
+  if (!job.group->fingerprints) return " (fingerprints are off, WEFT_COLLECTIVE_CHECK=0: the ranks that never joined are unknown)";
+  int rc = MPI_SUCCESS;
+  test_each(job.status_recvs, rc);
+  std::vector<int> late;
+  for (std::size_t r = 0; r < job.status_recvs.size(); ++r)
+    if (job.status_recvs[r] != MPI_REQUEST_NULL) late.push_back(static_cast<int>(r));
+  if (late.empty()) return " although every rank reached it";
+  return ": " + rank_list(late) + " never reached it (" + (late.size() == 1 ? "its input was" : "their inputs were") +
+         " not ready)";
+}
+
+// The data phase of a collective whose fingerprints matched (or were not
+// checked) and whose hold op ran; its turn has come (the data gate).
+void data_phase(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  if (g.fingerprints) {
+    if (const int rc = send_status(job); rc != MPI_SUCCESS)
+      return fail_broken(job, "sending its status to the peers failed: " + mpi_error_text(rc));
+  } else if (job.failed_input) {
+    // Without fingerprints the peers cannot be told: they fail at their
+    // timeout, and this rank stops using the communicator too.
+    if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
+    return complete(job, job.failed_input);
+  }
+  if (job.check_only) {  // the data moves elsewhere (NCCL): the statuses are the whole collective
+    g.data_gate.pass(job.mine.sequence);
+    return g.fingerprints ? complete_with_statuses(job, thread) : complete(job);
+  }
+  if (job.failed_input) stand_in(job);
+  const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
+                    static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
+  const Outcome out = on_lane(job) ? lane_collective(job, thread)
+                      : ring         ? ring_allreduce(job, thread)
+                                     : mpi_collective(job, thread);
+  if (out.rc != MPI_SUCCESS || out.waited != CommThread::Wait::done) {
+    if (out.posted) abandon_memory(job);
+    if (out.rc != MPI_SUCCESS) return fail_broken(job, "MPI failed: " + mpi_error_text(out.rc));
+    if (out.waited == CommThread::Wait::stopping) return fail_broken(job, "the process is exiting");
+    return fail_broken(job, "the data phase did not complete within " + seconds_text(g.timeout) + late_ranks(job));
+  }
+  if (out.completed) return;
+  if (g.fingerprints) return complete_with_statuses(job, thread);
+  complete(job);
 }
 
 }  // namespace
 
-// The fiber of one collective.
+// The fiber of one collective, from its hold op's run.
 void run_collective(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   const std::uint64_t seq = job.mine.sequence;
-  if (!g.broken.empty()) {
+  if (!g.fingerprints && !g.broken.empty()) {
     complete(job, comm_error(job, "the communicator is broken: " + g.broken));
-  } else if (g.fingerprints ? check_fingerprints(job, thread) : true) {
-    if (job.failed_input) {
-      // Without fingerprints the peers cannot be told: they fail at their
-      // timeout, and this rank stops using the communicator too.
-      if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
-      complete(job, job.failed_input);
-    } else if (job.check_only) {
-      complete(job);
-    } else if (wait_turn(job, thread, g.data_gate, seq)) {
-      const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
-                        static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
-      const Outcome out = on_lane(job) ? lane_collective(job, thread)
-                          : ring         ? ring_allreduce(job, thread)
-                                         : mpi_collective(job, thread);
-      if (out.rc != MPI_SUCCESS || out.waited != CommThread::Wait::done) {
-        if (out.posted) abandon_memory(job);
-        if (out.rc != MPI_SUCCESS) {
-          fail_broken(job, "MPI failed: " + mpi_error_text(out.rc));
-        } else if (out.waited == CommThread::Wait::stopping) {
-          fail_broken(job, "the process is exiting");
-        } else {
-          fail_broken(job, std::string("the data phase did not complete within ") + seconds_text(g.timeout) +
-                               (g.fingerprints ? " although every rank joined"
-                                               : " (fingerprints are off, WEFT_COLLECTIVE_CHECK=0: the ranks that "
-                                                 "never joined are unknown)"));
-        }
-      } else if (!out.completed) {
-        complete(job);
-      }
-    }
+  } else if ((!g.fingerprints || await_check(job, thread)) && wait_turn(job, thread, g.data_gate, seq)) {
+    data_phase(job, thread);
   }
   // Whatever happened, later collectives must not wait for this one.
-  g.check_gate.pass(seq);
   g.data_gate.pass(seq);
+  finish_statuses(job, thread);
 }
 
 }  // namespace weft::parallel::detail

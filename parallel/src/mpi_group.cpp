@@ -51,6 +51,16 @@ void copy_text(char* dst, std::size_t capacity, const std::string& text) {
   dst[n] = '\0';
 }
 
+std::string failure_text(const std::exception_ptr& failure) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(not a std::exception)";
+  }
+}
+
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::float32: return MPI_FLOAT;
@@ -87,7 +97,10 @@ void fail_broken(Job& job, const std::string& why, int peer) {
 
 // A data phase that never completed: MPI may still write into the tensors'
 // memory, so it is never freed.
-void abandon_memory(Job& job) { static_cast<void>(new std::vector<Tensor>(std::move(job.tensors))); }
+void abandon_memory(Job& job) {
+  static_cast<void>(new std::vector<Tensor>(std::move(job.tensors)));
+  if (!job.stand_in.empty()) static_cast<void>(new std::vector<std::byte>(std::move(job.stand_in)));
+}
 
 // Waits until `gate` lets `seq` through; false once the job was completed
 // (the communicator broke, or the process is exiting). No deadline of its

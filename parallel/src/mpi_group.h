@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <exception>
@@ -105,11 +106,22 @@ struct Fingerprint {
   std::int64_t count = 0;       // elements (the whole buffer for reduce_scatter and all_gather)
   std::uint64_t name_hash = 0;  // of the whole name (name holds its start)
   std::int32_t root = 0;        // broadcast and reduce; 0 otherwise
-  std::uint8_t kind = 0, op = 0, dtype = 0, failed = 0;
+  std::uint8_t kind = 0, op = 0, dtype = 0;
+  std::uint8_t failed = 0;  // send and recv only (a collective's Status says it)
   char name[40] = {};
   char reason[88] = {};  // failed: what the input's failure said (its start)
 };
 static_assert(std::is_trivially_copyable_v<Fingerprint>);
+
+// What a rank says about its own n-th collective as it enters the data
+// phase (collectives only; their Fingerprint went out at push, when the
+// input's state was not known yet).
+struct Status {
+  std::uint64_t sequence = 0;
+  std::uint8_t failed = 0;
+  char reason[88] = {};  // failed: what the input's failure said (its start)
+};
+static_assert(std::is_trivially_copyable_v<Status>);
 
 // Same collective: everything but the failed flag and the reason.
 bool same_call(const Fingerprint& a, const Fingerprint& b);
@@ -117,9 +129,13 @@ bool reduces(Kind kind);
 // "allreduce(sum) 'grad.fc1' [4096] float32 as #17"
 std::string describe(const Fingerprint& f);
 void copy_text(char* dst, std::size_t capacity, const std::string& text);
+// What a failed input's exception says.
+std::string failure_text(const std::exception_ptr& failure);
 MPI_Datatype mpi_type(DType t);
 
 // ---- one communicator ----------------------------------------------------------------
+
+struct Job;
 
 // What the fibers of one communicator share. The MPI handles and the
 // settings are fixed at creation; the rest is touched by fibers only.
@@ -141,8 +157,16 @@ struct MpiGroup {
   std::mutex messages_mutex;
   std::map<std::pair<int, int>, std::uint64_t> sent, received;
 
+  // Fingerprints pushed and not yet taken by the record fiber (any thread,
+  // under the mutex), and whether that fiber runs.
+  std::mutex records_mutex;
+  std::vector<std::shared_ptr<Job>> records_in;
+  bool record_fiber = false;
+
   // ---- communication thread only ----
-  SequenceGate check_gate, data_gate;
+  std::uint64_t next_record = 1;  // the sequence number whose fingerprint goes next
+  // Statuses and data phases are posted in sequence order.
+  SequenceGate data_gate;
   std::map<std::pair<int, int>, SequenceGate> send_gate, recv_gate;  // per (peer, channel): in push order
   std::string broken;  // set by the first error MPI cannot recover from
   std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
@@ -193,10 +217,31 @@ struct Job {
   Completion done;
   std::exception_ptr failed_input;
   Clock::time_point deadline;
+  // Collectives with fingerprints: the group's record fiber exchanges the
+  // job's fingerprint from its push on and leaves the verdict here; the
+  // job's own fiber reads it (both on the communication thread).
+  enum class Check { pending, matched, failed };
+  Check check = Check::pending;
+  std::exception_ptr check_error;  // failed: what every rank's collective fails with
+  std::vector<Fingerprint> theirs;  // the peers' fingerprints, by rank
+  std::vector<MPI_Request> record_recvs, record_sends;
+  std::unique_ptr<Fingerprint> record;  // what this rank sent (left to MPI if a send never completes)
+  // Collectives with fingerprints: each peer's status for this sequence
+  // (received into `statuses`, posted with this rank's, under the data gate).
+  std::vector<Status> statuses;
+  std::vector<MPI_Request> status_recvs, status_sends;
+  std::unique_ptr<Status> status;  // what this rank sent (left to MPI if a send never completes)
+  // A rank whose input failed still takes part in the data phase, with
+  // this memory (zeros) in place of the tensors', so that no peer waits.
+  std::vector<std::byte> stand_in;
+  bool lane_completed = false;  // the blocking lane's thread completed the job
 };
 // Completes the hold op. The job lets go of the tensors first: once the
 // hold op is complete, a waiter may destroy the engine they belong to.
 void complete(Job& job, std::exception_ptr error = nullptr);
+// Hands a collective's fingerprint to its group's record fiber (started
+// when none runs). Any thread, at push, in any order of sequence numbers.
+void queue_fingerprint(const std::shared_ptr<Job>& job);
 std::exception_ptr comm_error(const Job& job, const std::string& why, int peer = CommunicationError::kNoPeer);
 // The communicator cannot be trusted any more (MPI cannot cancel a started
 // collective): later collectives on it fail at once with this message.

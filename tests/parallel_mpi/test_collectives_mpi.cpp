@@ -265,6 +265,40 @@ TEST_CASE("a rank that never joins is named by the others within seconds" * doct
   sync_ranks(*e);
 }
 
+TEST_CASE("a rank whose input is not ready within the timeout is named by the others" * doctest::timeout(120)) {
+  // Every rank pushes the collective (their fingerprints match at once),
+  // but one rank's producer outlasts the timeout: the others enter the data
+  // phase without waiting for it, and their deadline names it.
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n == 1) return;
+  const int late = n - 1;
+  Tensor t = rank_tensor(*e, rank, 100);
+  if (rank == late)
+    weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData&) {
+      std::this_thread::sleep_for(3s);
+    }, {.name = "slow producer"});
+  const auto start = std::chrono::steady_clock::now();
+  par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad.late"});
+  if (rank != late) {
+    const std::string message = error_of(t);
+    MESSAGE("rank " << rank << ": " << message);
+    CHECK(contains(message, "allreduce 'grad.late' #1"));
+    CHECK(contains(message, "the data phase did not complete within 1500 ms: rank " + std::to_string(late) +
+                                " never reached it (its input was not ready)"));
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  } else {
+    // The late rank's own result depends on whether the peers' abandoned
+    // calls still meet it: success, or its own timeout. Either way it ends.
+    try {
+      e->wait_all();
+    } catch (const weft::Error&) {
+    }
+  }
+  sync_ranks(*e);
+}
+
 TEST_CASE("a failed input fails the collective on every rank, naming the rank" * doctest::timeout(120)) {
   weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
@@ -293,7 +327,8 @@ TEST_CASE("a failed input fails the collective on every rank, naming the rank" *
       CHECK(contains(message, "rank " + std::to_string(failing) + "'s input failed: "));
       CHECK(contains(message, "data loader died"));
     }
-    // Nothing moved, on any rank: the communicator goes on.
+    // The failing rank took part with zeros; every rank failed the
+    // collective from the statuses: the communicator goes on.
     Tensor ok = rank_tensor(e, rank, 4);
     par::allreduce(comm, {ok}, par::ReduceOp::max, {.name = "after"});
     const auto v = ok.to_host();
