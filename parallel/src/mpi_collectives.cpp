@@ -122,13 +122,18 @@ std::vector<int> cancel_pending(std::vector<MPI_Request>& recvs, std::vector<MPI
 
 // Tests every request once (so that, at a deadline, the ones still open
 // name exactly the peers that never answered); true when all are done, or
-// when a test failed (`rc` says which).
+// when a test failed (`rc` says which; it is never reset to success, so
+// one error survives later calls).
 bool test_each(std::vector<MPI_Request>& requests, int& rc) {
+  if (rc != MPI_SUCCESS) return true;
   bool done = true;
   for (MPI_Request& r : requests) {
     if (r == MPI_REQUEST_NULL) continue;
     int flag = 0;
-    if ((rc = MPI_Test(&r, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return true;
+    if (const int tested = MPI_Test(&r, &flag, MPI_STATUS_IGNORE); tested != MPI_SUCCESS) {
+      rc = tested;
+      return true;
+    }
     done = done && flag;
   }
   return done;
@@ -136,7 +141,7 @@ bool test_each(std::vector<MPI_Request>& requests, int& rc) {
 
 // Fingerprints go on the check communicator with tag 0, statuses with tag
 // 1, each kind sent and received in sequence order on every rank (the
-// check and data gates), so that the k-th of each from a peer meets this
+// record fiber's counter, the data gate), so that the k-th of each from a peer meets this
 // rank's k-th receive. Every rank sends a fingerprint for every collective;
 // a status only for those whose fingerprints matched (on every rank alike),
 // so status receives are posted with the status, under the data gate: one
@@ -269,17 +274,38 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
       continue;
     }
     Job& head = *posted.front();
-    // From its turn. (Not the job's deadline: the hold op's thread sets that.)
-    const Clock::time_point deadline = Clock::now() + g.timeout;
+    // The deadline counts from its turn and from its hold op's run (its
+    // fiber's start), whichever is later: a peer whose frontend is behind
+    // while this rank's inputs are still being computed is not late yet.
+    // Not the job's own deadline: the hold op's thread sets that.
+    const Clock::time_point turn = Clock::now();
     int rc = MPI_SUCCESS;
-    const CommThread::Wait waited = thread.poll_until(
+    bool late = false;
+    CommThread::Wait waited = thread.poll_until(
         [&] {
           take();  // later pushes post meanwhile (head stays posted: take never ends the fiber here)
+          if (!g.broken.empty()) return true;
           const bool received = test_each(head.record_recvs, rc);
-          return test_each(head.record_sends, rc) && received;
+          if (test_each(head.record_sends, rc) && received) return true;
+          late = head.started && Clock::now() >= std::max(turn, head.started_at) + g.timeout;
+          return late;
         },
-        deadline);
-    decide(head, waited, rc);
+        Clock::time_point::max());
+    if (late) waited = CommThread::Wait::timeout;
+    bool exchanged = true;
+    if (waited == CommThread::Wait::done && rc == MPI_SUCCESS && !g.broken.empty()) {
+      const bool received = test_each(head.record_recvs, rc);
+      exchanged = test_each(head.record_sends, rc) && received && rc == MPI_SUCCESS;
+    }
+    if (!exchanged) {
+      // Broken meanwhile (another collective's error): nothing waits for
+      // the peers' records any more.
+      cancel_pending(head.record_recvs, head.record_sends, head.record);
+      head.check = Job::Check::failed;
+      head.check_error = comm_error(head, "the communicator is broken: " + g.broken);
+    } else {
+      decide(head, waited, rc);
+    }
     posted.pop_front();
   }
 }
@@ -288,13 +314,17 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
 
 void queue_fingerprint(const std::shared_ptr<Job>& job) {
   MpiGroup& g = *job->group;
+  CommThread& thread = MpiProcess::get().thread();
+  bool running = false;
   {
     std::lock_guard lock(g.records_mutex);
     g.records_in.push_back(job);
-    if (g.record_fiber) return;
-    g.record_fiber = true;
+    running = std::exchange(g.record_fiber, true);
   }
-  CommThread& thread = MpiProcess::get().thread();
+  if (running) {
+    thread.wake();  // it may be sleeping between polls
+    return;
+  }
   if (!thread.spawn([group = job->group, &thread] { run_records(group, thread); })) {
     // The process is exiting: the collectives' fibers fail as they start.
     std::lock_guard lock(g.records_mutex);
@@ -308,6 +338,8 @@ namespace {
 // false once the job was completed (they differ, a rank never joined, the
 // process is exiting).
 bool await_check(Job& job, CommThread& thread) {
+  job.started = true;  // the record fiber's deadline for it runs from now on
+  job.started_at = Clock::now();
   if (thread.poll_until([&] { return job.check != Job::Check::pending; }, Clock::time_point::max()) ==
       CommThread::Wait::stopping) {
     fail_broken(job, "the process is exiting");
@@ -381,8 +413,7 @@ void complete_with_statuses(Job& job, CommThread& thread) {
   const CommThread::Wait waited = thread.poll_until([&] { return test_each(job.status_recvs, rc); }, job.deadline);
   if (rc != MPI_SUCCESS) return fail_broken(job, "receiving the peers' statuses failed: " + mpi_error_text(rc));
   if (waited != CommThread::Wait::done) {
-    std::unique_ptr<Status> none;
-    const std::vector<int> missing = cancel_pending(job.status_recvs, job.status_sends, none);
+    const std::vector<int> missing = cancel_pending(job.status_recvs, job.status_sends, job.status);
     if (waited == CommThread::Wait::stopping) return fail_broken(job, "the process is exiting");
     return fail_broken(job, rank_list(missing) + " never reached the data phase within " + seconds_text(g.timeout),
                        missing.empty() ? CommunicationError::kNoPeer : missing.front());
@@ -606,8 +637,9 @@ std::string late_ranks(Job& job) {
   for (std::size_t r = 0; r < job.status_recvs.size(); ++r)
     if (job.status_recvs[r] != MPI_REQUEST_NULL) late.push_back(static_cast<int>(r));
   if (late.empty()) return " although every rank reached it";
-  return ": " + rank_list(late) + " never reached it (" + (late.size() == 1 ? "its input was" : "their inputs were") +
-         " not ready)";
+  return ": " + rank_list(late) + " never reached it (no status came: " +
+         (late.size() == 1 ? "its input was" : "their inputs were") +
+         " not ready, or earlier collectives held it back)";
 }
 
 // The data phase of a collective whose fingerprints matched (or were not

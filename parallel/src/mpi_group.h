@@ -235,6 +235,10 @@ struct Job {
   // this memory (zeros) in place of the tensors', so that no peer waits.
   std::vector<std::byte> stand_in;
   bool lane_completed = false;  // the blocking lane's thread completed the job
+  // The job's fiber started (its hold op ran), and when: the record fiber's
+  // deadline for its fingerprints counts from then at the earliest.
+  bool started = false;
+  Clock::time_point started_at;
 };
 // Completes the hold op. The job lets go of the tensors first: once the
 // hold op is complete, a waiter may destroy the engine they belong to.

@@ -286,7 +286,7 @@ TEST_CASE("a rank whose input is not ready within the timeout is named by the ot
     MESSAGE("rank " << rank << ": " << message);
     CHECK(contains(message, "allreduce 'grad.late' #1"));
     CHECK(contains(message, "the data phase did not complete within 1500 ms: rank " + std::to_string(late) +
-                                " never reached it (its input was not ready)"));
+                                " never reached it (no status came: its input was not ready"));
     CHECK(std::chrono::steady_clock::now() - start < 10s);
   } else {
     // The late rank's own result depends on whether the peers' abandoned
