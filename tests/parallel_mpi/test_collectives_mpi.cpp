@@ -212,6 +212,55 @@ TEST_CASE("many collectives in flight, ready in a different order on each rank, 
   sync_ranks(*e);
 }
 
+TEST_CASE("hundreds of collectives pushed ahead of their inputs, from two threads, are exact" * doctest::timeout(240)) {
+  // More fingerprints than the record fiber posts at once (64), pushed
+  // while every input is still being produced behind one slow op, half of
+  // them from a second thread: sequence numbers reach the record fiber out
+  // of order, and each collective's check is done long before its data.
+  // (Which tensor takes which number then differs across ranks: the
+  // collectives share a name and their inputs hold the same values.)
+  weft_test::with_each_engine(2, [](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    constexpr int kCalls = 160;
+    constexpr std::int64_t kCount = 5;
+    Tensor gate = Tensor::zeros(e, Shape{1}, Device::cpu(0));
+    weft::push_tensor_op(Device::cpu(0), {}, {gate}, [](weft::RunContext&, const weft::TensorData&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }, {.name = "slow producer"});
+    std::vector<Tensor> ts;
+    for (int k = 0; k < kCalls; ++k) {
+      Tensor t = rank_tensor(e, rank, kCount);
+      weft::push_tensor_op(Device::cpu(0), {gate}, {t}, [](weft::RunContext&, const weft::TensorData& d) {
+        d.out(0)[0] += 1.0f;
+      }, {.name = "after the gate"});
+      ts.push_back(t);
+    }
+    auto push_range = [&](int first, int step) {
+      for (int k = first; k < kCalls; k += step)
+        par::allreduce(comm, {ts[static_cast<std::size_t>(k)]}, par::ReduceOp::sum,
+                       {.name = "ahead"});
+    };
+    // The naive engine runs each collective at its push: one thread there,
+    // so that both ranks push in the same order.
+    if (e.kind() == "naive") {
+      push_range(0, 1);
+    } else {
+      std::thread other([&] { push_range(1, 2); });
+      push_range(0, 2);
+      other.join();
+    }
+    for (int k = 0; k < kCalls; ++k) {
+      const auto v = ts[static_cast<std::size_t>(k)].to_host();
+      for (std::int64_t i = 0; i < kCount; ++i)
+        REQUIRE(v[static_cast<std::size_t>(i)] ==
+                reduced(par::ReduceOp::sum, n, i) + (i == 0 ? static_cast<float>(n) : 0.0f));
+    }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
 TEST_CASE("collectives that differ across ranks fail on every rank, naming both sides" * doctest::timeout(120)) {
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
