@@ -50,7 +50,9 @@ int usage(std::FILE* out, int rc) {
                "  the engine; weft_mpi_4_in_flight (four buffers in turn, as gradient buckets are, on a third\n"
                "  communicator); mpi (MPI_Allreduce in place) and mpi_4_buffers (the same over four buffers in\n"
                "  turn, the peer of 4_in_flight): these five with their reps interleaved so that slow spells\n"
-               "  fall on all alike, each rep after one untimed call. --quick: up to 16 MiB, 3 reps.\n"
+               "  fall on all alike, each rep after one untimed call; each Weft row's vs_peer is the median\n"
+               "  over reps of its rep's time over its peer's same rep (mpi; mpi_4_buffers for 4_in_flight).\n"
+               "  --quick: up to 16 MiB, 3 reps.\n"
                "  Launch with --bind-to none: Weft's threads (engine workers, the communication thread)\n"
                "  need more than one core per rank.\n"
                "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
@@ -67,6 +69,8 @@ struct Row {
   int ranks;
   std::int64_t bytes;
   double time_us;
+  std::string peer = {};  // with vs_peer: the median of the paired reps' ratios to it
+  double vs_peer = 0;
 };
 
 void print(const Row& r, bool json, double core_round_trip_ns) {
@@ -75,11 +79,14 @@ void print(const Row& r, bool json, double core_round_trip_ns) {
   if (json)
     std::printf(
         "{\"impl\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"time_us\":%.3f,\"algbw_gbs\":%.3f,\"busbw_gbs\":%.3f,"
-        "\"core_round_trip_ns\":%.1f}\n",
-        r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes), r.time_us, algbw, busbw, core_round_trip_ns);
+        "%s\"core_round_trip_ns\":%.1f}\n",
+        r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes), r.time_us, algbw, busbw,
+        r.peer.empty() ? "" : ("\"peer\":\"" + r.peer + "\",\"vs_peer\":" + std::to_string(r.vs_peer) + ",").c_str(),
+        core_round_trip_ns);
   else
-    std::printf("%-20s %5d %12lld %12.3f %10.3f %10.3f\n", r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes),
-                r.time_us, algbw, busbw);
+    std::printf("%-20s %5d %12lld %12.3f %10.3f %10.3f%s\n", r.impl.c_str(), r.ranks, static_cast<long long>(r.bytes),
+                r.time_us, algbw, busbw,
+                r.peer.empty() ? "" : ("  " + std::to_string(r.vs_peer).substr(0, 5) + "x " + r.peer).c_str());
   std::fflush(stdout);
 }
 
@@ -137,21 +144,25 @@ struct Job {
   }
 };
 
-// Medians over reps of the time per call of each implementation, each rep
+// The time per call of each implementation in each rep, each rep
 // running its calls (calls_for_50ms, rank 0's timing) on every rank, starting
 // together. The reps are interleaved (rep r of every implementation before
 // rep r + 1 of any), so a slow spell of this noisy machine falls on all of
 // them alike instead of on whichever ran then: the ratios are what the
-// targets are about. Each rep begins with one untimed call, as nccl-tests'
+// targets are about. Each rep starts with the next implementation, so that
+// none always follows the same one (at 16 MiB the one after mpi_4_buffers
+// finds a cache its four buffers emptied). Each rep begins with one untimed call, as nccl-tests'
 // warm-up iterations do: the first call after another implementation ran is
 // slower for every implementation (above), and what is measured is the
 // steady cost of back-to-back calls, as a training step's buckets make them.
-std::vector<double> times_per_call_us_together(int reps, const std::vector<std::function<void(int)>>& runs) {
+std::vector<std::vector<double>> times_per_call_us_together(int reps,
+                                                            const std::vector<std::function<void(int)>>& runs) {
   std::vector<int> calls;
   for (const auto& run_calls : runs) calls.push_back(calls_for_50ms(run_calls, true));
   std::vector<std::vector<double>> per_call(runs.size());
   for (int r = 0; r < reps; ++r)
-    for (std::size_t i = 0; i < runs.size(); ++i) {
+    for (std::size_t k = 0; k < runs.size(); ++k) {
+      const std::size_t i = (k + static_cast<std::size_t>(r)) % runs.size();  // each rep starts one later
       MPI_Barrier(MPI_COMM_WORLD);
       runs[i](1);
       MPI_Barrier(MPI_COMM_WORLD);
@@ -159,9 +170,16 @@ std::vector<double> times_per_call_us_together(int reps, const std::vector<std::
       runs[i](calls[i]);
       per_call[i].push_back(sw.seconds() * 1e6 / calls[i]);
     }
-  std::vector<double> medians;
-  for (const auto& v : per_call) medians.push_back(weft_bench::summarize(v).median);
-  return medians;
+  return per_call;
+}
+
+// The median over reps of a's time over b's in the same rep: the two ran
+// back to back, so a slow spell that spans both cancels out, where the
+// ratio of the medians keeps it whenever it fell on more of one's reps.
+double paired_ratio(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> ratios;
+  for (std::size_t r = 0; r < a.size() && r < b.size(); ++r) ratios.push_back(a[r] / b[r]);
+  return weft_bench::summarize(ratios).median;
 }
 
 #if WEFT_BENCH_NCCL
@@ -303,10 +321,10 @@ int main(int argc, char** argv) {
     if (gpu_across) {
       weft::Tensor g = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::gpu(0));
       engine->wait_all();
-      const double us = times_per_call_us_together(o.reps, {[&](int calls) {
+      const double us = weft_bench::summarize(times_per_call_us_together(o.reps, {[&](int calls) {
                                                       for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
                                                       engine->wait_all();
-                                                    }})[0];
+                                                    }})[0]).median;
       report({gpu_mpi_impl, job.size, bytes, us});
     }
     // Across the ranks: the same buffer for every implementation.
@@ -331,7 +349,7 @@ int main(int argc, char** argv) {
     std::vector<std::vector<float>> buffers(4, std::vector<float>(static_cast<std::size_t>(count), 1.0f));
     const std::vector<const char*> impls = {"weft_mpi", "weft_mpi_unchecked", "weft_mpi_4_in_flight", "mpi",
                                             "mpi_4_buffers"};
-    const std::vector<double> us = times_per_call_us_together(
+    const std::vector<std::vector<double>> us = times_per_call_us_together(
         o.reps, {weft_calls(across), weft_calls(unchecked),
                  [&](int calls) {
                    for (int k = 0; k < calls; ++k) par::allreduce(in_flight, {bucket[static_cast<std::size_t>(k % 4)]});
@@ -347,7 +365,16 @@ int main(int argc, char** argv) {
                      MPI_Allreduce(MPI_IN_PLACE, buffers[static_cast<std::size_t>(k % 4)].data(),
                                    static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
                  }});
-    for (std::size_t i = 0; i < impls.size(); ++i) report({impls[i], job.size, bytes, us[i]});
+    const std::vector<int> peer_of = {3, 3, 4, -1, -1};  // index of each row's peer in `impls`
+    for (std::size_t i = 0; i < impls.size(); ++i) {
+      Row row{impls[i], job.size, bytes, weft_bench::summarize(us[i]).median};
+      if (peer_of[i] >= 0) {
+        const auto p = static_cast<std::size_t>(peer_of[i]);
+        row.peer = impls[p];
+        row.vs_peer = paired_ratio(us[i], us[p]);
+      }
+      report(row);
+    }
   }
   return 0;
 }

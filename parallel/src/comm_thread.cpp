@@ -25,14 +25,18 @@ CommThread::CommThread() : thread_([this] { loop(); }) {}
 
 CommThread::~CommThread() { stop(); }
 
-bool CommThread::spawn(UniqueFunction<void()> body) {
+bool CommThread::spawn(UniqueFunction<void()> body, Start start) {
+  bool notify = true;
   {
     std::lock_guard lock(mutex_);
     if (stop_) return false;  // `body` goes with this frame
     queue_.push_back(std::move(body));
     queued_.fetch_add(1, std::memory_order_release);
+    // With fibers alive the thread polls or sleeps a bounded while; with
+    // none it waits for this.
+    notify = start == Start::now || idle_;
   }
-  wake_.notify_one();
+  if (notify) wake_.notify_one();
   return true;
 }
 
@@ -85,7 +89,9 @@ void CommThread::loop() {
       const Clock::time_point until = Clock::now() + kIdleSpin;
       while (queued_.load(std::memory_order_acquire) == 0 && Clock::now() < until) std::this_thread::yield();
       std::unique_lock lock(mutex_);
+      idle_ = true;
       wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      idle_ = false;
     }
     if (queued_.load(std::memory_order_acquire) != 0 || live_ == 0) {
       std::lock_guard lock(mutex_);

@@ -9,7 +9,8 @@
 // Completions or std::promise, so no fiber object is shared across threads.
 // Polling fibers yield to one another; when a whole round made no progress
 // for a while, the thread sleeps in short, growing steps (woken at once by
-// new work), so an idle wait on a slow peer does not burn a core.
+// new work, unless it can wait for the next step), so an idle wait on a slow
+// peer does not burn a core.
 #pragma once
 
 #include <atomic>
@@ -35,8 +36,12 @@ class CommThread {
   CommThread& operator=(const CommThread&) = delete;
 
   // Runs `body` as a new fiber on the thread. Any thread. False, with
-  // `body` destroyed unrun, once stop() was called.
-  bool spawn(UniqueFunction<void()> body);
+  // `body` destroyed unrun, once stop() was called. A body that can wait
+  // (`soon`: it only watches work already under way) does not cut short
+  // the thread's sleep between polling rounds (at most kMaxSleep): the
+  // futex wake-up is then off the caller's path.
+  enum class Start { now, soon };
+  bool spawn(UniqueFunction<void()> body, Start start = Start::now);
   // Fibers still running see stopping() and give up; then the thread ends.
   // Idempotent; not from the thread itself.
   void stop();
@@ -72,6 +77,7 @@ class CommThread {
   std::deque<UniqueFunction<void()>> queue_;  // guarded by mutex_
   bool stop_ = false;                         // guarded by mutex_
   bool woken_ = false;                        // guarded by mutex_: wake() since the last sleep
+  bool idle_ = false;                         // guarded by mutex_: waiting for work, no fiber left
   std::atomic<int> queued_{0};                // queue_ (or stop_) changed since the thread last looked
   // Touched by the thread (its fibers) only.
   int live_ = 0;
@@ -89,26 +95,33 @@ CommThread& process_thread(ThreadPurpose purpose);
 // collectives).
 inline CommThread& poll_thread() { return process_thread(ThreadPurpose::poll); }
 
-// Lets fibers through in sequence order: open(n) once 1..n-1 have all been
-// passed. A number passed early (a collective that ended without posting,
-// say) is kept until those before it pass, so a gate never opens past a
-// collective still running. Fibers wait for it with poll_until. Fibers of
-// one thread only.
+// Lets collectives through in sequence order: open(n) once 1..n-1 have all
+// been passed. A number passed early (a collective that ended without
+// posting, say) is kept until those before it pass, so a gate never opens
+// past a collective still running. Fibers wait for it with poll_until; any
+// thread may look and pass (an MPI hold op that begins its data phase
+// itself, mpi_collectives.cpp).
 class SequenceGate {
  public:
-  bool open(std::uint64_t n) const noexcept { return next_ >= n; }
+  bool open(std::uint64_t n) const noexcept { return next_.load(std::memory_order_acquire) >= n; }
+  // n's turn now: 1..n-1 passed, n not yet.
+  bool turn_of(std::uint64_t n) const noexcept { return next_.load(std::memory_order_acquire) == n; }
   void pass(std::uint64_t n) {
-    if (n < next_) return;
+    std::lock_guard lock(mutex_);
+    std::uint64_t next = next_.load(std::memory_order_relaxed);
+    if (n < next) return;
     early_.insert(n);
-    while (!early_.empty() && *early_.begin() == next_) {
+    while (!early_.empty() && *early_.begin() == next) {
       early_.erase(early_.begin());
-      ++next_;
+      ++next;
     }
+    next_.store(next, std::memory_order_release);
   }
 
  private:
-  std::uint64_t next_ = 1;
-  std::set<std::uint64_t> early_;  // passed, waiting for the ones before
+  std::mutex mutex_;
+  std::atomic<std::uint64_t> next_{1};
+  std::set<std::uint64_t> early_;  // guarded by mutex_: passed, waiting for the ones before
 };
 
 }  // namespace weft::parallel::detail

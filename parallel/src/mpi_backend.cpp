@@ -239,7 +239,7 @@ class MpiBackend final : public Backend {
   // state): later calls fail at once, the peers at their deadline.
   void break_after_failed_push(const Call& call) {
     static_cast<void>(MpiProcess::get().thread().spawn([group = group_, label = call.label()] {
-      if (group->broken.empty()) group->broken = label + ": its push failed on this rank";
+      group->set_broken(label + ": its push failed on this rank");
     }));
   }
 
@@ -255,9 +255,19 @@ class MpiBackend final : public Backend {
     }
     job->deadline = Clock::now() + job->group->timeout;
     CommThread& thread = MpiProcess::get().thread();
+    // Where it can, a collective bound for the blocking lane starts its
+    // data phase here, without waiting for its fiber (mpi_group.h).
+    const bool began = job->kind != Kind::send && job->kind != Kind::recv && begin_data_phase(*job);
     const std::shared_ptr<Job> kept = job;
-    if (!thread.spawn([job = std::move(job), &thread] { run(*job, thread); }))
-      complete(*kept, comm_error(*kept, "the process is exiting (Weft's MPI communication thread has stopped)"));
+    // Its fiber then only watches the lane's call: it need not wake the
+    // communication thread (after a lane call, this runs on the lane's
+    // thread, just before its next call).
+    if (!thread.spawn([job = std::move(job), &thread] { run(*job, thread); },
+                      began ? CommThread::Start::soon : CommThread::Start::now)) {
+      drop_lane_call(*kept);
+      if (!kept->lane_completed)
+        complete(*kept, comm_error(*kept, "the process is exiting (Weft's MPI communication thread has stopped)"));
+    }
   }
 
   std::shared_ptr<MpiGroup> group_;

@@ -163,9 +163,9 @@ constexpr std::size_t kRecordsAhead = 64;
 // communicator is broken (the later ones fail at once).
 void fail_check(Job& job, const std::string& why, int peer = CommunicationError::kNoPeer, bool breaks = true) {
   MpiGroup& g = *job.group;
-  if (breaks && g.broken.empty()) g.broken = job.label + ": " + why;
-  job.check = Job::Check::failed;
+  if (breaks) g.set_broken(job.label + ": " + why);
   job.check_error = comm_error(job, breaks ? why + "; the communicator is broken" : why, peer);
+  job.check = Job::Check::failed;
 }
 
 int post_record(Job& job) {
@@ -249,8 +249,8 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
       waiting.erase(waiting.begin());
       ++g.next_record;
       if (!g.broken.empty()) {
-        job->check = Job::Check::failed;
         job->check_error = comm_error(*job, "the communicator is broken: " + g.broken);
+        job->check = Job::Check::failed;
       } else if (thread.stopping()) {
         fail_check(*job, "the process is exiting");
       } else if (post_record(*job) == MPI_SUCCESS) {
@@ -301,8 +301,8 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
       // Broken meanwhile (another collective's error): nothing waits for
       // the peers' records any more.
       cancel_pending(head.record_recvs, head.record_sends, head.record);
-      head.check = Job::Check::failed;
       head.check_error = comm_error(head, "the communicator is broken: " + g.broken);
+      head.check = Job::Check::failed;
     } else {
       decide(head, waited, rc);
     }
@@ -600,31 +600,41 @@ UniqueFunction<int()> blocking_call(const Job& job) {
 // The lane's thread may test the status receives: the fiber leaves them
 // alone until the ticket is done, and lanes exist only under
 // MPI_THREAD_MULTIPLE.
-Outcome lane_collective(Job& job, CommThread& thread) {
+void submit_to_lane(Job& job) {
   MpiGroup& g = *job.group;
-  const std::shared_ptr<LaneTicket> ticket = g.lane->submit(blocking_call(job), [&job] {
+  job.ticket = g.lane->submit(blocking_call(job), [&job] {
     finish_data(job);
     int rc = MPI_SUCCESS;
-    if (job.group->fingerprints && (!statuses_arrived(job, rc) || verdict(job))) return;
+    if (job.group->fingerprints && (!statuses_arrived(job, rc) || verdict(job))) return false;
     job.lane_completed = true;
     complete(job);
+    return true;
   });
   g.data_gate.pass(job.mine.sequence);
+}
+
+Outcome await_lane(Job& job, CommThread& thread) {
+  LaneTicket& ticket = *job.ticket;
   Outcome out;
   out.posted = true;
-  auto ended = [&] { return ticket->state.load(std::memory_order_acquire) == LaneTicket::done; };
+  auto ended = [&] { return ticket.state.load(std::memory_order_acquire) == LaneTicket::done; };
   out.waited = thread.poll_until(ended, job.deadline);
   if (out.waited != CommThread::Wait::done) {
     int expected = LaneTicket::pending;
-    if (ticket->state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel))
+    if (ticket.state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel))
       return out;  // the call stays in MPI; the caller fails the job
     // The lane won: it is finishing the job this very moment.
     while (!ended()) std::this_thread::yield();
     out.waited = CommThread::Wait::done;
   }
-  out.rc = ticket->rc;
+  out.rc = ticket.rc;
   out.completed = job.lane_completed;
   return out;
+}
+
+Outcome lane_collective(Job& job, CommThread& thread) {
+  submit_to_lane(job);
+  return await_lane(job, thread);
 }
 
 // Who never reached the data phase, by their statuses (tested once), for
@@ -642,29 +652,10 @@ std::string late_ranks(Job& job) {
          " not ready, or earlier collectives held it back)";
 }
 
-// The data phase of a collective whose fingerprints matched (or were not
-// checked) and whose hold op ran; its turn has come (the data gate).
-void data_phase(Job& job, CommThread& thread) {
+// How a data phase that was posted ends: failed and named, or complete
+// once the statuses are in.
+void end_data_phase(Job& job, CommThread& thread, const Outcome& out) {
   MpiGroup& g = *job.group;
-  if (g.fingerprints) {
-    if (const int rc = send_status(job); rc != MPI_SUCCESS)
-      return fail_broken(job, "sending its status to the peers failed: " + mpi_error_text(rc));
-  } else if (job.failed_input) {
-    // Without fingerprints the peers cannot be told: they fail at their
-    // timeout, and this rank stops using the communicator too.
-    if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
-    return complete(job, job.failed_input);
-  }
-  if (job.check_only) {  // the data moves elsewhere (NCCL): the statuses are the whole collective
-    g.data_gate.pass(job.mine.sequence);
-    return g.fingerprints ? complete_with_statuses(job, thread) : complete(job);
-  }
-  if (job.failed_input) stand_in(job);
-  const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
-                    static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
-  const Outcome out = on_lane(job) ? lane_collective(job, thread)
-                      : ring         ? ring_allreduce(job, thread)
-                                     : mpi_collective(job, thread);
   if (out.rc != MPI_SUCCESS || out.waited != CommThread::Wait::done) {
     if (out.posted) abandon_memory(job);
     if (out.rc != MPI_SUCCESS) return fail_broken(job, "MPI failed: " + mpi_error_text(out.rc));
@@ -676,13 +667,47 @@ void data_phase(Job& job, CommThread& thread) {
   complete(job);
 }
 
+// The data phase of a collective whose fingerprints matched (or were not
+// checked) and whose hold op ran; its turn has come (the data gate), or
+// the hold op began it (Job::began).
+void data_phase(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  if (job.began) {
+    if (job.began_rc != MPI_SUCCESS)
+      return fail_broken(job, "sending its status to the peers failed: " + mpi_error_text(job.began_rc));
+    return end_data_phase(job, thread, await_lane(job, thread));
+  }
+  if (g.fingerprints) {
+    if (const int rc = send_status(job); rc != MPI_SUCCESS)
+      return fail_broken(job, "sending its status to the peers failed: " + mpi_error_text(rc));
+  } else if (job.failed_input) {
+    // Without fingerprints the peers cannot be told: they fail at their
+    // timeout, and this rank stops using the communicator too.
+    g.set_broken(job.label + ": this rank's input failed (fingerprints are off)");
+    return complete(job, job.failed_input);
+  }
+  if (job.check_only) {  // the data moves elsewhere (NCCL): the statuses are the whole collective
+    g.data_gate.pass(job.mine.sequence);
+    return g.fingerprints ? complete_with_statuses(job, thread) : complete(job);
+  }
+  if (job.failed_input) stand_in(job);
+  const bool ring = job.kind == Kind::allreduce && g.size > 1 &&
+                    static_cast<std::int64_t>(job.count) * static_cast<std::int64_t>(sizeof(float)) >= kRingBytes;
+  end_data_phase(job, thread,
+                 on_lane(job) ? lane_collective(job, thread)
+                 : ring       ? ring_allreduce(job, thread)
+                              : mpi_collective(job, thread));
+}
+
 }  // namespace
 
 // The fiber of one collective, from its hold op's run.
 void run_collective(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   const std::uint64_t seq = job.mine.sequence;
-  if (!g.fingerprints && !g.broken.empty()) {
+  if (job.began) {
+    data_phase(job, thread);
+  } else if (!g.fingerprints && !g.broken.empty()) {
     complete(job, comm_error(job, "the communicator is broken: " + g.broken));
   } else if ((!g.fingerprints || await_check(job, thread)) && wait_turn(job, thread, g.data_gate, seq)) {
     data_phase(job, thread);
@@ -690,6 +715,33 @@ void run_collective(Job& job, CommThread& thread) {
   // Whatever happened, later collectives must not wait for this one.
   g.data_gate.pass(seq);
   finish_statuses(job, thread);
+}
+
+// On the hold op's thread (mpi_group.h). The verdict, the gate and the
+// broken flag are read across threads; a turn at the gate is this job's
+// alone, so nothing else posts a status or hands a call to the lane until
+// it passes.
+bool begin_data_phase(Job& job) {
+  MpiGroup& g = *job.group;
+  if (job.check_only || job.failed_input || !on_lane(job)) return false;
+  // A broken communicator's lane may be stuck in MPI: the fiber fails the job at once.
+  if (g.is_broken.load(std::memory_order_acquire)) return false;
+  if (g.fingerprints && job.check.load(std::memory_order_acquire) != Job::Check::matched) return false;
+  if (!g.data_gate.turn_of(job.mine.sequence)) return false;  // earlier collectives are still to enter theirs
+  job.began = true;
+  if (g.fingerprints && (job.began_rc = send_status(job)) != MPI_SUCCESS) return true;  // the fiber fails it
+  submit_to_lane(job);
+  return true;
+}
+
+void drop_lane_call(Job& job) {
+  if (!job.ticket) return;
+  int expected = LaneTicket::pending;
+  if (job.ticket->state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel)) {
+    abandon_memory(job);  // the call may still run: MPI would write into the tensors
+    return;
+  }
+  while (job.ticket->state.load(std::memory_order_acquire) != LaneTicket::done) std::this_thread::yield();
 }
 
 }  // namespace weft::parallel::detail

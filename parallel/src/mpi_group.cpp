@@ -91,7 +91,7 @@ std::exception_ptr comm_error(const Job& job, const std::string& why, int peer) 
 // collective): later collectives on it fail at once with this message.
 void fail_broken(Job& job, const std::string& why, int peer) {
   MpiGroup& g = *job.group;
-  if (g.broken.empty()) g.broken = job.label + ": " + why;
+  g.set_broken(job.label + ": " + why);
   complete(job, comm_error(job, why + "; the communicator is broken", peer));
 }
 

@@ -1,7 +1,10 @@
 // The MPI backend's shared pieces (internal to parallel/): MPI in this
 // process, a communicator's state, one collective's job, its fingerprint,
 // and the helpers every fiber uses to finish a job. Only the communication
-// thread touches a job or a group's mutable state (see comm_thread.h).
+// thread touches a job or a group's mutable state (see comm_thread.h),
+// except where a member says otherwise: the fingerprints' verdict, the data
+// gate and the broken flag are also read by a hold op that begins its data
+// phase itself (begin_data_phase).
 // docs/design/parallel-collectives.md, "As built".
 #pragma once
 
@@ -168,8 +171,15 @@ struct MpiGroup {
   // Statuses and data phases are posted in sequence order.
   SequenceGate data_gate;
   std::map<std::pair<int, int>, SequenceGate> send_gate, recv_gate;  // per (peer, channel): in push order
-  std::string broken;  // set by the first error MPI cannot recover from
+  std::string broken;  // set by the first error MPI cannot recover from (set_broken)
+  std::atomic<bool> is_broken{false};  // any thread: `broken` is set
   std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
+
+  void set_broken(std::string why) {
+    if (!broken.empty()) return;
+    broken = std::move(why);
+    is_broken.store(true, std::memory_order_release);
+  }
 
   std::string str() const {
     return "MPI communicator of " + std::to_string(size) + " rank" + (size == 1 ? "" : "s") + " (rank " +
@@ -219,9 +229,10 @@ struct Job {
   Clock::time_point deadline;
   // Collectives with fingerprints: the group's record fiber exchanges the
   // job's fingerprint from its push on and leaves the verdict here; the
-  // job's own fiber reads it (both on the communication thread).
+  // job's own fiber reads it, and so may its hold op (begin_data_phase, on
+  // another thread: the error is written before the verdict).
   enum class Check { pending, matched, failed };
-  Check check = Check::pending;
+  std::atomic<Check> check{Check::pending};
   std::exception_ptr check_error;  // failed: what every rank's collective fails with
   std::vector<Fingerprint> theirs;  // the peers' fingerprints, by rank
   std::vector<MPI_Request> record_recvs, record_sends;
@@ -235,6 +246,12 @@ struct Job {
   // this memory (zeros) in place of the tensors', so that no peer waits.
   std::vector<std::byte> stand_in;
   bool lane_completed = false;  // the blocking lane's thread completed the job
+  // The hold op began the data phase itself (begin_data_phase): the status
+  // went out (or posting it failed, with this code) and the call is on the
+  // lane (ticket); the fiber only waits for its end.
+  bool began = false;
+  int began_rc = MPI_SUCCESS;
+  std::shared_ptr<LaneTicket> ticket;
   // The job's fiber started (its hold op ran), and when: the record fiber's
   // deadline for its fingerprints counts from then at the earliest.
   bool started = false;
@@ -258,6 +275,18 @@ bool wait_turn(Job& job, CommThread& thread, const SequenceGate& gate, std::uint
 // Tests each request once; true when all are done, or when a test failed
 // (`rc` says which).
 bool test_all(std::initializer_list<MPI_Request*> requests, int& rc);
+
+// A collective bound for the blocking lane whose fingerprints matched
+// already and whose turn at the data gate has come begins its data phase on
+// the hold op's own thread: its status goes out and the call goes to the
+// lane at once, without waiting for its fiber to start (after a lane call,
+// the next collective's hold op runs on the lane's thread, which then finds
+// it queued). True when it did (Job::began); the fiber, spawned after, then
+// only waits for the end. Any thread; the lane implies MPI_THREAD_MULTIPLE.
+bool begin_data_phase(Job& job);
+// A job whose fiber never started: a call already handed to the lane is
+// abandoned (its memory kept), or waited for where the lane is finishing it.
+void drop_lane_call(Job& job);
 
 // The fibers: a collective (mpi_collectives.cpp), a send and a recv
 // (mpi_messages.cpp).

@@ -58,10 +58,10 @@ struct BlockingLane::State {
       t.rc = rc;
       int expected = LaneTicket::pending;
       if (t.state.compare_exchange_strong(expected, LaneTicket::finishing, std::memory_order_acq_rel)) {
-        if (rc == MPI_SUCCESS && t.on_success) t.on_success();
+        const bool completed = rc == MPI_SUCCESS && t.on_success && t.on_success();
         t.on_success = {};
         t.state.store(LaneTicket::done, std::memory_order_release);
-        notify->wake();
+        if (!completed) notify->wake();
       }  // else abandoned: its fiber is gone
     }
   }
@@ -91,7 +91,7 @@ BlockingLane::~BlockingLane() {
   }
 }
 
-std::shared_ptr<LaneTicket> BlockingLane::submit(UniqueFunction<int()> call, UniqueFunction<void()> on_success) {
+std::shared_ptr<LaneTicket> BlockingLane::submit(UniqueFunction<int()> call, UniqueFunction<bool()> on_success) {
   auto ticket = std::make_shared<LaneTicket>();
   ticket->on_success = std::move(on_success);
   {

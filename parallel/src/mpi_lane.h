@@ -38,17 +38,20 @@ class CommThread;
 // runs `on_success` itself (completing the collective without a hand-back
 // to the communication thread) unless the fiber abandoned the ticket
 // first; exactly one of the two wins the state's compare-exchange.
+// `on_success` returns true when it completed the collective: the fiber
+// then has nothing urgent left, and the lane does not wake the thread.
 struct LaneTicket {
   enum State : int { pending, finishing, done, abandoned };
   std::atomic<int> state{pending};
   int rc = 0;  // MPI's return code; read once state is done
-  UniqueFunction<void()> on_success;
+  UniqueFunction<bool()> on_success;
 };
 
 class BlockingLane {
  public:
-  // `notify` is woken whenever a call ends, so that its polling fiber sees
-  // the end at once even when the thread was sleeping between polls.
+  // `notify` is woken whenever a call ends and its fiber has work left, so
+  // that the fiber sees the end at once even when the thread was sleeping
+  // between polls.
   explicit BlockingLane(CommThread& notify);
   // Joins the thread when no call is in MPI; otherwise leaves it there
   // (detached; it owns what it touches).
@@ -60,7 +63,7 @@ class BlockingLane {
   // outlive everything it touches); `on_success` runs on the lane's thread
   // after a call that returned MPI_SUCCESS, while the ticket is pending.
   // Fibers of the communication thread.
-  std::shared_ptr<LaneTicket> submit(UniqueFunction<int()> call, UniqueFunction<void()> on_success);
+  std::shared_ptr<LaneTicket> submit(UniqueFunction<int()> call, UniqueFunction<bool()> on_success);
 
   // Calls of any lane of the process inside MPI now (MpiProcess::at_exit:
   // MPI is not finalized under a call that can never return).

@@ -81,7 +81,7 @@ void run_send(Job& job, CommThread& thread) {
   if (!wait_turn(job, thread, gate, seq)) return gate.pass(seq);
   if (!g.fingerprints && job.failed_input) {
     // The receiver cannot be told: it fails at its timeout.
-    if (g.broken.empty()) g.broken = job.label + ": this rank's input failed (fingerprints are off)";
+    g.set_broken(job.label + ": this rank's input failed (fingerprints are off)");
     complete(job, job.failed_input);
     return gate.pass(seq);
   }

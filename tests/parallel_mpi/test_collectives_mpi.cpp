@@ -387,6 +387,88 @@ TEST_CASE("a failed input fails the collective on every rank, naming the rank" *
   sync_ranks(*e);
 }
 
+// A chain of large collectives on one tensor: each link's hold op runs
+// when the link before completes (on the blocking lane's thread), its
+// fingerprints matched long before, so it begins its own data phase there
+// (begin_data_phase: its status and its lane call, without waiting for its
+// fiber). Exact; and a failed input between two links, on one rank only, is
+// named on every rank, the others having begun the link at once.
+TEST_CASE("a chain of large collectives on one tensor is exact, and a failed input within it is named on every rank" *
+          doctest::timeout(240)) {
+  weft_test::with_each_engine(2, [](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    constexpr std::int64_t kLarge = 70001;  // 280 KB: on the blocking lane
+    Tensor t = rank_tensor(e, rank, kLarge);
+    par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "link 0"});
+    for (int k = 1; k < 8; ++k) {
+      const std::string name = "link " + std::to_string(k);
+      if (k % 2) {
+        par::allreduce(comm, {t}, par::ReduceOp::max, {.name = name});
+      } else {
+        par::broadcast(comm, {t}, {.name = name, .root = k % n});
+      }
+    }
+    require_values(t, kLarge, [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, i); });
+    if (n == 1) return;
+    const int failing = n - 1;
+    Tensor u = rank_tensor(e, rank, kLarge);
+    par::allreduce(comm, {u}, par::ReduceOp::sum, {.name = "first link"});
+    if (rank == failing)
+      weft::push_tensor_op(Device::cpu(0), {}, {u}, [](weft::RunContext&, const weft::TensorData&) {
+        throw std::runtime_error("data loader died");
+      }, {.name = "load"});
+    par::allreduce(comm, {u}, par::ReduceOp::max, {.name = "second link"});
+    const std::string message = error_of(u);
+    CHECK(contains(message, "data loader died"));
+    if (rank != failing) {
+      CHECK(contains(message, "allreduce 'second link' #"));
+      CHECK(contains(message, "rank " + std::to_string(failing) + "'s input failed: "));
+    }
+    // The communicator goes on.
+    Tensor ok = rank_tensor(e, rank, kLarge);
+    par::allreduce(comm, {ok}, par::ReduceOp::sum, {.name = "after the chain"});
+    par::allreduce(comm, {ok}, par::ReduceOp::max, {.name = "after the chain, again"});
+    require_values(ok, kLarge, [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, i); });
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("a rank late within a chain of large collectives is named by the others" * doctest::timeout(120)) {
+  // The others begin the second link's data phase as soon as the first
+  // completes; the late rank's producer outlasts the timeout, and their
+  // deadline names it.
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n == 1) return;
+  const int late = n - 1;
+  Tensor t = rank_tensor(*e, rank, 70001);
+  par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "link 1"});
+  if (rank == late)
+    weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData&) {
+      std::this_thread::sleep_for(3s);
+    }, {.name = "slow producer"});
+  const auto start = std::chrono::steady_clock::now();
+  par::allreduce(comm, {t}, par::ReduceOp::max, {.name = "link 2"});
+  if (rank != late) {
+    const std::string message = error_of(t);
+    MESSAGE("rank " << rank << ": " << message);
+    CHECK(contains(message, "allreduce 'link 2' #2"));
+    CHECK(contains(message, "the data phase did not complete within 1500 ms: rank " + std::to_string(late) +
+                                " never reached it"));
+    CHECK(std::chrono::steady_clock::now() - start < 10s);
+  } else {
+    // As above: the peers' abandoned calls may still meet it.
+    try {
+      e->wait_all();
+    } catch (const weft::Error&) {
+    }
+  }
+  sync_ranks(*e);
+}
+
 TEST_CASE("without fingerprints the collectives give the same results" * doctest::timeout(120)) {
   weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0), {.fingerprints = false});
