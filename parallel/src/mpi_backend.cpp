@@ -262,8 +262,9 @@ class MpiBackend final : public Backend {
     // Its fiber then only watches the lane's call: it need not wake the
     // communication thread (after a lane call, this runs on the lane's
     // thread, just before its next call).
+    const bool watching = began && job->began_rc == MPI_SUCCESS;
     if (!thread.spawn([job = std::move(job), &thread] { run(*job, thread); },
-                      began ? CommThread::Start::soon : CommThread::Start::now)) {
+                      watching ? CommThread::Start::soon : CommThread::Start::now)) {
       drop_lane_call(*kept);
       if (!kept->lane_completed)
         complete(*kept, comm_error(*kept, "the process is exiting (Weft's MPI communication thread has stopped)"));

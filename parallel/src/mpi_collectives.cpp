@@ -709,8 +709,13 @@ void run_collective(Job& job, CommThread& thread) {
     data_phase(job, thread);
   } else if (!g.fingerprints && !g.broken.empty()) {
     complete(job, comm_error(job, "the communicator is broken: " + g.broken));
-  } else if ((!g.fingerprints || await_check(job, thread)) && wait_turn(job, thread, g.data_gate, seq)) {
-    data_phase(job, thread);
+  } else if (!g.fingerprints || await_check(job, thread)) {
+    // Counted, so that a hold op passing the gate on another thread wakes
+    // the thread (begin_data_phase).
+    g.gate_waiters.fetch_add(1);
+    const bool turn = wait_turn(job, thread, g.data_gate, seq);
+    g.gate_waiters.fetch_sub(1);
+    if (turn) data_phase(job, thread);
   }
   // Whatever happened, later collectives must not wait for this one.
   g.data_gate.pass(seq);
@@ -724,17 +729,26 @@ void run_collective(Job& job, CommThread& thread) {
 bool begin_data_phase(Job& job) {
   MpiGroup& g = *job.group;
   if (job.check_only || job.failed_input || !on_lane(job)) return false;
-  // A broken communicator's lane may be stuck in MPI: the fiber fails the job at once.
-  if (g.is_broken.load(std::memory_order_acquire)) return false;
   if (g.fingerprints && job.check.load(std::memory_order_acquire) != Job::Check::matched) return false;
   if (!g.data_gate.turn_of(job.mine.sequence)) return false;  // earlier collectives are still to enter theirs
+  // Last: a collective that broke the communicator did so before its
+  // verdict or its gate pass, which the loads above saw. A broken
+  // communicator's lane may be stuck in MPI: the fiber fails the job at once.
+  if (g.is_broken.load(std::memory_order_acquire)) return false;
   job.began = true;
   if (g.fingerprints && (job.began_rc = send_status(job)) != MPI_SUCCESS) return true;  // the fiber fails it
   submit_to_lane(job);
+  // Fibers of later collectives waiting at the gate see the pass at their
+  // next poll: wake the thread if it sleeps. (A fiber that starts waiting
+  // just now may miss it and sleep one step, at most kMaxSleep.)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (g.gate_waiters.load(std::memory_order_relaxed) > 0) MpiProcess::get().thread().wake();
   return true;
 }
 
 void drop_lane_call(Job& job) {
+  if (!job.began) return;
+  cancel_pending(job.status_recvs, job.status_sends, job.status);
   if (!job.ticket) return;
   int expected = LaneTicket::pending;
   if (job.ticket->state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel)) {

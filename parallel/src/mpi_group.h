@@ -173,6 +173,7 @@ struct MpiGroup {
   std::map<std::pair<int, int>, SequenceGate> send_gate, recv_gate;  // per (peer, channel): in push order
   std::string broken;  // set by the first error MPI cannot recover from (set_broken)
   std::atomic<bool> is_broken{false};  // any thread: `broken` is set
+  std::atomic<int> gate_waiters{0};    // fibers waiting at the data gate (any thread reads)
   std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
 
   void set_broken(std::string why) {
@@ -284,8 +285,10 @@ bool test_all(std::initializer_list<MPI_Request*> requests, int& rc);
 // it queued). True when it did (Job::began); the fiber, spawned after, then
 // only waits for the end. Any thread; the lane implies MPI_THREAD_MULTIPLE.
 bool begin_data_phase(Job& job);
-// A job whose fiber never started: a call already handed to the lane is
-// abandoned (its memory kept), or waited for where the lane is finishing it.
+// A job begun by its hold op whose fiber never started (the process is
+// exiting): its status requests are cancelled or left to MPI, and its lane
+// call is abandoned (its memory kept), or waited for where the lane is
+// finishing it.
 void drop_lane_call(Job& job);
 
 // The fibers: a collective (mpi_collectives.cpp), a send and a recv

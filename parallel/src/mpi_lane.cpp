@@ -44,6 +44,9 @@ struct BlockingLane::State {
         item = std::move(queue.front());
         queue.pop_front();
         queued.fetch_sub(1, std::memory_order_relaxed);
+        // Abandoned before it started (its hold op's process is exiting):
+        // never entered, so MPI_Finalize is not raced by a call.
+        if (item.ticket->state.load(std::memory_order_acquire) == LaneTicket::abandoned) continue;
         in_call = true;
       }
       g_calls_in_mpi.fetch_add(1);

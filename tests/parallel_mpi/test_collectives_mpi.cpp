@@ -314,26 +314,23 @@ TEST_CASE("a rank that never joins is named by the others within seconds" * doct
   sync_ranks(*e);
 }
 
-TEST_CASE("a rank whose input is not ready within the timeout is named by the others" * doctest::timeout(120)) {
-  // Every rank pushes the collective (their fingerprints match at once),
-  // but one rank's producer outlasts the timeout: the others enter the data
-  // phase without waiting for it, and their deadline names it.
-  auto e = Engine::create({.kind = "threaded"});
-  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
-  const int rank = comm.local_ranks()[0], n = comm.size();
-  if (n == 1) return;
-  const int late = n - 1;
-  Tensor t = rank_tensor(*e, rank, 100);
+namespace {
+
+// Rank n - 1's producer of `t` outlasts the communicator's 1500 ms timeout
+// before the allreduce `name` (number `seq`): the other ranks enter the data
+// phase without waiting for it, and their deadline names it.
+void late_rank_is_named(Engine& e, const par::Communicator& comm, const Tensor& t, const std::string& name, int seq) {
+  const int rank = comm.local_ranks()[0], late = comm.size() - 1;
   if (rank == late)
     weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData&) {
       std::this_thread::sleep_for(3s);
     }, {.name = "slow producer"});
   const auto start = std::chrono::steady_clock::now();
-  par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad.late"});
+  par::allreduce(comm, {t}, par::ReduceOp::max, {.name = name});
   if (rank != late) {
     const std::string message = error_of(t);
     MESSAGE("rank " << rank << ": " << message);
-    CHECK(contains(message, "allreduce 'grad.late' #1"));
+    CHECK(contains(message, "allreduce '" + name + "' #" + std::to_string(seq)));
     CHECK(contains(message, "the data phase did not complete within 1500 ms: rank " + std::to_string(late) +
                                 " never reached it (no status came: its input was not ready"));
     CHECK(std::chrono::steady_clock::now() - start < 10s);
@@ -341,11 +338,21 @@ TEST_CASE("a rank whose input is not ready within the timeout is named by the ot
     // The late rank's own result depends on whether the peers' abandoned
     // calls still meet it: success, or its own timeout. Either way it ends.
     try {
-      e->wait_all();
+      e.wait_all();
     } catch (const weft::Error&) {
     }
   }
-  sync_ranks(*e);
+  sync_ranks(e);
+}
+
+}  // namespace
+
+TEST_CASE("a rank whose input is not ready within the timeout is named by the others" * doctest::timeout(120)) {
+  // Every rank pushes the collective (their fingerprints match at once).
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
+  if (comm.size() == 1) return;
+  late_rank_is_named(*e, comm, rank_tensor(*e, comm.local_ranks()[0], 100), "grad.late", 1);
 }
 
 TEST_CASE("a failed input fails the collective on every rank, naming the rank" * doctest::timeout(120)) {
@@ -437,36 +444,13 @@ TEST_CASE("a chain of large collectives on one tensor is exact, and a failed inp
 
 TEST_CASE("a rank late within a chain of large collectives is named by the others" * doctest::timeout(120)) {
   // The others begin the second link's data phase as soon as the first
-  // completes; the late rank's producer outlasts the timeout, and their
-  // deadline names it.
+  // completes (begin_data_phase).
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
-  const int rank = comm.local_ranks()[0], n = comm.size();
-  if (n == 1) return;
-  const int late = n - 1;
-  Tensor t = rank_tensor(*e, rank, 70001);
+  if (comm.size() == 1) return;
+  Tensor t = rank_tensor(*e, comm.local_ranks()[0], 70001);
   par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "link 1"});
-  if (rank == late)
-    weft::push_tensor_op(Device::cpu(0), {}, {t}, [](weft::RunContext&, const weft::TensorData&) {
-      std::this_thread::sleep_for(3s);
-    }, {.name = "slow producer"});
-  const auto start = std::chrono::steady_clock::now();
-  par::allreduce(comm, {t}, par::ReduceOp::max, {.name = "link 2"});
-  if (rank != late) {
-    const std::string message = error_of(t);
-    MESSAGE("rank " << rank << ": " << message);
-    CHECK(contains(message, "allreduce 'link 2' #2"));
-    CHECK(contains(message, "the data phase did not complete within 1500 ms: rank " + std::to_string(late) +
-                                " never reached it"));
-    CHECK(std::chrono::steady_clock::now() - start < 10s);
-  } else {
-    // As above: the peers' abandoned calls may still meet it.
-    try {
-      e->wait_all();
-    } catch (const weft::Error&) {
-    }
-  }
-  sync_ranks(*e);
+  late_rank_is_named(*e, comm, t, "link 2", 2);
 }
 
 TEST_CASE("without fingerprints the collectives give the same results" * doctest::timeout(120)) {
