@@ -28,6 +28,12 @@ const char* to_string(Kind kind) noexcept {
 Call::Call(Kind kind, const Communicator& comm, const CollectiveOptions& options)
     : kind_(kind), comm_(comm), state_(*state_of(comm)), options_(options) {
   label_ = std::string(to_string(kind)) + (options.name.empty() ? "" : " '" + options.name + "'");
+  // A captured op runs again at every replay, but a collective is one call:
+  // its sequence number, its fingerprint and its peers' part are spent once
+  // (a replayed ring step found its state gone: a crash, before this check).
+  if (state_.engine->capturing())
+    refuse("pushed while this thread captures ops for the engine (begin_capture): a collective is one call "
+           "across its members and cannot be replayed; push it outside the capture, between replays");
 }
 
 void Call::commit() {

@@ -81,40 +81,50 @@ class MpiBackend final : public Backend {
   }
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
-    auto job = make_job(call, tensors[0], op);
-    push(call, std::move(job), tensors, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+    committed(call, [&] {
+      auto job = make_job(call, tensors[0], op);
+      push(call, std::move(job), tensors, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+    });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
-    auto job = make_job(call, tensors[0], ReduceOp::sum);
-    if (group_->rank == job->root) {
-      push(call, std::move(job), tensors, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
-    } else {
-      push(call, std::move(job), {}, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
-    }
+    committed(call, [&] {
+      auto job = make_job(call, tensors[0], ReduceOp::sum);
+      if (group_->rank == job->root) {
+        push(call, std::move(job), tensors, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+      } else {
+        push(call, std::move(job), {}, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+      }
+    });
   }
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
-    auto job = make_job(call, tensors[0], op);
-    if (group_->rank == job->root) {
-      push(call, std::move(job), tensors, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
-    } else {
-      push(call, std::move(job), tensors, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
-    }
+    committed(call, [&] {
+      auto job = make_job(call, tensors[0], op);
+      if (group_->rank == job->root) {
+        push(call, std::move(job), tensors, tensors, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+      } else {
+        push(call, std::move(job), tensors, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+      }
+    });
   }
   void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                       ReduceOp op) override {
-    auto job = make_job(call, inputs[0], op);
-    job->counts = chunk_counts(inputs[0].numel(), &job->displs);
-    push(call, std::move(job), inputs, outputs, [](Job& j, const TensorData& d) {
-      j.in = d.inputs[0];
-      j.out = d.outputs[0];
+    committed(call, [&] {
+      auto job = make_job(call, inputs[0], op);
+      job->counts = chunk_counts(inputs[0].numel(), &job->displs);
+      push(call, std::move(job), inputs, outputs, [](Job& j, const TensorData& d) {
+        j.in = d.inputs[0];
+        j.out = d.outputs[0];
+      });
     });
   }
   void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
-    auto job = make_job(call, outputs[0], ReduceOp::sum);
-    job->counts = chunk_counts(outputs[0].numel(), &job->displs);
-    push(call, std::move(job), inputs, outputs, [](Job& j, const TensorData& d) {
-      j.in = d.inputs[0];
-      j.out = d.outputs[0];
+    committed(call, [&] {
+      auto job = make_job(call, outputs[0], ReduceOp::sum);
+      job->counts = chunk_counts(outputs[0].numel(), &job->displs);
+      push(call, std::move(job), inputs, outputs, [](Job& j, const TensorData& d) {
+        j.in = d.inputs[0];
+        j.out = d.outputs[0];
+      });
     });
   }
   void send(Call& call, const Tensor& tensor, int from, int to) override {
@@ -123,10 +133,12 @@ class MpiBackend final : public Backend {
       std::lock_guard lock(group_->messages_mutex);
       call.commit_message(++group_->sent[{to, call.channel()}], to);
     }
-    auto job = make_job(call, tensor, ReduceOp::sum);
-    job->root = job->mine.root = to;
-    job->channel = call.channel();
-    push(call, std::move(job), {tensor}, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+    committed(call, [&] {
+      auto job = make_job(call, tensor, ReduceOp::sum);
+      job->root = job->mine.root = to;
+      job->channel = call.channel();
+      push(call, std::move(job), {tensor}, {}, [](Job& j, const TensorData& d) { j.in = d.inputs[0]; });
+    });
   }
   void recv(Call& call, const Tensor& tensor, int from, int to) override {
     (void)to;
@@ -134,10 +146,12 @@ class MpiBackend final : public Backend {
       std::lock_guard lock(group_->messages_mutex);
       call.commit_message(++group_->received[{from, call.channel()}], from);
     }
-    auto job = make_job(call, tensor, ReduceOp::sum);
-    job->root = job->mine.root = from;
-    job->channel = call.channel();
-    push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+    committed(call, [&] {
+      auto job = make_job(call, tensor, ReduceOp::sum);
+      job->root = job->mine.root = from;
+      job->channel = call.channel();
+      push(call, std::move(job), {}, {tensor}, [](Job& j, const TensorData& d) { j.out = d.outputs[0]; });
+    });
   }
   // The fingerprint check of a collective whose data another library moves
   // (NCCL): the hold op reads the collective's inputs (so that a failed one
@@ -146,26 +160,23 @@ class MpiBackend final : public Backend {
   // which reads it, learns of it.
   void check_only(const Call& call, const Tensor& described, const std::vector<Tensor>& reads, const Tensor& token,
                   ReduceOp op) {
-    auto job = make_job(call, described, op);
-    job->check_only = true;
-    push(call, std::move(job), reads, {token}, [](Job&, const TensorData&) {});
+    committed(call, [&] {
+      auto job = make_job(call, described, op);
+      job->check_only = true;
+      push(call, std::move(job), reads, {token}, [](Job&, const TensorData&) {});
+    });
   }
 
   void barrier(const Call& call) override {
-    auto job = make_job(call, Tensor(), ReduceOp::sum);
-    send_fingerprint(job);
-    try {
+    committed(call, [&] {
+      auto job = make_job(call, Tensor(), ReduceOp::sum);
+      send_fingerprint(job);
       call.state().engine->push_async(
-          [job](RunContext& ctx, Completion done) mutable {
-            start(std::move(job), ctx, std::move(done));
-          },
-          group_->device, {}, {},
-          OpOptions{.priority = call.options().priority, .name = call.label(), .run_inline = true});
-    } catch (...) {
-      break_after_failed_push(call);
-      throw;
-    }
+          [job](RunContext& ctx, Completion done) mutable { start(std::move(job), ctx, std::move(done)); },
+          group_->device, {}, {}, OpOptions{.priority = call.options().priority, .name = call.label(), .run_inline = true});
+    });
   }
+
 
  private:
   std::shared_ptr<Job> make_job(const Call& call, const Tensor& t, ReduceOp op) const {
@@ -211,18 +222,13 @@ class MpiBackend final : public Backend {
     for (const Tensor& t : reads) job->tensors.push_back(t);
     for (const Tensor& t : writes) job->tensors.push_back(t);
     send_fingerprint(job);
-    try {
-      push_tensor_op_async(
-          group_->device, reads, writes,
-          [job = std::move(job), bind](RunContext& ctx, const TensorData& d, Completion done) mutable {
-            if (!ctx.failed_input) bind(*job, d);
-            start(std::move(job), ctx, std::move(done));
-          },
-          OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true, .run_inline = true});
-    } catch (...) {
-      break_after_failed_push(call);
-      throw;
-    }
+    push_tensor_op_async(
+        group_->device, reads, writes,
+        [job = std::move(job), bind](RunContext& ctx, const TensorData& d, Completion done) mutable {
+          if (!ctx.failed_input) bind(*job, d);
+          start(std::move(job), ctx, std::move(done));
+        },
+        OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true, .run_inline = true});
   }
 
   // A collective's fingerprint leaves now, while the tensors' producers
@@ -233,10 +239,26 @@ class MpiBackend final : public Backend {
     if (group_->fingerprints && job->kind != Kind::send && job->kind != Kind::recv) queue_fingerprint(job);
   }
 
+  // Everything after a call took its sequence number. If that throws (an
+  // allocation, the engine refusing the push), the number never reaches
+  // the record fiber or the gates, and the collectives behind it would wait
+  // for it: the communicator is broken instead (break_after_failed_push),
+  // and the error reaches the caller.
+  template <class F>
+  void committed(const Call& call, F&& body) {
+    try {
+      body();
+    } catch (...) {
+      break_after_failed_push(call);
+      throw;
+    }
+  }
+
   // The call took its number but its push failed: later collectives would
   // wait at the gates for it, and the peers for its fingerprint. The
   // communicator is broken (on the communication thread, which owns that
-  // state): later calls fail at once, the peers at their deadline.
+  // state): later calls fail at once, the peers at their deadline; the
+  // record fiber then fails the fingerprints it holds (mpi_collectives.cpp).
   void break_after_failed_push(const Call& call) {
     static_cast<void>(MpiProcess::get().thread().spawn([group = group_, label = call.label()] {
       group->set_broken(label + ": its push failed on this rank");

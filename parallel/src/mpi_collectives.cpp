@@ -257,6 +257,15 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
         posted.push_back(std::move(job));
       }
     }
+    if (!g.broken.empty()) {
+      // Out of order too: a number committed whose push then failed never
+      // comes (MpiBackend::committed), and would hold the ones behind it.
+      for (auto& [seq, job] : waiting) {
+        job->check_error = comm_error(*job, "the communicator is broken: " + g.broken);
+        job->check = Job::Check::failed;
+      }
+      waiting.clear();
+    }
     return true;
   };
   auto arrived = [&] {
@@ -265,8 +274,11 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
   };
   while (take()) {
     if (posted.empty()) {
-      // The next number's push is on its way (another thread took it).
-      if (thread.poll_until(arrived, Clock::time_point::max()) == CommThread::Wait::stopping) {
+      // The next number's push is on its way (another thread took it), or
+      // it failed, which breaks the communicator (take() then fails what
+      // waits and, with nothing left, ends the fiber).
+      if (thread.poll_until([&] { return arrived() || !g.broken.empty(); }, Clock::time_point::max()) ==
+          CommThread::Wait::stopping) {
         for (auto& [seq, job] : waiting) fail_check(*job, "the process is exiting");
         waiting.clear();
         g.next_record = std::numeric_limits<std::uint64_t>::max();  // nothing more is posted

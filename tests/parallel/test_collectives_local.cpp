@@ -18,6 +18,7 @@
 #include "engine/engine_test_util.h"
 #include "parallel/collective_values.h"
 #include "weft/engine.h"
+#include "weft/op_graph.h"
 #include "weft/error.h"
 #include "weft/ops.h"
 #include "weft/parallel/collectives.h"
@@ -225,6 +226,38 @@ TEST_CASE("bad input is refused at push time, naming the collective and the memb
   CHECK(contains(message([&] { par::Communicator::local(*e, {Device::cpu(9)}); }), "does not have"));
   CHECK(contains(message([&] { par::Communicator::local(*e, {}); }), "no devices"));
   e->wait_all();
+}
+
+TEST_CASE("a collective pushed while capturing is refused, and the capture and the communicator go on") {
+  // A captured op runs at every replay, a collective once: replaying one
+  // crashed before the refusal.
+  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
+    const par::Communicator comm = par::Communicator::local(e, devices(2));
+    std::vector<Tensor> t = member_tensors(e, 2, 5);
+    Tensor doubled = Tensor::zeros(e, Shape{5}, Device::cpu(0));
+    e.begin_capture();
+    CHECK_THROWS_WITH_AS(par::allreduce(comm, t, par::ReduceOp::sum, {.name = "grad"}),
+                         doctest::Contains("allreduce 'grad' on in-process communicator of 2 members: cpu(0), cpu(1)): "
+                                           "pushed while this thread captures ops for the engine (begin_capture)"),
+                         weft::InvalidArgument);
+    CHECK_THROWS_WITH_AS(par::send(comm, t[0], 1), doctest::Contains("captures ops"), weft::InvalidArgument);
+    weft::push_tensor_op(Device::cpu(0), {t[0]}, {doubled}, [](weft::RunContext&, const weft::TensorData& d) {
+      const auto* in = static_cast<const float*>(d.inputs[0]);
+      auto* out = static_cast<float*>(d.outputs[0]);
+      for (int i = 0; i < 5; ++i) out[i] = 2 * in[i];
+    }, {.name = "double"});
+    weft::OpGraph graph = e.end_capture();
+    // Outside the capture the same call is taken, with the number the
+    // refused ones did not take; the graph replays after it.
+    par::allreduce(comm, t, par::ReduceOp::sum, {.name = "grad"});
+    e.replay(graph);
+    const std::vector<float> want = reduced(2, 5, par::ReduceOp::sum);
+    CHECK(t[0].to_host() == want);
+    CHECK(t[1].to_host() == want);
+    std::vector<float> twice = want;
+    for (float& x : twice) x *= 2;
+    CHECK(doubled.to_host() == twice);
+  });
 }
 
 }  // namespace
