@@ -44,8 +44,10 @@ struct BlockingLane::State {
         item = std::move(queue.front());
         queue.pop_front();
         queued.fetch_sub(1, std::memory_order_relaxed);
-        // Abandoned before it started (its hold op's process is exiting):
-        // never entered, so MPI_Finalize is not raced by a call.
+        // Abandoned before it started (its fiber gave up: its deadline
+        // passed behind a call stuck in MPI, or the process is exiting):
+        // never entered, so no thread is left in MPI for it, and
+        // MPI_Finalize is not raced by a late call.
         if (item.ticket->state.load(std::memory_order_acquire) == LaneTicket::abandoned) continue;
         in_call = true;
       }
