@@ -10,7 +10,10 @@
 #               all in DIR itself; default: build)
 #   --data DIR  Fashion-MNIST (default $WEFT_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
 #   --log FILE  also append everything to FILE
-#   STEP        env tests collectives train peers demos bench mpi ncu (default: all)
+#   STEP        env tests collectives train peers demos bench mpi ncu (default: all),
+#               or mpi-cpu (not by default): Weft over MPI against plain MPI on the
+#               machine's CPUs, 2 and 4 ranks, 3 runs (scripts/bench-allreduce-mpi.sh;
+#               issue 15's target, which 2-core machines cannot measure)
 # PyTorch (bench/torch_train_peer.py) runs without LD_LIBRARY_PATH, so that it
 # loads its own cuDNN whatever Weft's binaries were pointed at.
 set -u
@@ -24,7 +27,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
@@ -109,6 +112,11 @@ for s in "${steps[@]}"; do
     mpi)
       step "NCCL bootstrapped over MPI (one rank: NCCL refuses two ranks on one GPU)"
       run 120 mpirun --allow-run-as-root -np 1 "$(find_bin weft-tests-parallel-mpi)" -tc='*GPU*' --no-version --no-colors
+      ;;
+    mpi-cpu)
+      step "Weft over MPI beside MPI_Allreduce on this machine's cores (no GPU involved)"
+      run 600 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$(find_bin weft-bench-allreduce)" \
+        --out /tmp/weft-gpu-check-allreduce-mpi.jsonl
       ;;
     ncu)
       step "Nsight Compute through scripts/profile-ncu.sh"

@@ -6,6 +6,8 @@
 #                                             and how to get it
 #   run-checks.sh fake-nsys SCRIPT            profile-nsys.sh drives a stand-in nsys correctly
 #   run-checks.sh fake-ncu SCRIPT             profile-ncu.sh drives a stand-in ncu correctly
+#   run-checks.sh fake-mpirun SCRIPT          bench-allreduce-mpi.sh drives a stand-in mpirun
+#                                             correctly (order of builds, tags, summary, errors)
 # Prints "FAIL: ..." for each failed check and exits 1 if any failed.
 set -euo pipefail
 
@@ -255,8 +257,74 @@ call($fake): [--import] [$tmp/rep2.ncu-rep] [--page] [details]"
   done
 }
 
+check_fake_mpirun() { # SCRIPT
+  local script=$1 mpibin="$tmp/mpibin" root_flag="" expected="" run np build exe
+  mkdir -p "$mpibin"
+  # Logs its arguments; prints a text line and two rows of the MPI rows for
+  # -np N (ranks N), weft_mpi 1.1x mpi; exits $FAKE_EXIT.
+  cat > "$mpibin/mpirun" <<'EOF2'
+#!/bin/sh
+{ printf 'mpirun:'; for a in "$@"; do printf ' [%s]' "$a"; done; printf '\n'; } >> "$FAKE_LOG"
+np=0
+prev=""
+for a in "$@"; do [ "$prev" = "-np" ] && np=$a; prev=$a; done
+echo "weft-bench-allreduce: a text line"
+echo "{\"impl\":\"weft_mpi\",\"ranks\":$np,\"bytes\":1048576,\"time_us\":110.0,\"peer\":\"mpi\",\"vs_peer\":1.1}"
+echo "{\"impl\":\"mpi\",\"ranks\":$np,\"bytes\":1048576,\"time_us\":100.0}"
+exit "${FAKE_EXIT:-0}"
+EOF2
+  chmod +x "$mpibin/mpirun"
+  local new="$tmp/bin/bench-new" base="$tmp/bin/bench-base"
+  printf '#!/bin/sh\nexit 9\n' > "$new"
+  cp "$new" "$base"
+  chmod +x "$new" "$base"
+  if ((EUID == 0)); then root_flag=" [--allow-run-as-root]"; fi
+  # Which build goes first alternates from run to run.
+  for run in 1 2; do
+    for np in 2 3; do
+      for build in base new; do
+        if ((run == 2)); then  # base, new -> new, base
+          if [[ $build == base ]]; then build=new; else build=base; fi
+        fi
+        exe=$new
+        if [[ $build == base ]]; then exe=$base; fi
+        expected+="mpirun: [--bind-to] [none] [--oversubscribe]$root_flag [--mca] [btl_vader_single_copy_mechanism] [cma] [-np] [$np] [$exe] [--json] [--reps] [1]"$'\n'
+      done
+    done
+  done
+  : > "$FAKE_LOG"
+  run_script "$tmp/r" env PATH="$mpibin:$PATH" "$script" --bin "$new" --baseline "$base" --ranks "2 3" --runs 2 \
+    --out "$tmp/ab.jsonl" -- --reps 1
+  expect_rc "mpirun A/B" 0
+  expect_file "mpirun A/B: calls" "$FAKE_LOG" "${expected%$'\n'}"
+  if [[ $(wc -l < "$tmp/ab.jsonl") != 16 || $(grep -c '^{"build":"new","run":[12],"impl":"' "$tmp/ab.jsonl") != 8 ||
+    $(grep -c '^{"build":"base","run":[12],"impl":"' "$tmp/ab.jsonl") != 8 ]]; then
+    fail "mpirun A/B: tagged lines: $(cat "$tmp/ab.jsonl")"
+  fi
+  expect_in "mpirun A/B: summary" "$tmp/r.out" "| base | 3 | 1 MiB | 110 | 100 | 1.10 (1.10-1.10) | 1.10 (1.10-1.10) |"
+  expect_in "mpirun A/B: summary" "$tmp/r.out" "| new | 2 | 1 MiB | 110 | 100 | 1.10 (1.10-1.10) | 1.10 (1.10-1.10) |"
+
+  # One binary, --transport default: no --mca; a failing mpirun fails the script.
+  : > "$FAKE_LOG"
+  run_script "$tmp/r" env PATH="$mpibin:$PATH" FAKE_EXIT=1 "$script" --bin "$new" --ranks 2 --runs 1 \
+    --transport default --out "$tmp/one.jsonl"
+  expect_rc "mpirun failing" 1
+  expect_file "one binary: calls" "$FAKE_LOG" \
+    "mpirun: [--bind-to] [none] [--oversubscribe]$root_flag [-np] [2] [$new] [--json] [--members] [1] [--min-bytes] [1048576] [--max-bytes] [16777216] [--reps] [11]"
+  expect_in "mpirun failing" "$tmp/r.err" "run 1, 2 ranks, new failed"
+
+  # Usage errors, each before anything runs.
+  for args in "--runs 0" "--ranks 1" "--ranks x" "--transport tcp" "--bin $tmp/no-such-bench" "--bogus"; do
+    : > "$FAKE_LOG"
+    # shellcheck disable=SC2086  # split on purpose
+    run_script "$tmp/r" env PATH="$mpibin:$PATH" "$script" --bin "$new" --out "$tmp/err.jsonl" $args
+    expect_rc "bench-allreduce-mpi usage error ($args)" 2
+    if [[ -s "$FAKE_LOG" ]]; then fail "bench-allreduce-mpi usage error ($args) ran mpirun"; fi
+  done
+}
+
 if (($# < 2)) || [[ ! -f "$2" ]]; then
-  sed -n '2,9p' "$0" >&2
+  sed -n '2,11p' "$0" >&2
   exit 2
 fi
 script="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")" # absolute: some checks change directory
@@ -265,8 +333,9 @@ case "$1" in
   not-found) check_not_found "$script" "$3" "$4" ;;
   fake-nsys) check_fake_nsys "$script" ;;
   fake-ncu) check_fake_ncu "$script" ;;
+  fake-mpirun) check_fake_mpirun "$script" ;;
   *)
-    sed -n '2,9p' "$0" >&2
+    sed -n '2,11p' "$0" >&2
     exit 2
     ;;
 esac

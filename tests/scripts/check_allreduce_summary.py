@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Checks scripts/allreduce-summary against hand-computed figures.
+
+  check_allreduce_summary.py SCRIPTS json EXPECTED.json INPUT...
+      runs `allreduce-summary --json INPUT...` and compares it with
+      EXPECTED.json as check_trace_summary.py does (keys starting with "_"
+      are comments, floats within 1e-6).
+  check_allreduce_summary.py SCRIPTS errors FIXTURES
+      a missing file, a line that is not JSON (a pretty-printed trace too), a
+      file without MPI rows, a
+      row without its time and an unknown option: exit status 2, a message
+      naming the file (or option), nothing on stdout, no traceback.
+
+Exits 1 with one line per mismatch. Standard library only.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+from check_trace_summary import compare
+
+
+def run(cmd):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=50)
+
+
+def check_json(script, expected_path, inputs):
+    with open(expected_path, encoding="utf-8") as f:
+        expected = json.load(f)
+    p = run([script, "--json", *inputs])
+    if p.returncode != 0:
+        return [f"allreduce-summary --json exited {p.returncode}: {p.stderr.strip()}"]
+    try:
+        actual = json.loads(p.stdout)
+    except json.JSONDecodeError as e:
+        return [f"allreduce-summary --json printed invalid JSON ({e}): {p.stdout[:200]!r}"]
+    errors = []
+    compare(actual, expected, "$", errors)
+    return errors
+
+
+def check_errors(script, fixtures):
+    errors = []
+    with tempfile.TemporaryDirectory() as tmp:
+        bad_json = os.path.join(tmp, "bad.jsonl")
+        with open(bad_json, "w", encoding="utf-8") as f:
+            f.write('{"impl":"mpi","ranks":2,"bytes":4,"time_us":1.0}\n{"impl": oops}\n')
+        no_time = os.path.join(tmp, "no_time.jsonl")
+        with open(no_time, "w", encoding="utf-8") as f:
+            f.write('{"impl":"weft_mpi","ranks":2,"bytes":4}\n')
+        ring_only = os.path.join(tmp, "ring_only.jsonl")
+        with open(ring_only, "w", encoding="utf-8") as f:
+            f.write('weft-bench-allreduce: text\n{"impl":"weft_ring","ranks":1,"bytes":4,"time_us":1.0}\n')
+        cases = [
+            ([os.path.join(tmp, "missing.jsonl")], ["missing.jsonl", "cannot read"]),
+            ([bad_json], ["bad.jsonl:2", "not a JSON line"]),
+            ([ring_only], ["ring_only.jsonl has no rows", "mpirun"]),
+            ([os.path.join(fixtures, "empty.json")], ["empty.json:1", "not a JSON line"]),
+            ([no_time], ["no_time.jsonl:1", "time_us"]),
+            (["--bogus", os.path.join(fixtures, "allreduce_run_a.jsonl")], ["unknown option --bogus"]),
+        ]
+        for args, needles in cases:
+            p = run([script, *args])
+            what = " ".join(os.path.basename(a) for a in args)
+            if p.returncode != 2:
+                errors.append(f"{what}: exit status {p.returncode}, expected 2")
+            if p.stdout:
+                errors.append(f"{what}: printed on stdout: {p.stdout[:200]!r}")
+            if "Traceback" in p.stderr:
+                errors.append(f"{what}: a traceback: {p.stderr[-300:]!r}")
+            for needle in needles:
+                if needle not in p.stderr:
+                    errors.append(f"{what}: {needle!r} not in the message {p.stderr.strip()!r}")
+    return errors
+
+
+def main(argv):
+    if len(argv) < 4 or argv[2] not in ("json", "errors"):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    script = os.path.join(argv[1], "allreduce-summary")
+    errors = check_json(script, argv[3], argv[4:]) if argv[2] == "json" else check_errors(script, argv[3])
+    for e in errors:
+        print(e)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
