@@ -275,8 +275,9 @@ int main(int argc, char** argv) {
   }
   if (print_here) {
     std::fprintf(json ? stderr : stdout,
-                 "weft-bench-allreduce: %s; %s; %u hardware threads, core round trip %.1f ns\n", comm.str().c_str(),
-                 across.str().c_str(), std::thread::hardware_concurrency(), rtt);
+                 "weft-bench-allreduce: %s; %s; %d CPUs to run on (of %u hardware threads), core round trip %.1f ns\n",
+                 comm.str().c_str(), across.str().c_str(), weft::available_cpus(), std::thread::hardware_concurrency(),
+                 rtt);
     if (!json)
       std::printf("%-20s %5s %12s %12s %10s %10s\n", "impl", "ranks", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
   }

@@ -2,6 +2,7 @@
 // dependency shapes, in one process. Every run's result is checked against
 // the sequential loop's, so the bench is also a correctness test (exit 1).
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <exception>
@@ -10,6 +11,8 @@
 #include <chrono>
 #include <thread>
 #include <vector>
+
+#include <oneapi/tbb/info.h>
 
 #include "calibrate.h"
 #include "measure.h"
@@ -83,8 +86,35 @@ double checked_run(Peer& p, const ShapeSpec& s, const Body& b, std::uint64_t* it
   return seconds;
 }
 
+// --noise: threads that spin at normal priority from creation to
+// destruction, so that the cores are oversubscribed while every peer runs
+// (and the sequential loop: it is preempted as much).
+class NoiseThreads {
+ public:
+  explicit NoiseThreads(int n) {
+    for (int i = 0; i < n; ++i)
+      threads_.emplace_back([this] {
+        std::uint64_t spins = 0;
+        while (!stop_.load(std::memory_order_relaxed)) sink_.store(++spins, std::memory_order_relaxed);
+      });
+  }
+  ~NoiseThreads() {
+    stop_.store(true, std::memory_order_relaxed);
+    for (auto& t : threads_) t.join();
+  }
+  NoiseThreads(const NoiseThreads&) = delete;
+  NoiseThreads& operator=(const NoiseThreads&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> sink_{0};
+  std::vector<std::thread> threads_;
+};
+
 int run_bench(const Options& o) {
-  const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  // The CPUs this process may run on (oneTBB reads the affinity mask, so a
+  // `taskset` run gives the peers as many threads as Weft's default workers).
+  const int threads = std::max(1, tbb::info::default_concurrency());
   std::FILE* info = o.json_only ? stderr : stdout;  // keeps stdout pure JSON lines under --json
 
   Plan plan;
@@ -109,14 +139,18 @@ int run_bench(const Options& o) {
                                        : Body{n, 10 * cal.spin_iters_per_us, kTenUsDivisor});
   }
 
-  std::fprintf(info, "weft-bench-engine: %d hardware threads, %d timed reps + 1 warm-up per peer, %s sizes\n", threads,
+  std::fprintf(info, "weft-bench-engine: %d CPUs to run on, %d timed reps + 1 warm-up per peer, %s sizes\n", threads,
                o.reps, o.smoke ? "--smoke (1/256)" : o.quick ? "--quick (1/16)" : "full");
   std::fprintf(info,
                "calibration: 1us = %" PRIu64 " spin iterations; sequential independent loop measures empty %.1f ns/op, "
                "1us %.1f ns/op, 10us %.1f ns/op; a cache line's round trip between two threads %.0f ns\n",
                cal.spin_iters_per_us, cal.empty_ns, cal.one_us_ns, cal.ten_us_ns, cal.core_round_trip_ns);
   for (const auto& p : peers) std::fprintf(info, "  %-15s %s\n", std::string(p->name()).c_str(), p->describe().c_str());
+  if (o.noise_threads > 0)
+    std::fprintf(info, "noise: %d threads spinning beside every measurement (%d CPUs to run on)\n", o.noise_threads,
+                 threads);
   std::fflush(info);
+  const NoiseThreads noise(o.noise_threads);
 
   std::vector<Result> results;
   std::vector<std::string> engine_names;
@@ -144,6 +178,7 @@ int run_bench(const Options& o) {
         r.ops = spec.ops;
         r.reps = o.reps;
         r.core_round_trip_ns = cal.core_round_trip_ns;
+        r.noise_threads = o.noise_threads;
         r.ns_per_op = summarize(ns[i]);
         r.speedup_vs_sequential = r.ns_per_op.median > 0 ? seq_median / r.ns_per_op.median : 0;
         print_json_line(stdout, r);

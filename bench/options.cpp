@@ -15,6 +15,7 @@ void usage(std::FILE* out) {
   std::fprintf(out,
                "usage: weft-bench-engine [--json] [--quick] [--reps N] [--body empty|1us|10us]\n"
                "                         [--shape independent|chain|wavefront|tree] [--engines a,b,...]\n"
+               "                         [--noise N]\n"
                "\n"
                "Runs the same dependency shapes on Weft and peer runtimes, checks every run's\n"
                "result against the sequential loop and prints one JSON line per\n"
@@ -29,6 +30,10 @@ void usage(std::FILE* out) {
                "  --shape S    one shape (default: all four); may be repeated\n"
                "  --engines L  comma-separated subset of the engines below; 'sequential' is\n"
                "               always run, as the reference result and the speedup baseline\n"
+               "  --noise N    N threads spinning at normal priority during every measurement\n"
+               "               (after calibration): the cores are oversubscribed, so workers\n"
+               "               are descheduled as on a shared machine; the sequential loop is\n"
+               "               preempted too, and the spread (min, max) shows the stalls\n"
                "\n"
                "engines in this build:");
   for (const std::string& e : available_engines()) std::fprintf(out, " %s", e.c_str());
@@ -94,6 +99,11 @@ Options parse_options(int argc, char** argv) {
       const auto n = weft::examples::ArgCursor::parse_int(v, 1, 1000);
       if (!n) fail("--reps wants a number from 1 to 1000, not '" + v + "'");
       o.reps = static_cast<int>(*n);
+    } else if (a == "--noise") {
+      const std::string v = value();
+      const auto n = weft::examples::ArgCursor::parse_int(v, 0, 256);
+      if (!n) fail("--noise wants a thread count from 0 to 256, not '" + v + "'");
+      o.noise_threads = static_cast<int>(*n);
     } else if (a == "--body") {
       const std::string v = value();
       if (v != "empty" && v != "1us" && v != "10us") fail("unknown body '" + v + "'");

@@ -14,6 +14,7 @@ struct Options {
   bool quick = false;
   bool smoke = false;  // tiny sizes, one repetition: the test suite's correctness run
   int reps = 0;                          // 0: 5, or 3 with --quick
+  int noise_threads = 0;                 // busy threads beside every measurement (--noise)
   std::vector<std::string> bodies;       // empty: all
   std::vector<ShapeKind> shapes;         // empty: all
   std::vector<std::string> engines;      // empty: all available

@@ -1,6 +1,7 @@
 #include "report.h"
 
 #include <algorithm>
+#include <string>
 
 namespace weft_bench {
 
@@ -9,9 +10,10 @@ void print_json_line(std::FILE* out, const Result& r) {
   // medians of the empty body readable without drowning the µs ones.
   std::fprintf(out,
                "{\"engine\":\"%s\",\"shape\":\"%s\",\"body\":\"%s\",\"ns_per_op\":%.6g,\"min\":%.6g,\"max\":%.6g,"
-               "\"speedup_vs_sequential\":%.4g,\"ops\":%zu,\"reps\":%d,\"core_round_trip_ns\":%.4g}\n",
+               "\"speedup_vs_sequential\":%.4g,\"ops\":%zu,\"reps\":%d,\"core_round_trip_ns\":%.4g%s}\n",
                r.engine.c_str(), r.shape.c_str(), r.body.c_str(), r.ns_per_op.median, r.ns_per_op.min,
-               r.ns_per_op.max, r.speedup_vs_sequential, r.ops, r.reps, r.core_round_trip_ns);
+               r.ns_per_op.max, r.speedup_vs_sequential, r.ops, r.reps, r.core_round_trip_ns,
+               r.noise_threads > 0 ? (",\"noise_threads\":" + std::to_string(r.noise_threads)).c_str() : "");
   std::fflush(out);
 }
 

@@ -18,6 +18,7 @@ struct Result {
   Summary ns_per_op;
   double speedup_vs_sequential = 0;
   double core_round_trip_ns = 0;  // Calibration::core_round_trip_ns of the run
+  int noise_threads = 0;          // --noise: busy threads beside the measurement
 };
 
 void print_json_line(std::FILE* out, const Result& r);

@@ -11,9 +11,11 @@
 #   --data DIR  Fashion-MNIST (default $WEFT_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
 #   --log FILE  also append everything to FILE
 #   STEP        env tests collectives train peers demos bench mpi ncu (default: all),
-#               or mpi-cpu (not by default): Weft over MPI against plain MPI on the
-#               machine's CPUs, 2 and 4 ranks, 3 runs (scripts/bench-allreduce-mpi.sh;
-#               issue 15's target, which 2-core machines cannot measure)
+#               or, not by default, on the machine's CPUs with no GPU involved:
+#               mpi-cpu     Weft over MPI against plain MPI, 2 and 4 ranks, 3 runs
+#                           (scripts/bench-allreduce-mpi.sh; issue 15's target)
+#               engine-cpu  weft-bench-engine --quick on 2 cores and on all, 3 runs
+#                           each, summarized by scripts/engine-summary (issue 19)
 # PyTorch (bench/torch_train_peer.py) runs without LD_LIBRARY_PATH, so that it
 # loads its own cuDNN whatever Weft's binaries were pointed at.
 set -u
@@ -27,7 +29,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,18p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
@@ -117,6 +119,23 @@ for s in "${steps[@]}"; do
       step "Weft over MPI beside MPI_Allreduce on this machine's cores (no GPU involved)"
       run 600 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$(find_bin weft-bench-allreduce)" \
         --out /tmp/weft-gpu-check-allreduce-mpi.jsonl
+      ;;
+    engine-cpu)
+      step "engine per-op cost beside oneTBB and OpenMP on 2 cores and on all (no GPU involved)"
+      all=$(nproc)
+      out=/tmp/weft-gpu-check-engine-cpu.jsonl
+      : > "$out"
+      for run_index in 1 2 3; do
+        for cores in 2 "$all"; do
+          echo "\$ WEFT_CPU_WORKERS=$cores taskset -c 0-$((cores - 1)) weft-bench-engine --quick --json (run $run_index)"
+          env WEFT_GPU_BACKEND=none WEFT_CPU_WORKERS="$cores" timeout -k 5 300 taskset -c "0-$((cores - 1))" \
+            "$(find_bin weft-bench-engine)" --quick --json --body empty --body 1us \
+            --engines weft,bulk,replay,tbb_flow_graph,omp_depend |
+            sed "s/^{/{\"tag\":\"$cores cores\",\"run\":$run_index,/" >> "$out"
+          ((PIPESTATUS[0] == 0)) || failed=1
+        done
+      done
+      run 60 python3 "$here/scripts/engine-summary" "$out"
       ;;
     ncu)
       step "Nsight Compute through scripts/profile-ncu.sh"

@@ -3,6 +3,9 @@
 #include <charconv>
 #include <limits>
 #include <ostream>
+#include <thread>
+
+#include <sched.h>
 
 #include "weft/error.h"
 
@@ -59,5 +62,17 @@ std::string Device::str() const {
 }
 
 std::ostream& operator<<(std::ostream& os, Device d) { return os << d.str(); }
+
+int available_cpus() noexcept {
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) {
+    const int n = CPU_COUNT(&mask);
+    if (n > 0) return n;
+  }
+  // More CPUs than a cpu_set_t holds (1024), or no affinity support.
+  const unsigned hardware = std::thread::hardware_concurrency();
+  return hardware > 0 ? static_cast<int>(hardware) : 1;
+}
 
 }  // namespace weft

@@ -3,8 +3,8 @@
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
-#include <thread>
 
+#include "weft/device.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
 
@@ -47,10 +47,10 @@ ResolvedConfig resolve(const EngineConfig& config) {
                 (config.kind.empty() ? "WEFT_ENGINE" : "EngineConfig::kind") +
                 ") is not one of: threaded, naive");
 
-  int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  const int cpus = available_cpus();  // the affinity mask's CPUs (taskset, cpusets, mpirun binding)
   out.cpu_devices = setting(config.cpu_devices, "cpu_devices", "WEFT_CPU_DEVICES", 1, 1024);
   out.workers_per_cpu_device = setting(config.workers_per_cpu_device, "workers_per_cpu_device",
-                                       "WEFT_CPU_WORKERS", hardware > 0 ? hardware : 1, 4096);
+                                       "WEFT_CPU_WORKERS", cpus, 4096);
   if (config.max_inflight > 0)
     out.max_inflight = config.max_inflight;
   else if (env("WEFT_MAX_INFLIGHT"))

@@ -3,6 +3,7 @@
 // ops, slow chains, async ops completed later), and the environment picks the
 // engine kind and settings when the config leaves them empty.
 #include <doctest/doctest.h>
+#include <sched.h>
 
 #include <array>
 #include <atomic>
@@ -322,6 +323,36 @@ TEST_CASE("the environment picks the engine kind and settings when the config le
     CHECK(e->kind() == "threaded");
     CHECK(e->max_inflight() == weft::EngineConfig::kDefaultMaxInflight);
   }
+}
+
+TEST_CASE("by default a CPU device has one worker per CPU the process may run on, as its affinity mask says" *
+          doctest::timeout(60)) {
+  cpu_set_t saved;
+  CPU_ZERO(&saved);
+  REQUIRE(sched_getaffinity(0, sizeof saved, &saved) == 0);
+  CHECK(weft::available_cpus() == CPU_COUNT(&saved));
+  // One CPU, as `taskset -c N` or `mpirun --bind-to core` leave a process:
+  // hardware_concurrency() still counts the whole machine.
+  int first = 0;
+  while (!CPU_ISSET(first, &saved)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  REQUIRE(sched_setaffinity(0, sizeof one, &one) == 0);
+  struct Restore {  // after the engine below (declared first: destroyed last)
+    cpu_set_t& mask;
+    ~Restore() { sched_setaffinity(0, sizeof mask, &mask); }
+  } restore{saved};
+  CHECK(weft::available_cpus() == 1);
+  EnvGuard kind("WEFT_ENGINE", "threaded");
+  EnvGuard workers("WEFT_CPU_WORKERS", nullptr);
+  auto e = weft::Engine::create({});
+  CHECK(e->workers(cpu0) == 1);
+  Var v = e->new_var();
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 100; ++i) e->push([&] { ran.fetch_add(1); }, {}, {v});
+  e->wait_all();
+  CHECK(ran.load() == 100);
 }
 
 TEST_CASE("several frontends exceed the bound by at most one op each" * doctest::timeout(120)) {

@@ -54,6 +54,14 @@ class Device {
 
 std::ostream& operator<<(std::ostream& os, Device d);
 
+// The CPUs this process may run on: the size of the calling thread's affinity
+// mask (taskset, a container's cpuset, mpirun's --bind-to), else the hardware
+// threads; at least 1. std::thread::hardware_concurrency() counts every CPU
+// of the machine, so a rank bound to one core would start a worker per core
+// of the machine on it. The default number of workers per CPU device
+// (EngineConfig) and of intra-op threads (weft/ops.h).
+int available_cpus() noexcept;
+
 }  // namespace weft
 
 template <>

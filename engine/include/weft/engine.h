@@ -156,7 +156,7 @@ struct OpOptions {
 struct EngineConfig {
   std::string kind;                // "threaded" | "naive"; empty: $WEFT_ENGINE, else "threaded"
   int cpu_devices = 0;             // 0: $WEFT_CPU_DEVICES, else 1
-  int workers_per_cpu_device = 0;  // 0: $WEFT_CPU_WORKERS, else the hardware threads
+  int workers_per_cpu_device = 0;  // 0: $WEFT_CPU_WORKERS, else available_cpus() (weft/device.h)
   // Bound on ops pushed and not yet completed; push blocks the frontend when it
   // is reached, until fewer than a quarter remain (pushes from inside ops never
   // block). 0: $WEFT_MAX_INFLIGHT, else

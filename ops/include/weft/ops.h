@@ -31,7 +31,8 @@ class PushScope {
 };
 
 // Threads one CPU kernel may use: every CPU op parallelizes inside one shared
-// oneTBB arena of this many slots (default: the hardware threads), so
+// oneTBB arena of this many slots (default: weft::available_cpus(), the CPUs
+// of the process's affinity mask), so
 // several engine workers never oversubscribe the cores. n >= 1. Call it
 // while no op runs (at start-up, or between phases after wait_all).
 void set_cpu_kernel_threads(int n);

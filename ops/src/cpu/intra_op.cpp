@@ -8,8 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 
+#include "weft/device.h"
 #include "weft/error.h"
 #include "weft/ops.h"
 
@@ -29,7 +29,8 @@ ArenaState& state() {
   return s;
 }
 
-int default_threads() { return std::max(1, static_cast<int>(std::thread::hardware_concurrency())); }
+// The CPUs this process may run on (its affinity mask), as the engine's default workers.
+int default_threads() { return weft::available_cpus(); }
 
 void pin_openblas_once() {
   static std::once_flag once;

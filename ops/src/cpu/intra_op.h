@@ -20,7 +20,7 @@ tbb::task_arena& intra_op_arena();
 void set_intra_op_threads(int n);
 
 // The arena's concurrency: the last set_intra_op_threads value, or
-// std::thread::hardware_concurrency() (at least 1) until then.
+// weft::available_cpus() (the affinity mask's CPUs) until then.
 int intra_op_threads();
 
 }  // namespace weft::kernels::cpu

@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
-"""Checks scripts/allreduce-summary against hand-computed figures.
+"""Checks the bench summaries of scripts/ (allreduce-summary, engine-summary)
+against hand-computed figures.
 
-  check_allreduce_summary.py SCRIPTS json EXPECTED.json INPUT...
-      runs `allreduce-summary --json INPUT...` and compares it with
-      EXPECTED.json as check_trace_summary.py does (keys starting with "_"
-      are comments, floats within 1e-6).
-  check_allreduce_summary.py SCRIPTS errors FIXTURES
+  check_bench_summary.py SCRIPTS NAME json EXPECTED.json INPUT...
+      runs `NAME --json INPUT...` and compares it with EXPECTED.json as
+      check_trace_summary.py does (keys starting with "_" are comments,
+      floats within 1e-6).
+  check_bench_summary.py SCRIPTS NAME errors FIXTURES
       a missing file, a line that is not JSON (a pretty-printed trace too), a
-      file without MPI rows, a
-      row without its time and an unknown option: exit status 2, a message
-      naming the file (or option), nothing on stdout, no traceback.
+      file without the bench's rows, a row without its time and an unknown
+      option: exit status 2, a message naming the file (or option), nothing
+      on stdout, no traceback.
 
 Exits 1 with one line per mismatch. Standard library only.
 """
@@ -31,17 +32,28 @@ def check_json(script, expected_path, inputs):
         expected = json.load(f)
     p = run([script, "--json", *inputs])
     if p.returncode != 0:
-        return [f"allreduce-summary --json exited {p.returncode}: {p.stderr.strip()}"]
+        return [f"{os.path.basename(script)} --json exited {p.returncode}: {p.stderr.strip()}"]
     try:
         actual = json.loads(p.stdout)
     except json.JSONDecodeError as e:
-        return [f"allreduce-summary --json printed invalid JSON ({e}): {p.stdout[:200]!r}"]
+        return [f"{os.path.basename(script)} --json printed invalid JSON ({e}): {p.stdout[:200]!r}"]
     errors = []
     compare(actual, expected, "$", errors)
     return errors
 
 
+# Per script: a row without its time, what it says of it, and what it says
+# of a file without its rows.
+ERROR_CASES = {
+    "allreduce-summary": ('{"impl":"weft_mpi","ranks":2,"bytes":4}', "time_us",
+                          ["has no rows", "mpirun"]),
+    "engine-summary": ('{"engine":"weft","shape":"chain","body":"empty"}', "ns_per_op",
+                       ["has no weft-bench-engine rows"]),
+}
+
+
 def check_errors(script, fixtures):
+    no_time_row, no_time_word, no_rows_words = ERROR_CASES[os.path.basename(script)]
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
         bad_json = os.path.join(tmp, "bad.jsonl")
@@ -49,16 +61,17 @@ def check_errors(script, fixtures):
             f.write('{"impl":"mpi","ranks":2,"bytes":4,"time_us":1.0}\n{"impl": oops}\n')
         no_time = os.path.join(tmp, "no_time.jsonl")
         with open(no_time, "w", encoding="utf-8") as f:
-            f.write('{"impl":"weft_mpi","ranks":2,"bytes":4}\n')
-        ring_only = os.path.join(tmp, "ring_only.jsonl")
-        with open(ring_only, "w", encoding="utf-8") as f:
-            f.write('weft-bench-allreduce: text\n{"impl":"weft_ring","ranks":1,"bytes":4,"time_us":1.0}\n')
+            f.write(no_time_row + "\n")
+        # Rows of neither bench's interest: an in-process ring row, a text line.
+        other_rows = os.path.join(tmp, "other_rows.jsonl")
+        with open(other_rows, "w", encoding="utf-8") as f:
+            f.write('some text\n{"impl":"weft_ring","ranks":1,"bytes":4,"time_us":1.0}\n')
         cases = [
             ([os.path.join(tmp, "missing.jsonl")], ["missing.jsonl", "cannot read"]),
             ([bad_json], ["bad.jsonl:2", "not a JSON line"]),
-            ([ring_only], ["ring_only.jsonl has no rows", "mpirun"]),
+            ([other_rows], ["other_rows.jsonl"] + no_rows_words),
             ([os.path.join(fixtures, "empty.json")], ["empty.json:1", "not a JSON line"]),
-            ([no_time], ["no_time.jsonl:1", "time_us"]),
+            ([no_time], ["no_time.jsonl:1", no_time_word]),
             (["--bogus", os.path.join(fixtures, "allreduce_run_a.jsonl")], ["unknown option --bogus"]),
         ]
         for args, needles in cases:
@@ -77,11 +90,11 @@ def check_errors(script, fixtures):
 
 
 def main(argv):
-    if len(argv) < 4 or argv[2] not in ("json", "errors"):
+    if len(argv) < 5 or argv[2] not in ERROR_CASES or argv[3] not in ("json", "errors"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    script = os.path.join(argv[1], "allreduce-summary")
-    errors = check_json(script, argv[3], argv[4:]) if argv[2] == "json" else check_errors(script, argv[3])
+    script = os.path.join(argv[1], argv[2])
+    errors = check_json(script, argv[4], argv[5:]) if argv[3] == "json" else check_errors(script, argv[4])
     for e in errors:
         print(e)
     return 1 if errors else 0
