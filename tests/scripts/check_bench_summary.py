@@ -14,32 +14,15 @@ against hand-computed figures.
 
 Exits 1 with one line per mismatch. Standard library only.
 """
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
-from check_trace_summary import compare
-
-
-def run(cmd):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=50)
+from check_trace_summary import expect_json, run
 
 
 def check_json(script, expected_path, inputs):
-    with open(expected_path, encoding="utf-8") as f:
-        expected = json.load(f)
-    p = run([script, "--json", *inputs])
-    if p.returncode != 0:
-        return [f"{os.path.basename(script)} --json exited {p.returncode}: {p.stderr.strip()}"]
-    try:
-        actual = json.loads(p.stdout)
-    except json.JSONDecodeError as e:
-        return [f"{os.path.basename(script)} --json printed invalid JSON ({e}): {p.stdout[:200]!r}"]
-    errors = []
-    compare(actual, expected, "$", errors)
-    return errors
+    return expect_json(os.path.basename(script), run([script, "--json", *inputs]), expected_path)
 
 
 # Per script: a row without its time, what it says of it, and what it says

@@ -58,23 +58,28 @@ def compare(actual, expected, path, errors):
         errors.append(f"{path}: unexpected value in the expected file: {expected!r}")
 
 
-def check_json(script, trace, expected_path, use_stdin):
+def expect_json(name, p, expected_path):
+    """A finished `NAME --json` run against EXPECTED.json: its mismatches."""
     with open(expected_path, encoding="utf-8") as f:
         expected = json.load(f)
+    if p.returncode != 0:
+        return [f"{name} --json exited {p.returncode}: {p.stderr.strip()}"]
+    try:
+        actual = json.loads(p.stdout)
+    except json.JSONDecodeError as e:
+        return [f"{name} --json printed invalid JSON ({e}): {p.stdout[:200]!r}"]
+    errors = []
+    compare(actual, expected, "$", errors)
+    return errors
+
+
+def check_json(script, trace, expected_path, use_stdin):
     if use_stdin:
         with open(trace, encoding="utf-8") as f:
             p = run([script, "--json", "-"], stdin=f.read())
     else:
         p = run([script, "--json", trace])
-    if p.returncode != 0:
-        return [f"trace-summary --json exited {p.returncode}: {p.stderr.strip()}"]
-    try:
-        actual = json.loads(p.stdout)
-    except json.JSONDecodeError as e:
-        return [f"trace-summary --json printed invalid JSON ({e}): {p.stdout[:200]!r}"]
-    errors = []
-    compare(actual, expected, "$", errors)
-    return errors
+    return expect_json("trace-summary", p, expected_path)
 
 
 def check_text(script, trace, expected_path):
