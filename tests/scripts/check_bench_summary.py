@@ -18,7 +18,7 @@ import os
 import sys
 import tempfile
 
-from check_trace_summary import expect_json, run
+from check_trace_summary import expect_json, expect_refusal, run
 
 
 def check_json(script, expected_path, inputs):
@@ -58,17 +58,7 @@ def check_errors(script, fixtures):
             (["--bogus", os.path.join(fixtures, "allreduce_run_a.jsonl")], ["unknown option --bogus"]),
         ]
         for args, needles in cases:
-            p = run([script, *args])
-            what = " ".join(os.path.basename(a) for a in args)
-            if p.returncode != 2:
-                errors.append(f"{what}: exit status {p.returncode}, expected 2")
-            if p.stdout:
-                errors.append(f"{what}: printed on stdout: {p.stdout[:200]!r}")
-            if "Traceback" in p.stderr:
-                errors.append(f"{what}: a traceback: {p.stderr[-300:]!r}")
-            for needle in needles:
-                if needle not in p.stderr:
-                    errors.append(f"{what}: {needle!r} not in the message {p.stderr.strip()!r}")
+            expect_refusal([script, *args], " ".join(os.path.basename(a) for a in args), needles, errors)
     return errors
 
 

@@ -102,15 +102,20 @@ def check_text(script, trace, expected_path):
 
 
 def expect_failure(script, path, needles, errors, stdin=None):
-    p = run([script, path], stdin=stdin)
     shown = "<stdin>" if path == "-" else path
+    expect_refusal([script, path], shown, [shown] + needles, errors, stdin)
+
+
+def expect_refusal(cmd, shown, needles, errors, stdin=None):
+    """CMD exits 2 with a message holding every needle, nothing on stdout, no traceback."""
+    p = run(cmd, stdin=stdin)
     if p.returncode != 2:
         errors.append(f"{shown}: exit status {p.returncode}, expected 2 (stderr: {p.stderr.strip()!r})")
     if p.stdout:
         errors.append(f"{shown}: printed on stdout: {p.stdout[:200]!r}")
     if "Traceback" in p.stderr:
         errors.append(f"{shown}: a Python traceback instead of a message: {p.stderr.strip()}")
-    for needle in [shown] + needles:
+    for needle in needles:
         if needle not in p.stderr:
             errors.append(f"{shown}: the message {p.stderr.strip()!r} does not mention {needle!r}")
 
