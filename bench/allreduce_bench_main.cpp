@@ -35,11 +35,13 @@ struct Options {
   int members = 2;
   std::int64_t min_bytes = 4, max_bytes = std::int64_t{256} << 20;
   int reps = 5;
+  bool unchecked_first = false;  // create weft_mpi_unchecked's communicator before weft_mpi's
 };
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-allreduce [--json] [--members N] [--min-bytes B] [--max-bytes B] [--reps N] [--quick]\n"
+               "                            [--unchecked-first]\n"
                "       mpirun -np R weft-bench-allreduce [same flags]\n"
                "  Float sum allreduce, sizes from --min-bytes to --max-bytes (default 4 B to 256 MiB, x4 steps);\n"
                "  per size the median of --reps timed runs (default 5), each enough calls to take ~50 ms.\n"
@@ -52,7 +54,8 @@ int usage(std::FILE* out, int rc) {
                "  turn, the peer of 4_in_flight): these five with their reps interleaved so that slow spells\n"
                "  fall on all alike, each rep after one untimed call; each Weft row's vs_peer is the median\n"
                "  over reps of its rep's time over its peer's same rep (mpi; mpi_4_buffers for 4_in_flight).\n"
-               "  --quick: up to 16 MiB, 3 reps.\n"
+               "  --quick: up to 16 MiB, 3 reps. --unchecked-first: weft_mpi_unchecked's communicator is created\n"
+               "  before weft_mpi's (at 16 MiB over two ranks the one created first has run slower).\n"
                "  Launch with --bind-to none: Weft's threads (engine workers, the communication thread)\n"
                "  need more than one core per rank.\n"
                "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
@@ -236,6 +239,7 @@ int main(int argc, char** argv) {
     else if (a == "--min-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.min_bytes = *n;
     else if (a == "--max-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.max_bytes = *n;
     else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
+    else if (a == "--unchecked-first") o.unchecked_first = true;
     else {
       std::fprintf(stderr, "weft-bench-allreduce: bad argument '%s' (a flag needs a number in range)\n", a.c_str());
       return usage(stderr, 2);
@@ -246,8 +250,18 @@ int main(int argc, char** argv) {
   namespace par = weft::parallel;
   // Weft initializes MPI (MPI_THREAD_MULTIPLE, so that this thread may call
   // MPI_Allreduce too) and finalizes it at exit.
-  const par::Communicator across = par::Communicator::mpi(*engine, weft::Device::cpu(0));
-  const par::Communicator unchecked = par::Communicator::mpi(*engine, weft::Device::cpu(0), {.fingerprints = false});
+  // Communicators are created collectively, in the same order on every rank
+  // (every rank parses the same flags).
+  std::optional<par::Communicator> checked_comm, unchecked_comm;
+  auto make_checked = [&] { checked_comm = par::Communicator::mpi(*engine, weft::Device::cpu(0)); };
+  auto make_unchecked = [&] {
+    unchecked_comm = par::Communicator::mpi(*engine, weft::Device::cpu(0), {.fingerprints = false});
+  };
+  if (o.unchecked_first) make_unchecked();
+  make_checked();
+  if (!o.unchecked_first) make_unchecked();
+  const par::Communicator& across = *checked_comm;
+  const par::Communicator& unchecked = *unchecked_comm;
   // weft_mpi_4_in_flight on a communicator of its own, so that what one row
   // leaves behind (its lane thread, its MPI communicators) does not fall on
   // another row: with the communicator shared, weft_mpi / weft_mpi_unchecked

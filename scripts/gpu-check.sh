@@ -119,6 +119,11 @@ for s in "${steps[@]}"; do
       step "Weft over MPI beside MPI_Allreduce on this machine's cores (no GPU involved)"
       run 600 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$(find_bin weft-bench-allreduce)" \
         --out /tmp/weft-gpu-check-allreduce-mpi.jsonl
+      # The same two ranks with the unchecked communicator created first: does
+      # the slowness at 16 MiB follow the creation order or the fingerprints?
+      run 300 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$(find_bin weft-bench-allreduce)" \
+        --ranks 2 --out /tmp/weft-gpu-check-allreduce-mpi-unchecked-first.jsonl -- --members 1 --min-bytes 1048576 \
+        --max-bytes 16777216 --reps 11 --unchecked-first
       ;;
     engine-cpu)
       step "engine per-op cost beside oneTBB and OpenMP on 2 cores and on all (no GPU involved)"
