@@ -48,6 +48,12 @@ std::vector<std::unique_ptr<Peer>> make_peers(const Options& o, int threads) {
   if (wanted("weft")) peers.push_back(make_weft_peer());
   if (wanted("replay")) peers.push_back(make_weft_replay_peer());
   if (wanted("bulk")) peers.push_back(make_weft_bulk_peer());
+  // The halves of "weft" timed apart: only when asked for.
+  auto asked = [&](const std::string& name) {
+    return std::find(o.engines.begin(), o.engines.end(), name) != o.engines.end();
+  };
+  if (asked("push_alone")) peers.push_back(make_weft_push_alone_peer());
+  if (asked("drain_alone")) peers.push_back(make_weft_drain_alone_peer());
 #endif
   if (wanted("tbb_flow_graph")) peers.push_back(make_tbb_flow_graph_peer(threads));
 #ifdef WEFT_BENCH_HAVE_OMP

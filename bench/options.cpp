@@ -29,7 +29,9 @@ void usage(std::FILE* out) {
                "  --body B     one body (default: all three); may be repeated\n"
                "  --shape S    one shape (default: all four); may be repeated\n"
                "  --engines L  comma-separated subset of the engines below; 'sequential' is\n"
-               "               always run, as the reference result and the speedup baseline\n"
+               "               always run, as the reference result and the speedup baseline;\n"
+               "               without it, all but push_alone and drain_alone (the two halves\n"
+               "               of weft's pushed ops timed apart: bench/README.md)\n"
                "  --noise N    N threads spinning at normal priority during every measurement\n"
                "               (after calibration): the cores are oversubscribed, so workers\n"
                "               are descheduled as on a shared machine; the sequential loop is\n"
@@ -64,6 +66,8 @@ std::vector<std::string> available_engines() {
   e.push_back("weft");
   e.push_back("replay");
   e.push_back("bulk");
+  e.push_back("push_alone");
+  e.push_back("drain_alone");
 #endif
   e.push_back("tbb_flow_graph");
 #ifdef WEFT_BENCH_HAVE_OMP

@@ -33,6 +33,8 @@ std::unique_ptr<Peer> make_sequential_peer();
 std::unique_ptr<Peer> make_weft_peer();
 std::unique_ptr<Peer> make_weft_replay_peer();
 std::unique_ptr<Peer> make_weft_bulk_peer();
+std::unique_ptr<Peer> make_weft_push_alone_peer();
+std::unique_ptr<Peer> make_weft_drain_alone_peer();
 #endif
 std::unique_ptr<Peer> make_tbb_flow_graph_peer(int threads);
 #ifdef WEFT_BENCH_HAVE_OMP
