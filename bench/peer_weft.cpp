@@ -144,6 +144,7 @@ class WeftPeer final : public Peer {
     ops.reserve(shape.ops);
     for_each_op(shape, [&](const Op& op) { ops.push_back(op); });
     weft::Engine& e = *engine_;
+    if (trigger_.is_null()) trigger_ = e.new_var();
     std::vector<weft::Var> held;
     double timed = 0;
     for (std::size_t first = 0; first < ops.size(); first += kHeldWindow) {
@@ -172,7 +173,6 @@ class WeftPeer final : public Peer {
       Stopwatch draining;
       // Completed by a worker: what the release makes ready is dispatched
       // there, as when an op finishes, not by this thread.
-      if (trigger_.is_null()) trigger_ = e.new_var();
       e.push(
           [&](weft::RunContext&) {
             std::lock_guard lock(m);
