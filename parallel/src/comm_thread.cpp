@@ -21,7 +21,7 @@ constexpr auto kIdleSpin = std::chrono::microseconds(50);
 constexpr auto kMaxSleep = std::chrono::microseconds(500);
 }  // namespace
 
-CommThread::CommThread() : thread_([this] { loop(); }) {}
+CommThread::CommThread(std::chrono::milliseconds quiet_sleep) : quiet_sleep_(quiet_sleep), thread_([this] { loop(); }) {}
 
 CommThread::~CommThread() { stop(); }
 
@@ -58,7 +58,29 @@ void CommThread::wake() {
   wake_.notify_one();
 }
 
+void CommThread::wake_if_quiet() {
+  // Pairs with the fence in sleep_quietly: either this sees the flag, or
+  // the thread's last round of polls sees the change made before this call.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (quiet_asleep_.load(std::memory_order_relaxed)) wake();
+}
+
 void CommThread::yield() { boost::this_fiber::yield(); }
+
+bool CommThread::sleep_quietly(std::uint64_t seen) {
+  quiet_asleep_.store(true, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  yield();  // a change made before wake_if_quiet() could see the flag is seen here
+  const bool slept = progress_ == seen && queued_.load(std::memory_order_acquire) == 0;
+  if (slept) {
+    std::unique_lock lock(mutex_);
+    wake_.wait_for(lock, quiet_sleep_, [&] { return stop_ || !queue_.empty() || woken_; });
+    woken_ = false;
+    if (stop_) stopping_ = true;
+  }
+  quiet_asleep_.store(false, std::memory_order_relaxed);
+  return slept;
+}
 
 namespace {
 template <ThreadPurpose P>
@@ -115,6 +137,13 @@ void CommThread::loop() {
     if (!batch.empty() || progress_ != seen) {
       seen = progress_;
       idle_since = Clock::now();
+    } else if (live_ > 0 && quiet_ == live_) {
+      // Every fiber waits for another thread to wake it (a blocking lane's
+      // call): nothing to poll.
+      if (!sleep_quietly(seen)) {
+        seen = progress_;
+        idle_since = Clock::now();
+      }
     } else if (const auto idle = Clock::now() - idle_since; idle > kSpin) {
       // Nothing progressed for a while (a peer is late): sleep a fraction
       // of the idle time, so that polling does not take the core the

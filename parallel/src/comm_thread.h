@@ -10,7 +10,9 @@
 // Polling fibers yield to one another; when a whole round made no progress
 // for a while, the thread sleeps in short, growing steps (woken at once by
 // new work, unless it can wait for the next step), so an idle wait on a slow
-// peer does not burn a core.
+// peer does not burn a core. While every fiber waits for another thread to
+// wake it (wait_woken: a blocking lane's call), the thread does not poll at
+// all.
 #pragma once
 
 #include <atomic>
@@ -21,6 +23,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "weft/unique_function.h"
 
@@ -30,7 +33,11 @@ using Clock = std::chrono::steady_clock;
 
 class CommThread {
  public:
-  CommThread();
+  // The longest sleep while every fiber waits in wait_woken: how late such
+  // a fiber may see its deadline. Tests make it long, so that a lost
+  // wake-up shows.
+  static constexpr std::chrono::milliseconds kQuietSleep{20};
+  explicit CommThread(std::chrono::milliseconds quiet_sleep = kQuietSleep);
   ~CommThread();  // stop()
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
@@ -66,11 +73,37 @@ class CommThread {
       yield();
     }
   }
+  // Like poll_until, for a condition whose every change is followed by
+  // wake_if_quiet() from the thread that made it (a blocking lane's call
+  // ending, mpi_lane.h). While every fiber on the thread waits in one of
+  // these, the thread stops polling and sleeps until it is woken, new work
+  // is spawned with Start::now, or kQuietSleep passes: polling then would
+  // only take a core from the thread doing the work (on a machine with
+  // fewer cores than threads, a wake-up every few hundred microseconds
+  // preempts that thread). A deadline is then seen up to the quiet sleep
+  // (kQuietSleep) late.
+  template <class Done>
+  Wait wait_woken(Done&& done, Clock::time_point deadline) {
+    ++quiet_;
+    struct Leave {
+      int& quiet;
+      ~Leave() { --quiet; }
+    } leave{quiet_};
+    return poll_until(std::forward<Done>(done), deadline);
+  }
   bool stopping() const noexcept { return stopping_; }
+
+  // After changing what a wait_woken condition looks at: wakes the thread
+  // if it sleeps quietly. The change must be stored before the call (a
+  // fence here orders it before the look at the thread's state). Any thread.
+  void wake_if_quiet();
 
  private:
   static void yield();
   void loop();
+  // The loop's sleep while every fiber is in wait_woken; false if a last
+  // round of polls found progress instead.
+  bool sleep_quietly(std::uint64_t seen);
 
   std::mutex mutex_;
   std::condition_variable wake_;
@@ -79,8 +112,11 @@ class CommThread {
   bool woken_ = false;                        // guarded by mutex_: wake() since the last sleep
   bool idle_ = false;                         // guarded by mutex_: waiting for work, no fiber left
   std::atomic<int> queued_{0};                // queue_ (or stop_) changed since the thread last looked
+  std::atomic<bool> quiet_asleep_{false};     // in sleep_quietly: wake_if_quiet() must wake it
   // Touched by the thread (its fibers) only.
   int live_ = 0;
+  int quiet_ = 0;  // fibers in wait_woken
+  const std::chrono::milliseconds quiet_sleep_;
   std::uint64_t progress_ = 0;
   bool stopping_ = false;
   std::thread thread_;

@@ -630,7 +630,7 @@ Outcome await_lane(Job& job, CommThread& thread) {
   Outcome out;
   out.posted = true;
   auto ended = [&] { return ticket.state.load(std::memory_order_acquire) == LaneTicket::done; };
-  out.waited = thread.poll_until(ended, job.deadline);
+  out.waited = thread.wait_woken(ended, job.deadline);  // the lane wakes the thread (mpi_lane.cpp)
   if (out.waited != CommThread::Wait::done) {
     int expected = LaneTicket::pending;
     if (ticket.state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel))

@@ -66,7 +66,15 @@ struct BlockingLane::State {
         const bool completed = rc == MPI_SUCCESS && t.on_success && t.on_success();
         t.on_success = {};
         t.state.store(LaneTicket::done, std::memory_order_release);
-        if (!completed) notify->wake();
+        // A fiber with work left is woken at once. One whose job is complete
+        // only cleans up: while calls follow back to back it waits (the
+        // futex wake-up would delay the next call), and once the lane runs
+        // dry a thread sleeping quietly is woken to end it.
+        if (!completed) {
+          notify->wake();
+        } else if (queued.load(std::memory_order_acquire) == 0) {
+          notify->wake_if_quiet();
+        }
       }  // else abandoned: its fiber is gone
     }
   }

@@ -39,7 +39,8 @@ class CommThread;
 // to the communication thread) unless the fiber abandoned the ticket
 // first; exactly one of the two wins the state's compare-exchange.
 // `on_success` returns true when it completed the collective: the fiber
-// then has nothing urgent left, and the lane does not wake the thread.
+// then has nothing urgent left, and the lane wakes the thread only once no
+// call is queued, and only if it sleeps quietly (CommThread::wait_woken).
 struct LaneTicket {
   enum State : int { pending, finishing, done, abandoned };
   std::atomic<int> state{pending};
@@ -51,7 +52,8 @@ class BlockingLane {
  public:
   // `notify` is woken whenever a call ends and its fiber has work left, so
   // that the fiber sees the end at once even when the thread was sleeping
-  // between polls.
+  // between polls; and when the lane runs out of calls while the thread
+  // sleeps quietly (its fibers all wait for calls of lanes).
   explicit BlockingLane(CommThread& notify);
   // Joins the thread when no call is in MPI; otherwise leaves it there
   // (detached; it owns what it touches).
