@@ -71,7 +71,9 @@ bool CommThread::sleep_quietly(std::uint64_t seen) {
   quiet_asleep_.store(true, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_seq_cst);
   yield();  // a change made before wake_if_quiet() could see the flag is seen here
-  const bool slept = progress_ == seen && queued_.load(std::memory_order_acquire) == 0;
+  // Still every fiber in wait_woken: one whose wait ended without progress
+  // (its deadline) may be polling something else now.
+  const bool slept = progress_ == seen && quiet_ == live_ && queued_.load(std::memory_order_acquire) == 0;
   if (slept) {
     std::unique_lock lock(mutex_);
     wake_.wait_for(lock, quiet_sleep_, [&] { return stop_ || !queue_.empty() || woken_; });

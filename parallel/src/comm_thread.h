@@ -45,8 +45,9 @@ class CommThread {
   // Runs `body` as a new fiber on the thread. Any thread. False, with
   // `body` destroyed unrun, once stop() was called. A body that can wait
   // (`soon`: it only watches work already under way) does not cut short
-  // the thread's sleep between polling rounds (at most kMaxSleep): the
-  // futex wake-up is then off the caller's path.
+  // the thread's sleep between polling rounds (at most kMaxSleep, or
+  // kQuietSleep while every fiber is in wait_woken): the futex wake-up is
+  // then off the caller's path.
   enum class Start { now, soon };
   bool spawn(UniqueFunction<void()> body, Start start = Start::now);
   // Fibers still running see stopping() and give up; then the thread ends.
@@ -73,9 +74,12 @@ class CommThread {
       yield();
     }
   }
-  // Like poll_until, for a condition whose every change is followed by
-  // wake_if_quiet() from the thread that made it (a blocking lane's call
-  // ending, mpi_lane.h). While every fiber on the thread waits in one of
+  // Like poll_until, for a condition whose changes are followed by
+  // wake_if_quiet() from the thread that made them (a blocking lane's call
+  // ending, mpi_lane.h), or by wake() where the fiber has work to do at once.
+  // A change may go without either where seeing it late costs nothing but
+  // the fiber's own cleanup (the lane skips it while calls are queued): the
+  // fiber then sees it at the end of the quiet sleep. While every fiber on the thread waits in one of
   // these, the thread stops polling and sleeps until it is woken, new work
   // is spawned with Start::now, or kQuietSleep passes: polling then would
   // only take a core from the thread doing the work (on a machine with

@@ -290,6 +290,14 @@ class MpiBackend final : public Backend {
       drop_lane_call(*kept);
       if (!kept->lane_completed)
         complete(*kept, comm_error(*kept, "the process is exiting (Weft's MPI communication thread has stopped)"));
+    } else if (watching && kept->ticket->state.load(std::memory_order_acquire) == LaneTicket::done &&
+               !kept->lane_completed) {
+      // The call already ended, and the lane left the job to this fiber; its
+      // wake-up may have come before the spawn and found no fiber to start
+      // (the thread then sleeps again, quietly up to CommThread::kQuietSleep).
+      // A lane that has not stored `done` yet wakes the thread after it, and
+      // finds the fiber queued.
+      thread.wake();
     }
   }
 
