@@ -154,8 +154,9 @@ struct Job {
 // suits them all, and it keeps a calibration that fell on a slow spell from
 // giving one implementation a few calls per rep, whose fixed costs and
 // noise its reps then carry alone (the VM, two ranks, one run: 15 calls for
-// weft_mpi at 1 MiB against 310-376 for the others; 2 against 9 at 16 MiB). The reps are interleaved (rep r of every implementation before
-// rep r + 1 of any), so a slow spell of this noisy machine falls on all of
+// weft_mpi at 1 MiB against 310-376 for the others; 2 against 9 at 16 MiB).
+// The reps are interleaved (rep r of every implementation before rep r + 1
+// of any), so a slow spell of this noisy machine falls on all of
 // them alike instead of on whichever ran then: the ratios are what the
 // targets are about. Each rep starts with the next implementation, so that
 // none always follows the same one (at 16 MiB the one after mpi_4_buffers

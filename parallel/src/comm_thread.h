@@ -79,8 +79,8 @@ class CommThread {
   // ending, mpi_lane.h), or by wake() where the fiber has work to do at once.
   // A change may go without either where seeing it late costs nothing but
   // the fiber's own cleanup (the lane skips it while calls are queued): the
-  // fiber then sees it at the end of the quiet sleep. While every fiber on the thread waits in one of
-  // these, the thread stops polling and sleeps until it is woken, new work
+  // fiber then sees it at the end of the quiet sleep. While every fiber on
+  // the thread waits in one of these, the thread stops polling and sleeps until it is woken, new work
   // is spawned with Start::now, or kQuietSleep passes: polling then would
   // only take a core from the thread doing the work (on a machine with
   // fewer cores than threads, a wake-up every few hundred microseconds
