@@ -36,12 +36,13 @@ struct Options {
   std::int64_t min_bytes = 4, max_bytes = std::int64_t{256} << 20;
   int reps = 5;
   bool unchecked_first = false;  // create weft_mpi_unchecked's communicator before weft_mpi's
+  bool per_rep = false;          // a JSON line per timed rep of the across-rank implementations
 };
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-allreduce [--json] [--members N] [--min-bytes B] [--max-bytes B] [--reps N] [--quick]\n"
-               "                            [--unchecked-first]\n"
+               "                            [--unchecked-first] [--per-rep]\n"
                "       mpirun -np R weft-bench-allreduce [same flags]\n"
                "  Float sum allreduce, sizes from --min-bytes to --max-bytes (default 4 B to 256 MiB, x4 steps);\n"
                "  per size the median of --reps timed runs (default 5), each enough calls to take ~50 ms.\n"
@@ -56,6 +57,12 @@ int usage(std::FILE* out, int rc) {
                "  over reps of its rep's time over its peer's same rep (mpi; mpi_4_buffers for 4_in_flight).\n"
                "  --quick: up to 16 MiB, 3 reps. --unchecked-first: weft_mpi_unchecked's communicator is created\n"
                "  before weft_mpi's (at 16 MiB over two ranks the one created first has run slower).\n"
+               "  --per-rep: also a JSON line per timed rep of those five (rank 0's): rep_of (the\n"
+               "  implementation), rep, after (the one that ran just before), calls, time_us; within a rep\n"
+               "  they run in a balanced order (each after every other equally often over 10 reps).\n"
+               "  Each of their timed batches is an MPI_Pcontrol window: under LD_PRELOAD of\n"
+               "  libweft-mpi-call-times.so (scripts/bench-allreduce-mpi.sh --call-times) its MPI_Allreduce\n"
+               "  calls are timed, and the time per call splits into inside MPI and outside.\n"
                "  Launch with --bind-to none: Weft's threads (engine workers, the communication thread)\n"
                "  need more than one core per rank.\n"
                "  Where GPUs answer (real, or simulated with WEFT_GPU_BACKEND=sim): weft_ring_gpu (or\n"
@@ -147,6 +154,41 @@ struct Job {
   }
 };
 
+// The order of the implementations in rep `rep`: the rows of a Williams
+// design (a balanced Latin square; for an odd count, its mirror too), so
+// that over n reps (2n for an odd n) each implementation runs first equally
+// often and, within a rep, follows every other one equally often. At 16 MiB
+// the first calls after another implementation ran are slower (above), by
+// how much depending on what that one left in the cache. Rotating one
+// fixed order, as the bench did until 2026-11-27, kept each
+// implementation's predecessor in all but one position: weft_mpi_unchecked
+// always ran after weft_mpi, on the same tensor, and weft_mpi after
+// mpi_4_buffers.
+std::vector<std::size_t> rep_order(std::size_t n, int rep) {
+  std::vector<std::size_t> row(n);  // 0, 1, n-1, 2, n-2, ...: every step between neighbours differs
+  for (std::size_t k = 1; k < n; ++k) row[k] = k % 2 ? (k + 1) / 2 : n - k / 2;
+  const auto r = static_cast<std::size_t>(rep);
+  for (std::size_t& x : row) x = (x + r) % n;
+  if (n % 2 == 1 && (r / n) % 2 == 1) std::reverse(row.begin(), row.end());
+  return row;
+}
+
+// One timed rep of one implementation: which ran before it (`after`; the
+// last one calibrated, for the first), and its calls.
+struct Rep {
+  int rep;
+  std::size_t impl, after;
+  int calls;
+  double us_per_call;
+};
+
+// One implementation timed across the ranks: its name (the row's impl) and
+// what runs `calls` of its calls.
+struct Impl {
+  const char* name;
+  std::function<void(int)> run;
+};
+
 // The time per call of each implementation in each rep, each rep
 // running the same number of calls on every rank, starting together: the
 // most that any implementation's calls_for_50ms asked for (rank 0's
@@ -156,28 +198,32 @@ struct Job {
 // noise its reps then carry alone (the VM, two ranks, one run: 15 calls for
 // weft_mpi at 1 MiB against 310-376 for the others; 2 against 9 at 16 MiB).
 // The reps are interleaved (rep r of every implementation before rep r + 1
-// of any), so a slow spell of this noisy machine falls on all of
-// them alike instead of on whichever ran then: the ratios are what the
-// targets are about. Each rep starts with the next implementation, so that
-// none always follows the same one (at 16 MiB the one after mpi_4_buffers
-// finds a cache its four buffers emptied). Each rep begins with one untimed call, as nccl-tests'
-// warm-up iterations do: the first call after another implementation ran is
-// slower for every implementation (above), and what is measured is the
-// steady cost of back-to-back calls, as a training step's buckets make them.
-std::vector<std::vector<double>> times_per_call_us_together(int reps,
-                                                            const std::vector<std::function<void(int)>>& runs) {
+// of any), so a slow spell of this noisy machine falls on all of them alike
+// instead of on whichever ran then: the ratios are what the targets are
+// about. Within a rep they run in rep_order's order. Each rep begins with
+// one untimed call, as nccl-tests' warm-up iterations do, and what is
+// measured is the steady cost of back-to-back calls, as a training step's
+// buckets make them. `on_rep` sees every timed rep. Each timed batch is a
+// window of the MPI profiling interposer weft-mpi-call-times
+// (mpi_call_times.cpp; MPI_Pcontrol does nothing without it).
+std::vector<std::vector<double>> times_per_call_us_together(int reps, const std::vector<Impl>& impls,
+                                                            const std::function<void(const Rep&)>& on_rep = {}) {
   int most = 1;
-  for (const auto& run_calls : runs) most = std::max(most, calls_for_50ms(run_calls, true));
-  std::vector<std::vector<double>> per_call(runs.size());
+  for (const Impl& impl : impls) most = std::max(most, calls_for_50ms(impl.run, true));
+  std::vector<std::vector<double>> per_call(impls.size());
+  std::size_t after = impls.size() - 1;
   for (int r = 0; r < reps; ++r)
-    for (std::size_t k = 0; k < runs.size(); ++k) {
-      const std::size_t i = (k + static_cast<std::size_t>(r)) % runs.size();  // each rep starts one later
+    for (std::size_t i : rep_order(impls.size(), r)) {
       MPI_Barrier(MPI_COMM_WORLD);
-      runs[i](1);
+      impls[i].run(1);
       MPI_Barrier(MPI_COMM_WORLD);
+      MPI_Pcontrol(1, impls[i].name);
       weft_bench::Stopwatch sw;
-      runs[i](most);
+      impls[i].run(most);
       per_call[i].push_back(sw.seconds() * 1e6 / most);
+      MPI_Pcontrol(0);
+      if (on_rep) on_rep({r, i, after, most, per_call[i].back()});
+      after = i;
     }
   return per_call;
 }
@@ -246,6 +292,7 @@ int main(int argc, char** argv) {
     else if (a == "--max-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.max_bytes = *n;
     else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
     else if (a == "--unchecked-first") o.unchecked_first = true;
+    else if (a == "--per-rep") o.per_rep = true;
     else {
       std::fprintf(stderr, "weft-bench-allreduce: bad argument '%s' (a flag needs a number in range)\n", a.c_str());
       return usage(stderr, 2);
@@ -342,10 +389,11 @@ int main(int argc, char** argv) {
     if (gpu_across) {
       weft::Tensor g = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::gpu(0));
       engine->wait_all();
-      const double us = weft_bench::summarize(times_per_call_us_together(o.reps, {[&](int calls) {
-                                                      for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
-                                                      engine->wait_all();
-                                                    }})[0]).median;
+      const Impl impl{gpu_mpi_impl.c_str(), [&](int calls) {
+                        for (int k = 0; k < calls; ++k) par::allreduce(*gpu_across, {g});
+                        engine->wait_all();
+                      }};
+      const double us = weft_bench::summarize(times_per_call_us_together(o.reps, {impl})[0]).median;
       report({gpu_mpi_impl, job.size, bytes, us});
     }
     // Across the ranks: the same buffer for every implementation.
@@ -368,30 +416,39 @@ int main(int argc, char** argv) {
     // whose working set is four times one buffer's (at 16 MiB one buffer
     // stays in the cache between calls, four do not).
     std::vector<std::vector<float>> buffers(4, std::vector<float>(static_cast<std::size_t>(count), 1.0f));
-    const std::vector<const char*> impls = {"weft_mpi", "weft_mpi_unchecked", "weft_mpi_4_in_flight", "mpi",
-                                            "mpi_4_buffers"};
-    const std::vector<std::vector<double>> us = times_per_call_us_together(
-        o.reps, {weft_calls(across), weft_calls(unchecked),
-                 [&](int calls) {
-                   for (int k = 0; k < calls; ++k) par::allreduce(in_flight, {bucket[static_cast<std::size_t>(k % 4)]});
-                   engine->wait_all();
-                 },
-                 [&](int calls) {
-                   for (int k = 0; k < calls; ++k)
-                     MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                                   MPI_COMM_WORLD);
-                 },
-                 [&](int calls) {
-                   for (int k = 0; k < calls; ++k)
-                     MPI_Allreduce(MPI_IN_PLACE, buffers[static_cast<std::size_t>(k % 4)].data(),
-                                   static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                 }});
+    const std::vector<Impl> impls = {
+        {"weft_mpi", weft_calls(across)},
+        {"weft_mpi_unchecked", weft_calls(unchecked)},
+        {"weft_mpi_4_in_flight",
+         [&](int calls) {
+           for (int k = 0; k < calls; ++k) par::allreduce(in_flight, {bucket[static_cast<std::size_t>(k % 4)]});
+           engine->wait_all();
+         }},
+        {"mpi",
+         [&](int calls) {
+           for (int k = 0; k < calls; ++k)
+             MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+         }},
+        {"mpi_4_buffers", [&](int calls) {
+           for (int k = 0; k < calls; ++k)
+             MPI_Allreduce(MPI_IN_PLACE, buffers[static_cast<std::size_t>(k % 4)].data(), static_cast<int>(count),
+                           MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+         }}};
+    auto print_rep = [&](const Rep& r) {
+      if (!o.per_rep || !print_here) return;
+      std::printf("{\"rep_of\":\"%s\",\"ranks\":%d,\"bytes\":%lld,\"rep\":%d,\"after\":\"%s\",\"calls\":%d,"
+                  "\"time_us\":%.3f}\n",
+                  impls[r.impl].name, job.size, static_cast<long long>(bytes), r.rep, impls[r.after].name, r.calls,
+                  r.us_per_call);
+      std::fflush(stdout);
+    };
+    const std::vector<std::vector<double>> us = times_per_call_us_together(o.reps, impls, print_rep);
     const std::vector<int> peer_of = {3, 3, 4, -1, -1};  // index of each row's peer in `impls`
     for (std::size_t i = 0; i < impls.size(); ++i) {
-      Row row{impls[i], job.size, bytes, weft_bench::summarize(us[i]).median};
+      Row row{impls[i].name, job.size, bytes, weft_bench::summarize(us[i]).median};
       if (peer_of[i] >= 0) {
         const auto p = static_cast<std::size_t>(peer_of[i]);
-        row.peer = impls[p];
+        row.peer = impls[p].name;
         row.vs_peer = paired_ratio(us[i], us[p]);
       }
       report(row);

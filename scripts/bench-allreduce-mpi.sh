@@ -17,6 +17,10 @@
 #                     weft-allreduce-mpi-<date>.jsonl)
 #   --transport T     cma (default: Open MPI's shared-memory BTL copies once,
 #                     through process_vm_readv) or default (what Open MPI picks)
+#   --call-times      preload the MPI profiling interposer weft-mpi-call-times
+#                     (libweft-mpi-call-times.so beside --bin): the summary then
+#                     splits each implementation's time per call into the parts
+#                     inside and outside MPI_Allreduce
 #   BENCH_ARGS        weft-bench-allreduce's own flags (default: --members 1
 #                     --min-bytes 1048576 --max-bytes 16777216 --reps 11)
 # Ranks are launched with --bind-to none (Weft's threads need more than one
@@ -31,6 +35,7 @@ ranks="2 4"
 runs=3
 out="weft-allreduce-mpi-$(date +%Y%m%d-%H%M%S).jsonl"
 transport=cma
+call_times=0
 bench_args=(--members 1 --min-bytes 1048576 --max-bytes 16777216 --reps 11)
 die() { echo "bench-allreduce-mpi.sh: $*" >&2; exit 2; }
 while (($#)); do
@@ -41,7 +46,8 @@ while (($#)); do
     --runs) runs=${2:?--runs needs a number}; shift 2 ;;
     --out) out=${2:?--out needs a file}; shift 2 ;;
     --transport) transport=${2:?--transport needs cma or default}; shift 2 ;;
-    -h | --help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --call-times) call_times=1; shift ;;
+    -h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; bench_args=("$@"); break ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
@@ -59,6 +65,11 @@ command -v mpirun > /dev/null || die "no mpirun on PATH (Open MPI: scripts/setup
 launch=(mpirun --bind-to none --oversubscribe)
 ((EUID == 0)) && launch+=(--allow-run-as-root)
 [[ $transport == cma ]] && launch+=(--mca btl_vader_single_copy_mechanism cma)
+if ((call_times)); then
+  shim=$(cd "$(dirname "$bin")" && pwd)/libweft-mpi-call-times.so
+  [[ -f $shim ]] || die "no $shim (build it: cmake --build build --target weft-mpi-call-times)"
+  launch+=(-x "LD_PRELOAD=$shim")
+fi
 export WEFT_GPU_BACKEND=${WEFT_GPU_BACKEND:-none}
 : > "$out" || die "cannot write $out"
 failed=0

@@ -13,7 +13,9 @@
 #   STEP        env tests collectives train peers demos bench mpi ncu (default: all),
 #               or, not by default, on the machine's CPUs with no GPU involved:
 #               mpi-cpu     Weft over MPI against plain MPI, 2 and 4 ranks, 3 runs
-#                           (scripts/bench-allreduce-mpi.sh; issue 15's target)
+#                           of 1-16 MiB and 2 of 64-256 MiB, split inside and
+#                           outside MPI (scripts/bench-allreduce-mpi.sh
+#                           --call-times; issue 15's target)
 #               engine-cpu  weft-bench-engine --quick on 2 cores and on all, 3 runs
 #                           each, summarized by scripts/engine-summary (issue 19)
 # PyTorch (bench/torch_train_peer.py) runs without LD_LIBRARY_PATH, so that it
@@ -29,7 +31,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
@@ -117,13 +119,18 @@ for s in "${steps[@]}"; do
       ;;
     mpi-cpu)
       step "Weft over MPI beside MPI_Allreduce on this machine's cores (no GPU involved)"
-      run 600 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$(find_bin weft-bench-allreduce)" \
-        --out /tmp/weft-gpu-check-allreduce-mpi.jsonl
-      # The same two ranks with the unchecked communicator created first: does
-      # the slowness at 16 MiB follow the creation order or the fingerprints?
-      run 300 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$(find_bin weft-bench-allreduce)" \
-        --ranks 2 --out /tmp/weft-gpu-check-allreduce-mpi-unchecked-first.jsonl -- --members 1 --min-bytes 1048576 \
-        --max-bytes 16777216 --reps 11 --unchecked-first
+      # With the MPI profiling interposer where it was built beside the bench:
+      # each implementation's time per call inside MPI_Allreduce and outside.
+      bench=$(find_bin weft-bench-allreduce)
+      split=()
+      [[ -f $(dirname "$bench")/libweft-mpi-call-times.so ]] && split=(--call-times)
+      run 600 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$bench" "${split[@]}" \
+        --out /tmp/weft-gpu-check-allreduce-mpi.jsonl -- --members 1 --min-bytes 1048576 --max-bytes 16777216 \
+        --reps 11 --per-rep
+      # 64 and 256 MiB, fewer reps (a call takes 30-200 ms there).
+      run 300 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$bench" "${split[@]}" \
+        --runs 2 --out /tmp/weft-gpu-check-allreduce-mpi-large.jsonl -- --members 1 --min-bytes 67108864 \
+        --max-bytes 268435456 --reps 5 --per-rep
       ;;
     engine-cpu)
       step "engine per-op cost beside oneTBB and OpenMP on 2 cores and on all (no GPU involved)"

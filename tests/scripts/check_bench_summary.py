@@ -8,9 +8,10 @@ against hand-computed figures.
       floats within 1e-6).
   check_bench_summary.py SCRIPTS NAME errors FIXTURES
       a missing file, a line that is not JSON (a pretty-printed trace too), a
-      file without the bench's rows, a row without its time and an unknown
-      option: exit status 2, a message naming the file (or option), nothing
-      on stdout, no traceback.
+      file without the bench's rows, a row without its time (for
+      allreduce-summary also a per-rep line without its predecessor) and an
+      unknown option: exit status 2, a message naming the file (or option),
+      nothing on stdout, no traceback.
 
 Exits 1 with one line per mismatch. Standard library only.
 """
@@ -25,18 +26,20 @@ def check_json(script, expected_path, inputs):
     return expect_json(os.path.basename(script), run([script, "--json", *inputs]), expected_path)
 
 
-# Per script: a row without its time, what it says of it, and what it says
-# of a file without its rows.
+# Per script: a row without its time, what it says of it, what it says of
+# a file without its rows, and further refusals (file contents, the words).
 ERROR_CASES = {
     "allreduce-summary": ('{"impl":"weft_mpi","ranks":2,"bytes":4}', "time_us",
-                          ["has no rows", "mpirun"]),
+                          ["has no rows", "mpirun"],
+                          [('{"impl":"mpi","ranks":2,"bytes":4,"time_us":1.0}\n{"rep_of":"mpi","ranks":2,"bytes":4}\n',
+                            ["per-rep line", "after"])]),
     "engine-summary": ('{"engine":"weft","shape":"chain","body":"empty"}', "ns_per_op",
-                       ["has no weft-bench-engine rows"]),
+                       ["has no weft-bench-engine rows"], []),
 }
 
 
 def check_errors(script, fixtures):
-    no_time_row, no_time_word, no_rows_words = ERROR_CASES[os.path.basename(script)]
+    no_time_row, no_time_word, no_rows_words, more = ERROR_CASES[os.path.basename(script)]
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
         bad_json = os.path.join(tmp, "bad.jsonl")
@@ -57,6 +60,11 @@ def check_errors(script, fixtures):
             ([no_time], ["no_time.jsonl:1", no_time_word]),
             (["--bogus", os.path.join(fixtures, "allreduce_run_a.jsonl")], ["unknown option --bogus"]),
         ]
+        for k, (text, needles) in enumerate(more):
+            path = os.path.join(tmp, f"more_{k}.jsonl")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            cases.append(([path], [f"more_{k}.jsonl:2"] + needles))
         for args, needles in cases:
             expect_refusal([script, *args], " ".join(os.path.basename(a) for a in args), needles, errors)
     return errors

@@ -1,0 +1,151 @@
+// weft-mpi-call-times: an MPI profiling interposer (PMPI, loaded with
+// LD_PRELOAD) that splits the timed batches of weft-bench-allreduce into
+// the time spent inside blocking MPI_Allreduce calls and the time outside
+// them (bench/README.md; docs/results.md, "Collectives").
+//
+// Why: plain MPI's own speed moves 10-20% between runs and more between
+// repetitions, so a ratio of two implementations' times mixes what Weft
+// adds around a call with where the slow spells fell. Timing the calls
+// themselves, on whatever thread makes them (Weft's blocking lane, the
+// bench's main thread), tells the two apart: time outside MPI per call is
+// what Weft's engine, fibers and hand-offs cost; time inside is MPI's.
+//
+// The bench opens a window around each timed batch with
+// MPI_Pcontrol(1, "implementation name") and closes it with
+// MPI_Pcontrol(0) (MPI 4.1 section 15.2.4 leaves levels other than 0-2 to
+// the profiler; level 1 is "profiling on", and the name is this
+// profiler's own extension). Without the interposer those calls do
+// nothing. Every MPI_Allreduce made while a window is open, from any
+// thread, counts in it; non-blocking allreduces (Weft below 256 KiB) are
+// not timed: their time inside MPI is spread over MPI_Test calls.
+//
+// At MPI_Finalize, rank 0 of MPI_COMM_WORLD prints one JSON line per
+// window that timed a call on stdout: window_of (the name), ranks, bytes (of its calls),
+// calls, off_thread_calls (made on another thread than the one that
+// opened the window), window_us, in_mpi_us (the sum of the calls'
+// durations), longest_call_us and involuntary_switches (the calling
+// threads' preemptions during the calls, from getrusage(RUSAGE_THREAD)).
+// scripts/allreduce-summary reads them.
+#include <mpi.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Window {
+  std::string name;
+  std::thread::id opener;
+  Clock::time_point opened;
+  double window_us = 0;
+  long long bytes = 0;
+  int calls = 0, off_thread_calls = 0;
+  double in_mpi_us = 0, longest_call_us = 0;
+  long involuntary_switches = 0;
+};
+
+std::mutex g_mutex;
+std::vector<Window> g_closed;  // guarded by g_mutex
+Window g_open;                 // guarded by g_mutex
+bool g_is_open = false;        // guarded by g_mutex
+
+long involuntary_switches() {
+  rusage usage{};
+  getrusage(RUSAGE_THREAD, &usage);
+  return usage.ru_nivcsw;
+}
+
+double us_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+void json_string(std::FILE* out, const std::string& s) {
+  std::fputc('"', out);
+  for (const char c : s) {
+    if (c == '"' || c == '\\') std::fputc('\\', out);
+    if (static_cast<unsigned char>(c) >= 0x20) std::fputc(c, out);
+  }
+  std::fputc('"', out);
+}
+
+}  // namespace
+
+extern "C" {
+
+int MPI_Pcontrol(const int level, ...) {
+  std::lock_guard lock(g_mutex);
+  if (level == 1) {
+    va_list args;
+    va_start(args, level);
+    const char* name = va_arg(args, const char*);
+    va_end(args);
+    g_open = Window{};
+    g_open.name = name ? name : "";
+    g_open.opener = std::this_thread::get_id();
+    g_open.opened = Clock::now();
+    g_is_open = true;
+  } else if (level == 0 && g_is_open) {
+    g_open.window_us = us_between(g_open.opened, Clock::now());
+    g_closed.push_back(std::move(g_open));
+    g_is_open = false;
+  }
+  return MPI_SUCCESS;
+}
+
+int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  bool counted;
+  {
+    std::lock_guard lock(g_mutex);
+    counted = g_is_open;
+  }
+  if (!counted) return PMPI_Allreduce(send, recv, count, type, op, comm);
+  const long switches_before = involuntary_switches();
+  const Clock::time_point start = Clock::now();
+  const int rc = PMPI_Allreduce(send, recv, count, type, op, comm);
+  const double us = us_between(start, Clock::now());
+  const long switches = involuntary_switches() - switches_before;
+  int size = 0;
+  PMPI_Type_size(type, &size);
+  std::lock_guard lock(g_mutex);
+  if (g_is_open) {  // a call that outlived its window is not counted in the next
+    Window& w = g_open;
+    w.bytes = static_cast<long long>(count) * size;
+    ++w.calls;
+    if (std::this_thread::get_id() != w.opener) ++w.off_thread_calls;
+    w.in_mpi_us += us;
+    if (us > w.longest_call_us) w.longest_call_us = us;
+    w.involuntary_switches += switches;
+  }
+  return rc;
+}
+
+int MPI_Finalize() {
+  int rank = 0, ranks = 1;
+  PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  PMPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  if (rank == 0) {
+    std::lock_guard lock(g_mutex);
+    for (const Window& w : g_closed) {
+      if (w.calls == 0) continue;  // its calls were non-blocking (or none)
+      std::fputs("{\"window_of\":", stdout);
+      json_string(stdout, w.name);
+      std::printf(
+          ",\"ranks\":%d,\"bytes\":%lld,\"calls\":%d,\"off_thread_calls\":%d,\"window_us\":%.3f,\"in_mpi_us\":%.3f,"
+          "\"longest_call_us\":%.3f,\"involuntary_switches\":%ld}\n",
+          ranks, w.bytes, w.calls, w.off_thread_calls, w.window_us, w.in_mpi_us, w.longest_call_us,
+          w.involuntary_switches);
+    }
+    std::fflush(stdout);
+  }
+  return PMPI_Finalize();
+}
+
+}  // extern "C"
