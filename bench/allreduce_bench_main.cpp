@@ -23,6 +23,7 @@
 
 #include "arg_cursor.h"
 #include "measure.h"
+#include "mpi_call_times.h"
 #include "weft/engine.h"
 #include "weft/gpu.h"
 #include "weft/parallel/collectives.h"
@@ -217,11 +218,11 @@ std::vector<std::vector<double>> times_per_call_us_together(int reps, const std:
       MPI_Barrier(MPI_COMM_WORLD);
       impls[i].run(1);
       MPI_Barrier(MPI_COMM_WORLD);
-      MPI_Pcontrol(1, impls[i].name);
+      MPI_Pcontrol(weft_bench::kCallTimesOpen, impls[i].name);
       weft_bench::Stopwatch sw;
       impls[i].run(most);
       per_call[i].push_back(sw.seconds() * 1e6 / most);
-      MPI_Pcontrol(0);
+      MPI_Pcontrol(weft_bench::kCallTimesClose);
       if (on_rep) on_rep({r, i, after, most, per_call[i].back()});
       after = i;
     }

@@ -11,13 +11,12 @@
 // what Weft's engine, fibers and hand-offs cost; time inside is MPI's.
 //
 // The bench opens a window around each timed batch with
-// MPI_Pcontrol(1, "implementation name") and closes it with
-// MPI_Pcontrol(0) (MPI 4.1 section 15.2.4 leaves levels other than 0-2 to
-// the profiler; level 1 is "profiling on", and the name is this
-// profiler's own extension). Without the interposer those calls do
-// nothing. Every MPI_Allreduce made while a window is open, from any
-// thread, counts in it; non-blocking allreduces (Weft below 256 KiB) are
-// not timed: their time inside MPI is spread over MPI_Test calls.
+// MPI_Pcontrol(kCallTimesOpen, "implementation name") and closes it with
+// MPI_Pcontrol(kCallTimesClose) (mpi_call_times.h; other levels are
+// ignored). Without the interposer those calls do nothing. Every
+// MPI_Allreduce made while a window is open, from any thread, counts in
+// it; non-blocking allreduces (Weft below 256 KiB) are not timed: their
+// time inside MPI is spread over MPI_Test calls.
 //
 // At MPI_Finalize, rank 0 of MPI_COMM_WORLD prints one JSON line per
 // window that timed a call on stdout: window_of (the name), ranks, bytes (of its calls),
@@ -36,6 +35,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "mpi_call_times.h"
 
 namespace {
 
@@ -82,7 +83,7 @@ extern "C" {
 
 int MPI_Pcontrol(const int level, ...) {
   std::lock_guard lock(g_mutex);
-  if (level == 1) {
+  if (level == weft_bench::kCallTimesOpen) {
     va_list args;
     va_start(args, level);
     const char* name = va_arg(args, const char*);
@@ -92,7 +93,7 @@ int MPI_Pcontrol(const int level, ...) {
     g_open.opener = std::this_thread::get_id();
     g_open.opened = Clock::now();
     g_is_open = true;
-  } else if (level == 0 && g_is_open) {
+  } else if (level == weft_bench::kCallTimesClose && g_is_open) {
     g_open.window_us = us_between(g_open.opened, Clock::now());
     g_closed.push_back(std::move(g_open));
     g_is_open = false;
