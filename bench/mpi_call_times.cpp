@@ -19,12 +19,13 @@
 // time inside MPI is spread over MPI_Test calls.
 //
 // At MPI_Finalize, rank 0 of MPI_COMM_WORLD prints one JSON line per
-// window that timed a call on stdout: window_of (the name), ranks, bytes (of its calls),
-// calls, off_thread_calls (made on another thread than the one that
-// opened the window), window_us, in_mpi_us (the sum of the calls'
+// window that timed a call on stdout: window_of (the name), ranks, bytes
+// (of its calls), calls, off_thread_calls (made on another thread than the
+// one that opened the window), window_us, in_mpi_us (the sum of the calls'
 // durations), longest_call_us and involuntary_switches (the calling
 // threads' preemptions during the calls, from getrusage(RUSAGE_THREAD)).
-// scripts/allreduce-summary reads them.
+// scripts/allreduce-summary reads them. Time inside a collective includes
+// the wait for the last rank to join it, so a peer's lateness shows there.
 #include <mpi.h>
 #include <sys/resource.h>
 
