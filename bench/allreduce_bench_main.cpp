@@ -60,7 +60,8 @@ int usage(std::FILE* out, int rc) {
                "  before weft_mpi's (at 16 MiB over two ranks the one created first has run slower).\n"
                "  --per-rep: also a JSON line per timed rep of those five (rank 0's): rep_of (the\n"
                "  implementation), rep, after (the one that ran just before), calls, time_us; within a rep\n"
-               "  they run in a balanced order (each after every other equally often over 10 reps).\n"
+               "  they run in a balanced order (each after every other equally often within reps, over any\n"
+               "  multiple of 10 reps; 18 of the 20 pairs over 5).\n"
                "  Each of their timed batches is an MPI_Pcontrol window: under LD_PRELOAD of\n"
                "  libweft-mpi-call-times.so (scripts/bench-allreduce-mpi.sh --call-times) its MPI_Allreduce\n"
                "  calls are timed, and the time per call splits into inside MPI and outside.\n"
@@ -156,9 +157,11 @@ struct Job {
 };
 
 // The order of the implementations in rep `rep`: the rows of a Williams
-// design (a balanced Latin square; for an odd count, its mirror too), so
-// that over n reps (2n for an odd n) each implementation runs first equally
-// often and, within a rep, follows every other one equally often. At 16 MiB
+// design (a balanced Latin square; for an odd count, its mirror too, each
+// mirrored row right after its forward one, so that a run of fewer than 2n
+// reps is nearly balanced as well), so that over n reps (2n for an odd n)
+// each implementation runs first equally often and, within a rep, follows
+// every other one equally often. At 16 MiB
 // the first calls after another implementation ran are slower (above), by
 // how much depending on what that one left in the cache. Rotating one
 // fixed order, as the bench did until 2026-11-27, kept each
@@ -166,11 +169,16 @@ struct Job {
 // always ran after weft_mpi, on the same tensor, and weft_mpi after
 // mpi_4_buffers.
 std::vector<std::size_t> rep_order(std::size_t n, int rep) {
-  std::vector<std::size_t> row(n);  // 0, 1, n-1, 2, n-2, ...: every step between neighbours differs
+  // 0, 1, n-1, 2, n-2, ...: for an even n every step between neighbours
+  // (mod n) differs; for an odd n each step comes twice, and the mirrored
+  // row has the opposite steps.
+  std::vector<std::size_t> row(n);
   for (std::size_t k = 1; k < n; ++k) row[k] = k % 2 ? (k + 1) / 2 : n - k / 2;
   const auto r = static_cast<std::size_t>(rep);
-  for (std::size_t& x : row) x = (x + r) % n;
-  if (n % 2 == 1 && (r / n) % 2 == 1) std::reverse(row.begin(), row.end());
+  const bool odd = n % 2 == 1;
+  const std::size_t shift = odd ? r / 2 : r;
+  for (std::size_t& x : row) x = (x + shift) % n;
+  if (odd && r % 2 == 1) std::reverse(row.begin(), row.end());
   return row;
 }
 

@@ -8,7 +8,9 @@
 // adds around a call with where the slow spells fell. Timing the calls
 // themselves, on whatever thread makes them (Weft's blocking lane, the
 // bench's main thread), tells the two apart: time outside MPI per call is
-// what Weft's engine, fibers and hand-offs cost; time inside is MPI's.
+// what Weft's engine, fibers and hand-offs cost on this rank; time inside
+// is MPI's work, the wait for the last rank to join (a peer's own overhead
+// shows there) and any preemption during the call.
 //
 // The bench opens a window around each timed batch with
 // MPI_Pcontrol(kCallTimesOpen, "implementation name") and closes it with
@@ -58,6 +60,17 @@ std::mutex g_mutex;
 std::vector<Window> g_closed;  // guarded by g_mutex
 Window g_open;                 // guarded by g_mutex
 bool g_is_open = false;        // guarded by g_mutex
+// Counts the windows opened: a call counts in the window open when it
+// started, and only if that one is still open when it returns.
+unsigned long g_generation = 0;  // guarded by g_mutex
+
+// Moves the open window to the closed ones. Under g_mutex.
+void close_window() {
+  g_open.window_us = std::chrono::duration<double, std::micro>(Clock::now() - g_open.opened).count();
+  g_closed.push_back(std::move(g_open));
+  g_open = Window{};
+  g_is_open = false;
+}
 
 long involuntary_switches() {
   rusage usage{};
@@ -65,15 +78,15 @@ long involuntary_switches() {
   return usage.ru_nivcsw;
 }
 
-double us_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::micro>(b - a).count();
-}
-
 void json_string(std::FILE* out, const std::string& s) {
   std::fputc('"', out);
   for (const char c : s) {
     if (c == '"' || c == '\\') std::fputc('\\', out);
-    if (static_cast<unsigned char>(c) >= 0x20) std::fputc(c, out);
+    if (static_cast<unsigned char>(c) < 0x20) {
+      std::fprintf(out, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
+    } else {
+      std::fputc(c, out);
+    }
   }
   std::fputc('"', out);
 }
@@ -89,35 +102,36 @@ int MPI_Pcontrol(const int level, ...) {
     va_start(args, level);
     const char* name = va_arg(args, const char*);
     va_end(args);
-    g_open = Window{};
+    if (g_is_open) close_window();  // opened without a close: it ends here
     g_open.name = name ? name : "";
     g_open.opener = std::this_thread::get_id();
     g_open.opened = Clock::now();
     g_is_open = true;
+    ++g_generation;
   } else if (level == weft_bench::kCallTimesClose && g_is_open) {
-    g_open.window_us = us_between(g_open.opened, Clock::now());
-    g_closed.push_back(std::move(g_open));
-    g_is_open = false;
+    close_window();
   }
   return MPI_SUCCESS;
 }
 
 int MPI_Allreduce(const void* send, void* recv, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
-  bool counted;
+  bool open;
+  unsigned long generation;
   {
     std::lock_guard lock(g_mutex);
-    counted = g_is_open;
+    open = g_is_open;
+    generation = g_generation;
   }
-  if (!counted) return PMPI_Allreduce(send, recv, count, type, op, comm);
+  if (!open) return PMPI_Allreduce(send, recv, count, type, op, comm);  // never under g_mutex
   const long switches_before = involuntary_switches();
   const Clock::time_point start = Clock::now();
   const int rc = PMPI_Allreduce(send, recv, count, type, op, comm);
-  const double us = us_between(start, Clock::now());
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   const long switches = involuntary_switches() - switches_before;
   int size = 0;
   PMPI_Type_size(type, &size);
   std::lock_guard lock(g_mutex);
-  if (g_is_open) {  // a call that outlived its window is not counted in the next
+  if (g_is_open && g_generation == generation) {  // a call that outlived its window counts in none
     Window& w = g_open;
     w.bytes = static_cast<long long>(count) * size;
     ++w.calls;

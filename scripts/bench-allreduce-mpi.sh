@@ -18,7 +18,8 @@
 #   --transport T     cma (default: Open MPI's shared-memory BTL copies once,
 #                     through process_vm_readv) or default (what Open MPI picks)
 #   --call-times      preload the MPI profiling interposer weft-mpi-call-times
-#                     (libweft-mpi-call-times.so beside --bin): the summary then
+#                     (libweft-mpi-call-times.so beside --bin, into both builds'
+#                     runs: it does not depend on Weft): the summary then
 #                     splits each implementation's time per call into the parts
 #                     inside and outside MPI_Allreduce
 #   BENCH_ARGS        weft-bench-allreduce's own flags (default: --members 1
@@ -47,7 +48,7 @@ while (($#)); do
     --out) out=${2:?--out needs a file}; shift 2 ;;
     --transport) transport=${2:?--transport needs cma or default}; shift 2 ;;
     --call-times) call_times=1; shift ;;
-    -h | --help) sed -n '2,29p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,30p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --) shift; bench_args=("$@"); break ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
@@ -68,7 +69,7 @@ launch=(mpirun --bind-to none --oversubscribe)
 if ((call_times)); then
   shim=$(cd "$(dirname "$bin")" && pwd)/libweft-mpi-call-times.so
   [[ -f $shim ]] || die "no $shim (build it: cmake --build build --target weft-mpi-call-times)"
-  launch+=(-x "LD_PRELOAD=$shim")
+  launch+=(-x "LD_PRELOAD=$shim${LD_PRELOAD:+:$LD_PRELOAD}")
 fi
 export WEFT_GPU_BACKEND=${WEFT_GPU_BACKEND:-none}
 : > "$out" || die "cannot write $out"

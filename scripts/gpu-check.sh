@@ -127,10 +127,11 @@ for s in "${steps[@]}"; do
       run 600 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$bench" "${split[@]}" \
         --out /tmp/weft-gpu-check-allreduce-mpi.jsonl -- --members 1 --min-bytes 1048576 --max-bytes 16777216 \
         --reps 11 --per-rep
-      # 64 and 256 MiB, fewer reps (a call takes 30-200 ms there).
+      # 64 and 256 MiB, two runs (a call takes 30-200 ms there); 10 reps, one
+      # whole balanced order of the five implementations.
       run 300 env WEFT_GPU_BACKEND=none bash "$here/scripts/bench-allreduce-mpi.sh" --bin "$bench" "${split[@]}" \
         --runs 2 --out /tmp/weft-gpu-check-allreduce-mpi-large.jsonl -- --members 1 --min-bytes 67108864 \
-        --max-bytes 268435456 --reps 5 --per-rep
+        --max-bytes 268435456 --reps 10 --per-rep
       ;;
     engine-cpu)
       step "engine per-op cost beside oneTBB and OpenMP on 2 cores and on all (no GPU involved)"

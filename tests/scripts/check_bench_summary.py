@@ -32,7 +32,7 @@ ERROR_CASES = {
     "allreduce-summary": ('{"impl":"weft_mpi","ranks":2,"bytes":4}', "time_us",
                           ["has no rows", "mpirun"],
                           [('{"impl":"mpi","ranks":2,"bytes":4,"time_us":1.0}\n{"rep_of":"mpi","ranks":2,"bytes":4}\n',
-                            ["per-rep line", "after"])]),
+                            ["per-rep line", "('after')"])]),
     "engine-summary": ('{"engine":"weft","shape":"chain","body":"empty"}', "ns_per_op",
                        ["has no weft-bench-engine rows"], []),
 }

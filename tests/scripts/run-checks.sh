@@ -313,6 +313,22 @@ EOF2
     "mpirun: [--bind-to] [none] [--oversubscribe]$root_flag [-np] [2] [$new] [--json] [--members] [1] [--min-bytes] [1048576] [--max-bytes] [16777216] [--reps] [11]"
   expect_in "mpirun failing" "$tmp/r.err" "run 1, 2 ranks, new failed"
 
+  # --call-times: the interposer beside --bin is preloaded (before what
+  # LD_PRELOAD held); without it, a usage error naming it.
+  : > "$FAKE_LOG"
+  run_script "$tmp/r" env PATH="$mpibin:$PATH" LD_PRELOAD= "$script" --bin "$new" --ranks 2 --runs 1 --call-times \
+    --out "$tmp/ct.jsonl" -- --reps 1
+  expect_rc "--call-times without the interposer" 2
+  expect_in "--call-times without the interposer" "$tmp/r.err" "libweft-mpi-call-times.so"
+  if [[ -s "$FAKE_LOG" ]]; then fail "--call-times without the interposer ran mpirun"; fi
+  : > "$tmp/bin/libweft-mpi-call-times.so"
+  : > "$FAKE_LOG"
+  run_script "$tmp/r" env PATH="$mpibin:$PATH" LD_PRELOAD=/elsewhere.so "$script" --bin "$new" --ranks 2 --runs 1 \
+    --call-times --out "$tmp/ct.jsonl" -- --reps 1
+  expect_rc "--call-times" 0
+  expect_file "--call-times: calls" "$FAKE_LOG" \
+    "mpirun: [--bind-to] [none] [--oversubscribe]$root_flag [--mca] [btl_vader_single_copy_mechanism] [cma] [-x] [LD_PRELOAD=$tmp/bin/libweft-mpi-call-times.so:/elsewhere.so] [-np] [2] [$new] [--json] [--reps] [1]"
+
   # Usage errors, each before anything runs.
   for args in "--runs 0" "--ranks 1" "--ranks x" "--transport tcp" "--bin $tmp/no-such-bench" "--bogus"; do
     : > "$FAKE_LOG"
