@@ -161,7 +161,9 @@ struct Job {
 // mirrored row right after its forward one, so that a run of fewer than 2n
 // reps is nearly balanced as well), so that over n reps (2n for an odd n)
 // each implementation runs first equally often and, within a rep, follows
-// every other one equally often. At 16 MiB
+// every other one equally often. (A mirrored row starts with the one its
+// forward row ended with: across that boundary each implementation follows
+// itself, once in 2n reps, all alike.) At 16 MiB
 // the first calls after another implementation ran are slower (above), by
 // how much depending on what that one left in the cache. Rotating one
 // fixed order, as the bench did until 2026-11-27, kept each
