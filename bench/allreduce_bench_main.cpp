@@ -1,7 +1,9 @@
 // weft-bench-allreduce: allreduce time, algbw and busbw per size, nccl-tests
 // style (busbw = algbw * 2(n-1)/n), in one run: Weft's in-process ring and a
 // single-thread memcpy of the same bytes and, under mpirun, Weft over MPI
-// (fingerprints on, and off) beside plain MPI_Allreduce on the same buffers.
+// (fingerprints on, and off) beside plain MPI_Allreduce on host buffers of
+// the same size (Weft's rows on Weft tensors: a tensor's memory is not
+// reachable from the public headers).
 // JSON lines with --json; rank 0 prints.
 #include <mpi.h>
 #if WEFT_BENCH_NCCL
@@ -407,7 +409,9 @@ int main(int argc, char** argv) {
       const double us = weft_bench::summarize(times_per_call_us_together(o.reps, {impl})[0]).median;
       report({gpu_mpi_impl, job.size, bytes, us});
     }
-    // Across the ranks: the same buffer for every implementation.
+    // Across the ranks: weft_mpi and weft_mpi_unchecked on one tensor, plain
+    // MPI on a vector of the same size, each touched before its first timed
+    // call.
     weft::Tensor t = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0));
     engine->wait_all();
     auto weft_calls = [&](const par::Communicator& c) {
