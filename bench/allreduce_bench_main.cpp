@@ -108,10 +108,11 @@ void print(const Row& r, bool json, double core_round_trip_ns) {
 // timed over a batch that doubles until it takes 10 ms, after two warm-up
 // calls. One timed call is not enough: the first calls at a new size, or
 // after another implementation ran, are slower (16 MiB, two ranks over CMA
-// on the lent 16-core machine: 8.8 ms, then down to 2.9 over five calls),
+// on a 16-core machine: 8.8 ms, then down to 2.9 over five calls),
 // and a single timed call once gave weft_mpi a third of the calls of
 // weft_mpi_unchecked, whose reps those slow first calls then dominated: most
-// of the 1.2-1.3x once put down to fingerprints at 16 MiB (docs/results.md). With
+// of the 1.2-1.3x once put down to fingerprints at 16 MiB (docs/performance.md,
+// "Design choices"). With
 // `together`, every rank runs the same batches and rank 0's timing decides.
 template <class F>
 int calls_for_50ms(F&& run_calls, bool together) {
@@ -168,10 +169,9 @@ struct Job {
 // itself, once in 2n reps, all alike.) At 16 MiB
 // the first calls after another implementation ran are slower (above), by
 // how much depending on what that one left in the cache. Rotating one
-// fixed order, as the bench did until 2026-11-27, kept each
-// implementation's predecessor in all but one position: weft_mpi_unchecked
-// always ran after weft_mpi, on the same tensor, and weft_mpi after
-// mpi_4_buffers.
+// fixed order would keep each implementation's predecessor in all but one
+// position: weft_mpi_unchecked would always run after weft_mpi, on the same
+// tensor, and weft_mpi after mpi_4_buffers.
 std::vector<std::size_t> rep_order(std::size_t n, int rep) {
   // 0, 1, n-1, 2, n-2, ...: for an even n every step between neighbours
   // (mod n) differs; for an odd n each step comes twice, and the mirrored
@@ -208,7 +208,7 @@ struct Impl {
 // timing). They all move the same bytes across the same ranks, so one count
 // suits them all, and it keeps a calibration that fell on a slow spell from
 // giving one implementation a few calls per rep, whose fixed costs and
-// noise its reps then carry alone (the VM, two ranks, one run: 15 calls for
+// noise its reps then carry alone (a 2-core VM, two ranks, one run: 15 calls for
 // weft_mpi at 1 MiB against 310-376 for the others; 2 against 9 at 16 MiB).
 // The reps are interleaved (rep r of every implementation before rep r + 1
 // of any), so a slow spell of this noisy machine falls on all of them alike
@@ -332,7 +332,7 @@ int main(int argc, char** argv) {
   // leaves behind (its lane thread, its MPI communicators) does not fall on
   // another row: with the communicator shared, weft_mpi / weft_mpi_unchecked
   // measured 1.02-1.08 at 16 MiB, apart 0.85-0.95 (three runs each, one
-  // machine; docs/results.md).
+  // machine; docs/performance.md, "Design choices").
   const par::Communicator in_flight = par::Communicator::mpi(*engine, weft::Device::cpu(0));
   const Job job{across.local_ranks()[0], across.size()};
   const bool json = o.json, print_here = job.rank == 0;

@@ -1,7 +1,7 @@
 // weft-mpi-call-times: an MPI profiling interposer (PMPI, loaded with
 // LD_PRELOAD) that splits the timed batches of weft-bench-allreduce into
 // the time spent inside blocking MPI_Allreduce calls and the time outside
-// them (bench/README.md; docs/results.md, "Collectives").
+// them (bench/README.md; docs/performance.md, "Collectives").
 //
 // Why: plain MPI's own speed moves 10-20% between runs and more between
 // repetitions, so a ratio of two implementations' times mixes what Weft

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Weft over MPI against plain MPI_Allreduce, as issue 15's target is measured
-# (docs/results.md, "Collectives"): weft-bench-allreduce under mpirun, several
+# Weft over MPI against plain MPI_Allreduce, as docs/performance.md measures it
+# ("Collectives"): weft-bench-allreduce under mpirun, several
 # runs for each rank count, then scripts/allreduce-summary over them. With
 # --baseline, a second binary alternates with the first in every run (which
 # goes first alternates too), and the summary has a row for each: an A/B of

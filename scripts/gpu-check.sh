@@ -15,9 +15,9 @@
 #               mpi-cpu     Weft over MPI against plain MPI, 2 and 4 ranks, 3 runs
 #                           of 1-16 MiB and 2 of 64-256 MiB, split inside and
 #                           outside MPI (scripts/bench-allreduce-mpi.sh
-#                           --call-times; issue 15's target)
+#                           --call-times; docs/performance.md, Collectives)
 #               engine-cpu  weft-bench-engine --quick on 2 cores and on all, 3 runs
-#                           each, summarized by scripts/engine-summary (issue 19)
+#                           each, summarized by scripts/engine-summary
 # PyTorch (bench/torch_train_peer.py) runs without LD_LIBRARY_PATH, so that it
 # loads its own cuDNN whatever Weft's binaries were pointed at.
 set -u

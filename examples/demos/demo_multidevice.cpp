@@ -1,9 +1,10 @@
 // Demo 6: a 2-layer MLP trained data-parallel on a CPU and two devices, as in
-// the seeds' figure: cpu(0) holds the data and the master weights; each
-// device gets half of every minibatch and a replica, runs forward and
-// backward, sends its gradients to cpu(0), which sums them, updates, and
-// sends the weights back. The engine builds the graph from the variables each
-// op touches; the demo writes that graph (DOT) and the timeline (--trace).
+// Dive into Deep Learning's multi-GPU figure: cpu(0) holds the data and the
+// master weights; each device gets half of every minibatch and a replica,
+// runs forward and backward, sends its gradients to cpu(0), which sums them,
+// updates, and sends the weights back. The engine builds the graph from the
+// variables each op touches; the demo writes that graph (DOT) and the
+// timeline (--trace).
 // Devices: two GPUs, else one GPU and cpu(1), else cpu(1) and cpu(2).
 #include <cstdio>
 

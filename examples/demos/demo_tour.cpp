@@ -59,7 +59,7 @@ int main(int argc, char** argv) {
     weft::demo::CommonOptions plain = common;
     plain.trace_path.clear();
     plain.json = false;
-    std::printf("Weft tour: six demos at small sizes (the seeds' sizes: weft-demo-<name>)\n\n");
+    std::printf("Weft tour: six demos at small sizes (full sizes: weft-demo-<name>)\n\n");
     auto a = weft::demo::run_async(s.async, plain);
     std::printf("\n");
     auto b = weft::demo::run_barriers(s.barriers, plain);

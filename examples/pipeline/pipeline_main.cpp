@@ -1,6 +1,6 @@
-// weft-pipeline: the pipeline-parallel experiments of the seed's slides, on
-// LeNet and ResNet-18 split over a device list (CPU devices, simulated or
-// real GPUs), with weft::parallel::Pipeline:
+// weft-pipeline: pipeline-parallelism experiments on LeNet and ResNet-18
+// split over a device list (CPU devices, simulated or real GPUs), with
+// weft::parallel::Pipeline:
 //   1. plain model parallelism (one micro-batch) vs the pipeline (M = 4K);
 //   2. a micro-batch sweep, the bubble measured from the trace beside
 //      (K - 1) / (M + K - 1);

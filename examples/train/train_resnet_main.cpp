@@ -1,9 +1,9 @@
 // weft-train-resnet: ResNet-18 (weft::nn::resnet18, the small stem of D2L's
 // multi-GPU chapter for 28x28 inputs) on Fashion-MNIST with plain SGD, on one
 // device or data-parallel on several (trainer.h has the flags). Batch
-// normalization runs per replica, as in the seed: each replica normalizes
-// by its own part of the batch and keeps its own running statistics; the
-// test pass uses replica 0's.
+// normalization runs per replica, as in Dive into Deep Learning's multi-GPU
+// training: each replica normalizes by its own part of the batch and keeps
+// its own running statistics; the test pass uses replica 0's.
 #include "trainer.h"
 
 int main(int argc, char** argv) {

@@ -17,7 +17,7 @@
 // --hybridize captures one training step per batch size (forward, loss,
 // backward, SGD: Engine::begin_capture / end_capture) on fixed input
 // tensors, and then per batch copies the batch into them and replays the
-// step: the seed's hybridization, with its dependencies resolved once.
+// step: MXNet's hybridization, with its dependencies resolved once.
 // --bulk N pushes each step's ops in bulks of up to N (Engine::set_bulk_size):
 // MXNet's bulk execution, one engine op per run of consecutive ops of a device.
 #include "trainer.h"
