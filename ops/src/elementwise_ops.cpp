@@ -123,13 +123,14 @@ std::int64_t check_runs(const char* op, const std::vector<Tensor>& runs, const c
     const std::string name = std::string(what) + " " + std::to_string(k);
     detail::check_float32(op, runs[k], name.c_str());
     if (runs[k].device() != flat.device())
-      throw InvalidArgument(std::string(op) + ": " + name + " (" + runs[k].str() + ") is not on " +
-                            flat.device().str() + ", where the packed tensor is");
+      throw InvalidArgument(std::string(op) + ": " + name + " " + detail::describe_on(runs[k]) + " is not on " +
+                            flat.device().str() + ", where the packed tensor " + detail::describe(flat) + " is");
     total += runs[k].numel();
   }
   if (total != flat.numel())
     throw InvalidArgument(std::string(op) + ": the " + what + "s hold " + std::to_string(total) +
-                          " elements but the packed tensor (" + flat.str() + ") holds " + std::to_string(flat.numel()));
+                          " elements but the packed tensor " + detail::describe(flat) + " holds " +
+                          std::to_string(flat.numel()));
   return total;
 }
 
@@ -172,10 +173,12 @@ void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha, bool accumu
 
 Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end) {
   detail::check_float32("slice_rows", x, "x");
-  if (x.shape().rank() == 0) throw InvalidArgument("slice_rows: x " + x.str() + " has no rows (a scalar)");
+  if (x.shape().rank() == 0)
+    throw InvalidArgument("slice_rows: x " + detail::describe(x) + " has no rows (a scalar)");
   const std::int64_t rows = x.shape()[0];
   if (begin < 0 || end < begin || end > rows)
-    throw InvalidArgument("slice_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of " + x.str() +
+    throw InvalidArgument("slice_rows: rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") of x " +
+                          detail::describe(x) +
                           ", which has " + std::to_string(rows));
   std::vector<std::int64_t> dims = x.shape().dims();
   dims[0] = end - begin;
@@ -197,8 +200,8 @@ void unpack(const Tensor& src, const std::vector<Tensor>& dsts) {
   for (std::size_t k = 0; k < dsts.size(); ++k) {
     for (std::size_t j = 0; j < k; ++j)
       if (dsts[j].storage() == dsts[k].storage())
-        throw InvalidArgument("unpack: dsts " + std::to_string(j) + " and " + std::to_string(k) + " are one tensor (" +
-                              dsts[k].str() + ")");
+        throw InvalidArgument("unpack: dsts " + std::to_string(j) + " and " + std::to_string(k) + " are one tensor, " +
+                              detail::describe(dsts[k]));
     outputs.push_back(&dsts[k]);
   }
   launch("unpack", detail::exec_device(src.device()), {&src}, outputs,
@@ -247,7 +250,7 @@ Tensor argmax(const Tensor& x) {
   detail::check_float32("argmax", x, "x");
   detail::check_rank("argmax", x, 2, "x");
   const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
-  if (cols == 0 && rows > 0) throw Error("argmax: " + x.str() + " has rows with no columns");
+  if (cols == 0 && rows > 0) throw Error("argmax: x " + detail::describe(x) + " has rows with no columns");
   Tensor y = detail::make_like(x, Shape{rows});
   launch("argmax", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -269,8 +272,9 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   const std::int64_t kb = trans_b ? b.shape()[1] : b.shape()[0];
   const std::int64_t n = trans_b ? b.shape()[0] : b.shape()[1];
   if (k != kb)
-    throw Error("matmul: inner dimensions differ: " + a.shape().str() + (trans_a ? "^T" : "") + " x " +
-                b.shape().str() + (trans_b ? "^T" : "") + " (" + std::to_string(k) + " vs " + std::to_string(kb) + ")");
+    throw Error("matmul: inner dimensions differ: " + detail::describe(a) + (trans_a ? "^T" : "") + " x " +
+                detail::describe(b) + (trans_b ? "^T" : "") + " (" + std::to_string(k) + " vs " + std::to_string(kb) +
+                ")");
   Tensor c = detail::make_like(a, Shape{m, n});
   const std::int64_t lda = a.shape()[1], ldb = b.shape()[1];
   launch("matmul", detail::exec_device(a.device()), {&a, &b}, {&c}, [=](RunContext& ctx, OpIO& io) {

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "describe.h"
 #include "storage.h"
 #include "weft/check_context.h"
 #include "weft/error.h"
@@ -44,10 +45,10 @@ enum class Body {
   // branch. On CUDA the GPU branch enqueues its kernels on ctx.gpu->stream; on
   // simulated GPUs the CPU branch runs as stream-ordered work on that stream
   // (gpu::launch_host_kernel: a stream graph may run it again). This is the
-  // one place in Weft outside devices/ that asks which GPU runtime is active.
+  // one place in Weft outside devices/ that asks which GPU backend is active.
   kernels,
   // kernel(ctx, io) calls the stream API itself (gpu::memcpy_async, ...),
-  // which every GPU runtime implements: copies.
+  // which every GPU backend implements: copies.
   stream_calls,
 };
 
@@ -118,10 +119,12 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
       exec, reads, writes, scoped_options(std::move(name), property, bytes));
 }
 
-// Argument checks shared by the ops; each throws naming the op.
+// Argument checks shared by the ops; each throws weft::InvalidArgument naming
+// the op and the tensors (describe.h). `what` is the argument's role ("x", "dy").
 void check_defined(const char* op, const Tensor& t, const char* what);
 void check_float32(const char* op, const Tensor& t, const char* what);
-void check_same_device(const char* op, const Tensor& a, const Tensor& b);
+void check_same_engine(const char* op, const Tensor& a, const Tensor& b);
+void check_same_device(const char* op, const Tensor& a, const Tensor& b);  // and engine
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* what);
 // An uninitialized output on x's device.

@@ -14,7 +14,16 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
-std::string dims(const Tensor& t) { return t.defined() ? t.shape().str() : std::string("(none)"); }
+using detail::describe;
+
+// A tensor argument, or a bare shape (the backward ops get the forward's
+// input or filter shape), with how messages show it.
+struct Operand {
+  const Shape& shape;
+  std::string shown;
+  Operand(const Tensor& t) : shape(t.shape()), shown(describe(t)) {}  // NOLINT: implicit by design
+  Operand(const Shape& s) : shape(s), shown(s.str()) {}                // NOLINT
+};
 
 void check_all(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
   const Tensor* first = nullptr;
@@ -26,31 +35,33 @@ void check_all(const char* op, std::initializer_list<std::pair<const Tensor*, co
   }
 }
 
-kernels::ConvGeometry conv_geometry(const char* op, const Shape& x, const Shape& w, Conv2dParams p) {
+kernels::ConvGeometry conv_geometry(const char* op, const Operand& input, const Operand& filter, Conv2dParams p) {
+  const Shape &x = input.shape, &w = filter.shape;
   if (x.rank() != 4 || w.rank() != 4)
-    throw Error(std::string(op) + ": input must be [N, C, H, W] and filter [O, C, KH, KW]; got " + x.str() + " and " +
-                w.str());
+    throw Error(std::string(op) + ": input must be [N, C, H, W] and filter [O, C, KH, KW]; got " + input.shown +
+                " and " + filter.shown);
   if (x[1] != w[1])
-    throw Error(std::string(op) + ": input " + x.str() + " has " + std::to_string(x[1]) + " channels, filter " +
-                w.str() + " expects " + std::to_string(w[1]));
+    throw Error(std::string(op) + ": input " + input.shown + " has " + std::to_string(x[1]) + " channels, filter " +
+                filter.shown + " expects " + std::to_string(w[1]));
   if (p.stride < 1 || p.pad < 0)
     throw Error(std::string(op) + ": stride " + std::to_string(p.stride) + " / pad " + std::to_string(p.pad) +
                 " invalid");
   kernels::ConvGeometry g{x[0], x[1], x[2], x[3], w[0], w[2], w[3], p.stride, p.pad};
   if (g.h + 2 * g.pad < g.kh || g.w + 2 * g.pad < g.kw || g.kh < 1 || g.kw < 1)
-    throw Error(std::string(op) + ": filter " + w.str() + " does not fit input " + x.str() + " with pad " +
+    throw Error(std::string(op) + ": filter " + filter.shown + " does not fit input " + input.shown + " with pad " +
                 std::to_string(p.pad));
   return g;
 }
 
-kernels::PoolGeometry pool_geometry(const char* op, const Shape& x, Pool2dParams p) {
-  if (x.rank() != 4) throw Error(std::string(op) + ": input must be [N, C, H, W], got " + x.str());
+kernels::PoolGeometry pool_geometry(const char* op, const Operand& input, Pool2dParams p) {
+  const Shape& x = input.shape;
+  if (x.rank() != 4) throw Error(std::string(op) + ": input must be [N, C, H, W], got " + input.shown);
   if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || 2 * p.pad > p.kernel)
     throw Error(std::string(op) + ": window " + std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
                 " pad " + std::to_string(p.pad) + " is invalid (kernel, stride >= 1; 0 <= pad <= kernel / 2)");
   if (p.kernel > x[2] + 2 * p.pad || p.kernel > x[3] + 2 * p.pad)
     throw Error(std::string(op) + ": window " + std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
-                " pad " + std::to_string(p.pad) + " does not fit input " + x.str());
+                " pad " + std::to_string(p.pad) + " does not fit input " + input.shown);
   return kernels::PoolGeometry{x[0], x[1], x[2], x[3], p.kernel, p.stride, p.pad};
 }
 
@@ -59,11 +70,11 @@ kernels::BatchNormGeometry batch_norm_geometry(const char* op, const Tensor& x,
                                                BatchNormParams p) {
   const Shape& s = x.shape();
   if (s.rank() != 2 && s.rank() != 4)
-    throw Error(std::string(op) + ": x must be [N, C, H, W] or [N, C], got " + x.str());
+    throw Error(std::string(op) + ": x must be [N, C, H, W] or [N, C], got " + describe(x));
   const std::int64_t c = s[1];
   for (auto [t, what] : per_channel)
     if (t->shape() != Shape{c})
-      throw Error(std::string(op) + ": " + what + " " + t->str() + " does not match x's " + std::to_string(c) +
+      throw Error(std::string(op) + ": " + what + " " + describe(*t) + " does not match x's " + std::to_string(c) +
                   " channels (want [" + std::to_string(c) + "])");
   if (!(p.eps > 0.0f) || !std::isfinite(p.eps))
     throw Error(std::string(op) + ": eps must be a positive number, got " + std::to_string(p.eps));
@@ -80,7 +91,7 @@ Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b) {
   detail::check_rank("dense", w, 2, "w");
   const std::int64_t batch = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   if (w.shape()[1] != in || (b.defined() && b.shape() != Shape{out}))
-    throw Error("dense: x " + dims(x) + ", w " + dims(w) + ", b " + dims(b) + " do not fit (want w [out, " +
+    throw Error("dense: x " + describe(x) + ", w " + describe(w) + ", b " + describe(b) + " do not fit (want w [out, " +
                 std::to_string(in) + "], b [out])");
   Tensor y = detail::make_like(x, Shape{batch, out});
   const bool has_b = b.defined();
@@ -100,7 +111,7 @@ DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy) {
   detail::check_rank("dense_backward", w, 2, "w");
   const std::int64_t batch = x.shape()[0], in = x.shape()[1], out = w.shape()[0];
   if (w.shape()[1] != in || dy.shape() != Shape{batch, out})
-    throw Error("dense_backward: x " + dims(x) + ", w " + dims(w) + ", dy " + dims(dy) + " do not fit");
+    throw Error("dense_backward: x " + describe(x) + ", w " + describe(w) + ", dy " + describe(dy) + " do not fit");
   DenseGrads g{detail::make_like(x, x.shape()), detail::make_like(w, w.shape()), detail::make_like(w, Shape{out})};
   launch("dense_backward", detail::exec_device(x.device()), {&x, &w, &dy}, {&g.dx, &g.dw, &g.db},
          [=](RunContext& ctx, OpIO& io) {
@@ -119,7 +130,7 @@ Tensor dense_backward_data(const Tensor& dy, const Tensor& w) {
   detail::check_rank("dense_backward_data", w, 2, "w");
   const std::int64_t batch = dy.shape()[0], out = dy.shape()[1], in = w.shape()[1];
   if (w.shape()[0] != out)
-    throw Error("dense_backward_data: dy " + dims(dy) + " and w " + dims(w) + " do not fit (want w [" +
+    throw Error("dense_backward_data: dy " + describe(dy) + " and w " + describe(w) + " do not fit (want w [" +
                 std::to_string(out) + ", in])");
   Tensor dx = detail::make_like(dy, Shape{batch, in});
   launch("dense_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
@@ -138,7 +149,8 @@ DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
   detail::check_rank("dense_backward_weight", dy, 2, "dy");
   const std::int64_t batch = x.shape()[0], in = x.shape()[1], out = dy.shape()[1];
   if (dy.shape()[0] != batch)
-    throw Error("dense_backward_weight: x " + dims(x) + " and dy " + dims(dy) + " have different batch sizes");
+    throw Error("dense_backward_weight: x " + describe(x) + " and dy " + describe(dy) +
+                " have different batch sizes");
   DenseWeightGrads g{detail::make_like(x, Shape{out, in}), detail::make_like(x, Shape{out})};
   launch("dense_backward_weight", detail::exec_device(x.device()), {&x, &dy}, {&g.dw, &g.db},
          [=](RunContext& ctx, OpIO& io) {
@@ -153,9 +165,9 @@ DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p) {
   check_all("conv2d", {{&x, "x"}, {&w, "w"}, {&b, "b"}});
-  const kernels::ConvGeometry g = conv_geometry("conv2d", x.shape(), w.shape(), p);
+  const kernels::ConvGeometry g = conv_geometry("conv2d", x, w, p);
   if (b.defined() && b.shape() != Shape{g.o})
-    throw Error("conv2d: bias " + dims(b) + " does not match " + std::to_string(g.o) + " output channels");
+    throw Error("conv2d: bias " + describe(b) + " does not match " + std::to_string(g.o) + " output channels");
   Tensor y = detail::make_like(x, Shape{g.n, g.o, g.out_h(), g.out_w()});
   const bool has_b = b.defined();
   launch("conv2d", detail::exec_device(x.device()), {&x, &w, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
@@ -170,10 +182,10 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p)
 
 Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, Conv2dParams p) {
   check_all("conv2d_backward_data", {{&dy, "dy"}, {&w, "w"}});
-  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_data", x_shape, w.shape(), p);
+  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_data", x_shape, w, p);
   if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
-    throw Error("conv2d_backward_data: dy " + dims(dy) + " does not match the output of input " + x_shape.str() +
-                " and filter " + w.shape().str());
+    throw Error("conv2d_backward_data: dy " + describe(dy) + " does not match the output of input " + x_shape.str() +
+                " and filter " + describe(w));
   Tensor dx = detail::make_like(dy, x_shape);
   launch("conv2d_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -186,9 +198,9 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
 
 ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape, Conv2dParams p) {
   check_all("conv2d_backward_filter", {{&x, "x"}, {&dy, "dy"}});
-  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_filter", x.shape(), w_shape, p);
+  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_filter", x, w_shape, p);
   if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
-    throw Error("conv2d_backward_filter: dy " + dims(dy) + " does not match the output of input " + x.shape().str() +
+    throw Error("conv2d_backward_filter: dy " + describe(dy) + " does not match the output of input " + describe(x) +
                 " and filter " + w_shape.str());
   ConvFilterGrads out{detail::make_like(x, w_shape), detail::make_like(x, Shape{g.o})};
   launch("conv2d_backward_filter", detail::exec_device(x.device()), {&x, &dy}, {&out.dw, &out.db},
@@ -205,7 +217,7 @@ ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const 
 #define WEFT_POOL_FORWARD(name, kernel)                                                                      \
   Tensor name(const Tensor& x, Pool2dParams p) {                                                             \
     check_all(#name, {{&x, "x"}});                                                                           \
-    const kernels::PoolGeometry g = pool_geometry(#name, x.shape(), p);                                      \
+    const kernels::PoolGeometry g = pool_geometry(#name, x, p);                                              \
     Tensor y = detail::make_like(x, Shape{g.n, g.c, g.out_h(), g.out_w()});                                  \
     launch(#name, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {              \
       if (ctx.gpu)                                                                                           \
@@ -223,7 +235,7 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams 
   check_all("avg_pool2d_backward", {{&dy, "dy"}});
   const kernels::PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, p);
   if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
-    throw Error("avg_pool2d_backward: dy " + dims(dy) + " does not match input " + x_shape.str());
+    throw Error("avg_pool2d_backward: dy " + describe(dy) + " does not match input " + x_shape.str());
   Tensor dx = detail::make_like(dy, x_shape);
   launch("avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -236,9 +248,9 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams 
 
 Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p) {
   check_all("max_pool2d_backward", {{&x, "x"}, {&dy, "dy"}});
-  const kernels::PoolGeometry g = pool_geometry("max_pool2d_backward", x.shape(), p);
+  const kernels::PoolGeometry g = pool_geometry("max_pool2d_backward", x, p);
   if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
-    throw Error("max_pool2d_backward: dy " + dims(dy) + " does not match input " + x.shape().str());
+    throw Error("max_pool2d_backward: dy " + describe(dy) + " does not match input " + describe(x));
   Tensor dx = detail::make_like(x, x.shape());
   launch("max_pool2d_backward", detail::exec_device(x.device()), {&x, &dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -267,7 +279,7 @@ Tensor global_avg_pool2d(const Tensor& x) {
 Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape) {
   check_all("global_avg_pool2d_backward", {{&dy, "dy"}});
   if (x_shape.rank() != 4 || dy.shape() != Shape{x_shape[0], x_shape[1], 1, 1})
-    throw Error("global_avg_pool2d_backward: dy " + dims(dy) + " does not match input " + x_shape.str() +
+    throw Error("global_avg_pool2d_backward: dy " + describe(dy) + " does not match input " + x_shape.str() +
                 " (want [N, C, 1, 1] of an [N, C, H, W] input)");
   const std::int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
   Tensor dx = detail::make_like(dy, x_shape);
@@ -290,7 +302,7 @@ BatchNormTrain batch_norm_train(const Tensor& x, const Tensor& gamma, const Tens
   const kernels::BatchNormGeometry g = batch_norm_geometry(
       op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}}, p);
   if (g.per_channel() < 2)
-    throw Error(std::string(op) + ": x " + x.str() + " has " + std::to_string(g.per_channel()) +
+    throw Error(std::string(op) + ": x " + describe(x) + " has " + std::to_string(g.per_channel()) +
                 " value(s) per channel; batch statistics need at least 2 (a larger batch, or inference mode)");
   const Shape stats{g.c};
   BatchNormTrain out{detail::make_like(x, x.shape()), detail::make_like(x, stats), detail::make_like(x, stats)};
@@ -333,7 +345,8 @@ BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy, const Tens
   check_all(op, {{&x, "x"}, {&dy, "dy"}, {&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   const kernels::BatchNormGeometry g =
       batch_norm_geometry(op, x, {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}}, p);
-  if (dy.shape() != x.shape()) throw Error(std::string(op) + ": dy " + dims(dy) + " does not match x " + dims(x));
+  if (dy.shape() != x.shape())
+    throw Error(std::string(op) + ": dy " + describe(dy) + " does not match x " + describe(x));
   BatchNormGrads out{detail::make_like(x, x.shape()), detail::make_like(x, gamma.shape()),
                      detail::make_like(x, gamma.shape())};
   [[maybe_unused]] const float eps = p.eps;  // cuDNN wants it; the CPU uses the saved statistics
@@ -353,9 +366,9 @@ SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& la
   detail::check_rank("softmax_cross_entropy", logits, 2, "logits");
   const std::int64_t rows = logits.shape()[0], cols = logits.shape()[1];
   if (labels.shape() != Shape{rows})
-    throw Error("softmax_cross_entropy: labels " + dims(labels) + " do not match logits " + dims(logits) +
+    throw Error("softmax_cross_entropy: labels " + describe(labels) + " do not match logits " + describe(logits) +
                 " (want [" + std::to_string(rows) + "])");
-  if (cols == 0) throw Error("softmax_cross_entropy: logits " + dims(logits) + " have no classes");
+  if (cols == 0) throw Error("softmax_cross_entropy: logits " + describe(logits) + " have no classes");
   SoftmaxCrossEntropy out{detail::make_like(logits, Shape{}), detail::make_like(logits, logits.shape())};
   launch("softmax_cross_entropy", detail::exec_device(logits.device()), {&logits, &labels}, {&out.loss, &out.dlogits},
          [=](RunContext& ctx, OpIO& io) {

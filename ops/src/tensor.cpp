@@ -39,6 +39,17 @@ void require_memory(const Storage& s, std::string_view op) {
                 " bytes) has no memory: the op that should have created it failed");
 }
 
+std::string describe(const Tensor& t) {
+  if (!t.defined()) return "(none)";
+  const std::string& name = t.storage()->name;
+  return (name.empty() ? std::string() : "'" + name + "' ") + t.shape().str();
+}
+
+std::string describe_on(const Tensor& t) {
+  if (!t.defined()) return "(none)";
+  return describe(t) + " " + std::string(to_string(t.dtype())) + " on " + t.device().str();
+}
+
 void check_defined(const char* op, const Tensor& t, const char* what) {
   if (!t.defined()) throw InvalidArgument(std::string(op) + ": " + what + " is an undefined Tensor");
 }
@@ -46,26 +57,32 @@ void check_defined(const char* op, const Tensor& t, const char* what) {
 void check_float32(const char* op, const Tensor& t, const char* what) {
   check_defined(op, t, what);
   if (t.dtype() != DType::float32)
-    throw InvalidArgument(std::string(op) + ": " + what + " " + t.str() + " has dtype " + std::string(to_string(t.dtype())) +
-                "; this op supports float32 only");
+    throw InvalidArgument(std::string(op) + ": " + what + " " + describe(t) + " on " + t.device().str() +
+                          " has dtype " + std::string(to_string(t.dtype())) + "; this op supports float32 only");
+}
+
+void check_same_engine(const char* op, const Tensor& a, const Tensor& b) {
+  if (&a.engine() != &b.engine())
+    throw InvalidArgument(std::string(op) + ": " + describe(a) + " and " + describe(b) +
+                          " belong to different engines");
 }
 
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   if (a.device() != b.device())
-    throw InvalidArgument(std::string(op) + ": operands on different devices: " + a.str() + " and " + b.str() +
-                " (copy_to one of them first)");
-  if (&a.engine() != &b.engine()) throw InvalidArgument(std::string(op) + ": operands belong to different engines");
+    throw InvalidArgument(std::string(op) + ": operands on different devices: " + describe_on(a) + " and " +
+                          describe_on(b) + " (copy_to one of them first)");
+  check_same_engine(op, a, b);
 }
 
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape())
-    throw InvalidArgument(std::string(op) + ": shapes differ: " + a.shape().str() + " vs " + b.shape().str() + " (" + a.str() +
-                ", " + b.str() + ")");
+    throw InvalidArgument(std::string(op) + ": shapes differ: " + describe(a) + " vs " + describe(b));
 }
 
 void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* what) {
   if (t.shape().rank() != rank)
-    throw InvalidArgument(std::string(op) + ": " + what + " must have rank " + std::to_string(rank) + ", got " + t.str());
+    throw InvalidArgument(std::string(op) + ": " + what + " must have rank " + std::to_string(rank) + ", got " +
+                          describe(t));
 }
 
 // An op's output: no op of its own. The op that first writes it allocates it
@@ -84,17 +101,19 @@ void no_gpu_kernels(const char* op) {
 
 namespace {
 
-void check_device(Engine& engine, Device device, const char* op) {
+// `source`: the tensor a copy_to would copy (named in the message), or null.
+void check_device(Engine& engine, Device device, const char* op, const Tensor* source = nullptr) {
+  const std::string what = std::string(op) + ": " +
+                           (source ? "cannot copy " + detail::describe(*source) + " to " : "device ") + device.str();
   if (device.kind() == DeviceKind::cpu_pinned) {
-    if (device.index() != 0) throw InvalidArgument(std::string(op) + ": only cpu_pinned(0) exists, not " + device.str());
+    if (device.index() != 0) throw InvalidArgument(what + ": only cpu_pinned(0) exists");
     return;
   }
   for (Device d : engine.devices())
     if (d == device) return;
   std::string have;
   for (Device d : engine.devices()) have += (have.empty() ? "" : ", ") + d.str();
-  throw InvalidArgument(std::string(op) + ": device " + device.str() + " is not one of this engine's (" + have +
-              ", cpu_pinned(0))");
+  throw InvalidArgument(what + ": not one of this engine's devices (" + have + ", cpu_pinned(0))");
 }
 
 // A fresh tensor whose creating op is `kernel` (it writes the whole tensor).
@@ -211,9 +230,7 @@ Tensor& Tensor::set_name(std::string name) {
 
 std::string Tensor::str() const {
   if (!storage_) return "Tensor (undefined)";
-  std::string n = storage_->name;
-  return "Tensor " + (n.empty() ? std::string() : "'" + n + "' ") + shape_.str() + " " +
-         std::string(to_string(storage_->dtype)) + " on " + storage_->device.str();
+  return "Tensor " + detail::describe_on(*this);
 }
 
 void Tensor::wait_to_read() const { engine().wait_to_read(var()); }
@@ -229,20 +246,21 @@ std::vector<float> Tensor::to_host() const {
 }
 
 float Tensor::item() const {
-  if (numel() != 1) throw Error("item: " + str() + " has " + std::to_string(numel()) + " elements, not 1");
+  if (numel() != 1)
+    throw Error("item: " + detail::describe(*this) + " has " + std::to_string(numel()) + " elements, not 1");
   return to_host()[0];
 }
 
 Tensor Tensor::reshape(Shape shape) const {
   if (shape.numel() != numel())
-    throw Error("reshape: " + str() + " cannot become " + shape.str() + " (" + std::to_string(numel()) + " vs " +
-                std::to_string(shape.numel()) + " elements)");
+    throw Error("reshape: " + detail::describe(*this) + " cannot become " + shape.str() + " (" +
+                std::to_string(numel()) + " vs " + std::to_string(shape.numel()) + " elements)");
   return wrap(storage_, std::move(shape));
 }
 
 Tensor Tensor::copy_to(Device device) const {
   detail::check_float32("copy_to", *this, "source");
-  check_device(engine(), device, "copy_to");
+  check_device(engine(), device, "copy_to", this);
   Tensor dst = Tensor::wrap(std::make_shared<Storage>(engine(), device, dtype(), nbytes(), ""), shape_);
   dst.copy_from(*this);
   return dst;
@@ -252,7 +270,7 @@ void Tensor::copy_from(const Tensor& src) {
   detail::check_float32("copy_from", *this, "destination");
   detail::check_float32("copy_from", src, "source");
   detail::check_same_shape("copy_from", *this, src);
-  if (&src.engine() != &engine()) throw Error("copy_from: tensors belong to different engines");
+  detail::check_same_engine("copy_from", *this, src);
   if (src.storage_ == storage_) return;  // same memory: nothing to copy
   const Device from = src.device(), to = device();
   const std::size_t bytes = nbytes();

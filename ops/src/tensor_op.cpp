@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "cpu/cpu_kernels.h"
+#include "describe.h"
 #include "launch.h"
 #include "storage.h"
 #include "weft/error.h"
@@ -32,14 +33,16 @@ Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& i
   Bound b;
   const std::string op = std::string(call) + " (op '" + name + "')";
   auto check = [&](const Tensor& t, const char* role, std::size_t k) {
-    if (!t.defined()) throw InvalidArgument(op + ": " + role + " " + std::to_string(k) + " is an undefined Tensor");
+    const std::string which = std::string(role) + " " + std::to_string(k);
+    if (!t.defined()) throw InvalidArgument(op + ": " + which + " is an undefined Tensor");
     if (b.engine && &t.engine() != b.engine)
-      throw InvalidArgument(op + ": " + t.str() + " belongs to another engine than the op's other tensors");
+      throw InvalidArgument(op + ": " + which + " " + detail::describe_on(t) +
+                            " belongs to another engine than the op's other tensors");
     b.engine = &t.engine();
     const Device memory = t.device();
     const bool reachable = device.is_gpu() ? memory == device : (!memory.is_gpu() || holds);
     if (!reachable)
-      throw InvalidArgument(op + " on " + device.str() + ": cannot touch " + t.str() +
+      throw InvalidArgument(op + " on " + device.str() + ": cannot touch " + which + " " + detail::describe_on(t) +
                             (device.is_gpu() ? " (a GPU op touches its own GPU's memory)"
                                              : " (a CPU op touches host memory only; an async one may hold GPU tensors)"));
   };

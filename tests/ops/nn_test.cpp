@@ -325,6 +325,12 @@ TEST_CASE("nn misuse is a weft::Error naming the layer") {
   dense.forward(x);
   CHECK_THROWS_WITH_AS(dense.backward(Tensor::from_host(*engine, Shape{2, 2}, random_vec(4, 5))),
                        doctest::Contains("dy [2, 2]"), weft::Error);
+  Tensor named_dy = Tensor::from_host(*engine, Shape{2, 2}, random_vec(4, 5));
+  named_dy.set_name("loss.grad");
+  CHECK_THROWS_WITH_AS(dense.backward(named_dy),
+                       doctest::Contains("Dense: backward got dy 'loss.grad' [2, 2], the last forward's output is "
+                                         "[3, 2]"),
+                       weft::Error);
   dense.forward(x);
   dense.backward(dy);
   CHECK_THROWS_AS(dense.backward(dy), weft::Error);  // backward consumed what forward kept

@@ -121,6 +121,11 @@ TEST_CASE("tensor ops refuse bad input at push time, naming the op and the tenso
     const Tensor y = Tensor::zeros(*other, Shape{4}).set_name("y");
     CHECK(message([&] { weft::push_tensor_op(Device::cpu(0), {x}, {y}, nop, {.name = "two engines"}); })
               .find("another engine") != std::string::npos);
+    CHECK(message([&] { weft::push_tensor_op(Device::cpu(0), {x}, {y}, nop, {.name = "two engines"}); })
+              .find("(op 'two engines'): output 0 'y' [4] float32 on cpu(0) belongs to another engine") !=
+          std::string::npos);
+    CHECK(message([&] { weft::push_tensor_op(Device::cpu(0), {x, Tensor()}, {}, nop, {.name = "bad"}); })
+              .find("(op 'bad'): input 1 is an undefined Tensor") != std::string::npos);
     CHECK(message([&] { weft::push_tensor_op(Device::cpu(0), {}, {}, nop, {.name = "nothing"}); })
               .find("no tensors") != std::string::npos);
   });

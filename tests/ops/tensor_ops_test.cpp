@@ -894,6 +894,183 @@ TEST_CASE("bad input is a weft::Error naming the problem" * doctest::timeout(60)
   });
 }
 
+TEST_CASE("push-time errors name the tensors the user named" * doctest::timeout(60)) {
+  for_each_engine([](Engine& e) {
+    // A zero tensor with a name ("" leaves it unnamed).
+    auto t = [&](Shape shape, const std::string& name, Device d = cpu0, DType dtype = DType::float32) {
+      Tensor x = dtype == DType::float32 ? Tensor::zeros(e, std::move(shape), d)
+                                         : Tensor::empty(e, std::move(shape), d, dtype);
+      if (!name.empty()) x.set_name(name);
+      return x;
+    };
+    std::string m;
+
+    SUBCASE("matmul names both operands; unnamed ones show their shapes alone") {
+      const Tensor x = t(Shape{3, 4}, "x"), w = t(Shape{5, 6}, "w");
+      CHECK(error_of([&] { (void)x.matmul(w); }) ==
+            "matmul: inner dimensions differ: 'x' [3, 4] x 'w' [5, 6] (4 vs 5)");
+      CHECK(error_of([&] { ops::matmul(x, w, true, true); }) ==
+            "matmul: inner dimensions differ: 'x' [3, 4]^T x 'w' [5, 6]^T (3 vs 6)");
+      // unnamed tensors: their shapes alone
+      CHECK(error_of([&] { ops::matmul(t(Shape{3, 4}, ""), t(Shape{5, 6}, "")); }) ==
+            "matmul: inner dimensions differ: [3, 4] x [5, 6] (4 vs 5)");
+      CHECK(error_of([&] { ops::matmul(t(Shape{6}, "v"), w); }) == "matmul: a must have rank 2, got 'v' [6]");
+      CHECK(error_of([&] { ops::matmul(x, t(Shape{6}, "")); }) == "matmul: b must have rank 2, got [6]");
+    }
+    SUBCASE("binary elementwise: shapes, dtypes, devices, engines") {
+      const Tensor x = t(Shape{2, 3}, "x"), y = t(Shape{3, 2}, "y");
+      CHECK(error_of([&] { ops::add(x, y); }) == "add: shapes differ: 'x' [2, 3] vs 'y' [3, 2]");
+      CHECK(error_of([&] { (void)(x - y); }) == "sub: shapes differ: 'x' [2, 3] vs 'y' [3, 2]");
+      CHECK(error_of([&] { ops::mul(x, t(Shape{3, 2}, "")); }) == "mul: shapes differ: 'x' [2, 3] vs [3, 2]");
+      CHECK(error_of([&] { ops::relu_grad(t(Shape{6}, "pre"), y); }) ==
+            "relu_grad: shapes differ: 'pre' [6] vs 'y' [3, 2]");
+      Tensor acc = t(Shape{2, 3}, "acc");
+      CHECK(error_of([&] { ops::axpy(0.5f, y, acc); }) == "axpy: shapes differ: 'y' [3, 2] vs 'acc' [2, 3]");
+      CHECK(error_of([&] { ops::add(t(Shape{2, 3}, "d", cpu0, DType::float64), x); }) ==
+            "add: a 'd' [2, 3] on cpu(0) has dtype float64; this op supports float32 only");
+      CHECK(error_of([&] { ops::add(x, t(Shape{2, 3}, "", cpu0, DType::int32)); }) ==
+            "add: b [2, 3] on cpu(0) has dtype int32; this op supports float32 only");
+      CHECK(error_of([&] { ops::add(x, t(Shape{2, 3}, "z", cpu1)); }) ==
+            "add: operands on different devices: 'x' [2, 3] float32 on cpu(0) and 'z' [2, 3] float32 on cpu(1) "
+            "(copy_to one of them first)");
+      auto other = Engine::create(EngineSpec{"naive"}.config());
+      Tensor elsewhere = Tensor::zeros(*other, Shape{2, 3}).set_name("elsewhere");
+      CHECK(error_of([&] { ops::add(x, elsewhere); }) ==
+            "add: 'x' [2, 3] and 'elsewhere' [2, 3] belong to different engines");
+      elsewhere = Tensor();
+      other->wait_all();
+    }
+    SUBCASE("unary and reductions: dtype and rank") {
+      const Tensor d = t(Shape{4}, "d", cpu0, DType::float64);
+      CHECK(has(error_of([&] { ops::relu(d); }), "relu: x 'd' [4] on cpu(0) has dtype float64"));
+      CHECK(has(error_of([&] { ops::sum(d); }), "sum: x 'd' [4] on cpu(0) has dtype float64"));
+      CHECK(has(error_of([&] { ops::mean(d); }), "mean: x 'd' [4] on cpu(0) has dtype float64"));
+      CHECK(error_of([&] { ops::argmax(t(Shape{6}, "scores")); }) == "argmax: x must have rank 2, got 'scores' [6]");
+      CHECK(error_of([&] { ops::argmax(t(Shape{3, 0}, "scores")); }) ==
+            "argmax: x 'scores' [3, 0] has rows with no columns");
+    }
+    SUBCASE("slices, packs, item and reshape") {
+      const Tensor x = t(Shape{2, 3}, "batch");
+      CHECK(has(error_of([&] { ops::slice_rows(x, 1, 3); }), "rows [1, 3) of x 'batch' [2, 3], which has 2"));
+      CHECK(has(error_of([&] { ops::slice_rows(t(Shape{}, "s"), 0, 0); }), "slice_rows: x 's' [] has no rows"));
+      Tensor flat = t(Shape{5}, "bucket");
+      m = error_of([&] { ops::pack({t(Shape{2}, "g0"), t(Shape{2}, "g1")}, flat); });
+      CHECK(m == "pack: the srcs hold 4 elements but the packed tensor 'bucket' [5] holds 5");
+      m = error_of([&] { ops::pack({t(Shape{2}, "g0"), t(Shape{3}, "g1", cpu1)}, flat); });
+      CHECK(m == "pack: src 1 'g1' [3] float32 on cpu(1) is not on cpu(0), where the packed tensor 'bucket' [5] is");
+      const Tensor g = t(Shape{2}, "g");
+      m = error_of([&] { ops::unpack(t(Shape{4}, "bucket"), {g, g}); });
+      CHECK(m == "unpack: dsts 0 and 1 are one tensor, 'g' [2]");
+      CHECK(error_of([&] { (void)x.item(); }) == "item: 'batch' [2, 3] has 6 elements, not 1");
+      CHECK(error_of([&] { (void)x.reshape(Shape{4}); }) ==
+            "reshape: 'batch' [2, 3] cannot become [4] (6 vs 4 elements)");
+    }
+    SUBCASE("copies between shapes, dtypes, devices and engines") {
+      Tensor dst = t(Shape{2, 3}, "dst");
+      const Tensor src = t(Shape{3, 2}, "src", cpu1);
+      CHECK(error_of([&] { dst.copy_from(src); }) == "copy_from: shapes differ: 'dst' [2, 3] vs 'src' [3, 2]");
+      CHECK(error_of([&] { dst.copy_from(t(Shape{2, 3}, "wide", cpu1, DType::float64)); }) ==
+            "copy_from: source 'wide' [2, 3] on cpu(1) has dtype float64; this op supports float32 only");
+      CHECK(error_of([&] { (void)t(Shape{2}, "half", cpu0, DType::float16).copy_to(cpu1); }) ==
+            "copy_to: source 'half' [2] on cpu(0) has dtype float16; this op supports float32 only");
+      m = error_of([&] { (void)src.copy_to(Device::cpu(7)); });
+      CHECK(has(m, "copy_to: cannot copy 'src' [3, 2] to cpu(7): not one of this engine's devices (cpu(0), cpu(1), "));
+      CHECK(has(m, "cpu_pinned(0))"));
+      CHECK(error_of([&] { (void)src.copy_to(Device::cpu_pinned(2)); }) ==
+            "copy_to: cannot copy 'src' [3, 2] to cpu_pinned(2): only cpu_pinned(0) exists");
+      auto other = Engine::create(EngineSpec{"naive"}.config());
+      Tensor there = Tensor::zeros(*other, Shape{2, 3}).set_name("there");
+      CHECK(error_of([&] { dst.copy_from(there); }) ==
+            "copy_from: 'dst' [2, 3] and 'there' [2, 3] belong to different engines");
+      there = Tensor();
+      other->wait_all();
+    }
+    SUBCASE("dense and its backward halves") {
+      const Tensor x = t(Shape{2, 3}, "in"), w = t(Shape{4, 2}, "fc.weight"), b = t(Shape{4}, "fc.bias");
+      CHECK(error_of([&] { ops::dense(x, w, b); }) ==
+            "dense: x 'in' [2, 3], w 'fc.weight' [4, 2], b 'fc.bias' [4] do not fit (want w [out, 3], b [out])");
+      CHECK(has(error_of([&] { ops::dense(x, w, Tensor()); }), "b (none) do not fit"));
+      CHECK(error_of([&] { ops::dense(t(Shape{2, 3, 1}, "img"), w, b); }) ==
+            "dense: x must have rank 2, got 'img' [2, 3, 1]");
+      CHECK(error_of([&] { ops::dense(x, t(Shape{4, 3}, "w64", cpu0, DType::float64), b); }) ==
+            "dense: w 'w64' [4, 3] on cpu(0) has dtype float64; this op supports float32 only");
+      CHECK(has(error_of([&] { ops::dense(x, t(Shape{4, 3}, "far", cpu1), b); }),
+                "dense: operands on different devices: 'in' [2, 3] float32 on cpu(0) and 'far' [4, 3] float32 on "
+                "cpu(1)"));
+      const Tensor w43 = t(Shape{4, 3}, "fc.weight"), dy = t(Shape{2, 5}, "fc.out.grad");
+      CHECK(error_of([&] { ops::dense_backward(x, w43, dy); }) ==
+            "dense_backward: x 'in' [2, 3], w 'fc.weight' [4, 3], dy 'fc.out.grad' [2, 5] do not fit");
+      CHECK(error_of([&] { ops::dense_backward_data(dy, w43); }) ==
+            "dense_backward_data: dy 'fc.out.grad' [2, 5] and w 'fc.weight' [4, 3] do not fit (want w [5, in])");
+      CHECK(error_of([&] { ops::dense_backward_weight(x, t(Shape{3, 4}, "g")); }) ==
+            "dense_backward_weight: x 'in' [2, 3] and dy 'g' [3, 4] have different batch sizes");
+    }
+    SUBCASE("conv2d forward and backward") {
+      const Tensor x = t(Shape{1, 3, 5, 5}, "img"), w = t(Shape{2, 4, 3, 3}, "conv.weight");
+      CHECK(error_of([&] { ops::conv2d(x, w, Tensor()); }) ==
+            "conv2d: input 'img' [1, 3, 5, 5] has 3 channels, filter 'conv.weight' [2, 4, 3, 3] expects 4");
+      CHECK(error_of([&] { ops::conv2d(t(Shape{2, 3}, "flat"), w, Tensor()); }) ==
+            "conv2d: input must be [N, C, H, W] and filter [O, C, KH, KW]; got 'flat' [2, 3] and 'conv.weight' "
+            "[2, 4, 3, 3]");
+      const Tensor w3 = t(Shape{2, 3, 3, 3}, "conv.weight");
+      CHECK(error_of([&] { ops::conv2d(x, w3, t(Shape{3}, "conv.bias")); }) ==
+            "conv2d: bias 'conv.bias' [3] does not match 2 output channels");
+      CHECK(error_of([&] { ops::conv2d(x, t(Shape{2, 3, 7, 7}, "big"), Tensor()); }) ==
+            "conv2d: filter 'big' [2, 3, 7, 7] does not fit input 'img' [1, 3, 5, 5] with pad 0");
+      CHECK(error_of([&] { ops::conv2d_backward_data(t(Shape{1, 2, 2, 2}, "gy"), w3, Shape{1, 3, 5, 5}); }) ==
+            "conv2d_backward_data: dy 'gy' [1, 2, 2, 2] does not match the output of input [1, 3, 5, 5] and filter "
+            "'conv.weight' [2, 3, 3, 3]");
+      CHECK(error_of([&] { ops::conv2d_backward_data(t(Shape{1, 2, 3, 3}, "gy"), w, Shape{1, 3, 5, 5}); }) ==
+            "conv2d_backward_data: input [1, 3, 5, 5] has 3 channels, filter 'conv.weight' [2, 4, 3, 3] expects 4");
+      CHECK(error_of([&] { ops::conv2d_backward_filter(x, t(Shape{1, 2, 2, 2}, "gy"), Shape{2, 3, 3, 3}); }) ==
+            "conv2d_backward_filter: dy 'gy' [1, 2, 2, 2] does not match the output of input 'img' [1, 3, 5, 5] and "
+            "filter [2, 3, 3, 3]");
+    }
+    SUBCASE("pooling") {
+      const Tensor x = t(Shape{1, 1, 3, 3}, "act");
+      CHECK(error_of([&] { ops::max_pool2d(x, {4, 1}); }) ==
+            "max_pool2d: window 4 stride 1 pad 0 does not fit input 'act' [1, 1, 3, 3]");
+      CHECK(error_of([&] { ops::avg_pool2d(t(Shape{2, 3}, "flat")); }) ==
+            "avg_pool2d: input must be [N, C, H, W], got 'flat' [2, 3]");
+      CHECK(error_of([&] { ops::max_pool2d_backward(t(Shape{1, 1, 4, 4}, "act"), t(Shape{1, 1, 3, 3}, "gy")); }) ==
+            "max_pool2d_backward: dy 'gy' [1, 1, 3, 3] does not match input 'act' [1, 1, 4, 4]");
+      CHECK(error_of([&] { ops::avg_pool2d_backward(t(Shape{1, 1, 3, 3}, "gy"), Shape{1, 1, 4, 4}); }) ==
+            "avg_pool2d_backward: dy 'gy' [1, 1, 3, 3] does not match input [1, 1, 4, 4]");
+      CHECK(error_of([&] { ops::global_avg_pool2d(t(Shape{2, 3}, "flat")); }) ==
+            "global_avg_pool2d: x must have rank 4, got 'flat' [2, 3]");
+      CHECK(has(error_of([&] { ops::global_avg_pool2d_backward(t(Shape{1, 2}, "gy"), Shape{1, 2, 3, 3}); }),
+                "global_avg_pool2d_backward: dy 'gy' [1, 2] does not match input [1, 2, 3, 3]"));
+    }
+    SUBCASE("batch norm") {
+      const Tensor x = t(Shape{2, 2, 3, 3}, "act"), beta = t(Shape{2}, "bn.bias");
+      Tensor mean = t(Shape{2}, "bn.running_mean"), var = t(Shape{2}, "bn.running_var");
+      CHECK(error_of([&] { ops::batch_norm_train(x, t(Shape{3}, "bn.weight"), beta, mean, var); }) ==
+            "batch_norm_train: gamma 'bn.weight' [3] does not match x's 2 channels (want [2])");
+      CHECK(error_of([&] { ops::batch_norm_infer(t(Shape{6}, "flat"), t(Shape{2}, "bn.weight"), beta, mean, var); }) ==
+            "batch_norm_infer: x must be [N, C, H, W] or [N, C], got 'flat' [6]");
+      CHECK(has(error_of([&] { ops::batch_norm_train(t(Shape{1, 2}, "one"), t(Shape{2}, "g"), beta, mean, var); }),
+                "batch_norm_train: x 'one' [1, 2] has 1 value(s) per channel"));
+      CHECK(has(error_of([&] { ops::batch_norm_infer(x, t(Shape{2}, "g"), beta, mean, t(Shape{2}, "rv", cpu1)); }),
+                "'act' [2, 2, 3, 3] float32 on cpu(0) and 'rv' [2] float32 on cpu(1)"));
+      const Tensor s = t(Shape{2}, "");
+      CHECK(error_of([&] { ops::batch_norm_backward(x, t(Shape{2, 2, 3}, "gy"), s, s, s); }) ==
+            "batch_norm_backward: dy 'gy' [2, 2, 3] does not match x 'act' [2, 2, 3, 3]");
+    }
+    SUBCASE("loss and sgd") {
+      const Tensor logits = t(Shape{4, 3}, "logits");
+      CHECK(error_of([&] { ops::softmax_cross_entropy(logits, t(Shape{5}, "labels")); }) ==
+            "softmax_cross_entropy: labels 'labels' [5] do not match logits 'logits' [4, 3] (want [4])");
+      CHECK(error_of([&] { ops::softmax_cross_entropy(t(Shape{4, 0}, "z"), t(Shape{4}, "")); }) ==
+            "softmax_cross_entropy: logits 'z' [4, 0] have no classes");
+      Tensor w = t(Shape{2, 3}, "fc.weight");
+      CHECK(error_of([&] { ops::sgd_update(w, t(Shape{3, 2}, "fc.weight.grad"), 0.1f); }) ==
+            "sgd_update: shapes differ: 'fc.weight' [2, 3] vs 'fc.weight.grad' [3, 2]");
+      CHECK(has(error_of([&] { ops::sgd_update(w, t(Shape{2, 3}, "g", cpu1), 0.1f); }),
+                "'g' [2, 3] float32 on cpu(1)"));
+    }
+  });
+}
+
 TEST_CASE("a label out of range fails the op and the engine keeps working" * doctest::timeout(60)) {
   for_each_engine([](Engine& e) {
     const std::vector<float> logits = {0.1f, 0.2f, 0.3f, 0.4f, 1, 2, 3, 4, -1, 0, 1, 2};

@@ -1,16 +1,13 @@
-// weft::nn — layers for training small networks, layer by layer (no autograd
-// tape): each Layer's forward() remembers what its backward() needs, backward()
-// sets the gradients of its parameters and returns the gradient of its input.
-//
-// Everything pushes engine ops (weft/ops.h, weft/nn_ops.h) and returns at
-// once: nothing here waits for data. A layer in training mode (the default)
-// keeps the tensors its backward needs from forward() until backward() (which
-// drops them) or the next forward() (which replaces them); in evaluation mode
-// (train(false)) forward() keeps nothing.
-//
-// Parameters are initialized with Tensor::uniform from per-layer seeds, so a
-// model built with the same seed has the same weights on every device and
-// engine. Biases start at zero.
+// weft::nn — layers for training small networks layer by layer (no autograd
+// tape): forward() keeps what backward() needs; backward() sets the gradients
+// of the layer's parameters and returns the gradient of its input. Everything
+// pushes engine ops (weft/ops.h, weft/nn_ops.h) and returns at once. In
+// training mode (the default) a layer keeps its forward's tensors until
+// backward() (which drops them) or the next forward(); in evaluation mode
+// (train(false)) it keeps nothing. Parameters are named ("fc1.weight", their
+// gradients "fc1.weight.grad") and initialized with Tensor::uniform from
+// per-layer seeds, so a model built with the same seed has the same weights on
+// every device and engine; biases start at zero.
 #pragma once
 
 #include <any>

@@ -1,8 +1,8 @@
 // Tensor ops. Each checks its arguments at push time and throws weft::Error
-// naming the op and the offending shapes/devices/dtypes; then pushes one
-// engine op on the inputs' device and returns the output at once. All inputs
-// of an op must be on one device (copy_to moves data between devices).
-// float32 only for now.
+// naming the op and the offending tensors ('x' [2, 3], or [2, 3] unnamed; dtype
+// and device where they are the problem); then pushes one engine op on the
+// inputs' device and returns the output at once. All inputs of an op must be
+// on one device (copy_to moves data between devices). float32 only.
 #pragma once
 
 #include <string>

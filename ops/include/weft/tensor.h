@@ -1,17 +1,13 @@
 // weft::Tensor — an n-d array on a device whose every operation is an engine op.
 //
-// A Tensor is a handle (cheap to copy; copies share the data). It holds a
-// shape, a dtype, the device its memory lives on, and shared storage guarded
-// by one engine Var. Methods and the functions in weft/ops.h check shapes,
-// devices and dtypes at push time (a weft::Error naming the op, the shapes and
-// the devices), push one op and return at once; only to_host(), item() and
-// wait_to_read() block. The storage is allocated by the op that first writes
-// it, on its worker and stream, from the engine's caching allocator of the
-// device, and freed when the last Tensor and the last op using it are gone.
-//
-// Devices: cpu(i) and gpu(i) run the ops on their own workers; a
-// cpu_pinned(0) tensor is page-locked host memory (the staging area for GPU
-// copies) whose host ops run on cpu(0). A Tensor must not outlive its engine.
+// A Tensor is a handle (cheap to copy; copies share the data) with a shape, a
+// dtype, the device its memory lives on and one engine Var guarding that
+// memory. Methods and the functions of weft/ops.h check their arguments at push
+// time, throwing a weft::Error that names the op and the tensors ('name' [shape],
+// with dtype and device where they matter), push one op and return at once;
+// only to_host(), item() and wait_to_read() block. Devices: cpu(i) and gpu(i),
+// and cpu_pinned(0), page-locked host memory whose ops run on cpu(0). A Tensor
+// must not outlive its engine. Memory and dispatch: docs/design/tensors.md.
 #pragma once
 
 #include <cstdint>

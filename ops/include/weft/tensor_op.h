@@ -1,28 +1,19 @@
 // weft::push_tensor_op — an op of your own on tensors: the extension point
 // for kernels Weft does not have, and what parallel/ builds collectives on.
-//
-// The op reads `inputs` and writes `outputs` (a tensor in both counts as
-// written), is ordered with every other op on those tensors, and its body
-// gets their memory:
 //   weft::push_tensor_op(Device::cpu(0), {x}, {y}, [n](weft::RunContext&, const weft::TensorData& d) {
 //     for (std::int64_t i = 0; i < n; ++i) d.out(0)[i] = 2 * d.in(0)[i];
 //   }, {.name = "double"});
-// The pointers are valid while the op runs (for an async op, until its
-// Completion is called); an output no op has written yet is allocated by
-// this one, on its worker and stream, and holds garbage until the body
-// writes it. A CPU op may touch host memory of any device (cpu(i),
-// cpu_pinned(0)); a GPU op only its own GPU's memory, and it must enqueue its
-// work on ctx.gpu->stream (CUDA kernels, gpu::memcpy_async,
-// gpu::launch_host_func), never wait for it. An async op on a CPU device may
-// also *hold* GPU tensors: it gets their device addresses, which it must not
-// dereference, to hand to ops it pushes on their GPUs (ordered among
-// themselves by variables of their own), and completes once that work is
-// done (parallel/'s collectives on GPUs hold their members' tensors so; a
-// held GPU tensor no op wrote yet is allocated by the hold). Throws
-// weft::InvalidArgument at push time for an undefined tensor, one of another
-// engine, or memory the device cannot touch, naming the op and the tensor. With
-// OpOptions::run_on_failed_input, a body called with ctx.failed_input set
-// gets null pointers: an input's producer failed.
+// The op reads `inputs`, writes `outputs` (a tensor in both counts as written)
+// and is ordered with every other op on them. Its body gets their memory, valid
+// while it runs (async: until its Completion is called); an output nothing has
+// written holds garbage. A CPU op touches host memory (cpu(i), cpu_pinned(0));
+// a GPU op its own GPU's, enqueuing on ctx.gpu->stream and never waiting. An
+// async CPU op may also hold GPU tensors: it gets their addresses to hand to
+// ops it pushes on their GPUs, never to dereference, and completes once that
+// work is done. At push time an undefined tensor, one of another engine or
+// memory the device cannot touch is a weft::InvalidArgument naming the op and
+// the tensor. With OpOptions::run_on_failed_input, a body called with
+// ctx.failed_input set gets null pointers. How: docs/design/tensors.md.
 #pragma once
 
 #include <cstddef>

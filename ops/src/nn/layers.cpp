@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "describe.h"
 #include "weft/error.h"
 #include "weft/nn.h"
 
@@ -54,7 +55,8 @@ void check_positive(const char* layer, const char* what, std::int64_t v) {
 void check_dy(const std::string& layer, const Tensor& dy, const Shape& want) {
   if (!dy.defined()) throw InvalidArgument(layer + ": backward got an undefined dy");
   if (dy.shape() != want)
-    throw InvalidArgument(layer + ": backward got dy " + dy.shape().str() + ", the last forward's output is " + want.str());
+    throw InvalidArgument(layer + ": backward got dy " + detail::describe(dy) + ", the last forward's output is " +
+                          want.str());
 }
 
 // Runs a shape check, adding the input tensor (its name, shape and device)
