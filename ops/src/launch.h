@@ -44,10 +44,10 @@ enum class Body {
   // branch. On CUDA the GPU branch enqueues its kernels on ctx.gpu->stream; on
   // simulated GPUs the CPU branch runs as stream-ordered work on that stream
   // (gpu::launch_host_kernel: a stream graph may run it again). This is the
-  // one place in Weft outside devices/ that asks which GPU runtime is active.
+  // one place in Weft outside devices/ that asks which GPU backend is active.
   kernels,
   // kernel(ctx, io) calls the stream API itself (gpu::memcpy_async, ...),
-  // which every GPU runtime implements: copies.
+  // which every GPU backend implements: copies.
   stream_calls,
 };
 

@@ -16,7 +16,7 @@ namespace {
 // The program on `gpus` GPUs (their compute streams, h2d/d2h/peer copy
 // streams) and the CPU, against the same program on CPU devices only. GPU
 // workers must never wait on the host for the GPU: every GPU->GPU dependency
-// is a stream wait (host waits are counted by cause in the runtime).
+// is a stream wait (host waits are counted by cause in the backend).
 void stress(std::size_t instructions, std::uint64_t seed, ProgramOptions opt, int gpus = 1) {
   const std::vector<Instr> program = make_program(instructions, seed, opt.slots);
   if (simulated()) opt.noise_side = std::min<std::int64_t>(opt.noise_side, 192);  // CPU kernels at CPU speed
