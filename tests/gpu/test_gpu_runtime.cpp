@@ -277,9 +277,8 @@ TEST_CASE("gpu backend - a block another stream used is not reused before that u
 
 // A freed block stays with its stream, whose queued work may still use it;
 // giving the cache back to the system (as running out of memory does) must
-// wait for that work, as cudaFree synchronizes. The simulator freed at once
-// and its stream then wrote into freed heap memory (found by a pipeline's
-// largest-batch search; AddressSanitizer names it here without the wait).
+// wait for that work, as cudaFree synchronizes. Without the wait a simulated
+// stream writes into freed heap memory, which AddressSanitizer names here.
 // The write is a copy queued behind a latched host function: a host function
 // may not touch device memory on CUDA.
 TEST_CASE("gpu backend - releasing the cache waits for work still queued on a block's stream" *
