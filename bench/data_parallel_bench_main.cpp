@@ -31,6 +31,7 @@
 #include "weft/nn.h"
 #include "weft/ops.h"
 #include "weft/parallel/data_parallel.h"
+#include "weft/parallel/metrics.h"
 #include "weft/tensor.h"
 
 namespace {

@@ -75,7 +75,7 @@ for s in "${steps[@]}"; do
       ;;
     tests)
       step "the GPU test suite on CUDA, by group (a hang costs one group)"
-      for g in 'gpu runtime*' 'gpu ops*' 'gpu copies*' 'gpu tensor op*' 'gpu engines*' 'gpu errors*' \
+      for g in 'gpu backend*' 'gpu ops*' 'gpu copies*' 'gpu tensor op*' 'gpu engines*' 'gpu errors*' \
                'gpu streams*' 'gpu stream graphs*' 'gpu kvstore*' 'gpu data parallel*' 'gpu pipeline*' 'gpu resnet*'; do
         run 120 "$tests" -tc="$g" --duration=true --no-version --no-colors
       done

@@ -36,7 +36,7 @@ if [[ "${1:-}" != "--fast" ]]; then
   # seeds 2 and 3, the collectives on four simulated GPUs): the same cases run here under the
   # default settings, and the reruns cost TSan about another minute.
   ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops|gpu|parallel|parallel_mpi)\.' \
-    -E '^(ops\.resnet (resnet18 has|backward_input then)|gpu\.gpu resnet|gpu\.gpu ops - (elementwise|reductions)|gpu\.gpu copies - (cpu cpu gpu pinned|peer copies)|gpu\.gpu runtime - simulated copies take|ops\.MNIST real Fashion-MNIST|parallel\.pipeline with batch norm|gpu\.stress\.jitter_seed_|gpu\.collectives\.sim4)'
+    -E '^(ops\.resnet (resnet18 has|backward_input then)|gpu\.gpu resnet|gpu\.gpu ops - (elementwise|reductions)|gpu\.gpu copies - (cpu cpu gpu pinned|peer copies)|gpu\.gpu backend - simulated copies take|ops\.MNIST real Fashion-MNIST|parallel\.pipeline with batch norm|gpu\.stress\.jitter_seed_|gpu\.collectives\.sim4)'
 fi
 
 echo "== Release =="

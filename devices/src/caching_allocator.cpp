@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "weft/check_context.h"
-#include "runtime.h"
+#include "backend.h"
 #include "weft/allocator.h"
 #include "weft/error.h"
 
@@ -30,7 +30,7 @@ namespace {
 
 using detail::BlockRecord;
 using gpu::detail::human_bytes;
-using gpu::detail::runtime;
+using gpu::detail::active_backend;
 
 constexpr std::size_t kAlign = 64;
 
@@ -45,9 +45,9 @@ std::size_t size_class(std::size_t bytes) {
 }
 
 // Where the memory comes from.
-class Backend {
+class MemorySource {
  public:
-  virtual ~Backend() = default;
+  virtual ~MemorySource() = default;
   virtual void* raw_alloc(std::size_t bytes) noexcept = 0;
   virtual void raw_free(void* ptr) noexcept = 0;
   virtual std::string kind() const = 0;
@@ -59,59 +59,59 @@ class Backend {
   // Stream events (only GPU-touched blocks ever get here), recorded on the
   // stream's own device whatever the freeing thread has current.
   gpu::NativeEvent* record_event(gpu::Stream* stream) {
-    gpu::detail::Runtime& rt = runtime();
-    gpu::NativeEvent* e = rt.create_event(rt.stream_device(stream), /*timing=*/false);
+    gpu::detail::BackendImpl& impl = active_backend();
+    gpu::NativeEvent* e = impl.create_event(impl.stream_device(stream), /*timing=*/false);
     try {
-      rt.record_event(e, stream);
+      impl.record_event(e, stream);
     } catch (...) {
-      rt.destroy_event(e);
+      impl.destroy_event(e);
       throw;
     }
     return e;
   }
   bool event_done(gpu::NativeEvent* event) noexcept {
     try {
-      return runtime().event_done(event);
+      return active_backend().event_done(event);
     } catch (...) {
       return true;  // the stream failed: its work is over all the same
     }
   }
   void wait_event(gpu::NativeEvent* event) noexcept {
     try {
-      runtime().event_synchronize(event);
+      active_backend().event_synchronize(event);
     } catch (...) {  // as above
     }
   }
-  void destroy_event(gpu::NativeEvent* event) noexcept { runtime().destroy_event(event); }
+  void destroy_event(gpu::NativeEvent* event) noexcept { active_backend().destroy_event(event); }
 };
 
-class HostBackend : public Backend {
+class HostMemory : public MemorySource {
  public:
   void* raw_alloc(std::size_t bytes) noexcept override { return std::aligned_alloc(kAlign, bytes); }
   void raw_free(void* ptr) noexcept override { std::free(ptr); }
   std::string kind() const override { return "pageable"; }
 };
 
-// Page-locked host memory from the GPU runtime (cudaHostAlloc; plain host
+// Page-locked host memory from the GPU backend (cudaHostAlloc; plain host
 // memory on simulated GPUs, which copy from anything).
-class PinnedBackend final : public Backend {
+class PinnedMemory final : public MemorySource {
  public:
-  void* raw_alloc(std::size_t bytes) noexcept override { return runtime().pinned_malloc(bytes); }
-  void raw_free(void* ptr) noexcept override { runtime().pinned_free(ptr); }
+  void* raw_alloc(std::size_t bytes) noexcept override { return active_backend().pinned_malloc(bytes); }
+  void raw_free(void* ptr) noexcept override { active_backend().pinned_free(ptr); }
   std::string kind() const override {
-    return runtime().backend() == gpu::Backend::sim ? "pinned (simulated)" : "pinned";
+    return active_backend().kind() == gpu::Backend::sim ? "pinned (simulated)" : "pinned";
   }
 };
 
-class GpuBackend final : public Backend {
+class GpuMemory final : public MemorySource {
  public:
-  explicit GpuBackend(int device) : device_(device) {}
-  void* raw_alloc(std::size_t bytes) noexcept override { return runtime().device_malloc(device_, bytes); }
-  void raw_free(void* ptr) noexcept override { runtime().device_free(device_, ptr); }
+  explicit GpuMemory(int device) : device_(device) {}
+  void* raw_alloc(std::size_t bytes) noexcept override { return active_backend().device_malloc(device_, bytes); }
+  void raw_free(void* ptr) noexcept override { active_backend().device_free(device_, ptr); }
   std::string kind() const override { return "device"; }
   std::size_t free_bytes() const noexcept override {
     try {
-      return runtime().mem_info(device_).free;
+      return active_backend().mem_info(device_).free;
     } catch (...) {
       return 0;
     }
@@ -123,8 +123,8 @@ class GpuBackend final : public Backend {
 
 class CachingAllocator final : public Allocator {
  public:
-  CachingAllocator(Device device, std::unique_ptr<Backend> backend, std::string kind_note)
-      : device_(device), backend_(std::move(backend)), kind_note_(std::move(kind_note)) {}
+  CachingAllocator(Device device, std::unique_ptr<MemorySource> source, std::string kind_note)
+      : device_(device), source_(std::move(source)), kind_note_(std::move(kind_note)) {}
 
   ~CachingAllocator() override {
     std::lock_guard lock(mutex_);
@@ -147,7 +147,7 @@ class CachingAllocator final : public Allocator {
     // Memory a capture hands out would be a graph's for good, and CUDA
     // refuses cudaMalloc there: what a captured op writes is allocated at
     // the replay before (its warm-up).
-    if (device_.is_gpu() && gpu::detail::Runtime::capturing_stream() != nullptr)
+    if (device_.is_gpu() && gpu::detail::BackendImpl::capturing_stream() != nullptr)
       throw InvalidArgument("allocating " + human_bytes(bytes) + " on " + device_.str() +
                             " while this thread captures a stream graph: a captured op must find its memory "
                             "allocated (by the replay before, its warm-up)" + detail::current_op_suffix());
@@ -158,7 +158,7 @@ class CachingAllocator final : public Allocator {
     if (r) {
       ++stats_.cache_hits;
     } else {
-      void* p = backend_->raw_alloc(size);
+      void* p = source_->raw_alloc(size);
       if (!p) {
         // Before giving up: blocks waiting for other streams will be free
         // once those streams catch up (GPU ops complete when enqueued, so
@@ -167,10 +167,10 @@ class CachingAllocator final : public Allocator {
         for (BlockRecord* pending : pending_) free_[key(pending->size, pending->stream)].push_back(pending);
         pending_.clear();
         release_cached_locked();
-        p = backend_->raw_alloc(size);
+        p = source_->raw_alloc(size);
       }
       if (!p) {
-        const std::size_t free = backend_->free_bytes();
+        const std::size_t free = source_->free_bytes();
         throw OutOfMemory("out of memory on " + device_.str() + ": requested " + human_bytes(bytes) + " (" +
                               human_bytes(size) + " size class); " + human_bytes(free) + " free, " +
                               human_bytes(stats_.in_use) + " in use, " + human_bytes(stats_.reserved) +
@@ -205,7 +205,7 @@ class CachingAllocator final : public Allocator {
       return;
     }
     try {
-      for (gpu::Stream* s : r->uses) r->pending.push_back(backend_->record_event(s));
+      for (gpu::Stream* s : r->uses) r->pending.push_back(source_->record_event(s));
       r->uses.clear();
       pending_.push_back(r);
     } catch (const std::exception& e) {
@@ -235,7 +235,7 @@ class CachingAllocator final : public Allocator {
     std::lock_guard lock(mutex_);
     observer_ = std::move(observer);
   }
-  std::string memory_kind() const override { return kind_note_.empty() ? backend_->kind() : kind_note_; }
+  std::string memory_kind() const override { return kind_note_.empty() ? source_->kind() : kind_note_; }
 
  private:
   struct Key {
@@ -277,17 +277,17 @@ class CachingAllocator final : public Allocator {
   bool settle(BlockRecord* r, bool wait) {
     for (gpu::NativeEvent* e : r->pending) {
       if (wait)
-        backend_->wait_event(e);
-      else if (!backend_->event_done(e))
+        source_->wait_event(e);
+      else if (!source_->event_done(e))
         return false;
     }
-    for (gpu::NativeEvent* e : r->pending) backend_->destroy_event(e);
+    for (gpu::NativeEvent* e : r->pending) source_->destroy_event(e);
     r->pending.clear();
     return true;
   }
 
   void drop(BlockRecord* r) noexcept {
-    backend_->raw_free(r->ptr);
+    source_->raw_free(r->ptr);
     stats_.reserved -= r->size;
     delete r;
   }
@@ -301,7 +301,7 @@ class CachingAllocator final : public Allocator {
   }
 
   Device device_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<MemorySource> source_;
   std::string kind_note_;
   void notify() noexcept {
     if (!observer_) return;
@@ -323,15 +323,15 @@ class CachingAllocator final : public Allocator {
 std::unique_ptr<Allocator> make_caching_allocator(Device device) {
   switch (device.kind()) {
     case DeviceKind::cpu:
-      return std::make_unique<CachingAllocator>(device, std::make_unique<HostBackend>(), "");
+      return std::make_unique<CachingAllocator>(device, std::make_unique<HostMemory>(), "");
     case DeviceKind::cpu_pinned:
       if (gpu::device_count() > 0)
-        return std::make_unique<CachingAllocator>(device, std::make_unique<PinnedBackend>(), "");
-      return std::make_unique<CachingAllocator>(device, std::make_unique<HostBackend>(),
+        return std::make_unique<CachingAllocator>(device, std::make_unique<PinnedMemory>(), "");
+      return std::make_unique<CachingAllocator>(device, std::make_unique<HostMemory>(),
                                                 "pageable (no GPU answers: pinned memory unavailable)");
     case DeviceKind::gpu:
       if (device.index() < gpu::device_count())
-        return std::make_unique<CachingAllocator>(device, std::make_unique<GpuBackend>(device.index()), "");
+        return std::make_unique<CachingAllocator>(device, std::make_unique<GpuMemory>(device.index()), "");
       throw InvalidArgument("no allocator for " + device.str() + ": " + std::to_string(gpu::device_count()) +
                             " GPU(s) available (" + std::string(gpu::to_string(gpu::backend())) + " backend)");
   }

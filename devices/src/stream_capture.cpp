@@ -1,4 +1,4 @@
-// Stream capture, the same on every runtime (runtime.h, "Stream graphs"):
+// Stream capture, the same on every backend (backend.h, "Stream graphs"):
 // what the capturing thread may not do while its stream captures, and what
 // other threads' operations on that stream stand for meanwhile.
 //
@@ -26,7 +26,7 @@
 #include <utility>
 #include <vector>
 
-#include "runtime.h"
+#include "backend.h"
 #include "weft/check_context.h"
 #include "weft/error.h"
 
@@ -36,7 +36,7 @@ namespace {
 thread_local Stream* tls_capturing = nullptr;
 }  // namespace
 
-struct Runtime::Captures {
+struct BackendImpl::Captures {
   std::atomic<int> active{0};    // streams capturing now
   std::atomic<int> touching{0};  // operations on the fast path now
   std::mutex mutex;              // guards what follows
@@ -56,12 +56,12 @@ struct Runtime::Captures {
   }
 };
 
-Runtime::Runtime() : captures_(std::make_unique<Captures>()) {}
-Runtime::~Runtime() = default;
+BackendImpl::BackendImpl() : captures_(std::make_unique<Captures>()) {}
+BackendImpl::~BackendImpl() = default;
 
-Stream* Runtime::capturing_stream() noexcept { return tls_capturing; }
+Stream* BackendImpl::capturing_stream() noexcept { return tls_capturing; }
 
-void Runtime::refuse_while_capturing(Stream* stream, const char* call) {
+void BackendImpl::refuse_while_capturing(Stream* stream, const char* call) {
   if (tls_capturing == nullptr || (stream != nullptr && stream != tls_capturing)) return;
   throw InvalidArgument(std::string(call) + " while this thread captures its stream into a graph: a graph holds " +
                         "only work that can run again, without waiting" + weft::detail::current_op_suffix());
@@ -76,7 +76,7 @@ struct Touch {
 }  // namespace
 
 template <class Plain, class Captured>
-void Runtime::on_stream(Stream* stream, Plain&& plain, Captured&& captured) {
+void BackendImpl::on_stream(Stream* stream, Plain&& plain, Captured&& captured) {
   Captures& c = *captures_;
   c.touching.fetch_add(1);
   {
@@ -94,7 +94,7 @@ void Runtime::on_stream(Stream* stream, Plain&& plain, Captured&& captured) {
   }
 }
 
-void Runtime::record_event(NativeEvent* event, Stream* stream) {
+void BackendImpl::record_event(NativeEvent* event, Stream* stream) {
   refuse_while_capturing(stream, "recording an event on the stream");
   // Another thread captures the stream: the event marks the stream's work
   // up to the capture's start, on the helper stream ordered after it.
@@ -103,7 +103,7 @@ void Runtime::record_event(NativeEvent* event, Stream* stream) {
       [&](const Captures::Capture& capture) { do_record_event(event, capture.helper); });
 }
 
-void Runtime::stream_wait_event(Stream* stream, NativeEvent* event) {
+void BackendImpl::stream_wait_event(Stream* stream, NativeEvent* event) {
   refuse_while_capturing(stream, "a stream wait on the stream");
   on_stream(
       stream, [&] { do_stream_wait_event(stream, event); },
@@ -113,13 +113,13 @@ void Runtime::stream_wait_event(Stream* stream, NativeEvent* event) {
       });
 }
 
-void Runtime::event_synchronize(NativeEvent* event) {
+void BackendImpl::event_synchronize(NativeEvent* event) {
   refuse_while_capturing(nullptr, "a host wait for an event");
   count_host_wait();
   do_event_synchronize(event);
 }
 
-void Runtime::stream_synchronize(Stream* stream) {
+void BackendImpl::stream_synchronize(Stream* stream) {
   refuse_while_capturing(nullptr, "a host wait for a stream");
   count_host_wait();
   // Captured: under the mutex, the capture's mark lives until the capture
@@ -130,13 +130,13 @@ void Runtime::stream_synchronize(Stream* stream) {
       [&](const Captures::Capture& capture) { do_event_synchronize(capture.mark); });
 }
 
-void Runtime::device_synchronize(int device) {
+void BackendImpl::device_synchronize(int device) {
   refuse_while_capturing(nullptr, "a host wait for the device");
   count_host_wait();
   do_device_synchronize(device);
 }
 
-void Runtime::begin_capture(Stream* stream) {
+void BackendImpl::begin_capture(Stream* stream) {
   if (tls_capturing != nullptr)
     throw InvalidArgument("begin_stream_capture: this thread already captures a stream" +
                           weft::detail::current_op_suffix());
@@ -178,7 +178,7 @@ void Runtime::begin_capture(Stream* stream) {
   tls_capturing = stream;
 }
 
-std::unique_ptr<StreamGraph> Runtime::end_capture(Stream* stream, std::string* why) {
+std::unique_ptr<StreamGraph> BackendImpl::end_capture(Stream* stream, std::string* why) {
   if (tls_capturing != stream) {
     if (why) *why = "end_stream_capture: this thread does not capture that stream";
     return nullptr;

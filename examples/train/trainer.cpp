@@ -47,6 +47,7 @@
 #include "weft/op_graph.h"
 #include "weft/ops.h"
 #include "weft/parallel/data_parallel.h"
+#include "weft/parallel/metrics.h"
 #include "weft/tensor.h"
 
 namespace weft::examples {

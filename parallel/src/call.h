@@ -1,5 +1,5 @@
 // One collective call on its way in: its kind, name and sequence number,
-// and the push-time checks every backend shares (internal to parallel/).
+// and the push-time checks every transport shares (internal to parallel/).
 #pragma once
 
 #include <cstdint>

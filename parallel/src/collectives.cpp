@@ -1,5 +1,5 @@
-// The public collectives: push-time checks shared by every backend, then
-// the communicator's backend pushes the ops.
+// The public collectives: push-time checks shared by every transport, then
+// the communicator's transport pushes the ops.
 #include <string>
 #include <vector>
 
@@ -135,9 +135,9 @@ void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, Red
   Call call(Kind::allreduce, comm, options);
   call.check_tensors(tensors, "tensors", true);
   call.check_same_size(tensors, "tensor sizes");
-  call.state().backend->check(call, tensors[0].numel());
+  call.state().transport->check(call, tensors[0].numel());
   call.commit();
-  call.state().backend->allreduce(call, tensors, op);
+  call.state().transport->allreduce(call, tensors, op);
 }
 
 void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, CollectiveOptions options) {
@@ -145,9 +145,9 @@ void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, Col
   call.check_tensors(tensors, "tensors", false);
   call.check_same_size(tensors, "tensor sizes");
   call.check_root();
-  call.state().backend->check(call, tensors[0].numel());
+  call.state().transport->check(call, tensors[0].numel());
   call.commit();
-  call.state().backend->broadcast(call, tensors);
+  call.state().transport->broadcast(call, tensors);
 }
 
 void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op, CollectiveOptions options) {
@@ -155,9 +155,9 @@ void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, Reduce
   call.check_tensors(tensors, "tensors", true);
   call.check_same_size(tensors, "tensor sizes");
   call.check_root();
-  call.state().backend->check(call, tensors[0].numel());
+  call.state().transport->check(call, tensors[0].numel());
   call.commit();
-  call.state().backend->reduce(call, tensors, op);
+  call.state().transport->reduce(call, tensors, op);
 }
 
 void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
@@ -168,9 +168,9 @@ void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs,
   call.check_same_size(inputs, "input sizes");
   call.check_distinct(inputs, outputs);
   call.check_chunks(outputs, "output", inputs[0].numel(), DType::float32);
-  call.state().backend->check(call, inputs[0].numel());
+  call.state().transport->check(call, inputs[0].numel());
   call.commit();
-  call.state().backend->reduce_scatter(call, inputs, outputs, op);
+  call.state().transport->reduce_scatter(call, inputs, outputs, op);
 }
 
 void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
@@ -181,16 +181,16 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
   call.check_same_size(outputs, "output sizes");
   call.check_distinct(inputs, outputs);
   call.check_chunks(inputs, "input", outputs[0].numel(), outputs[0].dtype());
-  call.state().backend->check(call, outputs[0].numel());
+  call.state().transport->check(call, outputs[0].numel());
   call.commit();
-  call.state().backend->all_gather(call, inputs, outputs);
+  call.state().transport->all_gather(call, inputs, outputs);
 }
 
 void barrier(const Communicator& comm, CollectiveOptions options) {
   Call call(Kind::barrier, comm, options);
-  call.state().backend->check(call, 0);
+  call.state().transport->check(call, 0);
   call.commit();
-  call.state().backend->barrier(call);
+  call.state().transport->barrier(call);
 }
 
 void send(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options) {
@@ -207,16 +207,16 @@ void send_on(const Communicator& comm, const Tensor& tensor, int peer, int chann
   Call call(Kind::send, comm, options);
   call.set_channel(channel);
   const std::size_t k = call.check_message(tensor, peer);
-  call.state().backend->check(call, tensor.numel());
-  call.state().backend->send(call, tensor, call.state().local_ranks[k], peer);
+  call.state().transport->check(call, tensor.numel());
+  call.state().transport->send(call, tensor, call.state().local_ranks[k], peer);
 }
 
 void recv_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options) {
   Call call(Kind::recv, comm, options);
   call.set_channel(channel);
   const std::size_t k = call.check_message(tensor, peer);
-  call.state().backend->check(call, tensor.numel());
-  call.state().backend->recv(call, tensor, peer, call.state().local_ranks[k]);
+  call.state().transport->check(call, tensor.numel());
+  call.state().transport->recv(call, tensor, peer, call.state().local_ranks[k]);
 }
 
 }  // namespace detail

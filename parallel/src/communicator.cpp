@@ -49,7 +49,7 @@ Communicator Communicator::local(Engine& engine, std::vector<Device> devices) {
   state->size = static_cast<int>(devices.size());
   for (int r = 0; r < state->size; ++r) state->local_ranks.push_back(r);
   state->devices = std::move(devices);
-  state->backend = detail::make_local_backend(*state);
+  state->transport = detail::make_local_transport(*state);
   return Communicator(std::move(state));
 }
 
@@ -69,12 +69,12 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
     Communicator host = Communicator::mpi(engine, Device::cpu(0), options);
 #if WEFT_HAVE_NCCL
     if (detail::nccl_wanted())
-      state->backend = detail::make_nccl_mpi_backend(*state, std::move(host), options);
+      state->transport = detail::make_nccl_mpi_transport(*state, std::move(host), options);
     else
 #endif
-      state->backend = detail::make_staged_backend(*state, std::move(host));
+      state->transport = detail::make_staged_transport(*state, std::move(host));
   } else {
-    state->backend = detail::make_mpi_backend(*state, options);  // sets size and local_ranks
+    state->transport = detail::make_mpi_transport(*state, options);  // sets size and local_ranks
   }
   return Communicator(std::move(state));
 }
@@ -87,7 +87,7 @@ Communicator Communicator::mpi(Engine& engine, std::vector<Device> devices, Comm
   auto state = std::make_shared<detail::CommunicatorState>();
   state->engine = &engine;
   state->devices = std::move(devices);
-  state->backend = detail::make_hierarchical_backend(*state, std::move(local), options);  // sets size, local_ranks
+  state->transport = detail::make_hierarchical_transport(*state, std::move(local), options);  // sets size, local_ranks
   return Communicator(std::move(state));
 }
 
@@ -104,7 +104,7 @@ Device Communicator::device(int rank) const {
   return state_->devices[static_cast<std::size_t>(it - ranks.begin())];
 }
 
-std::string Communicator::str() const { return state_->backend->str(); }
+std::string Communicator::str() const { return state_->transport->str(); }
 
 const std::shared_ptr<detail::CommunicatorState>& state_of(const Communicator& comm) noexcept { return comm.state_; }
 

@@ -1,5 +1,5 @@
 // What a Communicator shares among its copies, and the interface of its
-// backends (internal to parallel/).
+// transports (internal to parallel/).
 #pragma once
 
 #include <atomic>
@@ -20,14 +20,14 @@ namespace detail {
 
 class Call;
 
-// One backend per communicator: it pushes a collective whose arguments the
+// One transport per communicator: it pushes a collective whose arguments the
 // public entry points (collectives.cpp) have checked. Tensors come in
 // local_ranks() order.
-class Backend {
+class Transport {
  public:
-  virtual ~Backend() = default;
+  virtual ~Transport() = default;
   virtual std::string str() const = 0;
-  // Before the call is committed: what this backend cannot carry (throws
+  // Before the call is committed: what this transport cannot carry (throws
   // InvalidArgument through call.refuse).
   virtual void check(const Call& call, std::int64_t elements) const {
     (void)call;
@@ -52,10 +52,10 @@ struct CommunicatorState {
   std::vector<int> local_ranks;    // the members this process drives
   std::vector<Device> devices;     // devices[k]: local_ranks[k]'s device
   std::atomic<std::uint64_t> sequence{0};  // collectives pushed so far (names them: "#3")
-  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Transport> transport;
 };
 
-std::unique_ptr<Backend> make_local_backend(CommunicatorState& state);
+std::unique_ptr<Transport> make_local_transport(CommunicatorState& state);
 // The deadline of one collective: options.timeout, else WEFT_COLLECTIVE_TIMEOUT
 // (seconds), else 5 minutes. Throws InvalidArgument for a bad setting.
 std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options);
@@ -66,23 +66,23 @@ bool env_switch(const char* name, const char* on_means, const char* off_means);
 // WEFT_COLLECTIVE_CHECK (0 or 1), else on.
 bool collective_fingerprints(const CommunicatorOptions& options);
 // Joins MPI_COMM_WORLD (collective); sets state.size and state.local_ranks.
-std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options);
+std::unique_ptr<Transport> make_mpi_transport(CommunicatorState& state, const CommunicatorOptions& options);
 // NCCL (nccl_collectives.cpp, built where NCCL was found: WEFT_HAVE_NCCL):
-// wanted on the CUDA runtime unless WEFT_NCCL=0. In-process, with `ring` for
+// wanted on the cuda backend unless WEFT_NCCL=0. In-process, with `ring` for
 // what NCCL does not carry; across processes, bootstrapped and checked over
 // `host` (the same ranks on cpu(0)), staged through it for the rest; sets
 // state.size and local_ranks.
 bool nccl_wanted();
-std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique_ptr<Backend> ring);
-std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communicator host,
-                                               const CommunicatorOptions& options);
+std::unique_ptr<Transport> make_nccl_transport(CommunicatorState& state, std::unique_ptr<Transport> ring);
+std::unique_ptr<Transport> make_nccl_mpi_transport(CommunicatorState& state, Communicator host,
+                                                   const CommunicatorOptions& options);
 // A GPU member across processes without NCCL: staged through host memory,
 // over `host` (the same ranks on cpu(0)); sets state.size and local_ranks.
-std::unique_ptr<Backend> make_staged_backend(CommunicatorState& state, Communicator host);
+std::unique_ptr<Transport> make_staged_transport(CommunicatorState& state, Communicator host);
 // Several devices per process: `local` over them, one MPI communicator per
 // device (collective); sets state.size and state.local_ranks.
-std::unique_ptr<Backend> make_hierarchical_backend(CommunicatorState& state, Communicator local,
-                                                   const CommunicatorOptions& options);
+std::unique_ptr<Transport> make_hierarchical_transport(CommunicatorState& state, Communicator local,
+                                                       const CommunicatorOptions& options);
 
 }  // namespace detail
 

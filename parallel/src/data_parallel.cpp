@@ -58,41 +58,6 @@ std::vector<std::int64_t> split_rows(std::int64_t rows, int parts) {
   return out;
 }
 
-CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker) {
-  using Interval = std::pair<std::int64_t, std::int64_t>;
-  std::vector<Interval> comm, other;
-  for (const Span& s : spans) {
-    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns) continue;
-    (s.name.find(marker) != std::string_view::npos ? comm : other).emplace_back(s.start_ns, s.end_ns);
-  }
-  auto merge = [](std::vector<Interval>& v) {
-    std::sort(v.begin(), v.end());
-    std::vector<Interval> out;
-    for (const Interval& i : v) {
-      if (!out.empty() && i.first <= out.back().second)
-        out.back().second = std::max(out.back().second, i.second);
-      else
-        out.push_back(i);
-    }
-    v = std::move(out);
-  };
-  merge(comm);
-  merge(other);
-  std::int64_t comm_ns = 0, both_ns = 0;
-  std::size_t j = 0;
-  for (const Interval& c : comm) {
-    comm_ns += c.second - c.first;
-    while (j < other.size() && other[j].second <= c.first) ++j;
-    for (std::size_t k = j; k < other.size() && other[k].first < c.second; ++k)
-      both_ns += std::min(c.second, other[k].second) - std::max(c.first, other[k].first);
-  }
-  CommOverlap out;
-  out.comm_ms = static_cast<double>(comm_ns) / 1e6;
-  out.hidden_ms = static_cast<double>(both_ns) / 1e6;
-  out.fraction = comm_ns > 0 ? static_cast<double>(both_ns) / static_cast<double>(comm_ns) : 0.0;
-  return out;
-}
-
 struct DataParallel::Impl {
   Engine* engine = nullptr;
   std::vector<Device> devices;

@@ -21,10 +21,10 @@
 namespace weft::parallel::detail {
 namespace {
 
-class HierarchicalBackend final : public Backend {
+class HierarchicalTransport final : public Transport {
  public:
-  HierarchicalBackend(const CommunicatorState& state, Communicator local, std::vector<Communicator> across,
-                      int processes)
+  HierarchicalTransport(const CommunicatorState& state, Communicator local, std::vector<Communicator> across,
+                        int processes)
       : state_(&state), local_(std::move(local)), across_(std::move(across)), processes_(processes) {}
 
   std::string str() const override {
@@ -41,7 +41,7 @@ class HierarchicalBackend final : public Backend {
     // Each part of an allreduce, and a whole tensor otherwise, crosses
     // processes through one MPI communicator.
     Call probe(kind, across_.front(), call.options());
-    state_of(across_.front())->backend->check(probe, elements);
+    state_of(across_.front())->transport->check(probe, elements);
   }
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -295,7 +295,7 @@ class HierarchicalBackend final : public Backend {
     call.commit_message(++counts[{from, to}], peer);
   }
 
-  const CommunicatorState* state_;    // the group's (outlives its backend)
+  const CommunicatorState* state_;    // the group's (outlives its transport)
   Communicator local_;                // this process's devices
   std::vector<Communicator> across_;  // across_[k]: device k of every process
   int processes_;
@@ -305,8 +305,8 @@ class HierarchicalBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_hierarchical_backend(CommunicatorState& state, Communicator local,
-                                                   const CommunicatorOptions& options) {
+std::unique_ptr<Transport> make_hierarchical_transport(CommunicatorState& state, Communicator local,
+                                                       const CommunicatorOptions& options) {
   Engine& engine = *state.engine;
   const int per = static_cast<int>(state.devices.size());
   std::vector<Communicator> across;
@@ -328,7 +328,7 @@ std::unique_ptr<Backend> make_hierarchical_backend(CommunicatorState& state, Com
   state.size = processes * per;
   state.local_ranks.clear();
   for (int k = 0; k < per; ++k) state.local_ranks.push_back(rank * per + k);
-  return std::make_unique<HierarchicalBackend>(state, std::move(local), std::move(across), processes);
+  return std::make_unique<HierarchicalTransport>(state, std::move(local), std::move(across), processes);
 }
 
 }  // namespace weft::parallel::detail

@@ -55,9 +55,9 @@ void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::shared
   detail::push_done(e, phase, {vars}, where, priority);
 }
 
-class LocalBackend final : public detail::Backend {
+class LocalTransport final : public detail::Transport {
  public:
-  explicit LocalBackend(const detail::CommunicatorState& state) : devices_(state.devices) {}
+  explicit LocalTransport(const detail::CommunicatorState& state) : devices_(state.devices) {}
   std::string str() const override {
     const std::size_t n = devices_.size();
     std::string s = "in-process communicator of " + std::to_string(n) + " member" + (n == 1 ? "" : "s") + ":";
@@ -82,7 +82,7 @@ class LocalBackend final : public detail::Backend {
 
 // ---- allreduce: a chunked ring -------------------------------------------------
 
-void LocalBackend::allreduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+void LocalTransport::allreduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = tensors[0].numel();
   // Read and written in place: a failed input fails the collective.
@@ -125,7 +125,7 @@ void LocalBackend::allreduce(const detail::Call& call, const std::vector<Tensor>
 
 // ---- broadcast and reduce: direct, through shared memory ------------------------
 
-void LocalBackend::broadcast(const detail::Call& call, const std::vector<Tensor>& tensors) {
+void LocalTransport::broadcast(const detail::Call& call, const std::vector<Tensor>& tensors) {
   const int n = static_cast<int>(devices_.size()), root = call.options().root;
   const std::size_t bytes = tensors[0].nbytes();
   // The root's tensor is read, the others written.
@@ -146,7 +146,7 @@ void LocalBackend::broadcast(const detail::Call& call, const std::vector<Tensor>
   });
 }
 
-void LocalBackend::reduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+void LocalTransport::reduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = static_cast<int>(devices_.size()), root = call.options().root;
   const std::int64_t count = tensors[0].numel();
   // Read: the others in member order, then the root (reduced in place).
@@ -174,8 +174,8 @@ void LocalBackend::reduce(const detail::Call& call, const std::vector<Tensor>& t
 
 // ---- reduce-scatter and all-gather: each member works on its own chunk --------
 
-void LocalBackend::reduce_scatter(const detail::Call& call, const std::vector<Tensor>& inputs,
-                                  const std::vector<Tensor>& outputs, ReduceOp op) {
+void LocalTransport::reduce_scatter(const detail::Call& call, const std::vector<Tensor>& inputs,
+                                    const std::vector<Tensor>& outputs, ReduceOp op) {
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = inputs[0].numel();
   push_hold(call, inputs, outputs,
@@ -197,8 +197,8 @@ void LocalBackend::reduce_scatter(const detail::Call& call, const std::vector<Te
   });
 }
 
-void LocalBackend::all_gather(const detail::Call& call, const std::vector<Tensor>& inputs,
-                              const std::vector<Tensor>& outputs) {
+void LocalTransport::all_gather(const detail::Call& call, const std::vector<Tensor>& inputs,
+                                const std::vector<Tensor>& outputs) {
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = outputs[0].numel();
   const std::size_t element = dtype_size(outputs[0].dtype());
@@ -224,7 +224,7 @@ void LocalBackend::all_gather(const detail::Call& call, const std::vector<Tensor
 
 // ---- barrier ---------------------------------------------------------------------
 
-void LocalBackend::barrier(const detail::Call& call) {
+void LocalTransport::barrier(const detail::Call& call) {
   // Every member is driven by this process, which reached the call: there
   // is nobody to wait for. One op marks the point in traces.
   call.state().engine->push([] {}, devices_.front(), {}, {},
@@ -237,7 +237,7 @@ void copy_bytes(RunContext&, const TensorData& d, std::size_t bytes) {
   if (bytes > 0) std::memcpy(d.outputs[0], d.inputs[0], bytes);
 }
 
-void LocalBackend::send(detail::Call& call, const Tensor& tensor, int from, int to) {
+void LocalTransport::send(detail::Call& call, const Tensor& tensor, int from, int to) {
   // The snapshot is taken by an op pushed now: the sender may overwrite its
   // tensor right after, and the recv copies what it held at the send.
   mailboxes_.post(call, from, to, [&] {
@@ -249,7 +249,7 @@ void LocalBackend::send(detail::Call& call, const Tensor& tensor, int from, int 
   });
 }
 
-void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int to) {
+void LocalTransport::recv(detail::Call& call, const Tensor& tensor, int from, int to) {
   Tensor snapshot = mailboxes_.take(call, tensor, from, to);
   push_tensor_op(tensor.device(), {snapshot}, {tensor},
                  [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
@@ -258,15 +258,15 @@ void LocalBackend::recv(detail::Call& call, const Tensor& tensor, int from, int 
 
 }  // namespace
 
-std::unique_ptr<detail::Backend> detail::make_local_backend(CommunicatorState& state) {
+std::unique_ptr<detail::Transport> detail::make_local_transport(CommunicatorState& state) {
   if (state.devices.front().is_gpu()) {
-    std::unique_ptr<Backend> ring = make_local_gpu_backend(state);
+    std::unique_ptr<Transport> ring = make_local_gpu_transport(state);
 #if WEFT_HAVE_NCCL
-    if (nccl_wanted()) return make_nccl_backend(state, std::move(ring));
+    if (nccl_wanted()) return make_nccl_transport(state, std::move(ring));
 #endif
     return ring;
   }
-  return std::make_unique<LocalBackend>(state);
+  return std::make_unique<LocalTransport>(state);
 }
 
 }  // namespace weft::parallel

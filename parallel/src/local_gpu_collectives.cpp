@@ -131,9 +131,9 @@ const T& at(const std::vector<T>& v, int k) {
   return v[static_cast<std::size_t>(k)];
 }
 
-class LocalGpuBackend final : public Backend {
+class LocalGpuTransport final : public Transport {
  public:
-  explicit LocalGpuBackend(const CommunicatorState& state) : devices_(state.devices) {}
+  explicit LocalGpuTransport(const CommunicatorState& state) : devices_(state.devices) {}
   std::string str() const override {
     const std::size_t n = devices_.size();
     std::string s = "in-process communicator of " + std::to_string(n) + " GPU member" + (n == 1 ? "" : "s") + ":";
@@ -163,7 +163,7 @@ class LocalGpuBackend final : public Backend {
 
 // ---- allreduce: the chunked ring over peer copies ----------------------------------
 
-void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = tensors[0].numel();
   const int priority = call.options().priority;
@@ -222,7 +222,7 @@ void LocalGpuBackend::allreduce(const Call& call, const std::vector<Tensor>& ten
 
 // ---- broadcast and reduce --------------------------------------------------------------
 
-void LocalGpuBackend::broadcast(const Call& call, const std::vector<Tensor>& tensors) {
+void LocalGpuTransport::broadcast(const Call& call, const std::vector<Tensor>& tensors) {
   const int n = static_cast<int>(devices_.size()), root = call.options().root, priority = call.options().priority;
   const std::size_t bytes = tensors[0].nbytes();
   // The root's tensor is read, the others written.
@@ -241,7 +241,7 @@ void LocalGpuBackend::broadcast(const Call& call, const std::vector<Tensor>& ten
   });
 }
 
-void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+void LocalGpuTransport::reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = static_cast<int>(devices_.size()), root = call.options().root, priority = call.options().priority;
   const std::int64_t count = tensors[0].numel();
   // Read: the others in member order, then the root (reduced in place);
@@ -283,8 +283,8 @@ void LocalGpuBackend::reduce(const Call& call, const std::vector<Tensor>& tensor
 
 // ---- reduce-scatter and all-gather --------------------------------------------------
 
-void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>& inputs,
-                                     const std::vector<Tensor>& outputs, ReduceOp op) {
+void LocalGpuTransport::reduce_scatter(const Call& call, const std::vector<Tensor>& inputs,
+                                       const std::vector<Tensor>& outputs, ReduceOp op) {
   const int n = static_cast<int>(devices_.size()), priority = call.options().priority;
   const std::int64_t count = inputs[0].numel();
   // Written: the outputs, then a scratch buffer of its chunk per member.
@@ -331,8 +331,8 @@ void LocalGpuBackend::reduce_scatter(const Call& call, const std::vector<Tensor>
   });
 }
 
-void LocalGpuBackend::all_gather(const Call& call, const std::vector<Tensor>& inputs,
-                                 const std::vector<Tensor>& outputs) {
+void LocalGpuTransport::all_gather(const Call& call, const std::vector<Tensor>& inputs,
+                                   const std::vector<Tensor>& outputs) {
   const int n = static_cast<int>(devices_.size()), priority = call.options().priority;
   const std::int64_t count = outputs[0].numel();
   const std::size_t element = dtype_size(outputs[0].dtype());
@@ -357,14 +357,14 @@ void LocalGpuBackend::all_gather(const Call& call, const std::vector<Tensor>& in
 
 // ---- barrier ----------------------------------------------------------------------------
 
-void LocalGpuBackend::barrier(const Call& call) {
+void LocalGpuTransport::barrier(const Call& call) {
   // Every member is driven by this process, which reached the call.
   call.state().engine->push([] {}, kHoldDevice, {}, {}, {.priority = call.options().priority, .name = call.label()});
 }
 
 // ---- send and recv: a snapshot on the receiver's GPU, handed over in push order --
 
-void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
+void LocalGpuTransport::send(Call& call, const Tensor& tensor, int from, int to) {
   // The copy to the receiver's GPU is pushed now: the sender may overwrite
   // its tensor right after, and the recv takes what it held at the send.
   if (tensor.dtype() != DType::float32)
@@ -376,7 +376,7 @@ void LocalGpuBackend::send(Call& call, const Tensor& tensor, int from, int to) {
   });
 }
 
-void LocalGpuBackend::recv(Call& call, const Tensor& tensor, int from, int to) {
+void LocalGpuTransport::recv(Call& call, const Tensor& tensor, int from, int to) {
   Tensor snapshot = mailboxes_.take(call, tensor, from, to);
   Tensor into = tensor;
   into.copy_from(snapshot.reshape(tensor.shape()));
@@ -384,8 +384,8 @@ void LocalGpuBackend::recv(Call& call, const Tensor& tensor, int from, int to) {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_local_gpu_backend(CommunicatorState& state) {
-  return std::make_unique<LocalGpuBackend>(state);
+std::unique_ptr<Transport> make_local_gpu_transport(CommunicatorState& state) {
+  return std::make_unique<LocalGpuTransport>(state);
 }
 
 }  // namespace weft::parallel::detail

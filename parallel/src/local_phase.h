@@ -170,6 +170,6 @@ class Mailboxes {
 };
 
 // GPU members: the ring over device copies (or NCCL: communicator_state.h).
-std::unique_ptr<Backend> make_local_gpu_backend(CommunicatorState& state);
+std::unique_ptr<Transport> make_local_gpu_transport(CommunicatorState& state);
 
 }  // namespace weft::parallel::detail

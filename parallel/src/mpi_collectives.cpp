@@ -2,7 +2,7 @@
 // communicator's collectives (docs/design/parallel-collectives.md, "Across
 // processes").
 //
-// A collective is one hold op per process (mpi_backend.cpp): an async
+// A collective is one hold op per process (mpi_transport.cpp): an async
 // tensor op on the member's device that holds its tensor while the
 // collective runs. With fingerprints, its push hands the fingerprint to the
 // group's record fiber, which sends it to every peer at once, receives
@@ -259,7 +259,7 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
     }
     if (!g.broken.empty()) {
       // Out of order too: a number committed whose push then failed never
-      // comes (MpiBackend::committed), and would hold the ones behind it.
+      // comes (MpiTransport::committed), and would hold the ones behind it.
       for (auto& [seq, job] : waiting) {
         job->check_error = comm_error(*job, "the communicator is broken: " + g.broken);
         job->check = Job::Check::failed;

@@ -1,4 +1,4 @@
-// The MPI backend's shared helpers (mpi_group.h).
+// The MPI transport's shared helpers (mpi_group.h).
 #include <algorithm>
 #include <cstring>
 #include <functional>

@@ -1,4 +1,4 @@
-// The MPI backend's shared pieces (internal to parallel/): MPI in this
+// The MPI transport's shared pieces (internal to parallel/): MPI in this
 // process, a communicator's state, one collective's job, its fingerprint,
 // and the helpers every fiber uses to finish a job. Only the communication
 // thread touches a job or a group's mutable state (see comm_thread.h),

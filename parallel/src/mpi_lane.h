@@ -4,8 +4,8 @@
 // (docs/design/parallel-collectives.md, "The blocking lane").
 //
 // Why: at large sizes Open MPI's blocking collectives beat both its
-// non-blocking ones (libnbc: 1.5-2.3x slower at 1-16 MiB, measured) and
-// Weft's ring over point-to-point messages (1.3x at 1 MiB), and a fiber
+// non-blocking ones (libnbc) and Weft's ring over point-to-point messages
+// (docs/performance.md), and a fiber
 // cannot make a blocking call without stopping every other fiber of the
 // communication thread. So once every rank's fingerprint matched, the fiber
 // hands the call to the lane, passes the data gate, and polls the ticket

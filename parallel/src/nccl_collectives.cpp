@@ -1,8 +1,7 @@
 // Collectives on real GPUs through NCCL (built where NCCL was found; used
-// on the CUDA runtime unless WEFT_NCCL=0): in-process over the group's GPUs,
+// on the cuda backend unless WEFT_NCCL=0): in-process over the group's GPUs,
 // and across MPI processes bootstrapped over MPI (the unique id broadcast
-// through Weft's own MPI communicator, as Horovod does). NEVER RUN YET: no
-// session has had a GPU machine for it (docs/gpu-validation.md).
+// through Weft's own MPI communicator, as Horovod does).
 //
 // One NCCL communicator per local member, each with a communication stream
 // of its own. A collective is a hold op on cpu(0) (it holds the GPU
@@ -310,9 +309,9 @@ std::string members_text(const std::vector<Device>& devices) {
 
 // ---- in-process: one clique over the group's GPUs ----------------------------------
 
-class NcclLocalBackend final : public Backend {
+class NcclLocalTransport final : public Transport {
  public:
-  NcclLocalBackend(std::shared_ptr<Clique> clique, std::unique_ptr<Backend> ring)
+  NcclLocalTransport(std::shared_ptr<Clique> clique, std::unique_ptr<Transport> ring)
       : clique_(std::move(clique)), ring_(std::move(ring)) {}
 
   std::string str() const override {
@@ -393,14 +392,14 @@ class NcclLocalBackend final : public Backend {
 
  private:
   std::shared_ptr<Clique> clique_;
-  std::unique_ptr<Backend> ring_;  // what NCCL does not carry
+  std::unique_ptr<Transport> ring_;  // what NCCL does not carry
 };
 
 // ---- across processes: this rank's GPU in a clique bootstrapped over MPI ------------
 
-class NcclAcrossBackend final : public Backend {
+class NcclAcrossTransport final : public Transport {
  public:
-  NcclAcrossBackend(std::shared_ptr<Clique> clique, Communicator host, std::unique_ptr<Backend> staged)
+  NcclAcrossTransport(std::shared_ptr<Clique> clique, Communicator host, std::unique_ptr<Transport> staged)
       : clique_(std::move(clique)), host_(std::move(host)), staged_(std::move(staged)) {}
 
   std::string str() const override {
@@ -500,7 +499,7 @@ class NcclAcrossBackend final : public Backend {
 
   std::shared_ptr<Clique> clique_;
   Communicator host_;                // the same ranks on cpu(0): bootstrap and fingerprints
-  std::unique_ptr<Backend> staged_;  // what NCCL does not carry
+  std::unique_ptr<Transport> staged_;  // what NCCL does not carry
 };
 
 std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const CommunicatorOptions& options) {
@@ -519,7 +518,7 @@ bool nccl_wanted() {
   return env_switch("WEFT_NCCL", "NCCL for GPU members", "Weft's own paths");
 }
 
-std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique_ptr<Backend> ring) {
+std::unique_ptr<Transport> make_nccl_transport(CommunicatorState& state, std::unique_ptr<Transport> ring) {
   std::shared_ptr<Clique> clique = new_clique(state.devices, {});
   const int n = clique->size();
   std::vector<int> ordinals;
@@ -531,11 +530,11 @@ std::unique_ptr<Backend> make_nccl_backend(CommunicatorState& state, std::unique
     nccl_failed("ncclCommInitAll", rc,
                 "weft::parallel::Communicator::local (NCCL over" + members_text(state.devices) + ")");
   }
-  return std::make_unique<NcclLocalBackend>(std::move(clique), std::move(ring));
+  return std::make_unique<NcclLocalTransport>(std::move(clique), std::move(ring));
 }
 
-std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communicator host,
-                                               const CommunicatorOptions& options) {
+std::unique_ptr<Transport> make_nccl_mpi_transport(CommunicatorState& state, Communicator host,
+                                                   const CommunicatorOptions& options) {
   Engine& engine = *state.engine;
   const Device gpu = state.devices.front();
   const int rank = host.local_ranks().front(), size = host.size();
@@ -583,8 +582,8 @@ std::unique_ptr<Backend> make_nccl_mpi_backend(CommunicatorState& state, Communi
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
-  std::unique_ptr<Backend> staged = make_staged_backend(state, host);  // sets size and local_ranks
-  return std::make_unique<NcclAcrossBackend>(std::move(clique), std::move(host), std::move(staged));
+  std::unique_ptr<Transport> staged = make_staged_transport(state, host);  // sets size and local_ranks
+  return std::make_unique<NcclAcrossTransport>(std::move(clique), std::move(host), std::move(staged));
 }
 
 }  // namespace weft::parallel::detail

@@ -5,8 +5,8 @@
 // after what it needs (a receive after its send); each action pushes its
 // ops under an ops::PushScope naming the stage and action (traces read
 // "conv2d [stage 1 F3]") with backward above forward in priority. Actions of
-// one stage run in list order: each action's ops wait, through a gate op on
-// the stage's device, for the stage's previous action's outputs (the
+// one stage run in list order: each action's ops wait, through an order op
+// on the stage's device, for the stage's previous action's outputs (the
 // "phony" dependencies torchgpipe builds with fork/join), so a CPU device
 // does not run ahead of its schedule, and a schedule's memory bound holds
 // when the ops run, not only when they are pushed.
@@ -23,7 +23,6 @@
 #include "weft/error.h"
 #include "weft/ops.h"
 #include "weft/parallel/pipeline.h"
-#include "weft/profiler.h"
 
 namespace weft::parallel {
 
@@ -67,7 +66,7 @@ struct Stage {
   std::vector<nn::Parameter*> params;
   std::vector<Tensor> grads;  // accumulated over the step's micro-batches, one per param
   bool have_grads = false;
-  Var order;                  // written by each action's last op, read by the next action's gate
+  Var order;                  // written by each action's last op, read by the next action's order op
   std::vector<Micro> micro;
   int saved_now = 0, saved_peak = 0;
 };
@@ -104,19 +103,19 @@ struct Pipeline::Impl {
     }
   }
 
-  // The gate: the stage's next action starts after its previous one. Its
-  // inputs are read and rewritten (a no-op) by an op that also reads the
+  // The order op: the stage's next action starts after its previous one.
+  // Its inputs are read and rewritten (a no-op) by an op that also reads the
   // stage's order variable, so every op reading them waits. Read as well as
-  // written: a failed input (out of memory upstream, say) skips the gate and
-  // stays failed, instead of being cleared by a successful write.
-  void gate(Stage& s, const std::vector<Tensor>& inputs) {
+  // written: a failed input (out of memory upstream, say) skips the order op
+  // and stays failed, instead of being cleared by a successful write.
+  void follow_order(Stage& s, const std::vector<Tensor>& inputs) {
     std::vector<Var> vars;
     for (const Tensor& t : inputs)
       if (t.defined()) vars.push_back(t.var());
     if (vars.empty()) return;
     std::vector<Var> reads = vars;
     reads.push_back(s.order);
-    engine->push([] {}, s.device, reads, vars, OpOptions{.name = "gate"});
+    engine->push([] {}, s.device, reads, vars, OpOptions{.name = "in order"});
   }
   // ...and the action's outputs, once written, mark the stage's order.
   void mark(Stage& s, const std::vector<Tensor>& outputs) {
@@ -157,7 +156,7 @@ struct Pipeline::Impl {
   void forward(int k, int mb) {
     Stage& s = stages[static_cast<std::size_t>(k)];
     Micro& m = s.micro[static_cast<std::size_t>(mb)];
-    gate(s, {m.input});
+    follow_order(s, {m.input});
     m.output = run_forward(s, m.input);
     if (m.checkpointed) {
       // Keep only the input: what the layers kept goes (its memory is freed
@@ -183,7 +182,7 @@ struct Pipeline::Impl {
   void backward_input(int k, int mb) {
     Stage& s = stages[static_cast<std::size_t>(k)];
     Micro& m = s.micro[static_cast<std::size_t>(mb)];
-    gate(s, {m.grad_out, m.input});
+    follow_order(s, {m.grad_out, m.input});
     if (m.checkpointed) {
       // Recompute the forward (same input, same batch statistics; running
       // statistics frozen so they see this micro-batch once).
@@ -435,34 +434,5 @@ const Schedule& Pipeline::schedule() const noexcept { return impl_->schedule; }
 const PipelineOptions& Pipeline::options() const noexcept { return impl_->options; }
 std::vector<int> Pipeline::peak_saved() const { return impl_->last_peaks; }
 std::string Pipeline::span_marker(int stage) { return "[stage " + std::to_string(stage) + " "; }
-
-std::vector<double> measured_bubble(const std::vector<Span>& spans, int stages) {
-  using Interval = std::pair<std::int64_t, std::int64_t>;
-  std::vector<std::vector<Interval>> busy(static_cast<std::size_t>(std::max(stages, 0)));
-  std::int64_t lo = 0, hi = 0;
-  bool any = false;
-  for (const Span& s : spans) {
-    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns || s.property != OpProperty::normal) continue;
-    for (int k = 0; k < stages; ++k) {
-      if (s.name.find(Pipeline::span_marker(k)) == std::string_view::npos) continue;
-      busy[static_cast<std::size_t>(k)].emplace_back(s.start_ns, s.end_ns);
-      lo = any ? std::min(lo, s.start_ns) : s.start_ns;
-      hi = any ? std::max(hi, s.end_ns) : s.end_ns;
-      any = true;
-    }
-  }
-  std::vector<double> out;
-  for (std::vector<Interval>& v : busy) {
-    std::sort(v.begin(), v.end());
-    std::int64_t covered = 0, end = lo;
-    for (const Interval& i : v) {
-      const std::int64_t b = std::max(i.first, end);
-      if (i.second > b) covered += i.second - b;
-      end = std::max(end, i.second);
-    }
-    out.push_back(hi > lo ? 1.0 - static_cast<double>(covered) / static_cast<double>(hi - lo) : 0.0);
-  }
-  return out;
-}
 
 }  // namespace weft::parallel

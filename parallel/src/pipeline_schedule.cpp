@@ -302,9 +302,4 @@ std::vector<int> balance_by_size(nn::Sequential& model, const Shape& sample, int
   return partition(layer_sizes(model, sample), stages);
 }
 
-double predicted_bubble(int stages, int micro_batches) noexcept {
-  return stages < 1 || micro_batches < 1 ? 0.0
-                                         : static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
-}
-
 }  // namespace weft::parallel

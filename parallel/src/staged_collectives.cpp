@@ -23,9 +23,9 @@ namespace {
 
 const Device kHost = Device::cpu(0);
 
-class StagedBackend final : public Backend {
+class StagedTransport final : public Transport {
  public:
-  StagedBackend(Device gpu, Communicator host) : gpu_(gpu), host_(std::move(host)) {}
+  StagedTransport(Device gpu, Communicator host) : gpu_(gpu), host_(std::move(host)) {}
 
   std::string str() const override {
     return "MPI communicator of " + std::to_string(host_.size()) + " ranks (rank " +
@@ -34,7 +34,7 @@ class StagedBackend final : public Backend {
 
   void check(const Call& call, std::int64_t elements) const override {
     Call probe(call.kind(), host_, call.options());
-    state_of(host_)->backend->check(probe, elements);
+    state_of(host_)->transport->check(probe, elements);
   }
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -119,11 +119,11 @@ class StagedBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_staged_backend(CommunicatorState& state, Communicator host) {
+std::unique_ptr<Transport> make_staged_transport(CommunicatorState& state, Communicator host) {
   state.size = host.size();
   state.local_ranks = host.local_ranks();
   const Device gpu = state.devices.front();
-  return std::make_unique<StagedBackend>(gpu, std::move(host));
+  return std::make_unique<StagedTransport>(gpu, std::move(host));
 }
 
 }  // namespace weft::parallel::detail

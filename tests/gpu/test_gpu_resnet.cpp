@@ -5,9 +5,8 @@
 // Tolerances: simulated GPUs run the CPU kernels, so they agree to the bit;
 // cuDNN sums in its own order, and batch norm over a batch of 4 at 2x2 and
 // 1x1 resolution (layers 3 and 4) amplifies those roundings, so on a real
-// GPU (an H200, 2026-11-26) single elements of an update differed by up to
-// 100 % where the element is small, while whole tensors agreed to a few
-// percent. Updates are therefore compared per tensor in relative L2 norm;
+// GPU single elements of an update differ by up to 100 % where the element
+// is small, while whole tensors agree to a few percent. Updates are therefore compared per tensor in relative L2 norm;
 // elementwise, against the scale of the whole model's parameters.
 #include <cmath>
 

@@ -1,5 +1,5 @@
-// The GPU runtime's contract, the same on real and simulated GPUs
-// (devices/src/runtime.h): streams run in order and asynchronously to the
+// The GPU backend's contract, the same on real and simulated GPUs
+// (devices/src/backend.h): streams run in order and asynchronously to the
 // host, a stream wait blocks only its stream, a host wait blocks until the
 // event is reached, a failed host function reaches the next event's waiter,
 // copies move exactly their bytes, and the stream-aware allocator never hands
@@ -19,8 +19,8 @@ namespace gpu = weft::gpu;
 
 namespace {
 
-// A host-side gate a stream can be made to wait on (a stand-in for a long kernel).
-struct Gate {
+// A host-side latch a stream can be made to wait on (a stand-in for a long kernel).
+struct Latch {
   std::atomic<bool> open{false};
   void wait() const {
     while (!open.load(std::memory_order_acquire)) std::this_thread::yield();
@@ -39,24 +39,24 @@ std::string exception_text(const std::function<void()>& f) {
 
 }  // namespace
 
-TEST_CASE("gpu runtime - a stream runs its work in order and asynchronously to the host" * doctest::timeout(60)) {
+TEST_CASE("gpu backend - a stream runs its work in order and asynchronously to the host" * doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   gpu::StreamResources s(0, gpu::StreamRole::compute, 0);
-  Gate gate;
+  Latch latch;
   std::vector<int> order;  // written by the stream only, read after synchronize
-  gpu::launch_host_func(s.handles().stream, [&] { gate.wait(); });
+  gpu::launch_host_func(s.handles().stream, [&] { latch.wait(); });
   for (int i = 0; i < 100; ++i) gpu::launch_host_func(s.handles().stream, [&order, i] { order.push_back(i); });
   // Enqueueing returned although the stream is blocked at its first item.
   gpu::Event* e = gpu::Event::record(0, s.handles().stream);
   gpu::EventRef done(e);
-  gate.release();
+  latch.release();
   done->host_wait();
   s.synchronize();
   REQUIRE(order.size() == 100);
   for (int i = 0; i < 100; ++i) CHECK(order[static_cast<std::size_t>(i)] == i);
 }
 
-TEST_CASE("gpu runtime - a stream wait blocks only the waiting stream" * doctest::timeout(60)) {
+TEST_CASE("gpu backend - a stream wait blocks only the waiting stream" * doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   // The producer is held by a host function; the consumer and the bystander
   // enqueue copies, not host functions: CUDA runs the host functions of all
@@ -71,9 +71,9 @@ TEST_CASE("gpu runtime - a stream wait blocks only the waiting stream" * doctest
   produced[0] = 0, produced[1] = -1, produced[2] = 7, produced[3] = 0;
   weft::Block on_consumer = device_memory->allocate(sizeof(int), consumer.handles().stream);
   weft::Block on_bystander = device_memory->allocate(sizeof(int), bystander.handles().stream);
-  Gate gate;
+  Latch latch;
   gpu::launch_host_func(producer.handles().stream, [&] {
-    gate.wait();
+    latch.wait();
     produced[0] = 42;
   });
   gpu::EventRef ready(gpu::Event::record(0, producer.handles().stream));
@@ -91,7 +91,7 @@ TEST_CASE("gpu runtime - a stream wait blocks only the waiting stream" * doctest
   CHECK(produced[3] == 7);
   CHECK(!consumed->done());  // the consumer still waits for the producer
   CHECK(produced[1] == -1);
-  gate.release();
+  latch.release();
   consumer.synchronize();
   CHECK(produced[1] == 42);
   device_memory->free(on_consumer);
@@ -99,7 +99,7 @@ TEST_CASE("gpu runtime - a stream wait blocks only the waiting stream" * doctest
   pinned->free(host);
 }
 
-TEST_CASE("gpu runtime - an event never recorded is complete and re-recording moves it" * doctest::timeout(60)) {
+TEST_CASE("gpu backend - an event never recorded is complete and re-recording moves it" * doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   gpu::StreamResources s(0, gpu::StreamRole::compute, 0);
   gpu::TimingEvent a(0), b(0);
@@ -110,16 +110,16 @@ TEST_CASE("gpu runtime - an event never recorded is complete and re-recording mo
   b.synchronize();
   CHECK(a.done());
   CHECK(b.ms_since(a) >= 15.0f);  // the host function's 20 ms lay between them
-  Gate gate;
-  gpu::launch_host_func(s.handles().stream, [&] { gate.wait(); });
+  Latch latch;
+  gpu::launch_host_func(s.handles().stream, [&] { latch.wait(); });
   b.record(s.handles().stream);
-  CHECK(!b.done());  // the new recording is behind the gate
-  gate.release();
+  CHECK(!b.done());  // the new recording is behind the latch
+  latch.release();
   b.synchronize();
   CHECK(b.done());
 }
 
-TEST_CASE("gpu runtime - a failed host function reaches the next event's waiter, later work runs" *
+TEST_CASE("gpu backend - a failed host function reaches the next event's waiter, later work runs" *
           doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   if (!simulated()) {
@@ -144,7 +144,7 @@ TEST_CASE("gpu runtime - a failed host function reaches the next event's waiter,
   CHECK(ran == 1);
 }
 
-TEST_CASE("gpu runtime - copies move exactly their bytes and check their pointers" * doctest::timeout(60)) {
+TEST_CASE("gpu backend - copies move exactly their bytes and check their pointers" * doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   const int gpus = std::min(2, gpu::device_count());
   std::vector<std::unique_ptr<weft::Allocator>> device_memory;
@@ -199,7 +199,7 @@ TEST_CASE("gpu runtime - copies move exactly their bytes and check their pointer
   pinned->free(host_out);
 }
 
-TEST_CASE("gpu runtime - simulated copies take their modeled time on per-direction copy engines" *
+TEST_CASE("gpu backend - simulated copies take their modeled time on per-direction copy engines" *
           doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   if (!simulated()) {
@@ -250,7 +250,7 @@ TEST_CASE("gpu runtime - simulated copies take their modeled time on per-directi
   pinned->free(h3);
 }
 
-TEST_CASE("gpu runtime - a block another stream used is not reused before that use completed" *
+TEST_CASE("gpu backend - a block another stream used is not reused before that use completed" *
           doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   auto alloc = weft::make_caching_allocator(Device::gpu(0));
@@ -258,15 +258,15 @@ TEST_CASE("gpu runtime - a block another stream used is not reused before that u
   const std::size_t bytes = 1 << 20;
   weft::Block block = alloc->allocate(bytes, mine.handles().stream);
   void* const first = block.ptr;
-  // Another stream still works on the block (a kernel behind a gate).
-  Gate gate;
+  // Another stream still works on the block (a kernel behind a latch).
+  Latch latch;
   alloc->record_use(block, theirs.handles().stream);
-  gpu::launch_host_func(theirs.handles().stream, [&gate] { gate.wait(); });
+  gpu::launch_host_func(theirs.handles().stream, [&latch] { latch.wait(); });
   alloc->free(block);
   // While it may still run, the block is not handed out, not even to its own stream.
   weft::Block meanwhile = alloc->allocate(bytes, mine.handles().stream);
   CHECK(meanwhile.ptr != first);
-  gate.release();
+  latch.release();
   theirs.synchronize();
   // Once that use has completed, the block comes back to its stream.
   weft::Block after = alloc->allocate(bytes, mine.handles().stream);
@@ -277,12 +277,11 @@ TEST_CASE("gpu runtime - a block another stream used is not reused before that u
 
 // A freed block stays with its stream, whose queued work may still use it;
 // giving the cache back to the system (as running out of memory does) must
-// wait for that work, as cudaFree synchronizes. The simulator freed at once
-// and its stream then wrote into freed heap memory (found by a pipeline's
-// largest-batch search; AddressSanitizer names it here without the wait).
-// The write is a copy queued behind a gated host function: a host function
+// wait for that work, as cudaFree synchronizes. Without the wait a simulated
+// stream writes into freed heap memory, which AddressSanitizer names here.
+// The write is a copy queued behind a latched host function: a host function
 // may not touch device memory on CUDA.
-TEST_CASE("gpu runtime - releasing the cache waits for work still queued on a block's stream" *
+TEST_CASE("gpu backend - releasing the cache waits for work still queued on a block's stream" *
           doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   auto alloc = weft::make_caching_allocator(Device::gpu(0));
@@ -292,19 +291,19 @@ TEST_CASE("gpu runtime - releasing the cache waits for work still queued on a bl
   weft::Block block = alloc->allocate(bytes, stream.handles().stream);
   weft::Block source = pinned->allocate(bytes);
   std::memset(source.ptr, 0x5a, bytes);
-  Gate gate;
+  Latch latch;
   std::atomic<bool> ran{false};
-  // Work on the block's own stream, held back by a gate: the block may be
+  // Work on the block's own stream, held back by a latch: the block may be
   // freed (cached for this stream) before it runs, as a GPU op's memory is.
-  gpu::launch_host_func(stream.handles().stream, [&gate, &ran] {
-    gate.wait();
+  gpu::launch_host_func(stream.handles().stream, [&latch, &ran] {
+    latch.wait();
     ran = true;
   });
   gpu::memcpy_async(block.ptr, source.ptr, bytes, gpu::CopyKind::host_to_device, stream.handles().stream);
   alloc->free(block);
-  std::thread opener([&gate] {
+  std::thread opener([&latch] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gate.release();
+    latch.release();
   });
   alloc->release_cached();  // gives the block back to the system: only after the copy
   CHECK(ran.load());
@@ -313,7 +312,7 @@ TEST_CASE("gpu runtime - releasing the cache waits for work still queued on a bl
   pinned->free(source);
 }
 
-TEST_CASE("gpu runtime - device memory has a capacity and running out is an OutOfMemory naming it" *
+TEST_CASE("gpu backend - device memory has a capacity and running out is an OutOfMemory naming it" *
           doctest::timeout(60)) {
   WEFT_REQUIRE_GPU();
   const gpu::DeviceProperties p = gpu::properties(0);

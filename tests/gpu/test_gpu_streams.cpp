@@ -16,7 +16,7 @@ namespace {
 // The program on `gpus` GPUs (their compute streams, h2d/d2h/peer copy
 // streams) and the CPU, against the same program on CPU devices only. GPU
 // workers must never wait on the host for the GPU: every GPU->GPU dependency
-// is a stream wait (host waits are counted by cause in the runtime).
+// is a stream wait (host waits are counted by cause in the backend).
 void stress(std::size_t instructions, std::uint64_t seed, ProgramOptions opt, int gpus = 1) {
   const std::vector<Instr> program = make_program(instructions, seed, opt.slots);
   if (simulated()) opt.noise_side = std::min<std::int64_t>(opt.noise_side, 192);  // CPU kernels at CPU speed
@@ -205,10 +205,9 @@ TEST_CASE("gpu streams - ops complete when enqueued and no worker waits for the 
 
 // More ops than a stream keeps unresolved spans for (kMaxPending, 16,384)
 // between two wait_alls, as a training epoch pushes: every GPU-side span
-// still reaches the profiler, in stream order. Before, each span past the
-// bound was dropped (seen in weft-train-resnet on an H200: ~10,000 per
-// stream and epoch). A wait_to_read every 1,000 ops, as a training loop
-// reads its loss each step, keeps the stream from falling 16,384 ops behind
+// still reaches the profiler, in stream order, none dropped past the bound.
+// A wait_to_read every 1,000 ops, as a training loop reads its loss each
+// step, keeps the stream from falling 16,384 ops behind
 // (the bound for spans still queued: CUDA blocks the launching thread far
 // earlier, a simulated GPU under a sanitizer does not).
 TEST_CASE("gpu streams - profiling more ops than spans wait per stream keeps every GPU-side span" *

@@ -28,7 +28,7 @@ using weft::Tensor;
 namespace nn = weft::nn;
 namespace par = weft::parallel;
 
-// Builds the model on a device from a seed (the seed varies per replica, so
+// Builds the model on a device from a seed (which varies per replica, so
 // that only the initial broadcast makes replicas equal).
 // cpu(0), ..., cpu(n - 1).
 inline std::vector<Device> cpus(int n) {

@@ -18,6 +18,7 @@
 #include "parallel/data_parallel_util.h"
 #include "weft/error.h"
 #include "weft/ops.h"
+#include "weft/parallel/metrics.h"
 
 using namespace dp_test;
 using weft_test::contains;
@@ -117,7 +118,7 @@ TEST_CASE("data parallel: no_sync over k micro-batches equals one step on their 
       {
         auto net = mlp_model()(e, Device::cpu(0), 0);
         std::vector<Batch> group;
-        // The reference run restarts from the seed; chain the groups by hand.
+        // The reference run restarts from its seed; chain the groups by hand.
         const std::vector<nn::Parameter*> params = net->parameters();
         for (std::size_t i = 0; i < batches.size(); ++i) {
           group.push_back(batches[i]);

@@ -26,6 +26,7 @@
 #include "weft/error.h"
 #include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/parallel/metrics.h"
 #include "weft/parallel/pipeline.h"
 #include "weft/profiler.h"
 #include "weft/tensor.h"

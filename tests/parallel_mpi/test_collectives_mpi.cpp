@@ -224,16 +224,16 @@ TEST_CASE("hundreds of collectives pushed ahead of their inputs, from two thread
     const int rank = comm.local_ranks()[0], n = comm.size();
     constexpr int kCalls = 160;
     constexpr std::int64_t kCount = 5;
-    Tensor gate = Tensor::zeros(e, Shape{1}, Device::cpu(0));
-    weft::push_tensor_op(Device::cpu(0), {}, {gate}, [](weft::RunContext&, const weft::TensorData&) {
+    Tensor slow = Tensor::zeros(e, Shape{1}, Device::cpu(0));
+    weft::push_tensor_op(Device::cpu(0), {}, {slow}, [](weft::RunContext&, const weft::TensorData&) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }, {.name = "slow producer"});
     std::vector<Tensor> ts;
     for (int k = 0; k < kCalls; ++k) {
       Tensor t = rank_tensor(e, rank, kCount);
-      weft::push_tensor_op(Device::cpu(0), {gate}, {t}, [](weft::RunContext&, const weft::TensorData& d) {
+      weft::push_tensor_op(Device::cpu(0), {slow}, {t}, [](weft::RunContext&, const weft::TensorData& d) {
         d.out(0)[0] += 1.0f;
-      }, {.name = "after the gate"});
+      }, {.name = "after the slow producer"});
       ts.push_back(t);
     }
     auto push_range = [&](int first, int step) {

@@ -67,7 +67,7 @@ class Allocator {
 };
 
 // cpu(i): 64-byte aligned pageable memory. cpu_pinned(i): page-locked memory
-// from the GPU runtime (cudaHostAlloc; host memory on simulated GPUs), or
+// from the GPU backend (cudaHostAlloc; host memory on simulated GPUs), or
 // aligned pageable memory where no GPU answers (the memory_kind says so).
 // gpu(i): the device's memory (cudaMalloc, or the simulated device's
 // capacity). Throws weft::InvalidArgument for a device that does not exist.

@@ -9,7 +9,7 @@
 //   ├── InvalidArgument   a bad value given to Weft (shape, device, setting)
 //   ├── OutOfMemory       a device had no room: which device, how much was
 //   │                     asked for, how much it had free
-//   ├── DeviceError       a GPU runtime or library call failed (CUDA, cuBLAS,
+//   ├── DeviceError       a GPU backend or library call failed (CUDA, cuBLAS,
 //   │                     cuDNN, NCCL, or the simulator)
 //   ├── OpError           an op was misused while it ran: which op, on which
 //   │                     device (a Completion called twice or never, a wait

@@ -1,9 +1,9 @@
-// GPU discovery: which GPU runtime this process uses, how many GPUs it has,
+// GPU discovery: which GPU backend this process uses, how many GPUs it has,
 // and what a GPU op receives to enqueue its work.
 //
-// Two runtimes sit behind one interface (devices/src/runtime.h): `cuda`, the
-// real GPUs, and `sim`, simulated GPUs that run the same engine, stream,
-// event, allocator and copy paths on any machine (docs/design/simulated-gpus.md).
+// Two backends sit behind one interface: `cuda`, the real GPUs, and `sim`,
+// simulated GPUs that run the same engine, stream, event, allocator and copy
+// paths on any machine (docs/design/simulated-gpus.md).
 // The process picks one at its first GPU query, from WEFT_GPU_BACKEND
 // (cuda | sim | none; unset: cuda where a GPU answers, else none) and, for
 // sim, WEFT_SIM_GPUS (default 2) — or from select_backend() / EngineConfig
@@ -33,18 +33,18 @@ std::string_view to_string(Backend backend) noexcept;
 // Parses "none" | "cuda" | "sim"; throws weft::InvalidArgument naming the text.
 Backend parse_backend(std::string_view text);
 
-// Whether this build has the CUDA runtime (CUDA found at configure time).
+// Whether this build has the cuda backend (CUDA found at configure time).
 // Simulated GPUs exist in every build.
 bool built_with_cuda() noexcept;
 
-// Chooses the process's GPU runtime before its first use. `sim_gpus` (sim
+// Chooses the process's GPU backend before its first use. `sim_gpus` (sim
 // only; 0: WEFT_SIM_GPUS, else 2) is the number of simulated GPUs. Choosing
-// what is already active is fine; anything else once the runtime is in use
+// what is already active is fine; anything else once the backend is in use
 // throws weft::InvalidArgument naming both choices.
 void select_backend(Backend backend, int sim_gpus = 0);
-// The process's GPU runtime (fixed by this call if nothing chose it yet).
+// The process's GPU backend (fixed by this call if nothing chose it yet).
 Backend backend() noexcept;
-// Number of usable GPUs of the active runtime: 0 without one.
+// Number of usable GPUs of the active backend: 0 without one.
 int device_count() noexcept;
 
 struct DeviceProperties {

@@ -1,6 +1,6 @@
 // Streams, events and stream-ordered work, the same on real and simulated
 // GPUs: what the engine builds its GPU workers on, and what a GPU op may call
-// to enqueue work on its stream. Without a GPU runtime, creating any of it
+// to enqueue work on its stream. With the `none` backend, creating any of it
 // throws (no GPU can exist).
 #pragma once
 
@@ -17,7 +17,7 @@
 
 namespace weft::gpu {
 
-struct NativeEvent;  // the runtime's event (cudaEvent_t on CUDA)
+struct NativeEvent;  // the backend's event (cudaEvent_t on CUDA)
 
 // The streams of one GPU, one per engine worker (one word: a stream's role).
 enum class StreamRole : unsigned char { compute, h2d, d2h, peer, priority };
@@ -107,10 +107,11 @@ void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_devic
                        Stream* stream);
 // Runs `fn` on a host thread once the work enqueued before it on `stream`
 // has completed; work enqueued after it waits for it (cudaLaunchHostFunc).
-// `fn` must not call the GPU runtime, nor wait for another stream's work:
-// CUDA runs the host functions of all streams on one runtime thread, in
-// order, so one that blocks holds back every stream's. An exception it throws
-// fails the stream's next recorded event (see Event::host_wait).
+// `fn` must make no GPU call (CUDA, or this header's), nor wait for another
+// stream's work: CUDA runs the host functions of all streams on one thread
+// of its runtime, in order, so one that blocks holds back every stream's. An
+// exception it throws fails the stream's next recorded event (see
+// Event::host_wait).
 void launch_host_func(Stream* stream, UniqueFunction<void()> fn);
 // launch_host_func for work that may run again: recorded into a stream graph
 // (below), it runs at every launch. The CPU kernels of simulated GPUs.
@@ -138,7 +139,7 @@ void begin_stream_capture(Stream* stream);
 // is no longer capturing either way).
 std::unique_ptr<StreamGraph> end_stream_capture(Stream* stream, std::string* why);
 void launch_stream_graph(StreamGraph& graph, Stream* stream);
-// The runtime's own handle: the cudaStream_t on CUDA, null when simulated.
+// The backend's own handle: the cudaStream_t on CUDA, null when simulated.
 void* native_handle(Stream* stream) noexcept;
 
 // Makes `device` current on the calling thread.

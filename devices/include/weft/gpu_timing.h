@@ -2,7 +2,7 @@
 // engine's completion events (weft/gpu_streams.h, created without timing,
 // which makes them cheaper to record and wait on) these are only used while a
 // profile is recorded. On simulated GPUs they read the host's steady clock
-// when the stream reaches them. Without a GPU runtime, creating one throws.
+// when the stream reaches them. With the `none` backend, creating one throws.
 #pragma once
 
 #include "weft/gpu_streams.h"

@@ -163,8 +163,8 @@ struct EngineConfig {
   // kDefaultMaxInflight.
   std::size_t max_inflight = 0;
   std::string profile_path;  // empty: $WEFT_PROFILE; when set, profile from creation and dump at destruction
-  // The process's GPU runtime: "cuda" | "sim" | "none". Empty: $WEFT_GPU_BACKEND,
-  // else cuda where a GPU answers, else none. The runtime is chosen once per
+  // The process's GPU backend: "cuda" | "sim" | "none". Empty: $WEFT_GPU_BACKEND,
+  // else cuda where a GPU answers, else none. The backend is chosen once per
   // process (at the first engine or GPU query); asking a later engine for
   // another one is a weft::InvalidArgument. See weft/gpu.h.
   std::string gpu_backend;

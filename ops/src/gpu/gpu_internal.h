@@ -16,8 +16,8 @@ namespace weft::kernels::gpu::detail {
 
 using weft::gpu::WorkerHandles;
 
-// The CUDA stream of a worker: on the CUDA runtime a weft::gpu::Stream* is the
-// cudaStream_t itself (devices/src/cuda_runtime.cpp). These kernels run only
+// The CUDA stream of a worker: on the cuda backend a weft::gpu::Stream* is the
+// cudaStream_t itself (devices/src/cuda_backend.cpp). These kernels run only
 // there; simulated GPUs run the CPU kernels (ops/src/launch.h).
 inline CUstream_st* cuda_stream(const WorkerHandles& h) noexcept { return reinterpret_cast<CUstream_st*>(h.stream); }
 

@@ -1,35 +1,17 @@
 // weft::parallel — collectives as engine ops.
 //
 // A Communicator is a group of members, each a device. A collective takes
-// the tensors of the members this process drives — all of them in an
-// in-process group, this process's one in an MPI group — one per member in
-// local_ranks() order, pushes engine ops and returns at once. It is ordered with every other op on those tensors: ops pushed before
-// it that write them run first, ops pushed after it that touch them wait for
-// it. A failed input (its producer threw) fails the collective on every
-// member, naming the failure; nothing waits forever for a member that cannot
-// take part.
-//
-// In-process groups run a chunked ring for allreduce (reduce-scatter, then
-// all-gather; each step of each member its own op on the receiving member's
-// device, so steps pipeline and overlap with other work) and direct
-// shared-memory forms for the rest. An in-process group is all CPU devices
-// or all GPUs; on GPUs the same ring runs over peer copies (each step a copy
-// on the receiving GPU's copy stream, then a reduction on its compute
-// stream, ordered across GPUs by stream waits), on real and simulated GPUs
-// alike. MPI groups (one member per process of an mpirun job) run MPI's
-// non-blocking collectives on a communication thread, one fiber per
-// collective in flight, so engine workers never wait for the network. A GPU
-// member across processes is staged through host memory (copied to cpu(0)
-// by the engine's copy workers, carried over MPI, copied back); NCCL is not
-// built yet (docs/design/parallel-collectives.md).
-//
-// Across processes nothing hangs silently: before data moves, every rank
-// checks every other rank's fingerprint of the collective (sequence number,
-// kind, name, dtype, element count, root, reduce op); a mismatch fails the
-// collective on every rank with a weft::CommunicationError naming both
-// sides. A collective that cannot complete within the timeout fails naming
-// the ranks that never joined, and leaves the communicator broken (later
-// collectives on it fail at once: MPI cannot cancel a started collective).
+// the tensors of the members this process drives (local_ranks(), in that
+// order), pushes engine ops and returns at once. It is ordered with every
+// other op on those tensors: ops pushed before it that write them run first,
+// ops pushed after it that touch them wait for it. A failed input fails the
+// collective on every member, naming the failure. Across processes nothing
+// hangs silently: a collective whose fingerprint (sequence number, kind,
+// name, dtype, element count, root, reduce op) differs between ranks fails
+// on every rank with a weft::CommunicationError naming both sides; one not
+// complete within the timeout fails naming the ranks that never joined, and
+// breaks the communicator (later collectives on it fail at once). How each
+// kind of group moves data: docs/design/parallel-collectives.md.
 #pragma once
 
 #include <chrono>
@@ -75,13 +57,14 @@ class Communicator {
  public:
   // An in-process group: member i is devices[i] (distinct devices of
   // `engine`, all CPU devices or all GPUs). Throws weft::InvalidArgument
-  // naming the bad device. On GPUs each collective's hold op runs on cpu(0)
-  // and waits there, on the host, for its inputs' GPU producers; its GPU
-  // steps never block a worker.
+  // naming the bad device. On GPUs a collective is stream-ordered GPU work:
+  // no engine worker waits on the host for it or for its inputs.
   static Communicator local(Engine& engine, std::vector<Device> devices);
   // One member per process of an MPI job (MPI_COMM_WORLD): this process is
   // member MPI rank, on `device` (a CPU device or a GPU of `engine`; a GPU's
-  // tensors are staged through cpu(0), float32 only). Collective:
+  // tensors go through NCCL where it is used, on the cuda backend of a build
+  // with NCCL unless WEFT_NCCL=0, and are otherwise staged through cpu(0),
+  // float32 only). Collective:
   // every process creates its communicators in the same order. Initializes
   // MPI (MPI_THREAD_MULTIPLE) if nobody has, and then finalizes it at exit;
   // if you initialized it, ask for at least MPI_THREAD_SERIALIZED and keep
@@ -89,20 +72,11 @@ class Communicator {
   // communication thread only. Without mpirun it is a group of one.
   static Communicator mpi(Engine& engine, Device device, CommunicatorOptions options = {});
   // Several devices per process (hierarchical): every process gives as many
-  // distinct CPU devices or GPUs of `engine`, and process p's devices[k] is member
-  // p * devices.size() + k. Allreduce reduce-scatters in-process, allreduces
-  // each part across processes (one MPI communicator per local device, so
-  // the parts travel at once), then all-gathers in-process; broadcast goes
-  // across processes first, then in-process; reduce goes in-process into a
-  // copy, then across processes; all_gather gathers each device index's
-  // column of members across processes, then the columns in-process, then
-  // puts the pieces in member order; reduce_scatter is the reverse
-  // (reorder into columns, reduce-scatter in-process, then each column
-  // across processes); barrier waits for every process;
-  // send/recv between members of two processes travels on the sender's
-  // device's communicator, on a channel of the receiver's device, so each
-  // pair of members keeps its own push order. A single device is the form
-  // above.
+  // distinct CPU devices or GPUs of `engine`, and process p's devices[k] is
+  // member p * devices.size() + k. Every collective and send/recv works as
+  // in the forms above (in-process steps, then one MPI communicator per
+  // device index across processes); each pair of members keeps its own
+  // send/recv push order. A single device is the form above.
   static Communicator mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options = {});
 
   int size() const noexcept;                           // members in the group

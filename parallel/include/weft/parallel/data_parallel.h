@@ -1,8 +1,7 @@
 // weft::parallel::DataParallel — synchronous data-parallel training of an
-// nn::Sequential whose gradient communication overlaps backward.
-//
-// Every replica (one per device of this process, and across the processes of
-// an mpirun job with `distributed`) holds the whole model. One step:
+// nn::Sequential: one replica per device (and, with `distributed`, per
+// process of an mpirun job), its gradients reduced bucket by bucket while
+// backward still runs. One step:
 //
 //   std::vector<Tensor> x = dp.split_and_load(batch_shape, images);  // rows split over every replica
 //   std::vector<Tensor> y = dp.split_and_load(label_shape, labels);
@@ -12,32 +11,14 @@
 //   dp.backward(dlogits);  // grads reduced, bucket by bucket, while backward goes on
 //   dp.step(lr);           // the same SGD update on every replica
 //
-// All of it pushes engine ops and returns at once.
-//
-// Gradient buckets. The parameters are grouped, in the order backward
-// produces their gradients (last layer first; within a layer by name, so the
-// order does not depend on the order a layer lists its parameters), into
-// buckets of about `bucket_bytes`; a bucket closes once it holds at least
-// that much. backward() runs the layers' backward in reverse, interleaving the
-// replicas layer by layer, and as soon as a bucket's last gradient has been
-// pushed it pushes the bucket's reduction: on each replica a pack op (the
-// gradients, each weighted by the replica's share of the batch, into one flat
-// tensor), the reduction (an allreduce-sum over every replica), and an unpack
-// op (the sum back into each parameter's grad). The engine starts the
-// reduction while the earlier layers' backward still runs. The plan depends
-// only on the model's structure, so it is the same on every rank and
-// replica; construction checks that across processes (a different plan
-// fails every rank, naming the first parameters of both sides).
-//
-// Weights. Replica m's gradient is the mean over its rows of the batch (what
-// softmax_cross_entropy's dlogits give); it enters the sum weighted by
-// rows_m / rows of the whole batch, so the reduced gradient is the mean over
-// the whole batch whatever the split: k steps on 2 devices with b/2 rows
-// each equal k steps on one device with b rows. split_and_load knows the
-// whole batch (the same on every process); forward() with inputs of your own
-// assumes every process has as many rows as this one.
-//
-// Not thread-safe: drive a DataParallel from one thread.
+// All of it pushes engine ops and returns at once. After backward() every
+// replica holds the gradient of the whole batch's mean loss, whatever the
+// split: k steps on 2 devices with b/2 rows each equal k steps on one device
+// with b rows. Every replica and rank must build the same model; a different
+// bucket plan across processes fails every rank at construction, naming the
+// first parameters of both sides. Not thread-safe: drive a DataParallel from
+// one thread. The bucket plan, the overlap and the weighting:
+// docs/design/data-parallel.md; its figures: weft/parallel/metrics.h.
 #pragma once
 
 #include <cstddef>
@@ -47,13 +28,11 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "weft/nn.h"
 #include "weft/parallel/collectives.h"
-#include "weft/profiler.h"
 #include "weft/tensor.h"
 
 namespace weft::parallel {
@@ -94,17 +73,6 @@ struct DataParallelOptions {
   CommunicatorOptions communicator;  // distributed: timeouts and fingerprints
 };
 
-// How much of the gradient reduction ran while other work did, from a trace.
-struct CommOverlap {
-  double comm_ms = 0;    // time during which at least one reduction op ran
-  double hidden_ms = 0;  // ... and, at the same time, at least one other op
-  double fraction = 0;   // hidden / comm; 0 when nothing was reduced
-};
-// Reduction ops are the spans whose name contains `marker`
-// (DataParallel::comm_marker()); launch tracks (the host side of GPU work) are
-// left out, as in Profiler::summarize.
-CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker);
-
 // Row counts of `rows` split over `parts`: balanced, the first rows % parts
 // one more.
 std::vector<std::int64_t> split_rows(std::int64_t rows, int parts);
@@ -137,7 +105,7 @@ class DataParallel {
   const std::vector<GradientBucket>& buckets() const noexcept;
   // One line per bucket: "bucket 0: 102528 elements (400.5 KiB): fc2.weight fc2.bias fc1.weight fc1.bias"
   std::string describe_buckets() const;
-  // What comm_overlap() looks for in span names.
+  // What comm_overlap() (weft/parallel/metrics.h) looks for in span names.
   std::string comm_marker() const;
 
   // The whole batch (rows along dim 0, the same host data on every process)
@@ -148,6 +116,8 @@ class DataParallel {
   std::vector<Tensor> split_and_load(const Shape& shape, std::span<const float> data);
 
   // One input per replica (on its device); returns each replica's output.
+  // With inputs of your own (not split_and_load's), every process is
+  // assumed to have as many rows as this one.
   std::vector<Tensor> forward(const std::vector<Tensor>& inputs);
   // One output gradient per replica (of its mean loss). Pushes every layer's
   // backward and the bucket reductions; afterwards each parameter's grad, on

@@ -4,35 +4,13 @@
 // devices and merges the sum into the stored value through the updater
 // (assignment by default, or an optimizer step such as sgd_updater);
 // pull(key, outs) copies the stored value to each out; pushpull does both.
-// Every call pushes engine ops and returns at once: a push is ordered with
-// every other op on the key's tensors (pushes, pulls, and whatever reads the
-// pulled outputs), so "pull after push sees it" needs no wait, and pushes to
-// different keys run concurrently (docs/design/kvstore.md).
-//
-// Kinds (where the sum happens):
-//   local     — on the host: values are copied to the host device (cpu(0) by
-//               default) and summed there; the value lives there.
-//   device    — on devices: each key's value and merge buffer live on one of
-//               the store's devices (default: the engine's GPUs, else its CPU
-//               devices), chosen when the key is initialized — the least
-//               loaded by bytes so far; init() of several keys places the
-//               largest first (MXNet's device store). Values on other devices
-//               are copied there (peer copies between GPUs) and summed.
-//   dist_sync — across the processes of an MPI job: each process sums its
-//               values on the host, the sums are allreduced across processes
-//               (weft::parallel collectives, fingerprinted: a rank pushing
-//               other keys, shapes or in another order fails with an error
-//               naming both sides instead of hanging), and every process
-//               runs the updater on the same total, so every process holds
-//               the same value. Every process must create its stores and call
-//               init and push in the same order (pull is local).
-//
-// Keys are integers or names; messages print them as key 3 or key
-// 'fc1.weight'. A push or pull whose shape or dtype differs from init's, a
-// key used before init or initialized twice, and an empty value list are
-// weft::InvalidArgument naming the key, at the call. Values are float32.
-// Calls from several threads are safe (dist_sync: in the same order on every
-// process).
+// Every call pushes engine ops and returns at once, ordered with every other
+// op on the key's tensors: "pull after push sees it" needs no wait, and
+// pushes to different keys run concurrently. Values are float32. A shape or
+// dtype other than init's, a key used before init or initialized twice, and
+// an empty value list are weft::InvalidArgument naming the key (key 3, key
+// 'fc1.weight'), at the call. Calls from several threads are safe. Where
+// each kind sums and keeps its values: docs/design/kvstore.md.
 #pragma once
 
 #include <cstdint>
@@ -51,7 +29,15 @@
 
 namespace weft::parallel {
 
-enum class KVStoreKind : std::uint8_t { local, device, dist_sync };
+enum class KVStoreKind : std::uint8_t {
+  local,      // values live on the host device (cpu(0) by default) and are summed there
+  device,     // each key lives on one of the store's devices (placed at init) and is summed there
+  // Across the processes of an MPI job, every process holding the same value.
+  // Every process creates its stores and calls init and push in the same
+  // order (pull is local); a process that pushes another key or shape fails
+  // every rank with an error naming both sides instead of hanging.
+  dist_sync,
+};
 std::string_view to_string(KVStoreKind kind) noexcept;
 // "local", "device" or "dist_sync"; throws weft::InvalidArgument naming the
 // text and the kinds otherwise.

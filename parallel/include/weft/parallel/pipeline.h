@@ -1,22 +1,18 @@
 // weft::parallel::Pipeline — an nn::Sequential split into consecutive stages
 // on a device list (model parallelism), each batch split into micro-batches
-// that flow through the stages as a pipeline (GPipe, 1F1B), with
-// recomputation, and the balance that decides the split.
+// that flow through the stages as a pipeline (GPipe, 1F1B, or a schedule of
+// your own), with recomputation, and the balance that decides the split.
 //
 //   nn::Sequential& model = ...;                     // built anywhere; its layers move to the stages' devices
 //   Pipeline pipe(*engine, model, {.balance = {5, 9}, .devices = {gpu(0), gpu(1)}, .chunks = 8});
 //   Tensor loss = pipe.train_step(images, labels);  // forward and backward of every micro-batch
 //   pipe.step(lr);                                  // one SGD update per stage
 //
-// A step is a schedule: per stage, a list of actions (forward, input
-// gradient, weight gradient, send and receive of activations and
-// gradients, each for one micro-batch), which Pipeline pushes as engine ops.
-// The schedule is data (Schedule), so schedules beyond GPipe and 1F1B —
-// zero-bubble ones that move weight gradients into idle time, interleaved
-// ones — are other lists for the same runner. docs/design/pipeline.md has
-// the design.
-//
-// Not thread-safe: drive a Pipeline from one thread.
+// A step follows a Schedule: per stage, a list of actions (forward, input
+// gradient, weight gradient, send and receive), each pushed as engine ops;
+// the gradients equal the unpipelined model's on the whole batch. Not
+// thread-safe: drive a Pipeline from one thread. The design:
+// docs/design/pipeline.md; the bubble: weft/parallel/metrics.h.
 #pragma once
 
 #include <cstdint>
@@ -28,7 +24,6 @@
 #include <vector>
 
 #include "weft/nn.h"
-#include "weft/profiler.h"
 #include "weft/tensor.h"
 
 namespace weft::parallel {
@@ -161,20 +156,14 @@ class Pipeline {
   // saved activations for at once (stage input only, for a checkpointed
   // micro-batch, is not counted), counted as the ops were pushed.
   std::vector<int> peak_saved() const;
-  // What trace spans of a stage's ops contain: "stage <k>" (every op a stage's
-  // action pushes is named "<op> [stage k F3]" and the like).
+  // What trace spans of a stage's ops contain: "[stage <k> " (every op a
+  // stage's action pushes is named "<op> [stage k F3]" and the like;
+  // measured_bubble, weft/parallel/metrics.h, reads them).
   static std::string span_marker(int stage);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Per stage, from a profiler's spans of one or more steps: 1 - (time during
-// which at least one of the stage's ops ran) / (from the first span's start
-// to the last span's end, over all stages).
-std::vector<double> measured_bubble(const std::vector<Span>& spans, int stages);
-// (K - 1) / (M + K - 1).
-double predicted_bubble(int stages, int micro_batches) noexcept;
 
 }  // namespace weft::parallel

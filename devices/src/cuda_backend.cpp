@@ -1,4 +1,4 @@
-// The CUDA runtime behind weft/gpu.h: a Stream* is the cudaStream_t itself and
+// The CUDA backend behind weft/gpu.h: a Stream* is the cudaStream_t itself and
 // a NativeEvent* the cudaEvent_t, so the real-GPU path adds no indirection.
 // Compiled only where CUDA was found (WEFT_HAVE_CUDA).
 #include <cublas_v2.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <unordered_map>
 
-#include "runtime.h"
+#include "backend.h"
 #include "weft/cuda_check.h"
 #include "weft/error.h"
 
@@ -73,9 +73,9 @@ void refuse_if_stream_captures(Stream* stream, const char* call) {
                           "again may be recorded" + weft::detail::current_op_suffix());
 }
 
-class CudaRuntime final : public Runtime {
+class CudaBackend final : public BackendImpl {
  public:
-  CudaRuntime() {
+  CudaBackend() {
     int n = 0;
     // No driver (error 35 on CPU machines), no device, or a broken install:
     // all mean zero GPUs, silently. The error is not sticky; clear it.
@@ -86,7 +86,7 @@ class CudaRuntime final : public Runtime {
     count_ = n;
   }
 
-  Backend backend() const noexcept override { return Backend::cuda; }
+  Backend kind() const noexcept override { return Backend::cuda; }
   int device_count() const noexcept override { return count_; }
 
   DeviceProperties properties(int device) override {
@@ -304,6 +304,6 @@ class CudaRuntime final : public Runtime {
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_cuda_runtime() { return std::make_unique<CudaRuntime>(); }
+std::unique_ptr<BackendImpl> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
 
 }  // namespace weft::gpu::detail

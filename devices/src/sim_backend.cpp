@@ -1,8 +1,8 @@
-// Simulated GPUs: the GPU runtime interface implemented on host threads, so
-// that every GPU path of Weft — engine lanes, stream-ordered completion,
-// cross-stream waits, copy engines, the stream-aware allocator, multi-GPU
-// placement — runs on any machine. docs/design/simulated-gpus.md says what
-// it models and what it does not.
+// Simulated GPUs: the GPU backend interface (backend.h) on host threads, so
+// that every GPU path of Weft — the engine's GPU worker pools,
+// stream-ordered completion, cross-stream waits, copy engines, the
+// stream-aware allocator, multi-GPU placement — runs on any machine.
+// docs/design/simulated-gpus.md says what it models and what it does not.
 //
 // Model:
 //   * A stream is a FIFO run by its own host thread, asynchronously to the
@@ -53,8 +53,8 @@
 #include <sys/prctl.h>
 #endif
 
+#include "backend.h"
 #include "env.h"
-#include "runtime.h"
 #include "weft/check_context.h"
 #include "weft/error.h"
 
@@ -143,13 +143,13 @@ class CopyEngine {
   std::uint64_t next_ = 0, serving_ = 0;
 };
 
-class SimRuntime;
+class SimBackend;
 
 struct SimStream final : Stream {
   using Item = UniqueFunction<void(SimStream&), 96>;
 
-  SimStream(SimRuntime& r, int d, int i, bool high, const SimConfig& config)
-      : rt(r), device(d), index(i), high_priority(high), jitter(config.jitter), jitter_us(config.jitter_us) {
+  SimStream(SimBackend& r, int d, int i, bool high, const SimConfig& config)
+      : sim(r), device(d), index(i), high_priority(high), jitter(config.jitter), jitter_us(config.jitter_us) {
     rng = config.seed ^ (static_cast<std::uint64_t>(d) << 32) ^ static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ull;
     thread = std::thread([this] { run(); });
   }
@@ -166,7 +166,7 @@ struct SimStream final : Stream {
   // event's recording, a wait, a host function), refused while capturing.
   void enqueue(Item item, const char* one_shot = nullptr) {
     // Set and cleared by the capturing thread; other threads never enqueue
-    // on a capturing stream (Runtime::record_event, stream_capture.cpp).
+    // on a capturing stream (BackendImpl::record_event, stream_capture.cpp).
     if (capture) {
       if (one_shot)
         throw InvalidArgument(std::string("sim: ") + one_shot +
@@ -217,7 +217,7 @@ struct SimStream final : Stream {
     return std::chrono::microseconds(static_cast<std::int64_t>(splitmix(rng) % static_cast<std::uint64_t>(jitter_us)));
   }
 
-  SimRuntime& rt;
+  SimBackend& sim;  // the backend this stream belongs to
   const int device, index;
   const bool high_priority;
   const bool jitter;
@@ -279,13 +279,13 @@ struct SimDevice {
 
 thread_local int tls_current_device = 0;
 
-class SimRuntime final : public Runtime {
+class SimBackend final : public BackendImpl {
  public:
-  explicit SimRuntime(SimConfig config) : config_(config), devices_(static_cast<std::size_t>(config.gpus)) {
+  explicit SimBackend(SimConfig config) : config_(config), devices_(static_cast<std::size_t>(config.gpus)) {
     for (SimDevice& d : devices_) d.capacity = config_.memory;
   }
 
-  Backend backend() const noexcept override { return Backend::sim; }
+  Backend kind() const noexcept override { return Backend::sim; }
   int device_count() const noexcept override { return config_.gpus; }
 
   DeviceProperties properties(int device) override {
@@ -628,7 +628,7 @@ class SimRuntime final : public Runtime {
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_sim_runtime(int gpus) {
+std::unique_ptr<BackendImpl> make_sim_backend(int gpus) {
   SimConfig c;
   c.gpus = gpus;
   c.memory = env::bytes_or("WEFT_SIM_GPU_MEMORY", c.memory);
@@ -639,7 +639,7 @@ std::unique_ptr<Runtime> make_sim_runtime(int gpus) {
     c.seed = static_cast<std::uint64_t>(env::number_or("WEFT_SIM_JITTER", 0, 0, (1LL << 62)));
     c.jitter_us = static_cast<int>(env::number_or("WEFT_SIM_JITTER_US", c.jitter_us, 1, 1000000));
   }
-  return std::make_unique<SimRuntime>(c);
+  return std::make_unique<SimBackend>(c);
 }
 
 }  // namespace detail

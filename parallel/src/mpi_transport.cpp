@@ -1,4 +1,4 @@
-// The MPI backend: Communicator::mpi's settings, the hold ops that hand
+// The MPI transport: Communicator::mpi's settings, the hold ops that hand
 // collectives and messages to the communication thread, and the creation of
 // a communicator (mpi_group.h; docs/design/parallel-collectives.md).
 #include <algorithm>
@@ -67,11 +67,11 @@ void run(Job& job, CommThread& thread) {
   run_collective(job, thread);
 }
 
-// ---- the backend ----------------------------------------------------------------------
+// ---- the transport ------------------------------------------------------------------
 
-class MpiBackend final : public Backend {
+class MpiTransport final : public Transport {
  public:
-  explicit MpiBackend(std::shared_ptr<MpiGroup> group) : group_(std::move(group)) {}
+  explicit MpiTransport(std::shared_ptr<MpiGroup> group) : group_(std::move(group)) {}
   std::string str() const override { return group_->str(); }
 
   void check(const Call& call, std::int64_t elements) const override {
@@ -308,14 +308,14 @@ class MpiBackend final : public Backend {
 
 void check_across(const Communicator& comm, Kind kind, const Tensor& described, const std::vector<Tensor>& reads,
                   const Tensor& token, ReduceOp op, const CollectiveOptions& options) {
-  auto* backend = dynamic_cast<MpiBackend*>(state_of(comm)->backend.get());
-  if (!backend) throw Error("weft::parallel: check_across on a communicator that is not an MPI one");
+  auto* transport = dynamic_cast<MpiTransport*>(state_of(comm)->transport.get());
+  if (!transport) throw Error("weft::parallel: check_across on a communicator that is not an MPI one");
   Call call(kind, comm, options);
   call.commit();
-  backend->check_only(call, described, reads, token, op);
+  transport->check_only(call, described, reads, token, op);
 }
 
-std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const CommunicatorOptions& options) {
+std::unique_ptr<Transport> make_mpi_transport(CommunicatorState& state, const CommunicatorOptions& options) {
   auto group = std::make_shared<MpiGroup>();
   group->device = state.devices.front();
   group->timeout = collective_timeout(options);
@@ -342,8 +342,8 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
     };
     auto pending = std::make_unique<Pending>();
     // One at a time: Open MPI 4.1 has hung with several MPI_Comm_idup of one
-    // communicator outstanding at once (seen here under ASan, one rank's
-    // duplicate never completing; Open MPI issue 2025 discusses it).
+    // communicator outstanding at once (under ASan, one rank's duplicate
+    // never completing; Open MPI's issue tracker discusses it).
     // The fifth step agrees on the blocking lane: every rank must use it for
     // the same collectives, so it runs only where all ranks can.
     const Clock::time_point deadline = Clock::now() + g->timeout;
@@ -384,7 +384,7 @@ std::unique_ptr<Backend> make_mpi_backend(CommunicatorState& state, const Commun
                              group->rank);
   state.size = group->size;
   state.local_ranks = {group->rank};
-  return std::make_unique<MpiBackend>(std::move(group));
+  return std::make_unique<MpiTransport>(std::move(group));
 }
 
 }  // namespace weft::parallel::detail

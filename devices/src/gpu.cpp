@@ -1,5 +1,5 @@
 // The backend-neutral GPU API (weft/gpu.h, weft/gpu_streams.h) over the
-// process's runtime: which runtime is active, streams with their handles,
+// process's backend: which backend is active, streams with their handles,
 // pooled completion events, stream-ordered copies and host functions, and
 // the host-wait accounting.
 #include <atomic>
@@ -10,14 +10,14 @@
 #include <utility>
 #include <vector>
 
+#include "backend.h"
 #include "env.h"
-#include "runtime.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 
 namespace weft::gpu {
 
-using detail::runtime;
+using detail::active_backend;
 
 std::string_view to_string(Backend backend) noexcept {
   switch (backend) {
@@ -63,11 +63,11 @@ std::string human_bytes(std::size_t bytes) {
 
 namespace {
 
-// A runtime with no GPU: zero devices, and anything that needs one says why.
-class NoRuntime final : public Runtime {
+// A backend with no GPU: zero devices, and anything that needs one says why.
+class NoBackend final : public BackendImpl {
  public:
-  explicit NoRuntime(std::string why) : why_(std::move(why)) {}
-  Backend backend() const noexcept override { return Backend::none; }
+  explicit NoBackend(std::string why) : why_(std::move(why)) {}
+  Backend kind() const noexcept override { return Backend::none; }
   int device_count() const noexcept override { return 0; }
   DeviceProperties properties(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
   std::string describe(int device) override { fail("gpu(" + std::to_string(device) + ")"); }
@@ -104,15 +104,15 @@ class NoRuntime final : public Runtime {
 
  private:
   [[noreturn]] void fail(const std::string& what) const {
-    throw InvalidArgument(what + ": no GPU runtime is active (" + why_ + ")");
+    throw InvalidArgument(what + ": no GPU backend is active (" + why_ + ")");
   }
   std::string why_;
 };
 
 struct Selection {
   std::mutex mutex;
-  std::atomic<Runtime*> active{nullptr};
-  std::unique_ptr<Runtime> owned;  // never destroyed: streams and memory may outlive static destruction
+  std::atomic<BackendImpl*> active{nullptr};
+  std::unique_ptr<BackendImpl> owned;  // never destroyed: streams and memory may outlive static destruction
   bool explicit_choice = false;
 };
 
@@ -121,23 +121,23 @@ Selection& selection() {
   return *s;
 }
 
-std::unique_ptr<Runtime> make_runtime(Backend backend, int sim_gpus, bool asked) {
+std::unique_ptr<BackendImpl> make_backend(Backend backend, int sim_gpus, bool asked) {
   switch (backend) {
     case Backend::sim:
       if (sim_gpus <= 0) sim_gpus = static_cast<int>(env::number_or("WEFT_SIM_GPUS", 2, 1, 64));
-      return make_sim_runtime(sim_gpus);
+      return make_sim_backend(sim_gpus);
     case Backend::cuda:
 #if WEFT_HAVE_CUDA
-      return make_cuda_runtime();
+      return make_cuda_backend();
 #else
-      return make_no_runtime(asked ? "WEFT_GPU_BACKEND=cuda, but this build has no CUDA" : "this build has no CUDA");
+      return make_no_backend(asked ? "WEFT_GPU_BACKEND=cuda, but this build has no CUDA" : "this build has no CUDA");
 #endif
     case Backend::none: break;
   }
-  return make_no_runtime(asked ? "WEFT_GPU_BACKEND=none" : "no GPU answers");
+  return make_no_backend(asked ? "WEFT_GPU_BACKEND=none" : "no GPU answers");
 }
 
-Runtime& install(std::unique_ptr<Runtime> r) {
+BackendImpl& install(std::unique_ptr<BackendImpl> r) {
   Selection& s = selection();
   s.owned = std::move(r);
   s.active.store(s.owned.get(), std::memory_order_release);
@@ -146,22 +146,22 @@ Runtime& install(std::unique_ptr<Runtime> r) {
 
 }  // namespace
 
-std::unique_ptr<Runtime> make_no_runtime(std::string why) { return std::make_unique<NoRuntime>(std::move(why)); }
+std::unique_ptr<BackendImpl> make_no_backend(std::string why) { return std::make_unique<NoBackend>(std::move(why)); }
 
-Runtime& runtime() {
-  if (Runtime* r = selection().active.load(std::memory_order_acquire)) return *r;
+BackendImpl& active_backend() {
+  if (BackendImpl* r = selection().active.load(std::memory_order_acquire)) return *r;
   Selection& s = selection();
   std::lock_guard lock(s.mutex);
-  if (Runtime* r = s.active.load(std::memory_order_acquire)) return *r;
+  if (BackendImpl* r = s.active.load(std::memory_order_acquire)) return *r;
   if (const char* text = env::get("WEFT_GPU_BACKEND")) {
     const Backend b = parse_backend(text);
-    return install(make_runtime(b, 0, true));
+    return install(make_backend(b, 0, true));
   }
 #if WEFT_HAVE_CUDA
-  auto cuda = make_cuda_runtime();
+  auto cuda = make_cuda_backend();
   if (cuda->device_count() > 0) return install(std::move(cuda));
 #endif
-  return install(make_runtime(Backend::none, 0, false));
+  return install(make_backend(Backend::none, 0, false));
 }
 
 }  // namespace detail
@@ -169,24 +169,24 @@ Runtime& runtime() {
 void select_backend(Backend backend, int sim_gpus) {
   detail::Selection& s = detail::selection();
   std::lock_guard lock(s.mutex);
-  if (detail::Runtime* r = s.active.load(std::memory_order_acquire)) {
-    const bool same = r->backend() == backend && (backend != Backend::sim || sim_gpus <= 0 ||
+  if (detail::BackendImpl* r = s.active.load(std::memory_order_acquire)) {
+    const bool same = r->kind() == backend && (backend != Backend::sim || sim_gpus <= 0 ||
                                                   sim_gpus == r->device_count());
     if (same) return;
     throw InvalidArgument("weft: GPU backend '" + std::string(to_string(backend)) +
                           (backend == Backend::sim && sim_gpus > 0 ? " with " + std::to_string(sim_gpus) + " GPU(s)"
                                                                    : std::string()) +
-                          "' asked for, but this process already uses '" + std::string(to_string(r->backend())) +
+                          "' asked for, but this process already uses '" + std::string(to_string(r->kind())) +
                           "' with " + std::to_string(r->device_count()) +
                           " GPU(s) (the backend is fixed at first use: choose it with WEFT_GPU_BACKEND or before "
                           "creating the first engine)");
   }
-  detail::install(detail::make_runtime(backend, sim_gpus, true));
+  detail::install(detail::make_backend(backend, sim_gpus, true));
 }
 
 Backend backend() noexcept {
   try {
-    return runtime().backend();
+    return active_backend().kind();
   } catch (...) {  // a bad WEFT_GPU_BACKEND: the engine's configuration reports it
     return Backend::none;
   }
@@ -194,7 +194,7 @@ Backend backend() noexcept {
 
 int device_count() noexcept {
   try {
-    return runtime().device_count();
+    return active_backend().device_count();
   } catch (...) {
     return 0;
   }
@@ -211,45 +211,45 @@ void check_index(int device) {
 
 DeviceProperties properties(int device) {
   check_index(device);
-  return runtime().properties(device);
+  return active_backend().properties(device);
 }
 
 std::string describe(int device) {
   check_index(device);
-  return runtime().describe(device);
+  return active_backend().describe(device);
 }
 
-void set_device(int device) { runtime().set_device(device); }
-void synchronize_device(int device) { runtime().device_synchronize(device); }
+void set_device(int device) { active_backend().set_device(device); }
+void synchronize_device(int device) { active_backend().device_synchronize(device); }
 
 // ---- streams ---------------------------------------------------------------
 
 StreamResources::StreamResources(int device, StreamRole role, std::size_t workspace_bytes) : role_(role) {
-  detail::Runtime& rt = runtime();
+  detail::BackendImpl& impl = active_backend();
   handles_.device = Device::gpu(device);
-  handles_.stream = rt.create_stream(device, role == StreamRole::priority);
+  handles_.stream = impl.create_stream(device, role == StreamRole::priority);
   if (role == StreamRole::compute || role == StreamRole::priority) {
     try {
-      rt.create_handles(handles_, workspace_bytes);
+      impl.create_handles(handles_, workspace_bytes);
     } catch (...) {
-      rt.destroy_stream(handles_.stream);
+      impl.destroy_stream(handles_.stream);
       throw;
     }
   }
 }
 
 StreamResources::~StreamResources() {
-  detail::Runtime& rt = runtime();
+  detail::BackendImpl& impl = active_backend();
   try {
-    rt.stream_synchronize(handles_.stream);
+    impl.stream_synchronize(handles_.stream);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft: %s\n", e.what());
   }
-  rt.destroy_handles(handles_);
-  rt.destroy_stream(handles_.stream);
+  impl.destroy_handles(handles_);
+  impl.destroy_stream(handles_.stream);
 }
 
-void StreamResources::synchronize() const { runtime().stream_synchronize(handles_.stream); }
+void StreamResources::synchronize() const { active_backend().stream_synchronize(handles_.stream); }
 
 // ---- completion events -------------------------------------------------------
 
@@ -267,7 +267,7 @@ class EventPool {
         return e;
       }
     }
-    return runtime().create_event(device, /*timing=*/false);
+    return active_backend().create_event(device, /*timing=*/false);
   }
   // Re-recording a returned event later is safe: waits already enqueued on
   // it captured the recording they saw.
@@ -291,7 +291,7 @@ EventPool& event_pool() {
 Event* Event::record(int device, Stream* stream) {
   NativeEvent* e = event_pool().acquire(device);
   try {
-    runtime().record_event(e, stream);
+    active_backend().record_event(e, stream);
   } catch (...) {
     event_pool().release(device, e);
     throw;
@@ -307,44 +307,44 @@ void Event::release() noexcept {
 
 void Event::stream_wait(Stream* stream) const {
   if (stream == stream_) return;  // stream order already covers it
-  runtime().stream_wait_event(stream, event_);
+  active_backend().stream_wait_event(stream, event_);
 }
 
-void Event::host_wait() const { runtime().event_synchronize(event_); }
-bool Event::done() const { return runtime().event_done(event_); }
+void Event::host_wait() const { active_backend().event_synchronize(event_); }
+bool Event::done() const { return active_backend().event_done(event_); }
 
 // ---- stream-ordered work -------------------------------------------------------
 
 void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) {
   if (!bytes) return;
-  runtime().memcpy_async(dst, src, bytes, kind, stream);
+  active_backend().memcpy_async(dst, src, bytes, kind, stream);
 }
 
 void memcpy_peer_async(void* dst, int dst_device, const void* src, int src_device, std::size_t bytes,
                        Stream* stream) {
   if (!bytes) return;
-  runtime().memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream);
+  active_backend().memcpy_peer_async(dst, dst_device, src, src_device, bytes, stream);
 }
 
 void launch_host_func(Stream* stream, UniqueFunction<void()> fn) {
   if (!fn) throw InvalidArgument("gpu::launch_host_func: the function is empty");
-  runtime().launch_host_func(stream, std::move(fn));
+  active_backend().launch_host_func(stream, std::move(fn));
 }
 
 void launch_host_kernel(Stream* stream, UniqueFunction<void()> fn) {
   if (!fn) throw InvalidArgument("gpu::launch_host_kernel: the function is empty");
-  runtime().launch_host_kernel(stream, std::move(fn));
+  active_backend().launch_host_kernel(stream, std::move(fn));
 }
 
-void begin_stream_capture(Stream* stream) { runtime().begin_capture(stream); }
+void begin_stream_capture(Stream* stream) { active_backend().begin_capture(stream); }
 
 std::unique_ptr<StreamGraph> end_stream_capture(Stream* stream, std::string* why) {
-  return runtime().end_capture(stream, why);
+  return active_backend().end_capture(stream, why);
 }
 
-void launch_stream_graph(StreamGraph& graph, Stream* stream) { runtime().launch_graph(graph, stream); }
+void launch_stream_graph(StreamGraph& graph, Stream* stream) { active_backend().launch_graph(graph, stream); }
 
-void* native_handle(Stream* stream) noexcept { return runtime().native_handle(stream); }
+void* native_handle(Stream* stream) noexcept { return active_backend().native_handle(stream); }
 
 // ---- host waits ------------------------------------------------------------------
 
@@ -376,7 +376,7 @@ void declare_thread_wait_cause(WaitCause cause) noexcept { tls_cause = cause; }
 ScopedWaitCause::ScopedWaitCause(WaitCause cause) noexcept : saved_(tls_cause) { tls_cause = cause; }
 ScopedWaitCause::~ScopedWaitCause() { tls_cause = saved_; }
 
-void detail::Runtime::count_host_wait() noexcept {
+void detail::BackendImpl::count_host_wait() noexcept {
   g_waits[static_cast<int>(tls_cause)].fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -1,12 +1,12 @@
-// The GPU runtime interface: everything the engine, the allocators and the
+// The GPU backend interface: everything the engine, the allocators and the
 // ops ask of a GPU, behind one abstract class with two implementations —
-// CudaRuntime (cuda_runtime.cpp, only where CUDA was built) and SimRuntime
-// (sim_runtime.cpp, every build). Internal to devices/: the rest of Weft
+// CudaBackend (cuda_backend.cpp, only where CUDA was built) and SimBackend
+// (sim_backend.cpp, every build). Internal to devices/: the rest of Weft
 // reaches it through weft/gpu.h, weft/gpu_streams.h, weft/gpu_timing.h and
-// weft/allocator.h, and never asks which runtime is active (the one
+// weft/allocator.h, and never asks which backend is active (the one
 // exception is the kernel dispatch point in ops/src/launch.h).
 //
-// Contract (both runtimes):
+// Contract (both backends):
 //   * streams are FIFOs executed asynchronously to the host; a stream wait on
 //     an event blocks only that stream; an event completes when its stream
 //     reaches it; host waits block the calling thread until then;
@@ -31,10 +31,10 @@ struct MemInfo {
   std::size_t free = 0, total = 0;
 };
 
-class Runtime {
+class BackendImpl {
  public:
-  virtual ~Runtime();
-  virtual Backend backend() const noexcept = 0;
+  virtual ~BackendImpl();
+  virtual Backend kind() const noexcept = 0;  // which one this is
   virtual int device_count() const noexcept = 0;
   virtual DeviceProperties properties(int device) = 0;
   virtual std::string describe(int device) = 0;
@@ -93,7 +93,7 @@ class Runtime {
   void stream_synchronize(Stream* stream);
   void device_synchronize(int device);
 
-  Runtime();
+  BackendImpl();
 
  protected:
   virtual void do_record_event(NativeEvent* event, Stream* stream) = 0;
@@ -118,15 +118,15 @@ class Runtime {
   void on_stream(Stream* stream, Plain&& plain, Captured&& captured);
 };
 
-// The process's runtime, created at first use from the environment (or what
+// The process's backend, created at first use from the environment (or what
 // select_backend chose).
-Runtime& runtime();
+BackendImpl& active_backend();
 
-std::unique_ptr<Runtime> make_sim_runtime(int gpus);  // sim_runtime.cpp
+std::unique_ptr<BackendImpl> make_sim_backend(int gpus);  // sim_backend.cpp
 #if WEFT_HAVE_CUDA
-std::unique_ptr<Runtime> make_cuda_runtime();  // cuda_runtime.cpp
+std::unique_ptr<BackendImpl> make_cuda_backend();  // cuda_backend.cpp
 #endif
-std::unique_ptr<Runtime> make_no_runtime(std::string why);  // gpu_runtime.cpp
+std::unique_ptr<BackendImpl> make_no_backend(std::string why);  // gpu.cpp
 
 // "4.00 GiB", "512 bytes".
 std::string human_bytes(std::size_t bytes);

@@ -1,0 +1,81 @@
+// Figures from a profiler's trace (weft/parallel/metrics.h).
+#include "weft/parallel/metrics.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+
+#include "weft/parallel/pipeline.h"
+
+namespace weft::parallel {
+
+CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker) {
+  using Interval = std::pair<std::int64_t, std::int64_t>;
+  std::vector<Interval> comm, other;
+  for (const Span& s : spans) {
+    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns) continue;
+    (s.name.find(marker) != std::string_view::npos ? comm : other).emplace_back(s.start_ns, s.end_ns);
+  }
+  auto merge = [](std::vector<Interval>& v) {
+    std::sort(v.begin(), v.end());
+    std::vector<Interval> out;
+    for (const Interval& i : v) {
+      if (!out.empty() && i.first <= out.back().second)
+        out.back().second = std::max(out.back().second, i.second);
+      else
+        out.push_back(i);
+    }
+    v = std::move(out);
+  };
+  merge(comm);
+  merge(other);
+  std::int64_t comm_ns = 0, both_ns = 0;
+  std::size_t j = 0;
+  for (const Interval& c : comm) {
+    comm_ns += c.second - c.first;
+    while (j < other.size() && other[j].second <= c.first) ++j;
+    for (std::size_t k = j; k < other.size() && other[k].first < c.second; ++k)
+      both_ns += std::min(c.second, other[k].second) - std::max(c.first, other[k].first);
+  }
+  CommOverlap out;
+  out.comm_ms = static_cast<double>(comm_ns) / 1e6;
+  out.hidden_ms = static_cast<double>(both_ns) / 1e6;
+  out.fraction = comm_ns > 0 ? static_cast<double>(both_ns) / static_cast<double>(comm_ns) : 0.0;
+  return out;
+}
+
+std::vector<double> measured_bubble(const std::vector<Span>& spans, int stages) {
+  using Interval = std::pair<std::int64_t, std::int64_t>;
+  std::vector<std::vector<Interval>> busy(static_cast<std::size_t>(std::max(stages, 0)));
+  std::int64_t lo = 0, hi = 0;
+  bool any = false;
+  for (const Span& s : spans) {
+    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns || s.property != OpProperty::normal) continue;
+    for (int k = 0; k < stages; ++k) {
+      if (s.name.find(Pipeline::span_marker(k)) == std::string_view::npos) continue;
+      busy[static_cast<std::size_t>(k)].emplace_back(s.start_ns, s.end_ns);
+      lo = any ? std::min(lo, s.start_ns) : s.start_ns;
+      hi = any ? std::max(hi, s.end_ns) : s.end_ns;
+      any = true;
+    }
+  }
+  std::vector<double> out;
+  for (std::vector<Interval>& v : busy) {
+    std::sort(v.begin(), v.end());
+    std::int64_t covered = 0, end = lo;
+    for (const Interval& i : v) {
+      const std::int64_t b = std::max(i.first, end);
+      if (i.second > b) covered += i.second - b;
+      end = std::max(end, i.second);
+    }
+    out.push_back(hi > lo ? 1.0 - static_cast<double>(covered) / static_cast<double>(hi - lo) : 0.0);
+  }
+  return out;
+}
+
+double predicted_bubble(int stages, int micro_batches) noexcept {
+  return stages < 1 || micro_batches < 1 ? 0.0
+                                         : static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+}  // namespace weft::parallel
