@@ -5,10 +5,9 @@
 // every exchange takes the lock's line (which is the variable's whole state)
 // away from the thread that holds it, which then stalls on its own next write
 // there; after five retries it yields the core. Waiting here reads the line,
-// which stays shared until the holder lets go. Measured on 2 and 16 cores of
-// a Xeon with the rest of the push path as it is now (docs/results.md, "Where
-// a pushed op's time goes"): with oneTBB's lock, trees of ops on 16 workers
-// took 648 ns per op against 472 with this one (491 before either). After a
+// which stays shared until the holder lets go. Measured on 16 cores of a
+// Xeon (docs/performance.md, engine overhead): with oneTBB's lock, trees of
+// ops on 16 workers took 648 ns per op against 472 with this one. After a
 // while a waiter yields its core, as oneTBB's does, so that a preempted
 // holder on an oversubscribed machine gets to run.
 #pragma once
