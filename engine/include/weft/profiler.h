@@ -56,7 +56,7 @@ struct Span {
   Device device;
   int track = 0;  // index within the device (worker; GPU: role * 100 + stream, launch tracks + 1000; inline 2000 + n)
   std::uint64_t op_id = 0;
-  std::int64_t start_ns = 0;  // steady clock, relative to the profiler's epoch
+  std::int64_t start_ns = 0;  // Profiler::now_ns() clock
   std::int64_t end_ns = 0;
   TrackKind kind = TrackKind::worker;
   std::string_view resource;  // what the summary groups by, e.g. "cpu(0) workers"
