@@ -17,13 +17,13 @@ std::string op_label(const std::string& name) { return name.empty() ? std::strin
 }  // namespace
 
 EngineBase::EngineBase(ResolvedConfig config)
-    : config_(std::move(config)), engine_id_(next_engine_id()), vars_(engine_id_) {
+    : config_(std::move(config)), recorder_(*profiler_), engine_id_(next_engine_id()), vars_(engine_id_) {
   for (int i = 0; i < config_.cpu_devices; ++i) cpu_allocators_.push_back(make_caching_allocator(Device::cpu(i)));
   for (int i = 0; i < config_.gpu_devices; ++i) gpu_allocators_.push_back(make_caching_allocator(Device::gpu(i)));
   pinned_allocator_ = make_caching_allocator(Device::cpu_pinned(0));
   // Memory in use per device becomes a counter track while profiling.
-  auto observe = [profiler = profiler_.get()](Device device, std::size_t in_use) {
-    if (profiler->running()) profiler->counter(device, "memory in use", static_cast<std::int64_t>(in_use));
+  auto observe = [profiler = profiler_.get(), recorder = &recorder_](Device device, std::size_t in_use) {
+    if (profiler->running()) recorder->counter(device, "memory in use", static_cast<std::int64_t>(in_use));
   };
   for (auto& a : cpu_allocators_) a->set_observer(observe);
   for (auto& a : gpu_allocators_) a->set_observer(observe);
@@ -62,7 +62,7 @@ void EngineBase::set_var_name(Var var, std::string_view name) {
   // While profiling, ops recorded before the rename show the new name too.
   // (Not otherwise: the profiler would keep every name ever given.)
   if (profiler_->running())
-    profiler_->record_var_name((std::uint64_t{var.id()} << 32) | VarAccess::generation(var), name);
+    recorder_.record_var_name((std::uint64_t{var.id()} << 32) | VarAccess::generation(var), name);
 }
 
 std::string EngineBase::var_name(Var var) const {
@@ -211,13 +211,13 @@ void EngineBase::sort_accesses(OpBlock& op) noexcept {
 void EngineBase::record_push(OpBlock& op) {
   op.push_ns = Profiler::now_ns();
   if (op.kind != OpKind::user) return;  // barriers and deletions are not ops of the graph
-  Profiler::PushRecord push{op.id, profiler_->intern(op.name), op.device, {}};
+  PushRecord push{op.id, recorder_.intern(op.name), op.device, {}};
   push.vars.reserve(op.entry_count);
   for (const VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     const std::uint64_t key = (std::uint64_t{e->var_id} << 32) | e->generation;
-    push.vars.push_back(Profiler::VarUse{key, profiler_->intern(vars_.name_of(e->var_id)), e->write});
+    push.vars.push_back(VarUse{key, recorder_.intern(vars_.name_of(e->var_id)), e->write});
   }
-  profiler_->record_push(std::move(push));
+  recorder_.record_push(std::move(push));
 }
 
 void EngineBase::push_op(OpFunction fn, Device device, VarList reads, VarList writes, OpOptions options) {

@@ -14,6 +14,7 @@
 #include "nvtx_ranges.h"
 #include "object_pool.h"
 #include "op_block.h"
+#include "profiler_recorder.h"
 #include "var_table.h"
 #include "weft/engine.h"
 
@@ -37,7 +38,7 @@ class EngineBase : public Engine {
   void replay(const OpGraph& graph) override;
   bool capturing() const noexcept override;
 
-  // Bulking is shared (bulk.cpp); how a flushed bulk runs is launch_bulk().
+  // Bulking is shared (bulk_collector.cpp); how a flushed bulk runs is launch_bulk().
   std::size_t set_bulk_size(std::size_t ops) override;
   std::size_t bulk_size() const noexcept override;
 
@@ -71,8 +72,8 @@ class EngineBase : public Engine {
   // A pool block that runs node i of the graph as a pushed op would (fresh
   // id; its body calls the node's): for engines that replay by pushing.
   OpBlock* instantiate(const std::shared_ptr<GraphImpl>& graph, std::uint32_t i);
-  // Bulking (bulk.cpp). While this thread bulks for this engine: collects
-  // the prepared op and returns true, or pushes what was collected first
+  // Bulking (bulk_collector.cpp). While this thread bulks for this engine:
+  // collects the prepared op and returns true, or pushes what was collected first
   // when the op cannot join it and returns false (the caller launches the
   // op). Pushes from inside ops are never collected.
   bool bulk_push(OpBlock* op);
@@ -136,6 +137,7 @@ class EngineBase : public Engine {
 
   ResolvedConfig config_;
   NvtxDomains nvtx_;  // one per device, for Nsight (nvtx_ranges.h)
+  ProfilerRecorder recorder_;  // what the engine records into profiler()
   // Before the variables and ops: tensors' storage may be freed while the
   // engine drains.
   std::vector<std::unique_ptr<Allocator>> cpu_allocators_, gpu_allocators_;

@@ -80,7 +80,7 @@ void GpuSpanRecorder::compact_completed() {
   pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
 }
 
-void GpuSpanRecorder::resolve(Profiler& profiler, gpu::Stream* stream) {
+void GpuSpanRecorder::resolve(gpu::Stream* stream) {
   std::lock_guard lock(mutex_);
   if (dropped_ != dropped_reported_) {
     std::fprintf(stderr,
@@ -101,13 +101,13 @@ void GpuSpanRecorder::resolve(Profiler& profiler, gpu::Stream* stream) {
       SpanInfo span = c.info;
       span.start_ns = anchor_ns + ns(c.start_ms);
       span.end_ns = span.start_ns + std::max<std::int64_t>(0, ns(c.duration_ms));
-      profiler.record(track_, span);
+      ProfilerRecorder::record(track_, span);
     }
     completed_.clear();
     free_.push_back(std::move(anchor_));
   }
   // Room for every event first: past this point only CUDA calls and
-  // profiler.record can throw, and each leaves the entry it was on pending.
+  // recording a span can throw, and each leaves the entry it was on pending.
   free_.reserve(free_.size() + 2 * pending_.size());
   std::size_t kept = 0;  // pending_[0, kept): recorded after the reference, for next time
   std::size_t i = 0;
@@ -122,7 +122,7 @@ void GpuSpanRecorder::resolve(Profiler& profiler, gpu::Stream* stream) {
       SpanInfo span = p.info;
       span.start_ns = host_ns - ns(reference.ms_since(*p.start));
       span.end_ns = span.start_ns + std::max<std::int64_t>(0, ns(p.end->ms_since(*p.start)));
-      profiler.record(track_, span);
+      ProfilerRecorder::record(track_, span);
       free_.push_back(std::move(p.start));
       free_.push_back(std::move(p.end));
     }

@@ -38,8 +38,8 @@
 #include <mutex>
 #include <vector>
 
+#include "profiler_recorder.h"
 #include "weft/gpu_timing.h"
-#include "weft/profiler.h"
 
 namespace weft::detail {
 
@@ -48,12 +48,12 @@ class GpuSpanRecorder {
   static constexpr std::size_t kMaxPending = std::size_t{1} << 14;
   static constexpr std::size_t kMaxCompleted = std::size_t{1} << 19;
 
-  GpuSpanRecorder(int device, Profiler::Track* stream_track) : device_(device), track_(stream_track) {}
+  GpuSpanRecorder(int device, ProfilerTrack* stream_track) : device_(device), track_(stream_track) {}
 
   void begin(gpu::Stream* stream) noexcept;
   void end(gpu::Stream* stream, const SpanInfo& info) noexcept;
   // Throws what CUDA reports; the spans not yet placed stay pending.
-  void resolve(Profiler& profiler, gpu::Stream* stream);
+  void resolve(gpu::Stream* stream);
 
  private:
   std::unique_ptr<gpu::TimingEvent> take_event();
@@ -65,7 +65,7 @@ class GpuSpanRecorder {
     SpanInfo info;
   };
   const int device_;
-  Profiler::Track* const track_;
+  ProfilerTrack* const track_;
   std::unique_ptr<gpu::TimingEvent> open_;  // begun, not yet ended (owning worker only)
   std::mutex mutex_;                        // guards what follows
   std::vector<Pending> pending_;

@@ -63,27 +63,27 @@ struct GraphImpl : std::enable_shared_from_this<GraphImpl> {
 
   // Per replay (one at a time): nodes not yet done, plus one per async body
   // running (it may go on after its done()) and one per root token not yet
-  // run to its end; the gate holding the variables.
+  // run to its end; the holder of the variables.
   std::atomic<std::int64_t> remaining{0};
-  OpBlock* gate = nullptr;
+  OpBlock* holder = nullptr;
   std::uint64_t first_id = 0;  // captured op k's push id is first_id + k
   // Per node: predecessors not yet done (compact: reset at each replay
   // without touching the node blocks).
   std::unique_ptr<std::atomic<std::int32_t>[]> pending;
 
-  // The threaded engine's gates: blocks holding `vars` as entries, made
+  // The threaded engine's holders: blocks holding `vars` as entries, made
   // once and reused (several replays of one graph may be queued at once).
-  OpBlock* acquire_gate();
-  void release_gate(OpBlock* gate) noexcept;
-  std::mutex gates_mutex;
-  std::vector<std::unique_ptr<OpBlock>> free_gates;  // at most kFreeGates kept
-  static constexpr std::size_t kFreeGates = 2;
+  OpBlock* acquire_holder();
+  void release_holder(OpBlock* holder) noexcept;
+  std::mutex holders_mutex;
+  std::vector<std::unique_ptr<OpBlock>> free_holders;  // at most kFreeHolders kept
+  static constexpr std::size_t kFreeHolders = 2;
 
   // The threaded engine's root batches, made at the first replay: the roots
   // of one CPU device, which its workers claim in chunks through `claimed`
   // (tokens: blocks of kind graph_roots queued instead of each root).
   struct RootBatch {
-    std::uint32_t lane = 0;
+    std::uint32_t pool = 0;
     std::vector<std::uint32_t> nodes;
     std::vector<std::unique_ptr<OpBlock>> tokens;
     std::unique_ptr<std::atomic<std::size_t>> claimed = std::make_unique<std::atomic<std::size_t>>(0);
@@ -110,7 +110,7 @@ struct GraphImpl : std::enable_shared_from_this<GraphImpl> {
 
   bool batched = false;
   std::vector<RootBatch> root_batches;
-  std::vector<std::uint32_t> single_roots;  // roots dispatched one by one (GPU lanes, small batches)
+  std::vector<std::uint32_t> single_roots;  // roots dispatched one by one (GPU pools, small batches)
 };
 
 }  // namespace weft::detail

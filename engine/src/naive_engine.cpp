@@ -27,10 +27,10 @@ NaiveEngine::~NaiveEngine() {
   at_shutdown();
 }
 
-Profiler::Track* NaiveEngine::thread_track(Device device) {
+ProfilerTrack* NaiveEngine::thread_track(Device device) {
   std::lock_guard lock(tracks_mutex_);
   auto [it, fresh] = thread_index_.emplace(std::this_thread::get_id(), static_cast<int>(thread_index_.size()));
-  return profiler_->track(device, it->second, "pushing thread " + std::to_string(it->second));
+  return recorder_.track(device, it->second, "pushing thread " + std::to_string(it->second));
 }
 
 void NaiveEngine::launch(OpBlock* op) { run(op); }
@@ -151,9 +151,9 @@ void NaiveEngine::run_now(OpBlock* op) {
       }
     }
     if (profiling)
-      profiler_->record(thread_track(op->device), SpanInfo{profiler_->intern(op->name), op->id, start,
-                                                           Profiler::now_ns(), op->push_ns, 0, op->bytes,
-                                                           op->property});
+      recorder_.record(thread_track(op->device), SpanInfo{recorder_.intern(op->name), op->id, start,
+                                                          Profiler::now_ns(), op->push_ns, 0, op->bytes,
+                                                          op->property});
   }
   for (VarEntry* e = op->begin_entries(); e != op->end_entries(); ++e) {
     if (!e->write) continue;

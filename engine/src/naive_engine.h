@@ -36,7 +36,7 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   // running op has finished: push order says a follow-up runs after its parent.
   void run(OpBlock* op);
   void run_now(OpBlock* op);
-  Profiler::Track* thread_track(Device device);
+  ProfilerTrack* thread_track(Device device);
 
   // Ops run one at a time even when several threads push; recursive so an op
   // may push follow-up ops, which run at once, nested.

@@ -27,9 +27,9 @@ enum class OpKind : std::uint8_t {
   user,        // pushed with push / push_async
   wait,        // wait_to_read / wait_to_write barrier: completes its waiter, changes nothing
   delete_var,  // recycles its variable's slot
-  graph,       // a replay's gate: holds the graph's variables while its nodes run (graph_impl.h)
+  graph,       // a replay's holder: holds the graph's variables while its nodes run (graph_impl.h)
   graph_roots, // a worker claiming a replay's roots in chunks (GraphImpl::RootBatch)
-  bulk,        // consecutive ops of one thread and device run as one (`bulk` lists them; bulk.cpp)
+  bulk,        // consecutive ops of one thread and device run as one (`bulk` lists them; bulk_collector.cpp)
 };
 
 struct GraphImpl;
@@ -77,7 +77,7 @@ struct OpBlock {
   // Capture and replay (graph_impl.h). A node of a captured graph is a block
   // the graph owns, reused by every replay: `graph` and `node` say which (a
   // graph_roots token: its graph and batch).
-  // A gate (kind == graph) keeps its graph alive until the replay is done.
+  // A holder (kind == graph) keeps its graph alive until the replay is done.
   GraphImpl* graph = nullptr;
   std::uint32_t node = 0;
   std::shared_ptr<GraphImpl> graph_keep;

@@ -185,42 +185,42 @@ void GraphImpl::seal(Var self_var, VarSlot* self_slot, bool fold) {
   for (std::uint32_t i = 0; i < n; ++i)
     if (in_degree[i] == 0) roots.push_back(i);
   pending = std::make_unique<std::atomic<std::int32_t>[]>(n);
-  free_gates.reserve(kFreeGates);
+  free_holders.reserve(kFreeHolders);
 }
 
-OpBlock* GraphImpl::acquire_gate() {
+OpBlock* GraphImpl::acquire_holder() {
   {
-    std::lock_guard lock(gates_mutex);
-    if (!free_gates.empty()) {
-      OpBlock* gate = free_gates.back().release();
-      free_gates.pop_back();
-      return gate;
+    std::lock_guard lock(holders_mutex);
+    if (!free_holders.empty()) {
+      OpBlock* holder = free_holders.back().release();
+      free_holders.pop_back();
+      return holder;
     }
   }
-  // A gate in use belongs to its replay (released by release_gate).
-  auto gate = std::make_unique<OpBlock>();
-  gate->reserve_entries(vars.size());
+  // A holder in use belongs to its replay (released by release_holder).
+  auto holder = std::make_unique<OpBlock>();
+  holder->reserve_entries(vars.size());
   for (std::size_t k = 0; k < vars.size(); ++k) {
-    gate->entries[k] = vars[k];
-    gate->entries[k].op = gate.get();
+    holder->entries[k] = vars[k];
+    holder->entries[k].op = holder.get();
   }
-  gate->entry_count = static_cast<std::uint32_t>(vars.size());
-  gate->name = "replay";
-  gate->device = Device::cpu(0);
-  gate->kind = OpKind::graph;
-  return gate.release();
+  holder->entry_count = static_cast<std::uint32_t>(vars.size());
+  holder->name = "replay";
+  holder->device = Device::cpu(0);
+  holder->kind = OpKind::graph;
+  return holder.release();
 }
 
-void GraphImpl::release_gate(OpBlock* gate) noexcept {
-  std::unique_ptr<OpBlock> owned(gate);
+void GraphImpl::release_holder(OpBlock* holder) noexcept {
+  std::unique_ptr<OpBlock> owned(holder);
   owned->error.reset();
   owned->ready_next = nullptr;
-  std::lock_guard lock(gates_mutex);
+  std::lock_guard lock(holders_mutex);
   // A few stay for the next replays; more queued at once were a burst.
-  if (free_gates.size() < kFreeGates) {
+  if (free_holders.size() < kFreeHolders) {
     try {
-      free_gates.push_back(std::move(owned));
-    } catch (...) {  // (reserved by seal: never) the gate is freed instead
+      free_holders.push_back(std::move(owned));
+    } catch (...) {  // (reserved by seal: never) the holder is freed instead
     }
   }
 }

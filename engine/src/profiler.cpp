@@ -1,5 +1,6 @@
-// weft::Profiler: tracks, recording, spans and the per-op table. See
-// weft/profiler.h for the threading contract and profiler_impl.h for storage.
+// weft::Profiler: spans and the per-op table; its recording side
+// (ProfilerRecorder: tracks, spans, pushes). Threading contracts:
+// weft/profiler.h and profiler_recorder.h; storage: profiler_impl.h.
 #include "profiler_impl.h"
 
 #include <map>
@@ -50,40 +51,46 @@ void Profiler::clear() {
   impl_->var_names.clear();
 }
 
-Profiler::Track* Profiler::track(Device device, int index, std::string label, TrackKind kind, std::string resource) {
-  if (index < 0) throw InvalidArgument("weft::Profiler::track: negative track index " + std::to_string(index) + " for " + device.str());
-  std::lock_guard lock(impl_->tracks_mu);
-  auto [it, inserted] = impl_->by_key.try_emplace({device, index}, nullptr);
-  if (!inserted) return it->second;  // the first label wins
-  try {
-    if (label.empty()) label = device.str() + " worker " + std::to_string(index);
-    if (resource.empty()) resource = device.str() + " workers";
-    impl_->tracks.push_back(std::make_unique<Track>(device, index, std::move(label), kind, std::move(resource)));
-  } catch (...) {
-    impl_->by_key.erase(it);
-    throw;
-  }
-  it->second = impl_->tracks.back().get();
-  return it->second;
-}
-
-std::string_view Profiler::intern(std::string_view name) {
-  if (name.empty()) return {};
-  std::lock_guard lock(impl_->names_mu);
-  auto it = impl_->names.find(name);
-  if (it == impl_->names.end()) it = impl_->names.emplace(name).first;
-  return *it;
-}
-
 std::int64_t Profiler::now_ns() noexcept {
   using clock = std::chrono::steady_clock;
   static const clock::time_point epoch = clock::now();
   return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - epoch).count();
 }
 
-void Profiler::record(Track* track, const SpanInfo& span) {
-  assert(track != nullptr && "weft::Profiler::record: null track");
-  assert(span.end_ns >= span.start_ns && "weft::Profiler::record: span ends before it starts");
+namespace detail {
+
+ProfilerTrack* ProfilerRecorder::track(Device device, int index, std::string label, TrackKind kind,
+                                      std::string resource) {
+  if (index < 0)
+    throw InvalidArgument("weft::Profiler: negative track index " + std::to_string(index) + " for " + device.str());
+  Profiler::Impl& impl = *profiler_.impl_;
+  std::lock_guard lock(impl.tracks_mu);
+  auto [it, inserted] = impl.by_key.try_emplace({device, index}, nullptr);
+  if (!inserted) return it->second;  // the first label wins
+  try {
+    if (label.empty()) label = device.str() + " worker " + std::to_string(index);
+    if (resource.empty()) resource = device.str() + " workers";
+    impl.tracks.push_back(std::make_unique<ProfilerTrack>(device, index, std::move(label), kind, std::move(resource)));
+  } catch (...) {
+    impl.by_key.erase(it);
+    throw;
+  }
+  it->second = impl.tracks.back().get();
+  return it->second;
+}
+
+std::string_view ProfilerRecorder::intern(std::string_view name) {
+  if (name.empty()) return {};
+  Profiler::Impl& impl = *profiler_.impl_;
+  std::lock_guard lock(impl.names_mu);
+  auto it = impl.names.find(name);
+  if (it == impl.names.end()) it = impl.names.emplace(name).first;
+  return *it;
+}
+
+void ProfilerRecorder::record(ProfilerTrack* track, const SpanInfo& span) {
+  assert(track != nullptr && "ProfilerRecorder::record: null track");
+  assert(span.end_ns >= span.start_ns && "ProfilerRecorder::record: span ends before it starts");
   if (span.end_ns < span.start_ns) [[unlikely]] {  // never emit negative durations (Release builds)
     SpanInfo clamped = span;
     clamped.end_ns = clamped.start_ns;
@@ -93,23 +100,28 @@ void Profiler::record(Track* track, const SpanInfo& span) {
   track->append(span);
 }
 
-void Profiler::counter(Device device, std::string_view name, std::int64_t value) {
+void ProfilerRecorder::counter(Device device, std::string_view name, std::int64_t value) {
   const std::string_view interned = intern(name);
-  const std::int64_t now = now_ns();
-  std::lock_guard lock(impl_->samples_mu);
-  impl_->counters.push_back(detail::CounterSample{device, interned, now, value});
+  const std::int64_t now = Profiler::now_ns();
+  Profiler::Impl& impl = *profiler_.impl_;
+  std::lock_guard lock(impl.samples_mu);
+  impl.counters.push_back(CounterSample{device, interned, now, value});
 }
 
-void Profiler::record_push(PushRecord push) {
-  std::lock_guard lock(impl_->samples_mu);
-  impl_->pushes.push_back(std::move(push));
+void ProfilerRecorder::record_push(PushRecord push) {
+  Profiler::Impl& impl = *profiler_.impl_;
+  std::lock_guard lock(impl.samples_mu);
+  impl.pushes.push_back(std::move(push));
 }
 
-void Profiler::record_var_name(std::uint64_t key, std::string_view name) {
+void ProfilerRecorder::record_var_name(std::uint64_t key, std::string_view name) {
   const std::string_view interned = intern(name);
-  std::lock_guard lock(impl_->samples_mu);
-  impl_->var_names[key] = interned;
+  Profiler::Impl& impl = *profiler_.impl_;
+  std::lock_guard lock(impl.samples_mu);
+  impl.var_names[key] = interned;
 }
+
+}  // namespace detail
 
 std::vector<Span> Profiler::spans() const {
   std::vector<Span> out;

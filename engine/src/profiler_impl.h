@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "profiler_recorder.h"
 #include "weft/profiler.h"
 
 namespace weft {
@@ -53,15 +54,13 @@ std::int64_t process_id(Device d);
 inline std::int64_t thread_id(int index) { return static_cast<std::int64_t>(index) + 1; }
 std::string_view display_name(std::string_view name);
 
-}  // namespace detail
-
-class Profiler::Track {
+class ProfilerTrack {
  public:
-  Track(Device device, int index, std::string label, TrackKind kind, std::string resource)
+  ProfilerTrack(Device device, int index, std::string label, TrackKind kind, std::string resource)
       : device_(device), index_(index), label_(std::move(label)), kind_(kind), resource_(std::move(resource)) {}
-  ~Track() { free_chunks(); }
-  Track(const Track&) = delete;
-  Track& operator=(const Track&) = delete;
+  ~ProfilerTrack() { free_chunks(); }
+  ProfilerTrack(const ProfilerTrack&) = delete;
+  ProfilerTrack& operator=(const ProfilerTrack&) = delete;
 
   Device device() const noexcept { return device_; }
   int index() const noexcept { return index_; }
@@ -71,7 +70,7 @@ class Profiler::Track {
 
   // Owner thread only.
   void append(const SpanInfo& span) {
-    if (pos_ == detail::kChunkSpans) [[unlikely]]
+    if (pos_ == kChunkSpans) [[unlikely]]
       grow();
     cur_->spans[pos_++] = span;
     count_.store(count_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
@@ -81,9 +80,9 @@ class Profiler::Track {
   template <class Fn>
   void for_each(Fn&& fn) const {
     std::size_t n = count_.load(std::memory_order_acquire);
-    const detail::SpanChunk* c = head_.load(std::memory_order_acquire);
+    const SpanChunk* c = head_.load(std::memory_order_acquire);
     for (std::size_t i = 0; i < n && c != nullptr; c = c->next.load(std::memory_order_acquire)) {
-      std::size_t in_chunk = std::min(detail::kChunkSpans, n - i);
+      std::size_t in_chunk = std::min(kChunkSpans, n - i);
       for (std::size_t k = 0; k < in_chunk; ++k) fn(c->spans[k]);
       i += in_chunk;
     }
@@ -99,7 +98,7 @@ class Profiler::Track {
 
  private:
   void grow() {
-    auto* c = new detail::SpanChunk;
+    auto* c = new SpanChunk;
     if (cur_ == nullptr) head_.store(c, std::memory_order_release);
     else cur_->next.store(c, std::memory_order_release);
     cur_ = c;
@@ -107,14 +106,14 @@ class Profiler::Track {
   }
 
   void free_chunks() noexcept {
-    detail::SpanChunk* c = head_.exchange(nullptr, std::memory_order_acq_rel);
+    SpanChunk* c = head_.exchange(nullptr, std::memory_order_acq_rel);
     while (c != nullptr) {
-      detail::SpanChunk* next = c->next.load(std::memory_order_relaxed);
+      SpanChunk* next = c->next.load(std::memory_order_relaxed);
       delete c;
       c = next;
     }
     cur_ = nullptr;
-    pos_ = detail::kChunkSpans;
+    pos_ = kChunkSpans;
   }
 
   const Device device_;
@@ -122,12 +121,20 @@ class Profiler::Track {
   const std::string label_;
   const TrackKind kind_;
   const std::string resource_;
-  std::atomic<detail::SpanChunk*> head_{nullptr};
+  std::atomic<SpanChunk*> head_{nullptr};
   std::atomic<std::size_t> count_{0};
   // Writer-side state (owner thread, or clear() while quiescent).
-  detail::SpanChunk* cur_ = nullptr;
-  std::size_t pos_ = detail::kChunkSpans;
+  SpanChunk* cur_ = nullptr;
+  std::size_t pos_ = kChunkSpans;
 };
+
+}  // namespace detail
+
+// The profiler's own files name the recording types without detail::.
+using detail::PushRecord;
+using detail::SpanInfo;
+using detail::VarUse;
+using Track = detail::ProfilerTrack;
 
 struct Profiler::Impl {
   mutable std::mutex tracks_mu;

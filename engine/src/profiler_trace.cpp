@@ -60,7 +60,7 @@ void append_double(std::string& out, double v) {
 }
 
 struct TrackSpans {
-  const Profiler::Track* track;
+  const Track* track;
   std::int64_t pid, tid;
   std::vector<SpanInfo> spans;  // by start
 };

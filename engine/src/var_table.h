@@ -57,7 +57,7 @@ struct alignas(64) VarSlot {
   // Both written only by the op holding the variable's write access (no
   // other op runs on it then): a plain store for the version; the error
   // under the lock, except by a replay's node or a bulk's member, whose
-  // gate or bulk holds the access for them (error_of() readers queue
+  // holder or bulk holds the access for them (error_of() readers queue
   // behind it).
   std::atomic<std::uint64_t> version{0};
   ErrorRef error;  // set by the last completed write

@@ -19,8 +19,8 @@ constexpr int kPauseSpins = 32;
 constexpr int kYieldSpins = 256;
 }  // namespace
 
-WorkerPool::WorkerPool(Device device, int lane, int workers, OpExecutor& executor, Order order)
-    : device_(device), lane_(lane), order_(order), executor_(executor) {
+WorkerPool::WorkerPool(Device device, int index, int workers, OpExecutor& executor, Order order)
+    : device_(device), index_(index), order_(order), executor_(executor) {
   threads_.reserve(static_cast<std::size_t>(workers));
   for (int i = 0; i < workers; ++i) threads_.emplace_back([this, i] { run(i); });
 }
@@ -151,10 +151,10 @@ OpBlock* WorkerPool::take_or_sleep() {
 
 void WorkerPool::run(int worker) {
   tls_pool = this;
-  executor_.on_worker_start(lane_, worker);
+  executor_.on_worker_start(index_, worker);
   while (OpBlock* op = take_or_sleep()) {
     do {
-      executor_.execute(op, lane_, worker);
+      executor_.execute(op, index_, worker);
       op = std::exchange(tls_next, nullptr);
     } while (op);
   }

@@ -6,7 +6,7 @@
 // concurrent priority queue ordered by (priority, push sequence). A worker takes a positive-priority op first,
 // then the FIFO, then negative priorities.
 //
-// A pool in push order (GPU lanes) keeps every op in the priority queue, so
+// A pool in push order (GPU pools) keeps every op in the priority queue, so
 // that among ready ops of equal priority the one pushed first is taken
 // first, whenever it became ready. Its workers only enqueue work on streams,
 // which run it in the order given: an op taken ahead of an earlier-pushed
@@ -35,10 +35,10 @@ struct OpBlock;
 
 class OpExecutor {
  public:
-  // `lane` is the pool's index in its engine (one pool per CPU device, several
+  // `pool` is the pool's index in its engine (one pool per CPU device, several
   // per GPU), `worker` the thread's index in the pool.
-  virtual void execute(OpBlock* op, int lane, int worker) = 0;
-  virtual void on_worker_start(int lane, int worker) = 0;
+  virtual void execute(OpBlock* op, int pool, int worker) = 0;
+  virtual void on_worker_start(int pool, int worker) = 0;
 
  protected:
   ~OpExecutor() = default;
@@ -47,7 +47,8 @@ class OpExecutor {
 class WorkerPool {
  public:
   enum class Order { ready, push };
-  WorkerPool(Device device, int lane, int workers, OpExecutor& executor, Order order = Order::ready);
+  // `index`: the pool's index in its engine, passed on to the executor.
+  WorkerPool(Device device, int index, int workers, OpExecutor& executor, Order order = Order::ready);
   ~WorkerPool();  // stops and joins; the queue must be empty
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -82,7 +83,7 @@ class WorkerPool {
   void run(int worker);
 
   Device device_;
-  int lane_;
+  int index_;
   Order order_;
   OpExecutor& executor_;
   bool fifo_push(OpBlock* op);

@@ -375,7 +375,7 @@ TEST_CASE("replay: a failure reported after replay() but before the replay start
   });
 }
 
-TEST_CASE("replay: replays count against the in-flight bound, and keep at most a few gates") {
+TEST_CASE("replay: replays count against the in-flight bound, and keep at most a few holders") {
   for_each_threaded([](const Config& cfg) {
     weft::EngineConfig c = cfg.engine_config();
     c.max_inflight = 8;

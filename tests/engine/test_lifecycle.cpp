@@ -72,8 +72,8 @@ TEST_CASE("max_inflight blocks a frontend at the bound and memory stays bounded"
 }
 
 TEST_CASE("minibatches pushed without waiting keep a bounded number of buffers alive" * doctest::timeout(120)) {
-  // The seeds' scenario: 150 minibatches of 25 ops, each op holding a 1 MiB
-  // buffer, pushed with no barrier. Default settings.
+  // A frontend that pushes 150 minibatches of 25 ops, each op holding a
+  // 1 MiB buffer, with no barrier. Default settings.
   constexpr int kBatches = 150;
   constexpr int kLayers = 25;
   constexpr std::size_t kBuffer = 1 << 20;

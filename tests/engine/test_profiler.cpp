@@ -1,5 +1,6 @@
-// weft::Profiler on its own (no engine): tracks, interning, spans, aggregate,
-// the chrome://tracing JSON and dump() errors.
+// weft::Profiler on its own (no engine), filled through the engines'
+// recording side (ProfilerRecorder): tracks, interning, spans, aggregate, the
+// chrome://tracing JSON and dump() errors.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "profiler_recorder.h"  // engine/src: internal
 #include "weft/device.h"
 #include "weft/error.h"
 #include "weft/profiler.h"
@@ -28,6 +30,8 @@ namespace {
 
 using weft::Device;
 using weft::Profiler;
+using weft::detail::ProfilerRecorder;
+using weft::detail::ProfilerTrack;
 using Json = nlohmann::json;
 
 Json parse_trace(const Profiler& p) {
@@ -146,6 +150,7 @@ std::vector<Json> check_schema(const Json& doc) {
 
 TEST_CASE("profiler: running() toggles with start/stop, and clear keeps the state" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   CHECK_FALSE(p.running());
   p.start();
   CHECK(p.running());
@@ -157,21 +162,21 @@ TEST_CASE("profiler: running() toggles with start/stop, and clear keeps the stat
   CHECK_FALSE(p.running());
 
   // Spans recorded while running survive stop/start; clear() forgets them.
-  auto* t = p.track(Device::cpu(0), 0, "w0");
-  auto name = p.intern("op");
+  auto* t = rec.track(Device::cpu(0), 0, "w0");
+  auto name = rec.intern("op");
   p.start();
-  p.record(t, name, 1, 10, 20);
+  rec.record(t, name, 1, 10, 20);
   p.stop();
   CHECK(p.spans().size() == 1);
   p.start();
-  p.record(t, name, 2, 30, 40);
+  rec.record(t, name, 2, 30, 40);
   CHECK(p.spans().size() == 2);
   p.clear();
   CHECK(p.running());  // clear does not stop
   CHECK(p.spans().empty());
   CHECK(p.aggregate().empty());
   // The track stays usable after clear().
-  p.record(t, name, 3, 50, 60);
+  rec.record(t, name, 3, 50, 60);
   auto spans = p.spans();
   REQUIRE(spans.size() == 1);
   CHECK(spans[0].op_id == 3);
@@ -181,17 +186,18 @@ TEST_CASE("profiler: running() toggles with start/stop, and clear keeps the stat
 
 TEST_CASE("profiler: track() is stable per (device, index) and thread-safe" * doctest::timeout(30)) {
   Profiler p;
-  auto* a = p.track(Device::cpu(0), 0, "cpu0 w0");
+  ProfilerRecorder rec(p);
+  auto* a = rec.track(Device::cpu(0), 0, "cpu0 w0");
   CHECK(a != nullptr);
-  CHECK(p.track(Device::cpu(0), 0, "other label") == a);
-  CHECK(p.track(Device::cpu(0), 1, "cpu0 w1") != a);
-  CHECK(p.track(Device::cpu(1), 0, "cpu1 w0") != a);
-  CHECK(p.track(Device::gpu(0), 0, "gpu0 w0") != a);
-  CHECK_THROWS_AS(p.track(Device::cpu(0), -1, "bad"), weft::Error);
+  CHECK(rec.track(Device::cpu(0), 0, "other label") == a);
+  CHECK(rec.track(Device::cpu(0), 1, "cpu0 w1") != a);
+  CHECK(rec.track(Device::cpu(1), 0, "cpu1 w0") != a);
+  CHECK(rec.track(Device::gpu(0), 0, "gpu0 w0") != a);
+  CHECK_THROWS_AS(rec.track(Device::cpu(0), -1, "bad"), weft::Error);
 
   // Many threads asking for the same few tracks get the same pointers.
   constexpr int kThreads = 8, kKeys = 16;
-  std::vector<std::vector<Profiler::Track*>> got(kThreads, std::vector<Profiler::Track*>(kKeys));
+  std::vector<std::vector<ProfilerTrack*>> got(kThreads, std::vector<ProfilerTrack*>(kKeys));
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i)
@@ -199,12 +205,12 @@ TEST_CASE("profiler: track() is stable per (device, index) and thread-safe" * do
       while (!go.load()) std::this_thread::yield();
       for (int k = 0; k < kKeys; ++k) {
         int key = (k + i) % kKeys;
-        got[i][key] = p.track(Device::cpu(2), key, "t" + std::to_string(key));
+        got[i][key] = rec.track(Device::cpu(2), key, "t" + std::to_string(key));
       }
     });
   go = true;
   for (auto& t : threads) t.join();
-  std::set<Profiler::Track*> distinct;
+  std::set<ProfilerTrack*> distinct;
   for (int k = 0; k < kKeys; ++k) {
     for (int i = 1; i < kThreads; ++i) CHECK(got[i][k] == got[0][k]);
     distinct.insert(got[0][k]);
@@ -212,9 +218,9 @@ TEST_CASE("profiler: track() is stable per (device, index) and thread-safe" * do
   CHECK(distinct.size() == kKeys);
 
   // The first label wins, an empty label gets a default.
-  auto* d = p.track(Device::cpu(3), 4, "");
-  p.record(d, p.intern("x"), 1, 0, 1);
-  p.record(a, p.intern("x"), 2, 0, 1);
+  auto* d = rec.track(Device::cpu(3), 4, "");
+  rec.record(d, rec.intern("x"), 1, 0, 1);
+  rec.record(a, rec.intern("x"), 2, 0, 1);
   Json doc = parse_trace(p);
   std::set<std::string> labels;
   for (const Json& e : doc.at("traceEvents"))
@@ -226,17 +232,18 @@ TEST_CASE("profiler: track() is stable per (device, index) and thread-safe" * do
 
 TEST_CASE("profiler: intern() returns one stable view per name" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   std::string_view a;
   {
     std::string tmp = "matmul";
-    a = p.intern(tmp);
+    a = rec.intern(tmp);
     tmp = "clobbered";
   }
   CHECK(a == "matmul");
-  CHECK(p.intern("matmul").data() == a.data());
-  CHECK(p.intern(std::string("mat") + "mul").data() == a.data());
-  CHECK(p.intern("conv") != a);
-  CHECK(p.intern("").empty());
+  CHECK(rec.intern("matmul").data() == a.data());
+  CHECK(rec.intern(std::string("mat") + "mul").data() == a.data());
+  CHECK(rec.intern("conv") != a);
+  CHECK(rec.intern("").empty());
 
   // Concurrent interning agrees on the storage.
   constexpr int kThreads = 4, kNames = 200;
@@ -245,7 +252,7 @@ TEST_CASE("profiler: intern() returns one stable view per name" * doctest::timeo
   for (int i = 0; i < kThreads; ++i)
     threads.emplace_back([&, i] {
       for (int r = 0; r < 5; ++r)
-        for (int k = 0; k < kNames; ++k) got[i][k] = p.intern("op_" + std::to_string(k));
+        for (int k = 0; k < kNames; ++k) got[i][k] = rec.intern("op_" + std::to_string(k));
     });
   for (auto& t : threads) t.join();
   for (int k = 0; k < kNames; ++k) {
@@ -268,18 +275,19 @@ TEST_CASE("profiler: now_ns() is monotonic" * doctest::timeout(30)) {
 TEST_CASE("profiler: 4 threads x 10000 spans on their own tracks all come back" * doctest::timeout(30)) {
   constexpr int kThreads = 4, kSpans = 10000;
   Profiler p;
+  ProfilerRecorder rec(p);
   p.start();
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
   for (int i = 0; i < kThreads; ++i)
     threads.emplace_back([&, i] {
       Device dev = Device::cpu(i % 2);
-      auto* t = p.track(dev, i, "worker " + std::to_string(i));
-      std::string_view names[2] = {p.intern("even"), p.intern("odd")};
+      auto* t = rec.track(dev, i, "worker " + std::to_string(i));
+      std::string_view names[2] = {rec.intern("even"), rec.intern("odd")};
       while (!go.load()) std::this_thread::yield();
       for (int k = 0; k < kSpans; ++k) {
         std::int64_t s = 1000 * static_cast<std::int64_t>(k) + i;
-        p.record(t, names[k % 2], static_cast<std::uint64_t>(i) * kSpans + k, s, s + 500 + k % 7);
+        rec.record(t, names[k % 2], static_cast<std::uint64_t>(i) * kSpans + k, s, s + 500 + k % 7);
       }
     });
   go = true;
@@ -313,13 +321,14 @@ TEST_CASE("profiler: 4 threads x 10000 spans on their own tracks all come back" 
 
 TEST_CASE("profiler: readers see whole spans while a writer is still recording" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   p.start();
-  auto* t = p.track(Device::cpu(0), 0, "w");
-  auto name = p.intern("op");
+  auto* t = rec.track(Device::cpu(0), 0, "w");
+  auto name = rec.intern("op");
   constexpr int kSpans = 20000;
   std::atomic<bool> done{false};
   std::thread writer([&] {
-    for (int k = 0; k < kSpans; ++k) p.record(t, name, static_cast<std::uint64_t>(k), 10 * k, 10 * k + 5);
+    for (int k = 0; k < kSpans; ++k) rec.record(t, name, static_cast<std::uint64_t>(k), 10 * k, 10 * k + 5);
     done = true;
   });
   std::size_t last = 0;
@@ -339,17 +348,18 @@ TEST_CASE("profiler: readers see whole spans while a writer is still recording" 
 
 TEST_CASE("profiler: aggregate() agrees with the spans" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   p.start();
-  auto* t0 = p.track(Device::cpu(0), 0, "w0");
-  auto* t1 = p.track(Device::gpu(0), 0, "g0");
-  auto a = p.intern("a"), b = p.intern("b");
+  auto* t0 = rec.track(Device::cpu(0), 0, "w0");
+  auto* t1 = rec.track(Device::gpu(0), 0, "g0");
+  auto a = rec.intern("a"), b = rec.intern("b");
   // a: 1000, 3000, 2000 ns; b: 10000 ns; unnamed: 1 and 2 ns.
-  p.record(t0, a, 1, 0, 1000);
-  p.record(t0, a, 2, 1000, 4000);
-  p.record(t1, a, 3, 500, 2500);
-  p.record(t1, b, 4, 3000, 13000);
-  p.record(t0, {}, 5, 5000, 5001);
-  p.record(t0, p.intern(""), 6, 6000, 6002);
+  rec.record(t0, a, 1, 0, 1000);
+  rec.record(t0, a, 2, 1000, 4000);
+  rec.record(t1, a, 3, 500, 2500);
+  rec.record(t1, b, 4, 3000, 13000);
+  rec.record(t0, {}, 5, 5000, 5001);
+  rec.record(t0, rec.intern(""), 6, 6000, 6002);
   p.stop();
 
   auto stats = p.aggregate();
@@ -419,6 +429,7 @@ TEST_CASE("profiler: aggregate() agrees with the spans" * doctest::timeout(30)) 
 
 TEST_CASE("profiler: the trace JSON follows the documented schema" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   SUBCASE("empty profiler") {
     Json doc = parse_trace(p);
     CHECK(check_schema(doc).empty());
@@ -427,14 +438,14 @@ TEST_CASE("profiler: the trace JSON follows the documented schema" * doctest::ti
   SUBCASE("spans on several devices and tracks") {
     p.start();
     const std::string weird = "q\"uote\\back\nnew\ttab\x01 \xC3\xBC \xE2\x82\xAC";  // ü €
-    auto* c0 = p.track(Device::cpu(0), 0, "cpu0 \"w0\"");
-    auto* c1 = p.track(Device::cpu(0), 1, "cpu0 w1");
-    auto* g = p.track(Device::gpu(1), 0, "gpu1 w0\n");
-    auto* pin = p.track(Device::cpu_pinned(0), 3, "pinned w3");
-    p.record(c0, p.intern(weird), 7, 2000, 3500);
-    p.record(c1, p.intern("plain"), 8, 1000, 1000);  // zero duration
-    p.record(g, p.intern("plain"), 9, 4321, 9876);
-    p.record(pin, {}, 10, 5000, 5001);
+    auto* c0 = rec.track(Device::cpu(0), 0, "cpu0 \"w0\"");
+    auto* c1 = rec.track(Device::cpu(0), 1, "cpu0 w1");
+    auto* g = rec.track(Device::gpu(1), 0, "gpu1 w0\n");
+    auto* pin = rec.track(Device::cpu_pinned(0), 3, "pinned w3");
+    rec.record(c0, rec.intern(weird), 7, 2000, 3500);
+    rec.record(c1, rec.intern("plain"), 8, 1000, 1000);  // zero duration
+    rec.record(g, rec.intern("plain"), 9, 4321, 9876);
+    rec.record(pin, {}, 10, 5000, 5001);
     p.stop();
 
     Json doc = parse_trace(p);
@@ -487,8 +498,8 @@ TEST_CASE("profiler: the trace JSON follows the documented schema" * doctest::ti
     CHECK(text.find("q\\\"uote\\\\back\\nnew\\ttab") != std::string::npos);
   }
   SUBCASE("invalid UTF-8 in a name does not break the trace") {
-    auto* t = p.track(Device::cpu(0), 0, "w");
-    p.record(t, p.intern("bad \xFF\xFE utf8"), 1, 0, 10);
+    auto* t = rec.track(Device::cpu(0), 0, "w");
+    rec.record(t, rec.intern("bad \xFF\xFE utf8"), 1, 0, 10);
     auto xs = check_schema(parse_trace(p));
     REQUIRE(xs.size() == 1);
     CHECK(xs[0].at("name").get<std::string>().rfind("bad ", 0) == 0);
@@ -497,18 +508,19 @@ TEST_CASE("profiler: the trace JSON follows the documented schema" * doctest::ti
 
 TEST_CASE("profiler: spans recorded sequentially on one track never overlap" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   p.start();
   std::vector<std::thread> threads;
   for (int i = 0; i < 2; ++i)
     threads.emplace_back([&, i] {
-      auto* t = p.track(Device::cpu(0), i, "w" + std::to_string(i));
-      auto name = p.intern("seq");
+      auto* t = rec.track(Device::cpu(0), i, "w" + std::to_string(i));
+      auto name = rec.intern("seq");
       for (int k = 0; k < 2000; ++k) {
         std::int64_t s = Profiler::now_ns();
         volatile int sink = 0;
         for (int j = 0; j < k % 50; ++j) sink = sink + j;
         std::int64_t e = Profiler::now_ns();
-        p.record(t, name, static_cast<std::uint64_t>(k), s, e);
+        rec.record(t, name, static_cast<std::uint64_t>(k), s, e);
       }
     });
   for (auto& t : threads) t.join();
@@ -542,9 +554,10 @@ TEST_CASE("profiler: spans recorded sequentially on one track never overlap" * d
 
 TEST_CASE("profiler: dump() writes the trace and names the path on failure" * doctest::timeout(30)) {
   Profiler p;
+  ProfilerRecorder rec(p);
   p.start();
-  auto* t = p.track(Device::cpu(0), 0, "w0");
-  p.record(t, p.intern("op"), 1, 100, 200);
+  auto* t = rec.track(Device::cpu(0), 0, "w0");
+  rec.record(t, rec.intern("op"), 1, 100, 200);
   p.stop();
 
   SUBCASE("writable path") {

@@ -13,11 +13,13 @@
 #include <string>
 
 #include "engine_test_util.h"
+#include "profiler_recorder.h"  // engine/src: internal
 
 using namespace weft_test;
 using weft::OpProperty;
 using weft::Profiler;
-using weft::SpanInfo;
+using weft::detail::ProfilerRecorder;
+using weft::detail::SpanInfo;
 using Json = nlohmann::json;
 
 namespace {
@@ -266,19 +268,20 @@ TEST_CASE("trace copies: bytes and bandwidth on copy spans, category copy" * doc
 
 TEST_CASE("profile summary: busy time, utilization and overlaps from known spans" * doctest::timeout(30)) {
   Profiler p;
-  auto* w0 = p.track(Device::cpu(0), 0, "worker 0");
-  auto* w1 = p.track(Device::cpu(0), 1, "worker 1");
-  auto* c0 = p.track(Device::cpu(1), 0, "worker 0");
-  auto* launch = p.track(Device::gpu(0), 1000, "compute stream 0 (launch)", weft::TrackKind::launch,
-                         "gpu(0) compute stream 0 launch");
-  const auto n = p.intern("op");
+  ProfilerRecorder rec(p);
+  auto* w0 = rec.track(Device::cpu(0), 0, "worker 0");
+  auto* w1 = rec.track(Device::cpu(0), 1, "worker 1");
+  auto* c0 = rec.track(Device::cpu(1), 0, "worker 0");
+  auto* launch = rec.track(Device::gpu(0), 1000, "compute stream 0 (launch)", weft::TrackKind::launch,
+                           "gpu(0) compute stream 0 launch");
+  const auto n = rec.intern("op");
   constexpr std::int64_t ms = 1'000'000;
   // cpu(0): compute 0-10 ms on worker 0, 5-15 ms on worker 1. cpu(1): a copy
   // 12-20 ms of 8 MB. A launch span 0-20 ms that counts for nothing.
-  p.record(w0, SpanInfo{n, 1, 0, 10 * ms});
-  p.record(w1, SpanInfo{n, 2, 5 * ms, 15 * ms});
-  p.record(c0, SpanInfo{n, 3, 12 * ms, 20 * ms, -1, 0, 8'000'000, OpProperty::copy_peer});
-  p.record(launch, SpanInfo{n, 4, 0, 20 * ms});
+  rec.record(w0, SpanInfo{n, 1, 0, 10 * ms});
+  rec.record(w1, SpanInfo{n, 2, 5 * ms, 15 * ms});
+  rec.record(c0, SpanInfo{n, 3, 12 * ms, 20 * ms, -1, 0, 8'000'000, OpProperty::copy_peer});
+  rec.record(launch, SpanInfo{n, 4, 0, 20 * ms});
   const weft::ProfileSummary s = p.summarize();
   CHECK(s.window_ms == doctest::Approx(20));
   REQUIRE(s.resources.size() == 3);

@@ -175,18 +175,18 @@ TEST_CASE("gpu engines - lenet step on gpu equals cpu" * doctest::timeout(240)) 
   CHECK(moved > 1e-4);
 }
 
-// A GPU lane's worker only enqueues work on its stream, which runs it in the
+// A GPU pool's worker only enqueues work on its stream, which runs it in the
 // order given; so among ready ops of one priority it must take the one pushed
 // first, even when a later-pushed one became ready earlier (in ready order a
 // chain of copies of one result queues behind the next result's first copy,
 // and the copy stream waits for the next kernel: docs/design/engine-invariants.md).
-TEST_CASE("gpu engines - a gpu lane takes ready ops in push order, not ready order" * doctest::timeout(120)) {
+TEST_CASE("gpu engines - a gpu pool takes ready ops in push order, not ready order" * doctest::timeout(120)) {
   WEFT_REQUIRE_GPU();
   auto e = make_engine({.kind = "threaded", .cpu_devices = 1, .gpu_devices = 1});
   const Device gpu = Device::gpu(0);
   std::mutex m;
   std::condition_variable cv;
-  bool lane_open = false, cpu_open = false;
+  bool pool_open = false, cpu_open = false;
   std::vector<std::string> order;
   auto hold = [&](bool& open) {
     std::unique_lock lock(m);
@@ -199,8 +199,8 @@ TEST_CASE("gpu engines - a gpu lane takes ready ops in push order, not ready ord
     };
   };
   const weft::OpOptions d2h{.property = weft::OpProperty::copy_from_device};
-  // The device-to-host lane's one worker is held; x's writer on cpu(0) too.
-  e->push([&](weft::RunContext&) { hold(lane_open); }, gpu, {}, {e->new_var("held")}, d2h);
+  // The device-to-host pool's one worker is held; x's writer on cpu(0) too.
+  e->push([&](weft::RunContext&) { hold(pool_open); }, gpu, {}, {e->new_var("held")}, d2h);
   const weft::Var x = e->new_var("x");
   e->push([&](weft::RunContext&) { hold(cpu_open); }, Device::cpu(0), {}, {x});
   e->push(record("pushed first"), gpu, {x}, {e->new_var("a")}, d2h);   // ready once x is written
@@ -211,10 +211,10 @@ TEST_CASE("gpu engines - a gpu lane takes ready ops in push order, not ready ord
   }
   cv.notify_all();
   e->wait_to_read(x);  // "pushed first" is granted x in the same completion
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // and queued on the lane
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // and queued on the pool
   {
     std::lock_guard lock(m);
-    lane_open = true;
+    pool_open = true;
   }
   cv.notify_all();
   e->wait_all();

@@ -5,27 +5,17 @@
 //   weft::OpGraph graph = engine.end_capture();
 //   for (...) { load(batch); engine.replay(graph); }
 //
-// Between begin_capture and end_capture every push and push_async of the
-// capturing thread to that engine is validated as usual and recorded instead
-// of run; the dependencies between the recorded ops are resolved once, at
-// end_capture. replay(graph) then runs the ops again — the same bodies on the
-// same variables, so new data placed in those variables — with the effect of
-// pushing them again in capture order (the naive engine does exactly that).
-// The threaded engine queues the whole graph as one access to the union of
-// its variables (written where any op writes, read elsewhere): ops pushed
-// before a replay that touch its variables finish first, ops pushed after it
-// wait for the whole replay, and inside it the ops run as their captured
-// dependencies allow, on their devices' workers, without per-op dependency
-// tracking. Two replays of one graph never overlap. Errors travel as for
-// pushed ops: a failing op's error is stored on what it writes, later ops
-// reading it are skipped, a wait reports it.
-//
-// Misuse is a weft::InvalidArgument naming the call: a wait on the capturing
-// engine from the capturing thread (the ops have not run), pushing to
-// another engine while capturing, nested or unmatched captures, replaying a
-// graph on another engine, or a graph whose variable was deleted since.
-// Like a Tensor, a graph (its bodies hold their captures) must be destroyed
-// before its engine. See docs/design/capture-replay.md.
+// Between begin_capture and end_capture the capturing thread's pushes to that
+// engine are validated as usual and recorded instead of run. replay(graph)
+// has the effect of pushing them again in capture order (the same bodies on
+// the same variables), as one access to all of the graph's variables: ops
+// pushed before it that use any of them finish first, ops pushed after it
+// wait for all of it, and two replays of one graph never overlap. Errors
+// travel as for pushed ops. Misuse is a weft::InvalidArgument naming the call
+// (a wait on the capturing engine from the capturing thread, pushing to
+// another engine while capturing, nested or unmatched captures, replaying on
+// another engine or after one of the graph's variables was deleted). Destroy
+// a graph before its engine. How it runs: docs/design/capture-replay.md.
 #pragma once
 
 #include <cstddef>

@@ -1,30 +1,16 @@
-// weft::Profiler — per-op spans on every worker, written as a chrome://tracing
-// (Perfetto) JSON file, plus an aggregate table per op name.
+// weft::Profiler — what an engine's ops did and when: one span per op on
+// every worker and GPU stream, written as a chrome://tracing (Perfetto) JSON
+// trace, summarized per op name, per named variable and per resource (busy
+// time, compute/copy and device/device overlap), and the dependency graph of
+// the recorded pushes as Graphviz DOT. Engine::profiler() gives an engine's.
 //
-// Recording costs one relaxed load per op while stopped; while running, each
-// worker appends to its own buffer, so workers never contend on the profiler.
-//
-// Threading contract:
-//   * start/stop/running may be called from any thread at any time.
-//   * track() and intern() are thread-safe (short mutexes); engines call them
-//     at start-up / push time, not per span.
-//   * record(track, ...) is called only by the thread that owns `track` (one
-//     writer per track), takes no lock, and never moves spans already recorded
-//     (storage is a chain of fixed-size chunks). Callers check running()
-//     first; record() itself appends whatever it is given.
-//   * Readers (dump, write_trace, spans, aggregate, summary_table) are meant
-//     for quiescent writers: after Engine::wait_all(), or after stop() once the
-//     ops in flight have finished. Called while workers still record, they see
-//     a consistent prefix of every track (each span whole or absent).
-//   * clear() requires quiescent writers (no record() in progress or later
-//     racing with it); tracks and interned names survive it.
-//
-// Trace layout and schema: docs/trace-format.md (one process per device, one
-// thread per track, flow arrows from each op to the ops it unblocked, counters
-// for ops in flight and allocator memory, a "weft" object describing tracks).
-// summarize() computes per-resource busy time and the compute/copy and
-// device/device overlap from the spans; scripts/trace-summary computes the
-// same figures from a trace file.
+// start/stop/running: any thread, any time; while stopped, recording costs
+// the engine one relaxed load per op. Read (dump, write_trace, spans,
+// summarize, aggregate*, summary_table, write_dot) after Engine::wait_all(),
+// or after stop() once the ops in flight have finished; read while ops still
+// run, each track shows its spans so far, each whole or absent. clear() needs
+// no op running. Trace schema: docs/trace-format.md; how the engines record:
+// docs/design/engine-invariants.md, "Profiling".
 #pragma once
 
 #include <atomic>
@@ -40,6 +26,10 @@
 #include "weft/op_property.h"
 
 namespace weft {
+
+namespace detail {
+class ProfilerRecorder;
+}
 
 struct OpStats {
   std::string name;
@@ -61,24 +51,12 @@ struct VarStats {
 enum class TrackKind : std::uint8_t { worker, launch, stream };
 std::string_view to_string(TrackKind kind) noexcept;
 
-// One op as a track records it.
-struct SpanInfo {
-  std::string_view name;  // interned (Profiler::intern)
-  std::uint64_t op_id = 0;
-  std::int64_t start_ns = 0;
-  std::int64_t end_ns = 0;
-  std::int64_t push_ns = -1;       // when the op was pushed; -1: unknown
-  std::uint64_t unblocked_by = 0;  // the op whose completion made it ready; 0: ready at push
-  std::uint64_t bytes = 0;         // payload of a copy
-  OpProperty property = OpProperty::normal;
-};
-
 struct Span {
   std::string_view name;  // interned by the profiler: valid for its lifetime
   Device device;
   int track = 0;  // index within the device (worker; GPU: role * 100 + stream, launch tracks + 1000; inline 2000 + n)
   std::uint64_t op_id = 0;
-  std::int64_t start_ns = 0;  // steady clock, relative to the profiler's epoch
+  std::int64_t start_ns = 0;  // Profiler::now_ns() clock
   std::int64_t end_ns = 0;
   TrackKind kind = TrackKind::worker;
   std::string_view resource;  // what the summary groups by, e.g. "cpu(0) workers"
@@ -144,54 +122,18 @@ class Profiler {
   std::vector<VarStats> aggregate_by_variable() const;
   std::string summary_table() const;           // aggregate() as a printable table
 
-  // Engines call these. A track is a single-writer buffer (one per worker).
-  class Track;
-  // Thread-safe. The same (device, index) gives the same Track (the first
-  // label wins; empty: "<device> worker <index>"); the pointer stays valid for
-  // the profiler's lifetime, across clear(). Throws weft::Error for index < 0.
-  // `resource` groups tracks in the summary (empty: "<device> workers").
-  Track* track(Device device, int index, std::string label, TrackKind kind = TrackKind::worker,
-               std::string resource = {});
-  // Thread-safe. Equal names give the same view, valid for the profiler's lifetime.
-  std::string_view intern(std::string_view name);
-  // steady_clock nanoseconds since a process-wide epoch.
+  // steady_clock nanoseconds since a process-wide epoch: the clock of
+  // Span::start_ns / end_ns / push_ns.
   static std::int64_t now_ns() noexcept;
-  // Owner thread of `track` only; lock-free. Requires end_ns >= start_ns
-  // (asserted in debug and sanitizer builds, clamped otherwise).
-  void record(Track* track, const SpanInfo& span);
-  void record(Track* track, std::string_view interned_name, std::uint64_t op_id, std::int64_t start_ns,
-              std::int64_t end_ns) {
-    record(track, SpanInfo{interned_name, op_id, start_ns, end_ns});
-  }
 
-  // Thread-safe (a short mutex; call while running()). A counter sample, e.g.
-  // "memory in use" of a device's allocator, shown as a counter track.
-  void counter(Device device, std::string_view name, std::int64_t value);
-  // Thread-safe (a short mutex; engines call it at push while running()). The
-  // accesses of each op, in push order: the dependency graph for write_dot.
-  struct VarUse {
-    std::uint64_t key = 0;   // unique over the engine's life (id and generation)
-    std::string_view name;   // interned; empty: "v<id>"
-    bool write = false;      // a variable read and written is a write
-  };
-  struct PushRecord {
-    std::uint64_t op_id = 0;
-    std::string_view name;  // interned
-    Device device;
-    std::vector<VarUse> vars;
-  };
-  void record_push(PushRecord push);
-  // Thread-safe (engines call it when a variable is named while profiling). A name given to a variable
-  // after ops using it were recorded: the trace, the graph and the table
-  // show the latest name. `key` as in VarUse.
-  void record_var_name(std::uint64_t key, std::string_view name);
-  // The graph the engine built from the recorded pushes: one node per op,
-  // an edge for each dependency (read after write, write after read or
-  // write), labelled with the variable; nodes coloured by device. Graphviz DOT.
+  // The graph of the ops pushed while profiling: one node per op, an edge
+  // for each dependency (read after write, write after read or write),
+  // labelled with the variable; nodes coloured by device. Graphviz DOT.
   void write_dot(std::ostream& os) const;
   void dump_dot(const std::string& path) const;  // throws weft::Error naming the path
 
  private:
+  friend class detail::ProfilerRecorder;  // the engines' recording side (internal)
   struct Impl;
   std::atomic<bool> running_{false};  // read on the engine's hot path: kept inline
   std::unique_ptr<Impl> impl_;

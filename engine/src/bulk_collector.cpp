@@ -50,7 +50,7 @@ BulkBuffer* find_bulk(std::uint32_t engine_id) noexcept {
   return nullptr;
 }
 
-// Ops that may run as members of one bulk: one worker of one lane, in one
+// Ops that may run as members of one bulk: one worker of one pool, in one
 // place of the ready order.
 bool same_place(const OpBlock& a, const OpBlock& b) noexcept {
   return a.device == b.device && a.property == b.property && a.priority == b.priority;
@@ -216,7 +216,7 @@ void EngineBase::end_bulks() noexcept {
   if (const int n = bulking_threads_.load(std::memory_order_relaxed); n > 0)
     std::fprintf(stderr,
                  "weft: engine destroyed while %d other thread(s) still bulk their pushes (set_bulk_size): the ops "
-                 "they collected since their last flush never run\n",
+                 "they collected since their last flush are dropped without running\n",
                  n);
 }
 
