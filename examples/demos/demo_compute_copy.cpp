@@ -85,7 +85,7 @@ nlohmann::json run_compute_copy(const ComputeCopyOptions& o, const CommonOptions
       // would interleave the copies of all results (each copy of a result
       // waits for its previous one, the first copies of the others do not)
       // and run them out of cache. Interleaved with the matmuls they come
-      // one result at a time: so they do here. (GPU lanes take ops in push
+      // one result at a time: so they do here. (GPU worker pools take ops in push
       // order.)
       if (!gpu) host[i].wait_to_read();
     }
