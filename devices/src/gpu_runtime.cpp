@@ -10,8 +10,8 @@
 #include <utility>
 #include <vector>
 
-#include "env.h"
 #include "runtime.h"
+#include "weft/env.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 
@@ -153,7 +153,7 @@ Runtime& runtime() {
   Selection& s = selection();
   std::lock_guard lock(s.mutex);
   if (Runtime* r = s.active.load(std::memory_order_acquire)) return *r;
-  if (const char* text = env::get("WEFT_GPU_BACKEND")) {
+  if (const std::string_view text = env::choice_or("WEFT_GPU_BACKEND", "", {"cuda", "sim", "none"}); !text.empty()) {
     const Backend b = parse_backend(text);
     return install(make_runtime(b, 0, true));
   }

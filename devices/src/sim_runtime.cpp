@@ -53,9 +53,9 @@
 #include <sys/prctl.h>
 #endif
 
-#include "env.h"
 #include "runtime.h"
 #include "weft/check_context.h"
+#include "weft/env.h"
 #include "weft/error.h"
 
 namespace weft::gpu {
