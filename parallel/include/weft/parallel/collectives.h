@@ -15,13 +15,15 @@
 // shared-memory forms for the rest. An in-process group is all CPU devices
 // or all GPUs; on GPUs the same ring runs over peer copies (each step a copy
 // on the receiving GPU's copy stream, then a reduction on its compute
-// stream, ordered across GPUs by stream waits), on real and simulated GPUs
-// alike. MPI groups (one member per process of an mpirun job) run MPI's
-// non-blocking collectives on a communication thread, one fiber per
-// collective in flight, so engine workers never wait for the network. A GPU
-// member across processes is staged through host memory (copied to cpu(0)
-// by the engine's copy workers, carried over MPI, copied back); NCCL is not
-// built yet (docs/design/parallel-collectives.md).
+// stream, ordered across GPUs by stream waits). MPI groups (one member per
+// process of an mpirun job) run MPI's non-blocking collectives on a
+// communication thread, one fiber per collective in flight, so engine
+// workers never wait for the network. A GPU member across processes is
+// staged through host memory (copied to cpu(0) by the engine's copy
+// workers, carried over MPI, copied back). On real GPUs, in a build with
+// NCCL, GPU members' collectives run through NCCL instead, in-process and
+// across processes (WEFT_NCCL=0 keeps the paths above; what NCCL does not
+// carry takes them too: docs/design/parallel-collectives.md).
 //
 // Across processes nothing hangs silently: before data moves, every rank
 // checks every other rank's fingerprint of the collective (sequence number,
