@@ -11,29 +11,33 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "weft/env.h"
 
 namespace weft_test {
 
 inline const std::vector<int>& worker_counts() {
   static const std::vector<int> counts = [] {
-    const char* env = std::getenv("WEFT_TEST_WORKERS");
-    if (env == nullptr || *env == '\0') return std::vector<int>{1, 2, 4, 8};
+    const char* env = weft::env::get("WEFT_TEST_WORKERS");
+    if (env == nullptr) return std::vector<int>{1, 2, 4, 8};
     std::vector<int> out;
-    const std::string s = env;
+    const std::string_view s = env;
     std::size_t pos = 0;
     while (pos <= s.size()) {
       const std::size_t comma = std::min(s.find(',', pos), s.size());
-      const std::string item = s.substr(pos, comma - pos);
-      char* end = nullptr;
-      const long v = std::strtol(item.c_str(), &end, 10);
-      if (item.empty() || *end != '\0' || v < 1 || v > 64) {
-        std::fprintf(stderr, "WEFT_TEST_WORKERS=\"%s\": \"%s\" is not a worker count from 1 to 64\n", env,
-                     item.c_str());
+      const std::optional<long long> count = weft::env::parse_number(s.substr(pos, comma - pos), 1, 64);
+      if (!count) {
+        // At static initialization: no one to throw to.
+        const std::string message =
+            weft::env::malformed_message("WEFT_TEST_WORKERS", s, "a list of worker counts from 1 to 64, such as 2,8");
+        std::fprintf(stderr, "%s\n", message.c_str());
         std::exit(2);
       }
-      out.push_back(static_cast<int>(v));
+      out.push_back(static_cast<int>(*count));
       pos = comma + 1;
     }
     return out;

@@ -12,7 +12,7 @@
 #include <unordered_map>
 
 #include "backend.h"
-#include "weft/cuda_check.h"
+#include "weft/checked_call.h"
 #include "weft/error.h"
 
 namespace weft::gpu::detail {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "env.h"
+#include "weft/env.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 
@@ -153,7 +153,7 @@ BackendImpl& active_backend() {
   Selection& s = selection();
   std::lock_guard lock(s.mutex);
   if (BackendImpl* r = s.active.load(std::memory_order_acquire)) return *r;
-  if (const char* text = env::get("WEFT_GPU_BACKEND")) {
+  if (const std::string_view text = env::choice_or("WEFT_GPU_BACKEND", "", {"cuda", "sim", "none"}); !text.empty()) {
     const Backend b = parse_backend(text);
     return install(make_backend(b, 0, true));
   }

@@ -54,8 +54,8 @@
 #endif
 
 #include "backend.h"
-#include "env.h"
 #include "weft/check_context.h"
+#include "weft/env.h"
 #include "weft/error.h"
 
 namespace weft::gpu {

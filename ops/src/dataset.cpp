@@ -9,6 +9,7 @@
 #include <random>
 #include <system_error>
 
+#include "weft/env.h"
 #include "weft/error.h"
 #include "weft/idx.h"
 
@@ -85,9 +86,7 @@ Dataset load_mnist_split(const std::string& dir, const std::string& split, std::
 }
 
 std::string default_fashion_mnist_dir() {
-  const char* env = std::getenv("WEFT_FASHION_MNIST");
-  if (env && *env) return env;
-  return "/usr/share/datasets/fashion-mnist";
+  return env::text_or("WEFT_FASHION_MNIST", "/usr/share/datasets/fashion-mnist");
 }
 
 MinibatchIterator::MinibatchIterator(const Dataset& data, std::int64_t batch_size, bool shuffle,

@@ -59,9 +59,6 @@ std::unique_ptr<Transport> make_local_transport(CommunicatorState& state);
 // The deadline of one collective: options.timeout, else WEFT_COLLECTIVE_TIMEOUT
 // (seconds), else 5 minutes. Throws InvalidArgument for a bad setting.
 std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options);
-// An on/off environment switch, on when unset or empty: "1" or "0", else
-// InvalidArgument naming the variable and what each value means.
-bool env_switch(const char* name, const char* on_means, const char* off_means);
 // Whether fingerprints are exchanged: options.fingerprints, else
 // WEFT_COLLECTIVE_CHECK (0 or 1), else on.
 bool collective_fingerprints(const CommunicatorOptions& options);

@@ -7,10 +7,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
+#include <limits>
 #include <string>
 #include <utility>
 
+#include "weft/env.h"
 #include "weft/error.h"
 #include "weft/ops.h"
 
@@ -22,14 +23,9 @@ constexpr std::size_t kDefaultBucketBytes = std::size_t{25} << 20;
 
 std::size_t bucket_bytes_from(const std::optional<std::size_t>& option) {
   if (option) return *option;
-  if (const char* env = std::getenv("WEFT_BUCKET_BYTES"); env && *env) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(env, &end, 10);
-    if (*end != '\0' || env[0] == '-')
-      throw InvalidArgument("DataParallel: WEFT_BUCKET_BYTES must be a byte count, got '" + std::string(env) + "'");
-    return static_cast<std::size_t>(v);
-  }
-  return kDefaultBucketBytes;
+  return static_cast<std::size_t>(env::number_or("WEFT_BUCKET_BYTES", static_cast<long long>(kDefaultBucketBytes), 0,
+                                                 std::numeric_limits<long long>::max(),
+                                                 "a byte count (a whole number; 0: one bucket per parameter)"));
 }
 
 // The layers that run a backward of their own: a Sequential's children,

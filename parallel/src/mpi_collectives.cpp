@@ -32,6 +32,11 @@
 // Every MPI wait has the collective's deadline, which restarts when its
 // turn comes. Only the communication thread and the lanes' threads call MPI
 // (after MPI_Init_thread and the rank query at start-up).
+//
+// Nothing here throws: a fiber has no caller to throw to. An MPI call's
+// code is compared with MPI_SUCCESS where it was made and passed on, and a
+// failure fails the collective (fail_check, fail_broken) with
+// WEFT_MPI_FAILURE's message (weft/checked_call.h), naming the call.
 
 #include <algorithm>
 #include <deque>
@@ -74,6 +79,21 @@ int post_data(Job& job, MPI_Request* request) {
     case Kind::recv: break;  // run_send, run_recv
   }
   return MPI_ERR_OTHER;
+}
+
+// The MPI call of post_data (non-blocking) or of blocking_call, by name.
+const char* data_call(Kind kind, bool blocking) {
+  switch (kind) {
+    case Kind::allreduce: return blocking ? "MPI_Allreduce" : "MPI_Iallreduce";
+    case Kind::broadcast: return blocking ? "MPI_Bcast" : "MPI_Ibcast";
+    case Kind::reduce: return blocking ? "MPI_Reduce" : "MPI_Ireduce";
+    case Kind::reduce_scatter: return blocking ? "MPI_Reduce_scatter" : "MPI_Ireduce_scatter";
+    case Kind::all_gather: return blocking ? "MPI_Allgatherv" : "MPI_Iallgatherv";
+    case Kind::barrier: return blocking ? "MPI_Barrier" : "MPI_Ibarrier";
+    case Kind::send:
+    case Kind::recv: break;
+  }
+  return "MPI";
 }
 
 // After the data phase: the average is the sum scaled where it was written.
@@ -168,7 +188,9 @@ void fail_check(Job& job, const std::string& why, int peer = CommunicationError:
   job.check = Job::Check::failed;
 }
 
-int post_record(Job& job) {
+// True when the fingerprint went out; false when posting it failed the
+// check.
+bool post_record(Job& job) {
   MpiGroup& g = *job.group;
   const int n = g.size;
   job.theirs.assign(static_cast<std::size_t>(n), Fingerprint{});
@@ -181,16 +203,20 @@ int post_record(Job& job) {
   for (int peer = 0; peer < n; ++peer) {
     if (peer == g.rank) continue;
     const auto p = static_cast<std::size_t>(peer);
+    const char* call = "MPI_Irecv";
     int rc = MPI_Irecv(&job.theirs[p], sizeof(Fingerprint), MPI_BYTE, peer, kRecordTag, g.check, &job.record_recvs[p]);
-    if (rc == MPI_SUCCESS)
+    if (rc == MPI_SUCCESS) {
+      call = "MPI_Isend";
       rc = MPI_Isend(job.record.get(), sizeof(Fingerprint), MPI_BYTE, peer, kRecordTag, g.check, &job.record_sends[p]);
+    }
     if (rc != MPI_SUCCESS) {
       cancel_pending(job.record_recvs, job.record_sends, job.record);
-      fail_check(job, "sending its fingerprint to rank " + std::to_string(peer) + " failed: " + mpi_error_text(rc), peer);
-      return rc;
+      fail_check(job, "exchanging fingerprints with rank " + std::to_string(peer) + ": " + WEFT_MPI_FAILURE(call, rc),
+                 peer);
+      return false;
     }
   }
-  return MPI_SUCCESS;
+  return true;
 }
 
 // The oldest posted fingerprint's end: every peer's arrived (compared), or
@@ -200,7 +226,7 @@ void decide(Job& job, CommThread::Wait waited, int mpi_rc) {
   const int n = g.size;
   if (mpi_rc != MPI_SUCCESS) {
     cancel_pending(job.record_recvs, job.record_sends, job.record);
-    return fail_check(job, "exchanging fingerprints failed: " + mpi_error_text(mpi_rc));
+    return fail_check(job, "exchanging fingerprints: " + WEFT_MPI_FAILURE("MPI_Test", mpi_rc));
   }
   if (waited != CommThread::Wait::done) {
     const std::vector<int> missing = cancel_pending(job.record_recvs, job.record_sends, job.record);
@@ -253,7 +279,7 @@ void run_records(const std::shared_ptr<MpiGroup>& group, CommThread& thread) {
         job->check = Job::Check::failed;
       } else if (thread.stopping()) {
         fail_check(*job, "the process is exiting");
-      } else if (post_record(*job) == MPI_SUCCESS) {
+      } else if (post_record(*job)) {
         posted.push_back(std::move(job));
       }
     }
@@ -365,8 +391,9 @@ bool await_check(Job& job, CommThread& thread) {
 // Tells every peer whether this rank's input is valid, and posts the
 // receives of theirs, in sequence order (under the data gate), before this
 // rank enters the data phase: no rank waits for another's status to enter
-// it, and each completes only once it has them all. Returns MPI's code.
-int send_status(Job& job) {
+// it, and each completes only once it has them all. Returns "", or what
+// failed (WEFT_MPI_FAILURE's message).
+std::string send_status(Job& job) {
   MpiGroup& g = *job.group;
   job.statuses.assign(static_cast<std::size_t>(g.size), Status{});
   job.status_recvs.assign(static_cast<std::size_t>(g.size), MPI_REQUEST_NULL);
@@ -375,7 +402,7 @@ int send_status(Job& job) {
     const auto p = static_cast<std::size_t>(peer);
     const int rc =
         MPI_Irecv(&job.statuses[p], sizeof(Status), MPI_BYTE, peer, kStatusTag, g.check, &job.status_recvs[p]);
-    if (rc != MPI_SUCCESS) return rc;
+    if (rc != MPI_SUCCESS) return WEFT_MPI_FAILURE("MPI_Irecv", rc);
   }
   job.status = std::make_unique<Status>();
   job.status->sequence = job.mine.sequence;
@@ -388,9 +415,9 @@ int send_status(Job& job) {
     if (peer == g.rank) continue;
     const int rc = MPI_Isend(job.status.get(), sizeof(Status), MPI_BYTE, peer, kStatusTag, g.check,
                              &job.status_sends[static_cast<std::size_t>(peer)]);
-    if (rc != MPI_SUCCESS) return rc;
+    if (rc != MPI_SUCCESS) return WEFT_MPI_FAILURE("MPI_Isend", rc);
   }
-  return MPI_SUCCESS;
+  return {};
 }
 
 // Every peer's status has arrived (tested once each; `rc` says whether a
@@ -423,7 +450,7 @@ void complete_with_statuses(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   int rc = MPI_SUCCESS;
   const CommThread::Wait waited = thread.poll_until([&] { return test_each(job.status_recvs, rc); }, job.deadline);
-  if (rc != MPI_SUCCESS) return fail_broken(job, "receiving the peers' statuses failed: " + mpi_error_text(rc));
+  if (rc != MPI_SUCCESS) return fail_broken(job, "receiving the peers' statuses: " + WEFT_MPI_FAILURE("MPI_Test", rc));
   if (waited != CommThread::Wait::done) {
     const std::vector<int> missing = cancel_pending(job.status_recvs, job.status_sends, job.status);
     if (waited == CommThread::Wait::stopping) return fail_broken(job, "the process is exiting");
@@ -462,6 +489,7 @@ void stand_in(Job& job) {
 // How a data phase ended.
 struct Outcome {
   int rc = MPI_SUCCESS;
+  const char* call = "MPI_Test";  // the call that returned rc
   CommThread::Wait waited = CommThread::Wait::done;
   bool posted = false;  // MPI was given the tensors' memory
   bool completed = false;  // the job is complete already (the blocking lane did it)
@@ -473,7 +501,10 @@ Outcome mpi_collective(Job& job, CommThread& thread) {
   MPI_Request request = MPI_REQUEST_NULL;
   out.rc = post_data(job, &request);
   job.group->data_gate.pass(job.mine.sequence);  // the next may post behind it
-  if (out.rc != MPI_SUCCESS) return out;
+  if (out.rc != MPI_SUCCESS) {
+    out.call = data_call(job.kind, false);
+    return out;
+  }
   out.posted = true;
   out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline);
   if (out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done) finish_data(job);
@@ -532,15 +563,19 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
     for (std::int64_t off = 0; off < recv_chunk.size(); off += kRingSegment) {
       recvs.push_back(MPI_REQUEST_NULL);
       const int len = static_cast<int>(std::min(kRingSegment, recv_chunk.size() - off));
-      if ((out.rc = MPI_Irecv(landing + off, len, MPI_FLOAT, left, step, g.data, &recvs.back())) != MPI_SUCCESS)
+      if ((out.rc = MPI_Irecv(landing + off, len, MPI_FLOAT, left, step, g.data, &recvs.back())) != MPI_SUCCESS) {
+        out.call = "MPI_Irecv";
         return give_up();
+      }
     }
     for (std::int64_t off = 0; off < send_chunk.size(); off += kRingSegment) {
       sends.push_back(MPI_REQUEST_NULL);
       const int len = static_cast<int>(std::min(kRingSegment, send_chunk.size() - off));
       if ((out.rc = MPI_Isend(buf + send_chunk.begin + off, len, MPI_FLOAT, right, step, g.data, &sends.back())) !=
-          MPI_SUCCESS)
+          MPI_SUCCESS) {
+        out.call = "MPI_Isend";
         return give_up();
+      }
     }
     for (std::size_t k = 0; k < recvs.size(); ++k) {
       if (!wait(recvs[k])) return give_up();
@@ -640,6 +675,7 @@ Outcome await_lane(Job& job, CommThread& thread) {
     out.waited = CommThread::Wait::done;
   }
   out.rc = ticket.rc;
+  out.call = data_call(job.kind, true);
   out.completed = job.lane_completed;
   return out;
 }
@@ -670,7 +706,7 @@ void end_data_phase(Job& job, CommThread& thread, const Outcome& out) {
   MpiGroup& g = *job.group;
   if (out.rc != MPI_SUCCESS || out.waited != CommThread::Wait::done) {
     if (out.posted) abandon_memory(job);
-    if (out.rc != MPI_SUCCESS) return fail_broken(job, "MPI failed: " + mpi_error_text(out.rc));
+    if (out.rc != MPI_SUCCESS) return fail_broken(job, WEFT_MPI_FAILURE(out.call, out.rc));
     if (out.waited == CommThread::Wait::stopping) return fail_broken(job, "the process is exiting");
     return fail_broken(job, "the data phase did not complete within " + seconds_text(g.timeout) + late_ranks(job));
   }
@@ -685,13 +721,12 @@ void end_data_phase(Job& job, CommThread& thread, const Outcome& out) {
 void data_phase(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   if (job.began) {
-    if (job.began_rc != MPI_SUCCESS)
-      return fail_broken(job, "sending its status to the peers failed: " + mpi_error_text(job.began_rc));
+    if (!job.began_failure.empty()) return fail_broken(job, "sending its status to the peers: " + job.began_failure);
     return end_data_phase(job, thread, await_lane(job, thread));
   }
   if (g.fingerprints) {
-    if (const int rc = send_status(job); rc != MPI_SUCCESS)
-      return fail_broken(job, "sending its status to the peers failed: " + mpi_error_text(rc));
+    if (const std::string failure = send_status(job); !failure.empty())
+      return fail_broken(job, "sending its status to the peers: " + failure);
   } else if (job.failed_input) {
     // Without fingerprints the peers cannot be told: they fail at their
     // timeout, and this rank stops using the communicator too.
@@ -748,7 +783,7 @@ bool begin_data_phase(Job& job) {
   // communicator's lane may be stuck in MPI: the fiber fails the job at once.
   if (g.is_broken.load(std::memory_order_acquire)) return false;
   job.began = true;
-  if (g.fingerprints && (job.began_rc = send_status(job)) != MPI_SUCCESS) return true;  // the fiber fails it
+  if (g.fingerprints && !(job.began_failure = send_status(job)).empty()) return true;  // the fiber fails it
   submit_to_lane(job);
   // Fibers of later collectives waiting at the gate see the pass at their
   // next poll: wake the thread if it sleeps. (A fiber that starts waiting

@@ -28,6 +28,7 @@
 #include "comm_thread.h"
 #include "communicator_state.h"
 #include "mpi_lane.h"
+#include "weft/checked_call.h"
 #include "weft/completion.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
@@ -35,7 +36,6 @@
 
 namespace weft::parallel::detail {
 
-std::string mpi_error_text(int code);
 std::string seconds_text(std::chrono::milliseconds t);  // "2 s", "1500 ms"
 
 // ---- MPI in this process ---------------------------------------------------------
@@ -61,16 +61,14 @@ class MpiProcess {
  private:
   MpiProcess() {
     int initialized = 0, finalized = 0, provided = 0;
-    MPI_Initialized(&initialized);
-    MPI_Finalized(&finalized);
+    WEFT_MPI_CHECK(MPI_Initialized(&initialized));
+    WEFT_MPI_CHECK(MPI_Finalized(&finalized));
     if (finalized) throw InvalidArgument("weft::parallel::Communicator::mpi: MPI was already finalized");
     if (!initialized) {
-      if (const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided); rc != MPI_SUCCESS)
-        throw CommunicationError("weft::parallel::Communicator::mpi: MPI_Init_thread failed: " + mpi_error_text(rc),
-                                 -1);
+      WEFT_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
       owns_ = true;
     } else {
-      MPI_Query_thread(&provided);
+      WEFT_MPI_CHECK(MPI_Query_thread(&provided));
     }
     provided_ = provided;
     if (provided < MPI_THREAD_SERIALIZED)
@@ -78,11 +76,12 @@ class MpiProcess {
           "weft::parallel::Communicator::mpi: MPI was initialized with thread level " + std::to_string(provided) +
           "; Weft calls MPI from its communication thread and needs MPI_THREAD_SERIALIZED or more (MPI_Init_thread; "
           "with SERIALIZED, the application must not call MPI while Weft's collectives are in flight)");
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
-    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    WEFT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
+    WEFT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size_));
     thread_ = std::make_unique<CommThread>();
   }
 
+  // Unchecked MPI calls: at exit there is no caller left to tell.
   static void at_exit() {
     MpiProcess& p = get();
     p.thread_->stop();
@@ -248,10 +247,10 @@ struct Job {
   std::vector<std::byte> stand_in;
   bool lane_completed = false;  // the blocking lane's thread completed the job
   // The hold op began the data phase itself (begin_data_phase): the status
-  // went out (or posting it failed, with this code) and the call is on the
-  // lane (ticket); the fiber only waits for its end.
+  // went out (or posting it failed, as began_failure says) and the call is
+  // on the lane (ticket); the fiber only waits for its end.
   bool began = false;
-  int began_rc = MPI_SUCCESS;
+  std::string began_failure;
   std::shared_ptr<LaneTicket> ticket;
   // The job's fiber started (its hold op ran), and when: the record fiber's
   // deadline for its fingerprints counts from then at the earliest.

@@ -64,8 +64,10 @@ void give_up(std::initializer_list<MPI_Request*> recvs, std::initializer_list<MP
   }
 }
 
-std::string waited_text(int rc, CommThread::Wait waited, const std::string& late) {
-  if (rc != MPI_SUCCESS) return "MPI failed: " + mpi_error_text(rc);
+// Why a message failed: an MPI call (`call` returned `rc`), the process
+// exiting, or `late`. A fiber does not throw: the message fails its job.
+std::string waited_text(const char* call, int rc, CommThread::Wait waited, const std::string& late) {
+  if (rc != MPI_SUCCESS) return WEFT_MPI_FAILURE(call, rc);
   if (waited == CommThread::Wait::stopping) return "the process is exiting";
   return late;
 }
@@ -89,20 +91,27 @@ void run_send(Job& job, CommThread& thread) {
   wire->header = job.mine;
   MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
   int rc = MPI_SUCCESS;
+  const char* call = "MPI_Isend";  // the call that returned rc
   if (g.fingerprints) {
     rc = MPI_Isend(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, tags.header, g.p2p, &header);
-    if (rc == MPI_SUCCESS) rc = MPI_Irecv(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, tags.reply, g.p2p, &reply);
+    if (rc == MPI_SUCCESS) {
+      call = "MPI_Irecv";
+      rc = MPI_Irecv(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, tags.reply, g.p2p, &reply);
+    }
   }
-  if (rc == MPI_SUCCESS && !job.failed_input)
+  if (rc == MPI_SUCCESS && !job.failed_input) {
+    call = "MPI_Isend";
     rc = MPI_Isend(job.in, job.count, job.type, peer, tags.data, g.p2p, &data);
+  }
   gate.pass(seq);
+  if (rc == MPI_SUCCESS) call = "MPI_Test";
   const CommThread::Wait waited =
       rc != MPI_SUCCESS ? CommThread::Wait::done
                         : thread.poll_until([&] { return test_all({&header, &data, &reply}, rc); }, job.deadline);
   if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
     give_up({&reply}, {&header, &data}, wire, job);
     fail_broken(job,
-                waited_text(rc, waited,
+                waited_text(call, rc, waited,
                             "rank " + std::to_string(peer) + " did not receive it within " + seconds_text(g.timeout) +
                                 " (CommunicatorOptions::timeout, WEFT_COLLECTIVE_TIMEOUT)"),
                 peer);
@@ -127,31 +136,35 @@ void run_recv(Job& job, CommThread& thread) {
   wire->reply = job.mine;
   MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
   int rc = MPI_SUCCESS;
+  const char* call = "MPI_Irecv";  // the call that returned rc
   if (!g.fingerprints) {
     rc = MPI_Irecv(job.out, job.count, job.type, peer, tags.data, g.p2p, &data);
     gate.pass(seq);
+    if (rc == MPI_SUCCESS) call = "MPI_Test";
     const CommThread::Wait waited =
         rc != MPI_SUCCESS ? CommThread::Wait::done
                           : thread.poll_until([&] { return test_all({&data}, rc); }, job.deadline);
     if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
       give_up({&data}, {}, wire, job);
-      return fail_broken(job, waited_text(rc, waited, late), peer);
+      return fail_broken(job, waited_text(call, rc, waited, late), peer);
     }
     return complete(job);
   }
   rc = MPI_Irecv(&wire->header, sizeof(Fingerprint), MPI_BYTE, peer, tags.header, g.p2p, &header);
+  if (rc == MPI_SUCCESS) call = "MPI_Test";
   const CommThread::Wait heard =
       rc != MPI_SUCCESS ? CommThread::Wait::done
                         : thread.poll_until([&] { return test_all({&header}, rc); }, job.deadline);
   if (rc != MPI_SUCCESS || heard != CommThread::Wait::done) {
     give_up({&header}, {}, wire, job);
     gate.pass(seq);
-    return fail_broken(job, waited_text(rc, heard, late), peer);
+    return fail_broken(job, waited_text(call, rc, heard, late), peer);
   }
   const Fingerprint& h = wire->header;
   const bool match = same_message(h, job.mine);
   std::vector<unsigned char> discard;  // a mismatched message's data, taken and dropped
   if (!h.failed) {
+    call = "MPI_Irecv";
     if (match) {
       rc = MPI_Irecv(job.out, job.count, job.type, peer, tags.data, g.p2p, &data);
     } else {
@@ -161,15 +174,18 @@ void run_recv(Job& job, CommThread& thread) {
     }
   }
   gate.pass(seq);  // this message's data receive is posted: the next may post its own
-  if (rc == MPI_SUCCESS)
+  if (rc == MPI_SUCCESS) {
+    call = "MPI_Isend";
     rc = MPI_Isend(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, tags.reply, g.p2p, &reply);
+  }
+  if (rc == MPI_SUCCESS) call = "MPI_Test";
   const CommThread::Wait waited =
       rc != MPI_SUCCESS ? CommThread::Wait::done
                         : thread.poll_until([&] { return test_all({&data, &reply}, rc); }, job.deadline);
   if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
     give_up({&data}, {&reply}, wire, job);
     return fail_broken(job,
-                       waited_text(rc, waited,
+                       waited_text(call, rc, waited,
                                    "rank " + std::to_string(peer) + " announced the message, but its data did not "
                                                                    "arrive within " + seconds_text(g.timeout)),
                        peer);

@@ -2,9 +2,7 @@
 // collectives and messages to the communication thread, and the creation of
 // a communicator (mpi_group.h; docs/design/parallel-collectives.md).
 #include <algorithm>
-#include <cerrno>
 #include <climits>
-#include <cstdlib>
 #include <functional>
 #include <future>
 #include <memory>
@@ -13,6 +11,7 @@
 #include <vector>
 
 #include "mpi_group.h"
+#include "weft/env.h"
 #include "weft/tensor_op.h"
 
 namespace weft::parallel::detail {
@@ -25,30 +24,14 @@ std::chrono::milliseconds collective_timeout(const CommunicatorOptions& options)
       throw InvalidArgument("weft::parallel::Communicator: CommunicatorOptions::timeout must be positive");
     return *options.timeout;
   }
-  const char* text = std::getenv("WEFT_COLLECTIVE_TIMEOUT");
-  if (!text || !*text) return std::chrono::minutes(5);
-  char* end = nullptr;
-  errno = 0;
-  const double seconds = std::strtod(text, &end);
-  if (errno != 0 || end == text || *end != '\0' || !(seconds > 0) || seconds > 1e7)
-    throw InvalidArgument("WEFT_COLLECTIVE_TIMEOUT='" + std::string(text) +
-                          "': want a positive number of seconds, such as 300 or 2.5");
+  const double seconds = env::real_if("WEFT_COLLECTIVE_TIMEOUT", 300, [](double s) { return s > 0 && s <= 1e7; },
+                                      "a positive number of seconds, such as 300 or 2.5");
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
-}
-
-bool env_switch(const char* name, const char* on_means, const char* off_means) {
-  const char* text = std::getenv(name);
-  if (!text || !*text) return true;
-  const std::string value(text);
-  if (value == "1") return true;
-  if (value == "0") return false;
-  throw InvalidArgument(std::string(name) + "='" + value + "': want 1 (" + on_means + ", the default) or 0 (" +
-                        off_means + ")");
 }
 
 bool collective_fingerprints(const CommunicatorOptions& options) {
   if (options.fingerprints) return *options.fingerprints;
-  return env_switch("WEFT_COLLECTIVE_CHECK", "fingerprints on", "off");
+  return env::flag_or("WEFT_COLLECTIVE_CHECK", true, "fingerprints on", "off");
 }
 
 namespace {
@@ -57,7 +40,7 @@ namespace {
 // blocking lane where every rank has MPI_THREAD_MULTIPLE; 0 keeps them
 // non-blocking on the communication thread (measurements, tests of that path).
 bool mpi_lane_wanted() {
-  return env_switch("WEFT_MPI_LANE", "a blocking lane for large collectives", "non-blocking calls only");
+  return env::flag_or("WEFT_MPI_LANE", true, "a blocking lane for large collectives", "non-blocking calls only");
 }
 
 // The fiber of one job.
@@ -284,7 +267,7 @@ class MpiTransport final : public Transport {
     // Its fiber then only watches the lane's call: it need not wake the
     // communication thread (after a lane call, this runs on the lane's
     // thread, just before its next call).
-    const bool watching = began && job->began_rc == MPI_SUCCESS;
+    const bool watching = began && job->began_failure.empty();
     if (!thread.spawn([job = std::move(job), &thread] { run(*job, thread); },
                       watching ? CommThread::Start::soon : CommThread::Start::now)) {
       drop_lane_call(*kept);
@@ -352,16 +335,16 @@ std::unique_ptr<Transport> make_mpi_transport(CommunicatorState& state, const Co
       const int posted = i < 4 ? MPI_Comm_idup(MPI_COMM_WORLD, &pending->comms[i], &pending->requests[i])
                                : MPI_Iallreduce(MPI_IN_PLACE, &pending->lane_level, 1, MPI_INT, MPI_MIN,
                                                 pending->comms[3], &pending->requests[i]);
+      // A fiber: a failure goes back through `created` (the caller throws).
       if (posted != MPI_SUCCESS) {
-        created.set_value(std::string(i < 4 ? "MPI_Comm_idup" : "MPI_Iallreduce") +
-                          " failed: " + mpi_error_text(posted));
+        created.set_value(WEFT_MPI_FAILURE(i < 4 ? "MPI_Comm_idup" : "MPI_Iallreduce", posted));
         return;
       }
       int rc = MPI_SUCCESS;
       const auto waited = thread.poll_until([&] { return test_all({&pending->requests[i]}, rc); }, deadline);
       if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
         static_cast<void>(pending.release());
-        created.set_value(rc != MPI_SUCCESS ? "creating the communicator failed: " + mpi_error_text(rc)
+        created.set_value(rc != MPI_SUCCESS ? "creating the communicator: " + WEFT_MPI_FAILURE("MPI_Test", rc)
                           : waited == CommThread::Wait::stopping
                               ? std::string("the process is exiting")
                               : "not every rank created its communicator within " + seconds_text(g->timeout) +

@@ -40,6 +40,8 @@
 #include "comm_thread.h"
 #include "communicator_state.h"
 #include "local_phase.h"
+#include "weft/checked_call.h"
+#include "weft/env.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
@@ -48,18 +50,11 @@
 namespace weft::parallel::detail {
 namespace {
 
-[[noreturn]] void nccl_failed(const char* call, ncclResult_t rc, const std::string& what) {
-  throw CommunicationError(
-      what + ": " + call + " failed: " + ncclGetErrorString(rc) + " (" + ncclGetLastError(nullptr) + ")",
-      CommunicationError::kNoPeer);
+// A failed NCCL call while creating a communicator: its error (the family's
+// message, weft/checked_call.h) with `what`, the communicator, in front.
+[[noreturn]] void creation_failed(const std::string& what, int rank, const Error& e) {
+  throw CommunicationError(what + ": " + e.what(), rank);
 }
-// One checked-call macro for NCCL, as WEFT_CUDA_CHECK for CUDA. ncclInProgress
-// is not a failure: a non-blocking communicator is still working.
-#define WEFT_NCCL_CHECK(call, what)                                                                               \
-  do {                                                                                                            \
-    const ncclResult_t weft_nccl_rc_ = (call);                                                                    \
-    if (weft_nccl_rc_ != ncclSuccess && weft_nccl_rc_ != ncclInProgress) nccl_failed(#call, weft_nccl_rc_, what); \
-  } while (0)
 
 // The communication thread of NCCL's fibers (MPI's is MpiProcess's: this
 // one must not initialize MPI).
@@ -186,14 +181,18 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
   }
   const auto deadline = Clock::now() + clique->timeout;
   try {
-    WEFT_NCCL_CHECK(ncclGroupStart(), phase->what);
+    WEFT_NCCL_CHECK(ncclGroupStart());
     try {
-      for (int r = 0; r < clique->size(); ++r) calls(r, *phase);
+      for (int r = 0; r < clique->size(); ++r) {
+        // A failed call names the member's device (weft/checked_call.h).
+        ::weft::detail::CheckContextGuard context(phase->what, clique->devices[static_cast<std::size_t>(r)]);
+        calls(r, *phase);
+      }
     } catch (...) {
       ncclGroupEnd();  // the group depth is per thread, shared by every clique
       throw;
     }
-    WEFT_NCCL_CHECK(ncclGroupEnd(), phase->what);
+    WEFT_NCCL_CHECK(ncclGroupEnd());
   } catch (const std::exception& e) {
     clique->gate.pass(seq);
     return fail(std::string("launching failed: ") + e.what());  // some members may have launched
@@ -324,8 +323,7 @@ class NcclLocalTransport final : public Transport {
     const auto count = static_cast<std::size_t>(tensors[0].numel());
     push_nccl(call, clique_, tensors, tensors, [clique = clique_, count, op](int r, const Phase& p) {
       WEFT_NCCL_CHECK(
-          ncclAllReduce(p.out_at(r), p.out_at(r), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)),
-          p.what);
+          ncclAllReduce(p.out_at(r), p.out_at(r), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)));
     });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -336,8 +334,7 @@ class NcclLocalTransport final : public Transport {
               [clique = clique_, root, bytes](int r, const Phase& p) {
                 void* into = r == root ? const_cast<void*>(p.in_at(0)) : p.out_at(r < root ? r : r - 1);
                 WEFT_NCCL_CHECK(
-                    ncclBroadcast(p.in_at(0), into, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
-                    p.what);
+                    ncclBroadcast(p.in_at(0), into, bytes, ncclUint8, root, clique->comm(r), clique->native(r)));
               });
   }
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -351,8 +348,7 @@ class NcclLocalTransport final : public Transport {
                 const void* from = r == root ? p.out_at(0) : p.in_at(r < root ? r : r - 1);
                 void* into = r == root ? p.out_at(0) : nullptr;
                 WEFT_NCCL_CHECK(
-                    ncclReduce(from, into, count, ncclFloat32, nccl_op(op), root, clique->comm(r), clique->native(r)),
-                    p.what);
+                    ncclReduce(from, into, count, ncclFloat32, nccl_op(op), root, clique->comm(r), clique->native(r)));
               });
   }
   // NCCL's reduce-scatter and all-gather take equal chunks; uneven ones
@@ -367,8 +363,7 @@ class NcclLocalTransport final : public Transport {
     const auto part = static_cast<std::size_t>(count / clique_->size());
     push_nccl(call, clique_, inputs, outputs, [clique = clique_, part, op](int r, const Phase& p) {
       WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(r), p.out_at(r), part, ncclFloat32, nccl_op(op), clique->comm(r),
-                                        clique->native(r)),
-                      p.what);
+                                        clique->native(r)));
     });
   }
   void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
@@ -379,8 +374,8 @@ class NcclLocalTransport final : public Transport {
     }
     const std::size_t part_bytes = outputs[0].nbytes() / static_cast<std::size_t>(clique_->size());
     push_nccl(call, clique_, inputs, outputs, [clique = clique_, part_bytes](int r, const Phase& p) {
-      WEFT_NCCL_CHECK(ncclAllGather(p.in_at(r), p.out_at(r), part_bytes, ncclUint8, clique->comm(r), clique->native(r)),
-                      p.what);
+      WEFT_NCCL_CHECK(
+          ncclAllGather(p.in_at(r), p.out_at(r), part_bytes, ncclUint8, clique->comm(r), clique->native(r)));
     });
   }
   void barrier(const Call& call) override {
@@ -414,8 +409,7 @@ class NcclAcrossTransport final : public Transport {
     const auto count = static_cast<std::size_t>(t.numel());
     push_checked(call, t, op, {t}, {t}, [clique = clique_, count, op](int r, const Phase& p) {
       WEFT_NCCL_CHECK(
-          ncclAllReduce(p.out_at(0), p.out_at(0), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)),
-          p.what);
+          ncclAllReduce(p.out_at(0), p.out_at(0), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)));
     });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -428,8 +422,7 @@ class NcclAcrossTransport final : public Transport {
                  [clique = clique_, root, bytes, here](int r, const Phase& p) {
                    void* buffer = here ? const_cast<void*>(p.in_at(0)) : p.out_at(0);
                    WEFT_NCCL_CHECK(
-                       ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, clique->comm(r), clique->native(r)),
-                       p.what);
+                       ncclBroadcast(buffer, buffer, bytes, ncclUint8, root, clique->comm(r), clique->native(r)));
                  });
   }
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
@@ -441,8 +434,7 @@ class NcclAcrossTransport final : public Transport {
                  [clique = clique_, root, count, op, here](int r, const Phase& p) {
                    void* into = here ? p.out_at(0) : nullptr;
                    WEFT_NCCL_CHECK(ncclReduce(p.in_at(0), into, count, ncclFloat32, nccl_op(op), root, clique->comm(r),
-                                              clique->native(r)),
-                                   p.what);
+                                              clique->native(r)));
                  });
   }
   void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
@@ -455,8 +447,7 @@ class NcclAcrossTransport final : public Transport {
     const auto part = static_cast<std::size_t>(count / host_.size());
     push_checked(call, inputs[0], op, inputs, outputs, [clique = clique_, part, op](int r, const Phase& p) {
       WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(0), p.out_at(0), part, ncclFloat32, nccl_op(op), clique->comm(r),
-                                        clique->native(r)),
-                      p.what);
+                                        clique->native(r)));
     });
   }
   void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
@@ -469,8 +460,7 @@ class NcclAcrossTransport final : public Transport {
     push_checked(
         call, outputs[0], ReduceOp::sum, inputs, outputs, [clique = clique_, part_bytes](int r, const Phase& p) {
           WEFT_NCCL_CHECK(
-              ncclAllGather(p.in_at(0), p.out_at(0), part_bytes, ncclUint8, clique->comm(r), clique->native(r)),
-              p.what);
+              ncclAllGather(p.in_at(0), p.out_at(0), part_bytes, ncclUint8, clique->comm(r), clique->native(r)));
         });
   }
   void barrier(const Call& call) override {
@@ -515,7 +505,7 @@ std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const Com
 
 bool nccl_wanted() {
   if (gpu::backend() != gpu::Backend::cuda) return false;
-  return env_switch("WEFT_NCCL", "NCCL for GPU members", "Weft's own paths");
+  return env::flag_or("WEFT_NCCL", true, "NCCL for GPU members", "Weft's own paths");
 }
 
 std::unique_ptr<Transport> make_nccl_transport(CommunicatorState& state, std::unique_ptr<Transport> ring) {
@@ -524,11 +514,12 @@ std::unique_ptr<Transport> make_nccl_transport(CommunicatorState& state, std::un
   std::vector<int> ordinals;
   for (const Device d : clique->devices) ordinals.push_back(d.index());
   clique->comms.resize(static_cast<std::size_t>(n));
-  const ncclResult_t rc = ncclCommInitAll(clique->comms.data(), n, ordinals.data());
-  if (rc != ncclSuccess) {
+  try {
+    WEFT_NCCL_CHECK(ncclCommInitAll(clique->comms.data(), n, ordinals.data()));
+  } catch (const Error& e) {
     clique->broken = "never created";  // nothing to destroy
-    nccl_failed("ncclCommInitAll", rc,
-                "weft::parallel::Communicator::local (NCCL over" + members_text(state.devices) + ")");
+    creation_failed("weft::parallel::Communicator::local (NCCL over" + members_text(state.devices) + ")",
+                    CommunicationError::kNoPeer, e);
   }
   return std::make_unique<NcclLocalTransport>(std::move(clique), std::move(ring));
 }
@@ -547,7 +538,11 @@ std::unique_ptr<Transport> make_nccl_mpi_transport(CommunicatorState& state, Com
   ncclUniqueId id{};
   std::vector<float> bits(kFloats, 0.0f);
   if (rank == 0) {
-    WEFT_NCCL_CHECK(ncclGetUniqueId(&id), what);
+    try {
+      WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
+    } catch (const Error& e) {
+      creation_failed(what, rank, e);
+    }
     std::memcpy(bits.data(), &id, sizeof id);
   }
   Tensor shared = Tensor::from_host(engine, Shape{static_cast<std::int64_t>(kFloats)}, bits, kHold);
@@ -562,10 +557,11 @@ std::unique_ptr<Transport> make_nccl_mpi_transport(CommunicatorState& state, Com
   gpu::set_device(gpu.index());  // ncclCommInitRank's device: the calling thread's current one (left so)
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
-  const ncclResult_t rc = ncclCommInitRankConfig(&clique->comms[0], size, id, rank, &config);
-  if (rc != ncclSuccess && rc != ncclInProgress) {
+  try {
+    WEFT_NCCL_CHECK(ncclCommInitRankConfig(&clique->comms[0], size, id, rank, &config));
+  } catch (const Error& e) {
     clique->broken = "never created";
-    nccl_failed("ncclCommInitRankConfig", rc, what);
+    creation_failed(what, rank, e);
   }
   const auto deadline = Clock::now() + clique->timeout;
   for (;;) {

@@ -152,3 +152,47 @@ TEST_CASE("a failing checked call names the call, its status, the op and the dev
       },
       2);
 }
+
+namespace {
+// A status text that only lives as long as the full expression (MPI's).
+std::string fake_mpi_text(int status) { return "MPI_ERR_RANK: invalid rank " + std::to_string(status); }
+}  // namespace
+#define WEFT_TEST_FAKE_RANK 7
+
+TEST_CASE("a checked call's failure: one message for every library, the call as written, the right error kind" *
+          doctest::timeout(60)) {
+  using weft::detail::CallFailure;
+  using weft::detail::Failure;
+  // Communication failures (MPI, NCCL) are CommunicationErrors naming the ranks known.
+  try {
+    WEFT_DETAIL_CHECKED_CALL("MPI", "fake_mpi_send(WEFT_TEST_FAKE_RANK)", fake_cuda_call(6),
+                             [](int s) { return s != 0; }, fake_mpi_text,
+                             [](int) { return CallFailure(Failure::communication, 3, 1); });
+    FAIL("no error");
+  } catch (const weft::CommunicationError& e) {
+    CHECK(e.rank() == 3);
+    CHECK(e.peer() == 1);
+    CHECK(has(e.what(), "fake_mpi_send(WEFT_TEST_FAKE_RANK) failed: MPI error 6 (MPI_ERR_RANK: invalid rank 6) ["));
+    CHECK(has(e.what(), "test_devices.cpp:"));
+  }
+  // The message shows the call as written, before its arguments' macros expand.
+  const std::string written = error_of(
+      [] { WEFT_DETAIL_CHECK("cuDNN", fake_cuda_call(WEFT_TEST_FAKE_RANK), 0, fake_status_name, fake_failure); });
+  CHECK(has(written, "fake_cuda_call(WEFT_TEST_FAKE_RANK) failed: cuDNN error 7 (?)"));
+  // A null status text reads "?"; a failure handled where it happened gets
+  // the same message without the file:line.
+  CHECK(weft::detail::call_failure_message("MPI", "MPI_Isend", 6, "MPI_ERR_RANK: invalid rank") ==
+        "MPI_Isend failed: MPI error 6 (MPI_ERR_RANK: invalid rank)");
+  CHECK_THROWS_WITH_AS(
+      weft::detail::throw_call_failure("NCCL", "ncclAllReduce(...)", "x.cpp", 12, 4, "invalid argument",
+                                       Failure::invalid_argument),
+      "ncclAllReduce(...) failed: NCCL error 4 (invalid argument) [x.cpp:12]", weft::InvalidArgument);
+  // Without a rank, a CommunicationError says none is known.
+  try {
+    weft::detail::throw_call_failure("MPI", "MPI_Comm_rank(...)", "x.cpp", 3, 5, "?", Failure::communication);
+    FAIL("no error");
+  } catch (const weft::CommunicationError& e) {
+    CHECK(e.rank() == -1);
+    CHECK(e.peer() == weft::CommunicationError::kNoPeer);
+  }
+}

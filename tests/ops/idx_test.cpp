@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_test_util.h"
 #include "weft/dataset.h"
 #include "weft/error.h"
 #include "weft/idx.h"
@@ -489,6 +490,18 @@ TEST_CASE("Minibatch iterator rejects bad arguments" * doctest::timeout(60)) {
         std::string::npos);
   d.labels.pop_back();
   CHECK(error_of([&] { weft::MinibatchIterator(d, 4, true, 1); }).find("9 labels") != std::string::npos);
+}
+
+TEST_CASE("MNIST default_fashion_mnist_dir: WEFT_FASHION_MNIST when set, the system path when unset or empty" *
+          doctest::timeout(60)) {
+  {
+    weft_test::EnvGuard dir("WEFT_FASHION_MNIST", "/data/fashion");
+    CHECK(weft::default_fashion_mnist_dir() == "/data/fashion");
+  }
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
+    weft_test::EnvGuard dir("WEFT_FASHION_MNIST", unset);
+    CHECK(weft::default_fashion_mnist_dir() == "/usr/share/datasets/fashion-mnist");
+  }
 }
 
 TEST_CASE("MNIST real Fashion-MNIST from default_fashion_mnist_dir" * doctest::timeout(300)) {

@@ -350,3 +350,26 @@ TEST_CASE("data parallel: bad input names the problem") {
     CHECK(contains(error_of([&] { dp.agree_steps(-1); }), "out of range"));
   });
 }
+
+TEST_CASE("data parallel: WEFT_BUCKET_BYTES sets the bucket capacity, a malformed value has the one message") {
+  auto engine = Engine::create({.kind = "threaded", .cpu_devices = 2, .workers_per_cpu_device = 1});
+  Engine& e = *engine;
+  auto make = [&](Device d) { return nn::mlp(e, {4, 3}, d, 0); };  // fc1.weight, fc1.bias
+  {
+    weft_test::EnvGuard bucket("WEFT_BUCKET_BYTES", "0");  // one bucket per parameter
+    CHECK(par::DataParallel(e, cpus(2), make).buckets().size() == 2);
+  }
+  {
+    weft_test::EnvGuard bucket("WEFT_BUCKET_BYTES", "");  // the default, 25 MiB: one bucket
+    CHECK(par::DataParallel(e, cpus(2), make).buckets().size() == 1);
+  }
+  for (const char* bad : {"lots", "-1", "25MiB", "4 "}) {
+    weft_test::EnvGuard bucket("WEFT_BUCKET_BYTES", bad);
+    CHECK(weft_test::what_thrown<weft::InvalidArgument>([&] { par::DataParallel(e, cpus(2), make); }) ==
+          "weft: environment variable WEFT_BUCKET_BYTES='" + std::string(bad) +
+              "' is not a byte count (a whole number; 0: one bucket per parameter)");
+  }
+  // DataParallelOptions::bucket_bytes wins over the environment.
+  weft_test::EnvGuard bucket("WEFT_BUCKET_BYTES", "lots");
+  CHECK(par::DataParallel(e, cpus(2), make, {.bucket_bytes = 0}).buckets().size() == 2);
+}

@@ -10,12 +10,13 @@
 //   ├── OutOfMemory       a device had no room: which device, how much was
 //   │                     asked for, how much it had free
 //   ├── DeviceError       a GPU backend or library call failed (CUDA, cuBLAS,
-//   │                     cuDNN, NCCL, or the simulator)
+//   │                     cuDNN, or the simulator)
 //   ├── OpError           an op was misused while it ran: which op, on which
 //   │                     device (a Completion called twice or never, a wait
 //   │                     from inside an op)
 //   └── CommunicationError  a collective or a transfer between ranks failed or
-//                         timed out: which rank, which peer
+//                         timed out (MPI, NCCL, Weft's own): which rank,
+//                         which peer
 //
 // An exception a user op throws reaches the waiter as it was thrown (its own
 // type, its own message), as with std::future: catch it by the type the op

@@ -39,23 +39,53 @@ class CheckContextGuard {
 std::string current_op_suffix();
 
 // What a failed call's status means to the caller: the exception type thrown.
-enum class Failure { device, out_of_memory, invalid_argument };
+enum class Failure { device, out_of_memory, invalid_argument, communication };
 
-// Throws weft::DeviceError (or OutOfMemory / InvalidArgument as `failure`
-// says) naming the call, the library's status, file:line and the op.
+// A failed call's Failure and, for Failure::communication, the ranks the
+// weft::CommunicationError names (-1: not known).
+struct CallFailure {
+  // Implicit: a mapping may return a plain Failure.
+  CallFailure(Failure kind = Failure::device, int rank = -1, int peer = -1) noexcept
+      : kind(kind), rank(rank), peer(peer) {}
+  Failure kind;
+  int rank, peer;
+};
+
+// The one message of a failed call:
+//   "<call> failed: <library> error <code> (<status text>) [<file>:<line>, op 'x' on gpu(0)]"
+// without the bracket where no file is given (a failure handled where it
+// happened, off any op: the status is all there is to say).
+std::string call_failure_message(const char* library, const char* call, long long code, std::string_view status_text,
+                                 const char* file = nullptr, int line = 0);
+
+// Throws weft::DeviceError (or OutOfMemory / InvalidArgument /
+// CommunicationError as `failure` says) with call_failure_message.
 [[noreturn]] void throw_call_failure(const char* library, const char* call, const char* file, int line,
-                                     long long code, const char* status_text, Failure failure = Failure::device);
+                                     long long code, std::string_view status_text, CallFailure failure = {});
+
+// A library's status text, as text_of returns it (a C string, possibly
+// null, or a std::string that lives until the end of the full expression).
+inline std::string_view status_text(const char* text) noexcept { return text ? text : "?"; }
+inline std::string_view status_text(const std::string& text) noexcept { return text; }
 
 }  // namespace weft::detail
 
 // The one checked-call macro family: every library's macro is this one with
-// its success value, its status-to-text function and its status-to-Failure
-// mapping (weft/cuda_check.h defines CUDA's, cuBLAS's, cuDNN's and NCCL's).
-#define WEFT_DETAIL_CHECK(library, expr, ok, text_of, failure_of)                                           \
+// the call's text, its failure test, its status-to-text function and its
+// status-to-Failure (or CallFailure) mapping (weft/checked_call.h defines
+// CUDA's, cuBLAS's, cuDNN's, NCCL's and MPI's). The library macros pass
+// #expr themselves, so that the message shows the call as written, before
+// its arguments' macros (MPI_COMM_WORLD, ...) expand.
+#define WEFT_DETAIL_CHECKED_CALL(library, call_text, expr, failed, text_of, failure_of)                      \
   do {                                                                                                       \
     const auto weft_status_ = (expr);                                                                        \
-    if (weft_status_ != (ok))                                                                                \
-      ::weft::detail::throw_call_failure(library, #expr, __FILE__, __LINE__,                                 \
-                                         static_cast<long long>(weft_status_), text_of(weft_status_),        \
+    if ((failed)(weft_status_))                                                                              \
+      ::weft::detail::throw_call_failure(library, call_text, __FILE__, __LINE__,                             \
+                                         static_cast<long long>(weft_status_),                               \
+                                         ::weft::detail::status_text(text_of(weft_status_)),                 \
                                          failure_of(weft_status_));                                          \
   } while (0)
+// The common case: one success value.
+#define WEFT_DETAIL_CHECK(library, expr, ok, text_of, failure_of)                                    \
+  WEFT_DETAIL_CHECKED_CALL(library, #expr, expr, [](const auto& weft_s_) { return weft_s_ != (ok); }, \
+                           text_of, failure_of)

@@ -10,7 +10,7 @@
 
 #include "gpu_internal.h"
 #include "gpu_kernels.h"
-#include "weft/cuda_check.h"
+#include "weft/checked_call.h"
 
 namespace weft::kernels::gpu {
 

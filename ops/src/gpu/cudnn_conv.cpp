@@ -27,7 +27,7 @@
 #include "descriptors.h"
 #include "gpu_internal.h"
 #include "gpu_kernels.h"
-#include "weft/cuda_check.h"
+#include "weft/checked_call.h"
 #include "weft/error.h"
 
 namespace weft::kernels::gpu {

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-#include "weft/cuda_check.h"
+#include "weft/checked_call.h"
 
 namespace weft::kernels::gpu::detail {
 

@@ -2,7 +2,7 @@
 // order and meaning, on device pointers, enqueued on h.stream and never
 // synchronizing it (the engine completes GPU ops by recording an event). Only
 // compiled when CUDA is (WEFT_HAVE_CUDA); errors go through WEFT_CUDA_CHECK /
-// WEFT_CUBLAS_CHECK / WEFT_CUDNN_CHECK (weft/cuda_check.h) and throw
+// WEFT_CUBLAS_CHECK / WEFT_CUDNN_CHECK (weft/checked_call.h) and throw
 // weft::Error naming the call, the op and the device.
 #pragma once
 
