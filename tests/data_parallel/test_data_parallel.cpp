@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel/data_parallel_util.h"
+#include "data_parallel/data_parallel_util.h"
 #include "weft/error.h"
 #include "weft/ops.h"
 

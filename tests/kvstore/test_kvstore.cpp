@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel/collective_values.h"
+#include "collectives/collective_values.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"
