@@ -25,7 +25,7 @@ if(WEFT_SANITIZE)
 endif()
 
 # The test binaries' own translation units under ASan + UBSan: UBSan nearly
-# doubles their compile time (tests/engine/test_basics.cpp at -O1 -g1: 11.0 s
+# doubles their compile time (tests/engine/test_scheduling.cpp at -O1 -g1: 11.0 s
 # with -fsanitize=address, 19.8 s with address,undefined; CI compiles 43 such
 # files), and what it would check there is the tests' own code. The libraries
 # they link and the examples keep every sanitizer.

@@ -46,11 +46,11 @@ if [[ "${1:-}" == "--fast" ]]; then
   ctest --preset release -j "$jobs"
 else
   # What steps 1 and 2 both ran is not run a third time: devices, the in-process parallel suites,
-  # the GPU suites of engines, streams, errors, collectives, stream graphs, kvstore, data parallel,
-  # pipelines and tensor ops on simulated GPUs, and the 2-rank MPI jobs (about 2.5 minutes of test
-  # time here). Release runs the rest: the engine's scenarios at full speed, the ops and GPU ops
+  # the GPU suites of engines, lifecycle, streams, errors, collectives, stream graphs, kvstore, data
+  # parallel, pipelines and tensor ops on simulated GPUs, and the 2-rank MPI jobs (about 2.5 minutes
+  # of test time here). Release runs the rest: the engine's scenarios at full speed, the ops and GPU ops
   # against references in optimized code, copies, the simulator's runtime, the GPU reruns, the
   # examples and end-to-end runs, the benches, the installed package, the 1- and 3-rank MPI jobs.
   ctest --preset release -j "$jobs" \
-    -E '^((devices|parallel)\.|parallel_mpi\.(np2|gpu_np2|np2_no_lane|rank_dies|rank_stalled_on_lane)$|gpu\.gpu (engines|errors|streams|kvstore|data parallel|pipeline|collectives|stream graphs|tensor op) )'
+    -E '^((devices|parallel)\.|parallel_mpi\.(np2|gpu_np2|np2_no_lane|rank_dies|rank_stalled_on_lane)$|gpu\.gpu (engines|errors|lifecycle|streams|kvstore|data parallel|pipeline|collectives|stream graphs|tensor op) )'
 fi

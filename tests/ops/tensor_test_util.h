@@ -1,4 +1,4 @@
-// Helpers for the Tensor-API tests (tensor_ops_test.cpp): the two engine
+// Helpers for the Tensor-API tests (test_tensor_ops.cpp): the two engine
 // configurations every scenario runs on, random inputs, float64 host
 // references written as the plainest loops over each op's definition
 // (independent of ops/src and of reference.h), and comparisons.

@@ -22,7 +22,7 @@
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 #include "weft/tensor_op.h"
-#include "parallel_mpi/mpi_test_util.h"
+#include "mpi_test_util.h"
 
 namespace {
 

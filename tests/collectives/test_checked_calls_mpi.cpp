@@ -42,7 +42,7 @@ TEST_CASE("a failing MPI call under WEFT_MPI_CHECK is a CommunicationError namin
     INFO(m);
     CHECK(m.rfind("MPI_Send(&value, 1, MPI_INT, 5, 0, self) failed: MPI error ", 0) == 0);
     CHECK(contains(m, "invalid rank"));  // MPI_Error_string's text for MPI_ERR_RANK
-    CHECK(contains(m, "test_checked_mpi_calls.cpp:"));
+    CHECK(contains(m, "test_checked_calls_mpi.cpp:"));
   }
   const std::string handled = WEFT_MPI_FAILURE("MPI_Isend", MPI_ERR_RANK);
   CHECK(handled.rfind("MPI_Isend failed: MPI error " + std::to_string(MPI_ERR_RANK) + " (", 0) == 0);

@@ -4,7 +4,7 @@
 // chains across devices and their ordering against in-place writes, the
 // messages of bad input, a failing op and the engine afterwards, allocator
 // reuse through tensors, and tensors dropped while their ops are pending.
-// Kernel-level checks live in cpu_kernels_test.cpp.
+// Kernel-level checks live in test_cpu_kernels.cpp.
 #include <doctest/doctest.h>
 
 #include <atomic>

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "test_workers.h"
-#include "parallel/data_parallel_util.h"
+#include "data_parallel/data_parallel_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/nn.h"

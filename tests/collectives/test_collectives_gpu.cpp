@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "parallel/collective_values.h"
+#include "collectives/collective_values.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor_op.h"
 

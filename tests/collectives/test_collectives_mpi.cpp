@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel_mpi/mpi_test_util.h"
+#include "mpi_test_util.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"

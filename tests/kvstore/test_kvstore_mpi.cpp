@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel_mpi/mpi_test_util.h"
+#include "mpi_test_util.h"
 #include "weft/engine.h"
 #include "weft/parallel/kvstore.h"
 #include "weft/tensor.h"

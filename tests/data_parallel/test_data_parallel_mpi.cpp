@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel/data_parallel_util.h"
-#include "parallel_mpi/mpi_test_util.h"
+#include "data_parallel/data_parallel_util.h"
+#include "mpi_test_util.h"
 #include "weft/gpu.h"
 
 using namespace dp_test;

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "parallel/collective_values.h"
+#include "collectives/collective_values.h"
 #include "weft/parallel/kvstore.h"
 
 namespace {

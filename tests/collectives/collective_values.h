@@ -1,5 +1,5 @@
 // Values and references shared by the in-process collective tests, on CPU
-// devices (parallel/) and on GPUs (gpu/): integers, distinct per member and
+// devices (test_*.cpp) and on GPUs (test_*_gpu.cpp): integers, distinct per member and
 // element, small enough that sums of four are exact in float, so that every
 // collective is checked bit for bit against a serial reference.
 #pragma once

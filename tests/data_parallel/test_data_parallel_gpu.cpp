@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gpu_test_util.h"
-#include "parallel/data_parallel_util.h"
+#include "data_parallel/data_parallel_util.h"
 
 using namespace dp_test;
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel/collective_values.h"
+#include "collectives/collective_values.h"
 #include "weft/engine.h"
 #include "weft/op_graph.h"
 #include "weft/error.h"

@@ -1,5 +1,5 @@
-// KVStore on CPU devices, local and device kinds (dist_sync: parallel_mpi/,
-// GPUs: gpu/): push sums values from several devices bit for bit; the
+// KVStore on CPU devices, local and device kinds (dist_sync: test_kvstore_mpi.cpp,
+// GPUs: test_kvstore_gpu.cpp): push sums values from several devices bit for bit; the
 // updater runs once per push; pull after push sees it without a wait;
 // pushes to many keys in flight at once stay per key; the device kind places
 // keys largest first on the least-loaded device; bad input names the key.
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel/collective_values.h"
+#include "collectives/collective_values.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/ops.h"

@@ -1,5 +1,5 @@
-// DataParallel on CPU devices (simulated GPUs: gpu/, MPI ranks:
-// parallel_mpi/): k steps on n devices with the batch split equal k steps on
+// DataParallel on CPU devices (simulated GPUs: the _gpu file,
+// MPI ranks: the _mpi file): k steps on n devices with the batch split equal k steps on
 // one device with the whole batch (LeNet and an MLP; even and uneven splits;
 // one bucket, one per parameter, and in between; with and without overlap);
 // no_sync equals summing the micro-batches' gradients; the bucket plan is
@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "engine/engine_test_util.h"
-#include "parallel/data_parallel_util.h"
+#include "data_parallel/data_parallel_util.h"
 #include "weft/error.h"
 #include "weft/ops.h"
 #include "weft/parallel/metrics.h"

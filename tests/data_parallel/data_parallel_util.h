@@ -1,5 +1,5 @@
-// Shared by the DataParallel tests on CPU devices (parallel/), simulated GPUs
-// (gpu/) and MPI ranks (parallel_mpi/): random batches, the one-device
+// Shared by the DataParallel tests on CPU devices, simulated GPUs and
+// MPI ranks (test_data_parallel*.cpp, pipeline/): random batches, the one-device
 // reference run, a DataParallel run of the same batches, and the comparison.
 #pragma once
 
