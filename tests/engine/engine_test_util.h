@@ -1,5 +1,5 @@
 // Shared helpers for the engine tests: the configuration matrix every scenario
-// runs over (naive, and threaded with 1, 2, 4, 8 workers), gates that hold a
+// runs over (naive, and threaded with 1, 2, 4, 8 workers), blockers that hold a
 // worker until the test opens them, bounded polling (to detect a bug without
 // hanging, never to make a test pass), live-instance counters and an
 // environment-variable guard.
@@ -137,15 +137,15 @@ bool holds_for(Pred&& pred, std::chrono::milliseconds window) {
   return pred();
 }
 
-// An op body that blocks its worker until the test opens the gate. The gate
+// An op body that blocks its worker until the test opens the blocker. The blocker
 // opens itself when destroyed, so a failing REQUIRE never leaves an engine
-// draining forever: declare the Gate after the engine.
-class Gate {
+// draining forever: declare the Blocker after the engine.
+class Blocker {
  public:
-  Gate() : state_(std::make_shared<State>()) {}
-  ~Gate() { open(); }
-  Gate(const Gate&) = delete;
-  Gate& operator=(const Gate&) = delete;
+  Blocker() : state_(std::make_shared<State>()) {}
+  ~Blocker() { open(); }
+  Blocker(const Blocker&) = delete;
+  Blocker& operator=(const Blocker&) = delete;
 
   // The op body: counts itself in, then blocks until open().
   auto body() const {

@@ -345,17 +345,17 @@ TEST_CASE("bulk: a bulk counts once against the in-flight bound") {
     INFO("engine config: " << cfg.str());
     auto e = make_engine(cfg);
     Var x = e->new_var("x");
-    Gate gate;
-    e->push(gate.body(), {}, {x});
-    REQUIRE(gate.wait_entered());
+    Blocker blocker;
+    e->push(blocker.body(), {}, {x});
+    REQUIRE(blocker.wait_entered());
     {
       weft::BulkScope bulk(*e, 16);
-      // 2 bulks of 16 behind the gate: 3 in flight, under the bound of 4,
+      // 2 bulks of 16 behind the blocker: 3 in flight, under the bound of 4,
       // so the frontend is not blocked.
       for (int i = 0; i < 32; ++i) e->push([] {}, {}, {x});
       CHECK(e->inflight() == 3);
     }
-    gate.open();
+    blocker.open();
     e->wait_all();
     CHECK(e->version(x) == 33);
   }

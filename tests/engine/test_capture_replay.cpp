@@ -200,8 +200,8 @@ TEST_CASE("replay: the graph may be dropped while replays are pending, its captu
     LiveCounter live;
     Var x = e->new_var("x");
     int runs = 0;
-    Gate gate;
-    e->push([&] { gate.pass(); }, {}, {x});
+    Blocker blocker;
+    e->push([&] { blocker.pass(); }, {}, {x});
     {
       e->begin_capture();
       e->push([&, token = LiveToken(live)] { ++runs; }, {}, {x});
@@ -210,7 +210,7 @@ TEST_CASE("replay: the graph may be dropped while replays are pending, its captu
       e->replay(graph);
     }
     CHECK(live.live.load() == 1);  // the replays hold the body
-    gate.open();
+    blocker.open();
     e->wait_all();
     CHECK(runs == 2);
     CHECK(eventually([&] { return live.live.load() == 0; }));
@@ -364,12 +364,12 @@ TEST_CASE("replay: a failure reported after replay() but before the replay start
     e->begin_capture();
     e->push([&] { ran.fetch_add(1); }, {x, w}, {y}, {.name = "N"});
     weft::OpGraph graph = e->end_capture();
-    Gate gate;
+    Blocker blocker;
     e->push([] { throw std::runtime_error("A failed"); }, {}, {x, z}, {.name = "A"});
-    if (cfg.threaded()) e->push([&] { gate.pass(); }, {}, {w}, {.name = "B"});  // holds the replay back
+    if (cfg.threaded()) e->push([&] { blocker.pass(); }, {}, {w}, {.name = "B"});  // holds the replay back
     e->replay(graph);
     CHECK(contains(thrown_message<std::runtime_error>([&] { e->wait_to_read(z); }), "A failed"));
-    gate.open();
+    blocker.open();
     e->wait_all();
     CHECK(ran.load() == 0);
   });
@@ -382,8 +382,8 @@ TEST_CASE("replay: replays count against the in-flight bound, and keep at most a
     auto e = weft::Engine::create(c);
     std::vector<Var> vars;
     for (int i = 0; i < 100; ++i) vars.push_back(e->new_var());
-    Gate gate;
-    e->push([&] { gate.pass(); }, {}, {vars[0]}, {.name = "blocker"});
+    Blocker blocker;
+    e->push([&] { blocker.pass(); }, {}, {vars[0]}, {.name = "blocker"});
     e->begin_capture();
     e->push([] {}, {}, vars, {.name = "writes 100"});
     weft::OpGraph graph = e->end_capture();
@@ -394,7 +394,7 @@ TEST_CASE("replay: replays count against the in-flight bound, and keep at most a
     });
     // The frontend blocks at the bound while the blocker holds the replays back.
     CHECK(holds_for([&] { return !pushed.load() && e->inflight() <= 8; }, 200ms));
-    gate.open();
+    blocker.open();
     frontend.join();
     e->wait_all();
     CHECK(e->version(vars[99]) == 40);

@@ -21,9 +21,9 @@ bool has(const std::string& text, const std::string& part) { return text.find(pa
 
 TEST_CASE("a prioritized op on a cpu device runs ahead of every ordinary ready op" * doctest::timeout(60)) {
   auto e = Engine::create(EngineConfig{.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 1});
-  Gate gate;
-  e->push(gate.body(), cpu0, {}, {}, {.name = "gate"});
-  REQUIRE(gate.wait_entered());
+  Blocker blocker;
+  e->push(blocker.body(), cpu0, {}, {}, {.name = "blocker"});
+  REQUIRE(blocker.wait_entered());
   std::mutex m;
   std::vector<std::string> order;
   auto record = [&](const char* label) {
@@ -35,7 +35,7 @@ TEST_CASE("a prioritized op on a cpu device runs ahead of every ordinary ready o
   e->push(record("high"), cpu0, {}, {}, {.priority = 100, .name = "high"});
   e->push(record("normal"), cpu0, {}, {}, {.name = "normal"});
   e->push(record("prioritized"), cpu0, {}, {}, {.name = "prioritized", .property = OpProperty::prioritized});
-  gate.open();
+  blocker.open();
   e->wait_all();
   CHECK(order == std::vector<std::string>{"prioritized", "high", "normal"});
 }

@@ -115,14 +115,14 @@ TEST_CASE("a SharedVar deletes its variable after the work pushed on it" * docte
   for_each_config([](const Config& cfg) {
     auto e = make_engine(cfg);
     Var out = e->new_var("out");
-    Gate gate;
+    Blocker blocker;
     int value = 0, seen = 0;
     Var raw;
     {
       SharedVar v(*e, "scratch");
       raw = v;
       CHECK(e->var_name(v) == "scratch");
-      if (cfg.threaded()) e->push(gate.body(), {}, {v}, {.name = "held writer"});
+      if (cfg.threaded()) e->push(blocker.body(), {}, {v}, {.name = "held writer"});
       e->push([&] { value = 3; }, {}, v);
       e->push([&] { seen = value; }, {v}, {out});
       SharedVar copy = v;
@@ -130,8 +130,8 @@ TEST_CASE("a SharedVar deletes its variable after the work pushed on it" * docte
     }  // both handles gone: deletion is queued behind the three ops
     CHECK(contains(thrown_message<weft::InvalidArgument>([&] { (void)e->version(raw); }), "was deleted"));
     if (cfg.threaded()) {
-      REQUIRE(gate.wait_entered());
-      gate.open();
+      REQUIRE(blocker.wait_entered());
+      blocker.open();
     }
     e->wait_to_read(out);
     CHECK(seen == 3);

@@ -90,24 +90,24 @@ TEST_CASE("a failure propagates along a chain and is reported once" * doctest::t
 // Whether an op is skipped must not depend on timing: B is pushed after A
 // failed and reads A's output, so B is skipped, even when the failure gets
 // reported (by a wait) before B gets to run. The naive engine (the oracle)
-// runs B at push time and skips it; the threaded engine must agree. A gate
+// runs B at push time and skips it; the threaded engine must agree. A blocker
 // holds B back on the threaded engine until after the report.
 TEST_CASE("an op pushed before a failure is reported is skipped even if it runs after the report" *
           doctest::timeout(60)) {
   for_each_config([](const Config& cfg) {
     std::atomic<bool> b_ran{false};
     auto e = make_engine(cfg);
-    Gate gate;
-    Var x = e->new_var("x"), g = e->new_var("gate"), z = e->new_var("z");
+    Blocker blocker;
+    Var x = e->new_var("x"), g = e->new_var("blocker"), z = e->new_var("z");
     e->push([](RunContext&) { throw TestError("A failed", 31); }, cpu0, {}, {x}, {.name = "A"});
     if (cfg.threaded()) {
-      e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
-      REQUIRE(gate.wait_entered());
+      e->push(blocker.body(), cpu0, {}, {g}, {.name = "blocker"});
+      REQUIRE(blocker.wait_entered());
     }
     e->push([&](RunContext&) { b_ran = true; }, cpu0, {x, g}, {z}, {.name = "B"});
     Thrown t = catch_all([&] { e->wait_to_read(x); });  // reports A's failure
     CHECK(t.code == 31);
-    gate.open();
+    blocker.open();
     CHECK_FALSE(catch_all([&] { e->wait_to_read(z); }).threw);  // the same failure: reported already
     CHECK_FALSE(b_ran.load());
     CHECK(e->version(z) == 1);

@@ -35,20 +35,20 @@ TEST_CASE("max_inflight blocks a frontend at the bound and memory stays bounded"
         REQUIRE(e->max_inflight() == K);
         std::thread frontend;
         {
-          Gate gate;
-          Var g = e->new_var("gate");
-          e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
-          REQUIRE(gate.wait_entered());
+          Blocker blocker;
+          Var g = e->new_var("blocker");
+          e->push(blocker.body(), cpu0, {}, {g}, {.name = "blocker"});
+          REQUIRE(blocker.wait_entered());
           frontend = std::thread([&] {
             for (int i = 0; i < kOps; ++i) {
-              // Every op reads the gate's variable: none can run before it opens.
+              // Every op reads the blocker's variable: none can run before it opens.
               e->push([token = LiveToken(live), &ran](RunContext&) { ran.fetch_add(1); }, cpu0, {g}, {});
               pushed.fetch_add(1);
               atomic_max(max_inflight_seen, e->inflight());
             }
             frontend_done = true;
           });
-          // The frontend fills the bound (the gate counts as one op) ...
+          // The frontend fills the bound (the blocker counts as one op) ...
           CHECK(eventually([&] { return pushed.load() >= static_cast<int>(K) - 1; }, 30s));
           // ... and then stays blocked while nothing completes.
           CHECK(holds_for([&] { return !frontend_done.load() && pushed.load() <= static_cast<int>(K); }, 100ms));
@@ -56,7 +56,7 @@ TEST_CASE("max_inflight blocks a frontend at the bound and memory stays bounded"
           CHECK(e->inflight() <= K);
           CHECK(live.live.load() <= static_cast<long>(K) + 1);  // + the op being pushed
           CHECK_FALSE(frontend_done.load());
-          gate.open();
+          blocker.open();
           frontend.join();
         }
         e->wait_all();
@@ -170,10 +170,10 @@ TEST_CASE("destroying an engine with pending work drains it" * doctest::timeout(
       Config big = cfg;
       big.max_inflight = 1'000'000;  // everything queues; nothing blocks the frontend
       std::unique_ptr<weft::Engine> e = make_engine(big);
-      Gate gate;
-      Var gv = e->new_var("gate");
+      Blocker blocker;
+      Var gv = e->new_var("blocker");
       Var slow = e->new_var("slow chain");
-      if (cfg.threaded()) e->push(gate.body(), cpu0, {}, {gv}, {.name = "gate"});
+      if (cfg.threaded()) e->push(blocker.body(), cpu0, {}, {gv}, {.name = "blocker"});
       for (int i = 0; i < kChain; ++i) {
         e->push(
             [&, i](RunContext&) {
@@ -204,7 +204,7 @@ TEST_CASE("destroying an engine with pending work drains it" * doctest::timeout(
       }
       if (cfg.threaded()) {
         CHECK(e->inflight() > static_cast<std::size_t>(kQueued));
-        opener = std::thread([&gate] { gate.open(); });
+        opener = std::thread([&blocker] { blocker.open(); });
       }
       e.reset();  // no wait: the destructor must drain everything
       if (opener.joinable()) opener.join();
@@ -367,10 +367,10 @@ TEST_CASE("several frontends exceed the bound by at most one op each" * doctest:
         auto e = make_engine(cfg);
         std::vector<std::thread> frontends;
         {
-          Gate gate;
-          Var g = e->new_var("gate");
-          e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
-          REQUIRE(gate.wait_entered());
+          Blocker blocker;
+          Var g = e->new_var("blocker");
+          e->push(blocker.body(), cpu0, {}, {g}, {.name = "blocker"});
+          REQUIRE(blocker.wait_entered());
           std::latch start(kFrontends);
           for (int f = 0; f < kFrontends; ++f) {
             frontends.emplace_back([&] {
@@ -384,10 +384,10 @@ TEST_CASE("several frontends exceed the bound by at most one op each" * doctest:
           }
           CHECK(eventually([&] { return pushed.load() >= static_cast<int>(K) - 1; }, 30s));
           CHECK(holds_for([&] { return done_frontends.load() == 0; }, 100ms));
-          // The gate, plus at most K - 1 + (frontends - 1) ops.
+          // The blocker, plus at most K - 1 + (frontends - 1) ops.
           CHECK(pushed.load() <= static_cast<int>(K) - 1 + kFrontends - 1);
           CHECK(e->inflight() <= K + kFrontends - 1);
-          gate.open();
+          blocker.open();
           for (auto& t : frontends) t.join();
         }
         e->wait_all();

@@ -102,15 +102,15 @@ TEST_CASE("run_inline: a chain completed elsewhere runs on the pusher and the co
 
 TEST_CASE("run_inline: ops made ready by an inline body queue instead of nesting" * doctest::timeout(60)) {
   const int kOps = kSanitized ? 2000 : 20000;
-  // The whole chain in flight at once, behind the gate.
+  // The whole chain in flight at once, behind the blocker.
   for (const Config& config : threaded_configs(1, 1, static_cast<std::size_t>(kOps) + 1)) {
     CAPTURE(config.str());
     auto e = weft::Engine::create(config.engine_config());
     Var v = e->new_var("v");
-    Gate gate;
+    Blocker blocker;
     // Holds v until the whole chain is queued behind it; then each op,
     // completing inside its body, makes the next one ready from inside it.
-    e->push(gate.body(), cpu0, {}, {v}, {.name = "blocker"});
+    e->push(blocker.body(), cpu0, {}, {v}, {.name = "blocker"});
     int value = 0, max_depth = 0;
     bool wrong_order = false;
     for (int i = 0; i < kOps; ++i) {
@@ -124,7 +124,7 @@ TEST_CASE("run_inline: ops made ready by an inline body queue instead of nesting
           },
           cpu0, {}, {v}, {.name = "completes inside", .run_inline = true});
     }
-    gate.open();
+    blocker.open();
     e->wait_to_read(v);
     CHECK(value == kOps);
     CHECK_FALSE(wrong_order);

@@ -1,7 +1,7 @@
 // Engine basics: read/write ordering, versions, priorities, deletion, waits,
 // async completion, nested pushes, VarList forms, RunContext and several CPU
 // devices. Every scenario runs over naive and threaded × {1, 2, 4, 8} workers
-// where it can (gates block a worker, so gated scenarios are threaded-only).
+// where it can (blockers block a worker, so gated scenarios are threaded-only).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -155,16 +155,16 @@ TEST_CASE("a blocked writer holds back later readers, and a blocked reader later
           std::atomic<int> seen{-1};
           int value = 0;
           auto e = make_engine(cfg);
-          Gate gate;
+          Blocker blocker;
           Var v = e->new_var("v");
           Var u = e->new_var("unrelated");
           e->push(
-              [&, g = gate.body()](RunContext& ctx) mutable {
+              [&, g = blocker.body()](RunContext& ctx) mutable {
                 g(ctx);
                 value = 1;
               },
               cpu0, {}, {v}, {.name = "gated writer"});
-          REQUIRE(gate.wait_entered());
+          REQUIRE(blocker.wait_entered());
           e->push(
               [&](RunContext&) {
                 reader_started = true;
@@ -176,7 +176,7 @@ TEST_CASE("a blocked writer holds back later readers, and a blocked reader later
           e->push([](RunContext&) {}, cpu0, {}, {u});
           e->wait_to_read(u);
           CHECK_FALSE(reader_started.load());
-          gate.open();
+          blocker.open();
           e->wait_all();
           CHECK(seen.load() == 1);
         }
@@ -186,16 +186,16 @@ TEST_CASE("a blocked writer holds back later readers, and a blocked reader later
           std::atomic<bool> reader_done{false};
           std::atomic<bool> writer_saw_reader_done{false};
           auto e = make_engine(cfg);
-          Gate gate;
+          Blocker blocker;
           Var v = e->new_var("v");
           Var u = e->new_var("unrelated");
           e->push(
-              [&, g = gate.body()](RunContext& ctx) mutable {
+              [&, g = blocker.body()](RunContext& ctx) mutable {
                 g(ctx);
                 reader_done = true;
               },
               cpu0, {v}, {}, {.name = "gated reader"});
-          REQUIRE(gate.wait_entered());
+          REQUIRE(blocker.wait_entered());
           e->push(
               [&](RunContext&) {
                 writer_started = true;
@@ -205,7 +205,7 @@ TEST_CASE("a blocked writer holds back later readers, and a blocked reader later
           e->push([](RunContext&) {}, cpu0, {}, {u});
           e->wait_to_read(u);
           CHECK_FALSE(writer_started.load());
-          gate.open();
+          blocker.open();
           e->wait_all();
           CHECK(writer_started.load());
           CHECK(writer_saw_reader_done.load());
@@ -250,9 +250,9 @@ struct Prioritized {
   const char* label;
 };
 
-// One worker held by a gate; the ops are pushed while it is held, either
+// One worker held by a blocker; the ops are pushed while it is held, either
 // ready at once (each writes its own variable) or all released together by
-// the gate's completion (each reads the gate's variable). Returns the order
+// the blocker's completion (each reads the blocker's variable). Returns the order
 // they ran in.
 std::vector<std::string> run_order_behind_gate(std::initializer_list<Prioritized> ops, bool released_together) {
   Config cfg{"threaded", 1, 1, 0};
@@ -260,10 +260,10 @@ std::vector<std::string> run_order_behind_gate(std::initializer_list<Prioritized
   std::mutex m;
   std::vector<std::string> order;
   auto e = make_engine(cfg);
-  Gate gate;
-  Var g = e->new_var("gate");
-  e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
-  REQUIRE(gate.wait_entered());
+  Blocker blocker;
+  Var g = e->new_var("blocker");
+  e->push(blocker.body(), cpu0, {}, {g}, {.name = "blocker"});
+  REQUIRE(blocker.wait_entered());
   for (const Prioritized& p : ops) {
     auto record = [&, label = p.label](RunContext&) {
       std::lock_guard lock(m);
@@ -274,7 +274,7 @@ std::vector<std::string> run_order_behind_gate(std::initializer_list<Prioritized
     else
       e->push(record, cpu0, {}, {e->new_var(p.label)}, {.priority = p.priority, .name = p.label});
   }
-  gate.open();
+  blocker.open();
   e->wait_all();
   return order;
 }
@@ -298,10 +298,10 @@ TEST_CASE("many ready ops run in a stable priority order (one worker)" * doctest
   std::vector<int> order;  // one worker: no lock needed, but the engine must publish
   std::mutex m;
   auto e = make_engine(cfg);
-  Gate gate;
-  Var g = e->new_var("gate");
-  e->push(gate.body(), cpu0, {}, {g});
-  REQUIRE(gate.wait_entered());
+  Blocker blocker;
+  Var g = e->new_var("blocker");
+  e->push(blocker.body(), cpu0, {}, {g});
+  REQUIRE(blocker.wait_entered());
   std::vector<std::pair<int, int>> expected;  // (priority, push index)
   for (int i = 0; i < 300; ++i) {
     int priority = static_cast<int>(rng.below(7)) - 3;
@@ -313,7 +313,7 @@ TEST_CASE("many ready ops run in a stable priority order (one worker)" * doctest
         },
         cpu0, {}, {}, {.priority = priority});
   }
-  gate.open();
+  blocker.open();
   e->wait_all();
   std::stable_sort(expected.begin(), expected.end(), [](auto& x, auto& y) { return x.first > y.first; });
   std::vector<int> want;
@@ -329,12 +329,12 @@ TEST_CASE("thousands of ready ops of one priority run in push order (one worker)
   std::vector<int> released_order;
   std::mutex m;
   auto e = make_engine(cfg);
-  Gate gate;
-  Var g = e->new_var("gate");
-  e->push(gate.body(), cpu0, {}, {g});
-  REQUIRE(gate.wait_entered());
+  Blocker blocker;
+  Var g = e->new_var("blocker");
+  e->push(blocker.body(), cpu0, {}, {g});
+  REQUIRE(blocker.wait_entered());
   for (int i = 0; i < kOps; ++i) {
-    // Ready at push: they queue while the gate holds the only worker.
+    // Ready at push: they queue while the blocker holds the only worker.
     e->push(
         [&, i](RunContext&) {
           std::lock_guard lock(m);
@@ -343,7 +343,7 @@ TEST_CASE("thousands of ready ops of one priority run in push order (one worker)
         cpu0, {}, {});
   }
   for (int i = 0; i < kOps; ++i) {
-    // Ready all at once when the gate's write completes.
+    // Ready all at once when the blocker's write completes.
     e->push(
         [&, i](RunContext&) {
           std::lock_guard lock(m);
@@ -351,7 +351,7 @@ TEST_CASE("thousands of ready ops of one priority run in push order (one worker)
         },
         cpu0, {g}, {});
   }
-  gate.open();
+  blocker.open();
   e->wait_all();
   std::vector<int> want(kOps);
   for (int i = 0; i < kOps; ++i) want[static_cast<std::size_t>(i)] = i;
@@ -366,12 +366,12 @@ TEST_CASE("delete_var runs after pending ops, and the handle is invalid at once"
     std::mutex m;
     std::vector<int> ran;
     auto e = make_engine(cfg);
-    Gate gate;
-    Var g = e->new_var("gate");
+    Blocker blocker;
+    Var g = e->new_var("blocker");
     Var v = e->new_var("doomed");
     if (cfg.threaded()) {
-      e->push(gate.body(), cpu0, {}, {g}, {.name = "gate"});
-      REQUIRE(gate.wait_entered());
+      e->push(blocker.body(), cpu0, {}, {g}, {.name = "blocker"});
+      REQUIRE(blocker.wait_entered());
     }
     auto record = [&](int i) {
       return [&, i](RunContext&) {
@@ -379,12 +379,12 @@ TEST_CASE("delete_var runs after pending ops, and the handle is invalid at once"
         ran.push_back(i);
       };
     };
-    e->push(record(1), cpu0, {g}, {v});  // pending behind the gate (threaded)
+    e->push(record(1), cpu0, {g}, {v});  // pending behind the blocker (threaded)
     e->push(record(2), cpu0, {v}, {});
     e->push(record(3), cpu0, {v}, {v});
     e->push(record(4), cpu0, {v}, {});
     e->delete_var(v);
-    if (cfg.threaded()) CHECK(e->inflight() >= 5);  // the gate and ops 1-4 are all pending
+    if (cfg.threaded()) CHECK(e->inflight() >= 5);  // the blocker and ops 1-4 are all pending
 
     CHECK(contains(thrown_message<weft::Error>([&] { e->push(record(99), cpu0, {v}, {}); }), "deleted"));
     CHECK(contains(thrown_message<weft::Error>([&] { e->push(record(99), cpu0, {}, {v}); }), "deleted"));
@@ -399,7 +399,7 @@ TEST_CASE("delete_var runs after pending ops, and the handle is invalid at once"
     Var w = e->new_var("fresh");
     CHECK(w != v);
     CHECK(e->version(w) == 0);
-    gate.open();
+    blocker.open();
     e->wait_all();
     {
       std::lock_guard lock(m);
@@ -489,14 +489,14 @@ TEST_CASE("wait_to_write waits for pending readers, wait_to_read does not" * doc
     auto e = make_engine(cfg);
     Var v = e->new_var("v");
     {
-      Gate gate;
+      Blocker blocker;
       e->push(
-          [&, g = gate.body()](RunContext& ctx) mutable {
+          [&, g = blocker.body()](RunContext& ctx) mutable {
             g(ctx);
             reader_done = true;
           },
           cpu0, {v}, {}, {.name = "gated reader"});
-      REQUIRE(gate.wait_entered());
+      REQUIRE(blocker.wait_entered());
       std::thread read_waiter([&] {
         e->wait_to_read(v);  // nothing writes v: no reason to wait
         read_returned = true;
@@ -509,7 +509,7 @@ TEST_CASE("wait_to_write waits for pending readers, wait_to_read does not" * doc
         write_returned = true;
       });
       CHECK(holds_for([&] { return !write_returned.load(); }, 50ms));
-      gate.open();
+      blocker.open();
       read_waiter.join();
       write_waiter.join();
     }
@@ -521,21 +521,21 @@ TEST_CASE("wait_to_write waits for pending readers, wait_to_read does not" * doc
     std::atomic<bool> waiter_saw_writer_done{false};
     std::atomic<bool> returned{false};
     {
-      Gate gate;
+      Blocker blocker;
       e->push(
-          [&, g = gate.body()](RunContext& ctx) mutable {
+          [&, g = blocker.body()](RunContext& ctx) mutable {
             g(ctx);
             writer_done = true;
           },
           cpu0, {}, {v}, {.name = "gated writer"});
-      REQUIRE(gate.wait_entered());
+      REQUIRE(blocker.wait_entered());
       std::thread waiter([&] {
         e->wait_to_read(v);
         waiter_saw_writer_done = writer_done.load();
         returned = true;
       });
       CHECK(holds_for([&] { return !returned.load(); }, 50ms));
-      gate.open();
+      blocker.open();
       waiter.join();
     }
     CHECK(waiter_saw_writer_done.load());

@@ -110,17 +110,17 @@ TEST_CASE("trace flows: an op waiting on two producers is unblocked by the later
   for_each_threaded([](const Config& cfg) {
     auto e = make_engine(cfg);
     Var a = e->new_var("a"), b = e->new_var("b"), out = e->new_var("out");
-    Var gate = e->new_var("gate");
+    Var blocker = e->new_var("blocker");
     e->profiler().start();
-    // Both producers wait for the gate; the consumer needs both.
+    // Both producers wait for the blocker; the consumer needs both.
     std::atomic<bool> open{false};
     e->push_async([&](RunContext&, weft::Completion done) {
       std::thread([&open, done = std::move(done)]() mutable {
         while (!open.load()) std::this_thread::yield();
         done();
       }).detach();
-    }, Device::cpu(0), {}, {gate}, {.name = "gate"});
-    e->push([](RunContext&) {}, Device::cpu(0), {gate}, {a}, {.name = "make a"});
+    }, Device::cpu(0), {}, {blocker}, {.name = "blocker"});
+    e->push([](RunContext&) {}, Device::cpu(0), {blocker}, {a}, {.name = "make a"});
     e->push([](RunContext&) {}, Device::cpu(0), {a}, {b}, {.name = "make b"});
     e->push([](RunContext&) {}, Device::cpu(0), {a, b}, {out}, {.name = "use"});
     open.store(true);
@@ -131,7 +131,7 @@ TEST_CASE("trace flows: an op waiting on two producers is unblocked by the later
     REQUIRE(by_name.size() == 4);
     CHECK(by_name.at("use").unblocked_by == by_name.at("make b").op_id);
     CHECK(by_name.at("make b").unblocked_by == by_name.at("make a").op_id);
-    CHECK(by_name.at("make a").unblocked_by == by_name.at("gate").op_id);
+    CHECK(by_name.at("make a").unblocked_by == by_name.at("blocker").op_id);
   });
 }
 

@@ -1217,7 +1217,7 @@ TEST_CASE("tensors dropped while their ops are pending" * doctest::timeout(60)) 
     std::atomic<bool> open{e.kind() == "naive"};
     Tensor acc = Tensor::ones(e, Shape{64, 33});
     if (e.kind() != "naive")
-      e.push([&open](weft::RunContext&) { open.wait(false); }, cpu0, {}, {acc.var()}, {0, "gate"});
+      e.push([&open](weft::RunContext&) { open.wait(false); }, cpu0, {}, {acc.var()}, {0, "blocker"});
     Tensor result;
     Tensor view_result;
     {
