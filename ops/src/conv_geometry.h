@@ -4,13 +4,30 @@
 
 #include <cstdint>
 
+#include "weft/dtype.h"
+
 namespace weft::kernels {
 
-// NCHW input, OIHW filter, square stride/padding per axis.
+// How a GPU convolution picks its algorithm (EngineConfig::conv_algo):
+// heuristic takes cuDNN's ranking; benchmark times the candidates on the first
+// use of each geometry x dtype x direction and caches the fastest;
+// deterministic (with either) keeps only algorithms whose results repeat
+// bitwise.
+struct ConvAlgoChoice {
+  bool benchmark = false;
+  bool deterministic = false;
+};
+
+// NCHW input, OIHW filter, square stride/padding per axis; the data's dtype
+// (x, w, y, b and their gradients), whether float32 may run as TF32, and the
+// algorithm choice.
 struct ConvGeometry {
   std::int64_t n = 0, c = 0, h = 0, w = 0;  // input
   std::int64_t o = 0, kh = 0, kw = 0;       // filter: o output channels, c input channels
   std::int64_t stride = 1, pad = 0;
+  DType dtype = DType::float32;
+  bool tf32 = false;
+  ConvAlgoChoice algo{};
   std::int64_t out_h() const noexcept { return (h + 2 * pad - kh) / stride + 1; }
   std::int64_t out_w() const noexcept { return (w + 2 * pad - kw) / stride + 1; }
 };

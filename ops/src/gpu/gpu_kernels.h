@@ -4,75 +4,108 @@
 // compiled when CUDA is (WEFT_HAVE_CUDA); errors go through WEFT_CUDA_CHECK /
 // WEFT_CUBLAS_CHECK / WEFT_CUDNN_CHECK (weft/checked_call.h) and throw
 // weft::Error naming the call, the op and the device.
+//
+// Element types: `t` is the dtype of the data tensors of the call (float32,
+// bfloat16 or float16), passed as void pointers; statistics, losses, labels,
+// scales and SGD's master weights are always float32 (float pointers). Half
+// kernels load into float32, compute and accumulate in float32, and round
+// to nearest even on store; GEMMs and convolutions run on tensor cores with
+// float32 accumulation (cuBLAS GemmEx, cuDNN with half data). `tf32` lets
+// float32 GEMMs and convolutions use TF32 tensor cores (ignored for halves).
 #pragma once
 
 #include <cstdint>
 
 #include "../conv_geometry.h"
+#include "weft/dtype.h"
 #include "weft/gpu.h"
 
 namespace weft::kernels::gpu {
 
 using weft::gpu::WorkerHandles;
 
-void fill(const WorkerHandles& h, float* y, std::int64_t n, float value);
+void fill(const WorkerHandles& h, DType t, void* y, std::int64_t n, float value);
 void uniform(const WorkerHandles& h, float* y, std::int64_t n, float lo, float hi, std::uint64_t seed);
 void normal(const WorkerHandles& h, float* y, std::int64_t n, float mean, float stddev, std::uint64_t seed);
+// y (yt) = x (xt) converted: float32 -> half rounds to nearest even, NaN
+// stays NaN and overflow becomes Inf; half -> float32 is exact.
+void cast(const WorkerHandles& h, void* y, DType yt, const void* x, DType xt, std::int64_t n);
 
-void add(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
-void sub(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
-void mul(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
-void maximum(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n);
-void add_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n);
-void mul_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n);
-void axpy(const WorkerHandles& h, float* y, float alpha, const float* x, std::int64_t n);
-void relu(const WorkerHandles& h, float* y, const float* x, std::int64_t n);
-void relu_grad(const WorkerHandles& h, float* dx, const float* x, const float* dy, std::int64_t n);
+void add(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
+void sub(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
+void mul(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
+void maximum(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
+void add_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n);
+void mul_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n);
+void axpy(const WorkerHandles& h, DType t, void* y, float alpha, const void* x, std::int64_t n);
+void relu(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n);
+void relu_grad(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy, std::int64_t n);
 
-void sum(const WorkerHandles& h, float* y, const float* x, std::int64_t n);  // *y (device) = sum
-void argmax_rows(const WorkerHandles& h, float* y, const float* x, std::int64_t rows, std::int64_t cols);
+// *y (device, dtype t) = sum, accumulated in double.
+void sum(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n);
+// Indices as float32.
+void argmax_rows(const WorkerHandles& h, DType t, float* y, const void* x, std::int64_t rows, std::int64_t cols);
 
 // Row-major, as the CPU gemm (cuBLAS is column-major: the wrapper swaps).
-void gemm(const WorkerHandles& h, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-          float alpha, const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-          std::int64_t ldc);
+void gemm(const WorkerHandles& h, DType t, bool tf32, bool trans_a, bool trans_b, std::int64_t m, std::int64_t n,
+          std::int64_t k, float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float beta,
+          void* c, std::int64_t ldc);
 
-void dense_forward(const WorkerHandles& h, float* y, const float* x, const float* w, const float* b,
+void dense_forward(const WorkerHandles& h, DType t, bool tf32, void* y, const void* x, const void* w, const void* b,
                    std::int64_t batch, std::int64_t in, std::int64_t out);
-void dense_backward(const WorkerHandles& h, float* dx, float* dw, float* db, const float* x, const float* w,
-                    const float* dy, std::int64_t batch, std::int64_t in, std::int64_t out);
+void dense_backward(const WorkerHandles& h, DType t, bool tf32, void* dx, void* dw, void* db, const void* x,
+                    const void* w, const void* dy, std::int64_t batch, std::int64_t in, std::int64_t out);
 
-// cuDNN.
-void conv2d_forward(const WorkerHandles& h, float* y, const float* x, const float* w, const float* b,
+// cuDNN. The geometry carries the element type, tf32 and how the algorithm
+// is chosen (ConvGeometry::algo).
+void conv2d_forward(const WorkerHandles& h, void* y, const void* x, const void* w, const void* b,
                     const ConvGeometry& g);
-void conv2d_backward_data(const WorkerHandles& h, float* dx, const float* dy, const float* w, const ConvGeometry& g);
-void conv2d_backward_filter(const WorkerHandles& h, float* dw, float* db, const float* x, const float* dy,
+void conv2d_backward_data(const WorkerHandles& h, void* dx, const void* dy, const void* w, const ConvGeometry& g);
+void conv2d_backward_filter(const WorkerHandles& h, void* dw, void* db, const void* x, const void* dy,
                             const ConvGeometry& g);
-void avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometry& g);
-void avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, const PoolGeometry& g);
-void max_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometry& g);
-void max_pool2d_backward(const WorkerHandles& h, float* dx, const float* x, const float* dy, const PoolGeometry& g);
-void global_avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, std::int64_t planes,
+void avg_pool2d_forward(const WorkerHandles& h, DType t, void* y, const void* x, const PoolGeometry& g);
+void avg_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* dy, const PoolGeometry& g);
+void max_pool2d_forward(const WorkerHandles& h, DType t, void* y, const void* x, const PoolGeometry& g);
+void max_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy,
+                         const PoolGeometry& g);
+void global_avg_pool2d_forward(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t planes,
                                std::int64_t hw);
-void global_avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, std::int64_t planes,
+void global_avg_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* dy, std::int64_t planes,
                                 std::int64_t hw);
 
-// cuDNN's spatial batch normalization (the legacy API, deprecated in cuDNN 9
-// but present; the same conventions as the CPU kernels).
-void batch_norm_forward_train(const WorkerHandles& h, float* y, float* save_mean, float* save_invstd,
-                              float* running_mean, float* running_var, const float* x, const float* gamma,
+// cuDNN's spatial batch normalization (the same conventions as the CPU
+// kernels): x, y, dx, dy of dtype t; gamma, beta, the saved and running
+// statistics and their gradients float32.
+void batch_norm_forward_train(const WorkerHandles& h, DType t, void* y, float* save_mean, float* save_invstd,
+                              float* running_mean, float* running_var, const void* x, const float* gamma,
                               const float* beta, const BatchNormGeometry& g, float eps, float momentum);
-void batch_norm_forward_infer(const WorkerHandles& h, float* y, const float* x, const float* gamma, const float* beta,
-                              const float* running_mean, const float* running_var, const BatchNormGeometry& g,
-                              float eps);
-void batch_norm_backward(const WorkerHandles& h, float* dx, float* dgamma, float* dbeta, const float* x,
-                         const float* dy, const float* gamma, const float* save_mean, const float* save_invstd,
+void batch_norm_forward_infer(const WorkerHandles& h, DType t, void* y, const void* x, const float* gamma,
+                              const float* beta, const float* running_mean, const float* running_var,
+                              const BatchNormGeometry& g, float eps);
+void batch_norm_backward(const WorkerHandles& h, DType t, void* dx, float* dgamma, float* dbeta, const void* x,
+                         const void* dy, const float* gamma, const float* save_mean, const float* save_invstd,
                          const BatchNormGeometry& g, float eps);
 
-// Labels out of range make the loss NaN on the GPU (checked on the host would
-// need a synchronize); the op layer validates labels it creates from host data.
-void softmax_cross_entropy(const WorkerHandles& h, float* loss, float* dlogits, const float* logits,
+// logits and dlogits of dtype t, computed in float32; loss and labels
+// float32. Labels out of range make the loss NaN on the GPU (checked on the
+// host would need a synchronize); the op layer validates labels it creates
+// from host data.
+void softmax_cross_entropy(const WorkerHandles& h, DType t, float* loss, void* dlogits, const void* logits,
                            const float* labels, std::int64_t rows, std::int64_t cols);
-void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay);
+
+// w -= lr * (g + weight_decay * w), all float32; skipped entirely (w
+// unchanged) when `skip` is not null and *skip != 0 (read on the device).
+void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay,
+                const float* skip);
+
+// Dynamic loss scaling (float32 throughout, device-resident state):
+// x *= 1 / *scale in place, and *found_inf = 1 when any x is Inf or NaN
+// (never cleared here: the op layer zeroes it first).
+void unscale_and_check(const WorkerHandles& h, float* x, std::int64_t n, const float* scale, float* found_inf);
+// GradScaler's rule on one thread: *found_inf != 0 -> *scale *= backoff,
+// *growth_tracker = 0, *skipped += 1; else ++*growth_tracker and, when it
+// reaches `interval`, *scale *= growth and *growth_tracker = 0.
+void update_loss_scale(const WorkerHandles& h, float* scale, float* growth_tracker, float* skipped,
+                       const float* found_inf, float growth, float backoff, std::int64_t interval);
 
 }  // namespace weft::kernels::gpu
