@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "cpu/cpu_kernels.h"
 #include "launch.h"
@@ -85,14 +86,14 @@ void run_widened(RunContext& ctx, OpIO& io, bool tf32, const std::function<void(
     return;
   }
   OpIO wide = io;
-  std::vector<std::vector<float>> buffers;
+  std::vector<std::unique_ptr<float[]>> buffers;  // uninitialized: each is written whole first
   buffers.reserve(io.in.size() + io.out.size());
   auto widened = [&](void* data, DType t, std::size_t bytes) {
     const auto n = static_cast<std::int64_t>(bytes / dtype_size(t));
-    std::vector<float>& b = buffers.emplace_back(static_cast<std::size_t>(n));
-    if (t == DType::float32) kernels::cpu::round_to_tf32(b.data(), static_cast<const float*>(data), n);
-    else kernels::cpu::cast(b.data(), DType::float32, data, t, n);
-    return static_cast<void*>(b.data());
+    float* b = buffers.emplace_back(new float[static_cast<std::size_t>(n)]).get();
+    if (t == DType::float32) kernels::cpu::round_to_tf32(b, static_cast<const float*>(data), n);
+    else kernels::cpu::cast(b, DType::float32, data, t, n);
+    return static_cast<void*>(b);
   };
   for (std::size_t k = 0; k < io.in.size(); ++k) {
     const DType t = io.in_types[k];

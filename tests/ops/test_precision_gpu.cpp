@@ -16,10 +16,10 @@ using weft::DType;
 
 namespace {
 
-double unit(DType t) { return t == DType::bfloat16 ? 0x1p-8 : t == DType::float16 ? 0x1p-11 : 0x1p-20; }
+double half_unit(DType t) { return t == DType::bfloat16 ? 0x1p-8 : t == DType::float16 ? 0x1p-11 : 0x1p-20; }
 
 // Both outputs within k units of t times their magnitude.
-void expect_equalish(const Tensor& gpu_out, const Tensor& cpu_out, double k, const std::string& what) {
+void expect_gpu_matches_cpu(const Tensor& gpu_out, const Tensor& cpu_out, double k, const std::string& what) {
   INFO(what << " in " << weft::to_string(cpu_out.dtype()));
   CHECK(gpu_out.dtype() == cpu_out.dtype());
   CHECK(gpu_out.device().is_gpu());
@@ -27,7 +27,7 @@ void expect_equalish(const Tensor& gpu_out, const Tensor& cpu_out, double k, con
   REQUIRE(got.size() == want.size());
   double scale = 0;
   for (float w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
-  const double tol = simulated() ? 0.0 : k * unit(cpu_out.dtype()) * scale;
+  const double tol = simulated() ? 0.0 : k * half_unit(cpu_out.dtype()) * scale;
   for (std::size_t i = 0; i < got.size(); ++i)
     if (std::abs(static_cast<double>(got[i]) - want[i]) > tol) {
       FAIL_CHECK("element " << i << ": gpu " << got[i] << ", cpu " << want[i] << " (tolerance " << tol << ")");
@@ -35,7 +35,7 @@ void expect_equalish(const Tensor& gpu_out, const Tensor& cpu_out, double k, con
     }
 }
 
-Tensor data(Engine& e, Device d, const Shape& s, std::uint64_t seed, DType t) {
+Tensor precision_data(Engine& e, Device d, const Shape& s, std::uint64_t seed, DType t) {
   return Tensor::from_host(e, s, random_values(static_cast<std::size_t>(s.numel()), seed), d, t);
 }
 
@@ -47,50 +47,50 @@ TEST_CASE("gpu precision - half ops on a GPU equal the CPU's") {
     const Device g = Device::gpu(0), c = Device::cpu(0);
     for (DType t : {DType::bfloat16, DType::float16}) {
       auto both = [&](auto make, double k, const std::string& what) {
-        expect_equalish(make(g), make(c), k, what);
+        expect_gpu_matches_cpu(make(g), make(c), k, what);
       };
-      both([&](Device d) { return ops::cast(data(e, d, Shape{1001}, 1, DType::float32), t); }, 0, "cast");
-      both([&](Device d) { return ops::cast(data(e, d, Shape{77}, 1, t), DType::float32); }, 0, "cast back");
-      both([&](Device d) { return ops::add(data(e, d, Shape{300}, 2, t), data(e, d, Shape{300}, 3, t)); }, 0, "add");
-      both([&](Device d) { return ops::relu_grad(data(e, d, Shape{300}, 2, t), data(e, d, Shape{300}, 3, t)); }, 0,
+      both([&](Device d) { return ops::cast(precision_data(e, d, Shape{1001}, 1, DType::float32), t); }, 0, "cast");
+      both([&](Device d) { return ops::cast(precision_data(e, d, Shape{77}, 1, t), DType::float32); }, 0, "cast back");
+      both([&](Device d) { return ops::add(precision_data(e, d, Shape{300}, 2, t), precision_data(e, d, Shape{300}, 3, t)); }, 0, "add");
+      both([&](Device d) { return ops::relu_grad(precision_data(e, d, Shape{300}, 2, t), precision_data(e, d, Shape{300}, 3, t)); }, 0,
            "relu_grad");
-      both([&](Device d) { return ops::scale_by(data(e, d, Shape{50}, 4, t), Tensor::full(e, Shape{1}, 8.0f, d)); }, 0,
+      both([&](Device d) { return ops::scale_by(precision_data(e, d, Shape{50}, 4, t), Tensor::full(e, Shape{1}, 8.0f, d)); }, 0,
            "scale_by");
-      both([&](Device d) { return ops::sum(data(e, d, Shape{5000}, 5, t)); }, 2, "sum");
-      both([&](Device d) { return ops::matmul(data(e, d, Shape{33, 70}, 6, t), data(e, d, Shape{70, 19}, 7, t)); }, 4,
+      both([&](Device d) { return ops::sum(precision_data(e, d, Shape{5000}, 5, t)); }, 2, "sum");
+      both([&](Device d) { return ops::matmul(precision_data(e, d, Shape{33, 70}, 6, t), precision_data(e, d, Shape{70, 19}, 7, t)); }, 4,
            "matmul");
-      both([&](Device d) { return ops::matmul(data(e, d, Shape{70, 33}, 6, t), data(e, d, Shape{19, 70}, 7, t), true, true); },
+      both([&](Device d) { return ops::matmul(precision_data(e, d, Shape{70, 33}, 6, t), precision_data(e, d, Shape{19, 70}, 7, t), true, true); },
            4, "matmul transposed");
       both([&](Device d) {
-        return ops::dense(data(e, d, Shape{9, 40}, 8, t), data(e, d, Shape{12, 40}, 9, t), data(e, d, Shape{12}, 10, t));
+        return ops::dense(precision_data(e, d, Shape{9, 40}, 8, t), precision_data(e, d, Shape{12, 40}, 9, t), precision_data(e, d, Shape{12}, 10, t));
       }, 4, "dense");
       both([&](Device d) {
-        return ops::dense_backward(data(e, d, Shape{9, 40}, 8, t), data(e, d, Shape{12, 40}, 9, t),
-                                   data(e, d, Shape{9, 12}, 11, t)).dw;
+        return ops::dense_backward(precision_data(e, d, Shape{9, 40}, 8, t), precision_data(e, d, Shape{12, 40}, 9, t),
+                                   precision_data(e, d, Shape{9, 12}, 11, t)).dw;
       }, 4, "dense_backward dw");
       const ops::Conv2dParams p{1, 1};
       both([&](Device d) {
-        return ops::conv2d(data(e, d, Shape{4, 3, 10, 9}, 12, t), data(e, d, Shape{8, 3, 3, 3}, 13, t),
-                           data(e, d, Shape{8}, 14, t), p);
+        return ops::conv2d(precision_data(e, d, Shape{4, 3, 10, 9}, 12, t), precision_data(e, d, Shape{8, 3, 3, 3}, 13, t),
+                           precision_data(e, d, Shape{8}, 14, t), p);
       }, 4, "conv2d");
       both([&](Device d) {
-        return ops::conv2d_backward_data(data(e, d, Shape{4, 8, 10, 9}, 15, t), data(e, d, Shape{8, 3, 3, 3}, 13, t),
+        return ops::conv2d_backward_data(precision_data(e, d, Shape{4, 8, 10, 9}, 15, t), precision_data(e, d, Shape{8, 3, 3, 3}, 13, t),
                                          Shape{4, 3, 10, 9}, p);
       }, 4, "conv2d_backward_data");
       both([&](Device d) {
-        return ops::conv2d_backward_filter(data(e, d, Shape{4, 3, 10, 9}, 12, t), data(e, d, Shape{4, 8, 10, 9}, 15, t),
+        return ops::conv2d_backward_filter(precision_data(e, d, Shape{4, 3, 10, 9}, 12, t), precision_data(e, d, Shape{4, 8, 10, 9}, 15, t),
                                            Shape{8, 3, 3, 3}, p).dw;
       }, 8, "conv2d_backward_filter");
-      both([&](Device d) { return ops::max_pool2d(data(e, d, Shape{2, 3, 8, 8}, 16, t), {3, 2, 1}); }, 0, "max_pool2d");
-      both([&](Device d) { return ops::avg_pool2d(data(e, d, Shape{2, 3, 8, 8}, 16, t), {2, 2, 0}); }, 1, "avg_pool2d");
-      both([&](Device d) { return ops::global_avg_pool2d(data(e, d, Shape{2, 3, 8, 8}, 16, t)); }, 1, "global_avg_pool2d");
+      both([&](Device d) { return ops::max_pool2d(precision_data(e, d, Shape{2, 3, 8, 8}, 16, t), {3, 2, 1}); }, 0, "max_pool2d");
+      both([&](Device d) { return ops::avg_pool2d(precision_data(e, d, Shape{2, 3, 8, 8}, 16, t), {2, 2, 0}); }, 1, "avg_pool2d");
+      both([&](Device d) { return ops::global_avg_pool2d(precision_data(e, d, Shape{2, 3, 8, 8}, 16, t)); }, 1, "global_avg_pool2d");
       both([&](Device d) {
         Tensor rm = Tensor::zeros(e, Shape{3}, d), rv = Tensor::ones(e, Shape{3}, d);
-        return ops::batch_norm_train(data(e, d, Shape{4, 3, 5, 5}, 17, t), Tensor::ones(e, Shape{3}, d),
+        return ops::batch_norm_train(precision_data(e, d, Shape{4, 3, 5, 5}, 17, t), Tensor::ones(e, Shape{3}, d),
                                      Tensor::zeros(e, Shape{3}, d), rm, rv).y;
       }, 4, "batch_norm_train");
       both([&](Device d) {
-        return ops::softmax_cross_entropy(data(e, d, Shape{6, 10}, 18, t),
+        return ops::softmax_cross_entropy(precision_data(e, d, Shape{6, 10}, 18, t),
                                           Tensor::from_host(e, Shape{6}, std::vector<float>{0, 1, 2, 3, 9, 9}, d)).dlogits;
       }, 2, "softmax_cross_entropy");
     }
@@ -103,8 +103,8 @@ TEST_CASE("gpu precision - TF32 GEMMs and the loss-scaling ops on a GPU") {
     const Device g = Device::gpu(0), c = Device::cpu(0);
     {
       ops::AllowTf32 on;
-      Tensor a = data(e, g, Shape{40, 50}, 1, DType::float32), b = data(e, g, Shape{50, 30}, 2, DType::float32);
-      expect_equalish(ops::matmul(a, b), ops::matmul(a.copy_to(c), b.copy_to(c)), 40, "tf32 matmul");
+      Tensor a = precision_data(e, g, Shape{40, 50}, 1, DType::float32), b = precision_data(e, g, Shape{50, 30}, 2, DType::float32);
+      expect_gpu_matches_cpu(ops::matmul(a, b), ops::matmul(a.copy_to(c), b.copy_to(c)), 40, "tf32 matmul");
     }
     Tensor scale = Tensor::full(e, Shape{1}, 4.0f, g), tracker = Tensor::zeros(e, Shape{1}, g), skipped = Tensor::zeros(e, Shape{1}, g);
     Tensor grad = Tensor::from_host(e, Shape{3}, std::vector<float>{4, 8, -12}, g);

@@ -112,6 +112,14 @@ struct MulScalar {
   float s;
   __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) * s); }
 };
+// x times a factor the device holds (a loss scale).
+template <class T>
+struct ScaleBy {
+  T* y;
+  const T* x;
+  const float* factor;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) * *factor); }
+};
 template <class T>
 struct Axpy {
   T* y;
@@ -274,6 +282,12 @@ void mul_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s
   dispatch(t, "mul_scalar", [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_map(h, n, MulScalar<T>{static_cast<T*>(y), static_cast<const T*>(x), s});
+  });
+}
+void scale_by(const WorkerHandles& h, DType t, void* y, const void* x, const float* factor, std::int64_t n) {
+  dispatch(t, "scale_by", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, ScaleBy<T>{static_cast<T*>(y), static_cast<const T*>(x), factor});
   });
 }
 void axpy(const WorkerHandles& h, DType t, void* y, float alpha, const void* x, std::int64_t n) {
