@@ -10,7 +10,11 @@
 //                directly with OpenBLAS's own threads; ratio = direct_ns /
 //                engine_ns (target >= 0.97 from 1024^2 up).
 // GPU cases run when a GPU answers: kernel-launch cost through the engine vs
-// launching on a stream directly, and cuBLAS GEMM through the engine vs direct.
+// launching on a stream directly, and cuBLAS GEMM through the engine vs direct
+// in strict float32 (matmul_N), TF32 (matmul_tf32_N: ops::AllowTf32 against
+// cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_TF32) and bfloat16
+// (matmul_bf16_N: bfloat16 tensors against cublasGemmEx on bfloat16 data with
+// float32 accumulation); target ratio >= 0.95 at 4096^2.
 //
 // Output: a table, or with --json one line per case:
 //   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
@@ -162,40 +166,57 @@ void gpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
         },
         [&] {
           for (std::int64_t i = 0; i < ops; ++i)
-            weft::kernels::gpu::add(h, static_cast<float*>(y.ptr), static_cast<float*>(a.ptr),
-                                    static_cast<float*>(a.ptr), 1);
+            weft::kernels::gpu::add(h, weft::DType::float32, y.ptr, a.ptr, a.ptr, 1);
           direct.synchronize();
         }));
     alloc.free(a);
     alloc.free(y);
   }
-  for (std::int64_t n : {1024, 4096, 8192}) {
-    const std::int64_t ops = o.quick ? 2 : 10;
-    auto a = weft::Tensor::uniform(engine, {n, n}, -1, 1, 1, gpu);
-    auto b = weft::Tensor::uniform(engine, {n, n}, -1, 1, 2, gpu);
-    engine.wait_all();
-    // The direct run has its own copies of the same inputs on its own stream.
-    weft::Block c = alloc.allocate(static_cast<std::size_t>(n * n) * 4, h.stream);
-    weft::Block da = alloc.allocate(static_cast<std::size_t>(n * n) * 4, h.stream);
-    weft::Block db = alloc.allocate(static_cast<std::size_t>(n * n) * 4, h.stream);
-    weft::kernels::gpu::uniform(h, static_cast<float*>(da.ptr), n * n, -1, 1, 1);
-    weft::kernels::gpu::uniform(h, static_cast<float*>(db.ptr), n * n, -1, 1, 2);
-    rows.push_back(measure(
-        "matmul_" + std::to_string(n), "gpu", ops, o.reps,
-        [&] {
-          for (std::int64_t i = 0; i < ops; ++i) weft::ops::matmul(a, b);
-          engine.wait_all();
-        },
-        [&] {
-          for (std::int64_t i = 0; i < ops; ++i)
-            weft::kernels::gpu::gemm(h, false, false, n, n, n, 1.0f, static_cast<const float*>(da.ptr), n,
-                                     static_cast<const float*>(db.ptr), n, 0.0f, static_cast<float*>(c.ptr), n);
-          direct.synchronize();
-        }));
-    direct.synchronize();
-    alloc.free(c);
-    alloc.free(da);
-    alloc.free(db);
+  // Precision of a GEMM row: the tensors' dtype and whether float32 may run
+  // on TF32 tensor cores.
+  struct Precision {
+    const char* prefix;
+    weft::DType dtype;
+    bool tf32;
+  };
+  for (const Precision& p : {Precision{"matmul_", weft::DType::float32, false},
+                             Precision{"matmul_tf32_", weft::DType::float32, true},
+                             Precision{"matmul_bf16_", weft::DType::bfloat16, false}}) {
+    for (std::int64_t n : {1024, 4096, 8192}) {
+      const std::int64_t ops = o.quick ? 2 : 10;
+      const std::size_t bytes = static_cast<std::size_t>(n * n) * weft::dtype_size(p.dtype);
+      auto a32 = weft::Tensor::uniform(engine, {n, n}, -1, 1, 1, gpu);
+      auto b32 = weft::Tensor::uniform(engine, {n, n}, -1, 1, 2, gpu);
+      auto a = p.dtype == weft::DType::float32 ? a32 : weft::ops::cast(a32, p.dtype);
+      auto b = p.dtype == weft::DType::float32 ? b32 : weft::ops::cast(b32, p.dtype);
+      engine.wait_all();
+      // The direct run has its own copies of the same inputs on its own stream.
+      const std::size_t floats = static_cast<std::size_t>(n * n) * 4;
+      weft::Block c = alloc.allocate(bytes, h.stream);
+      weft::Block fa = alloc.allocate(floats, h.stream), fb = alloc.allocate(floats, h.stream);
+      weft::Block da = alloc.allocate(bytes, h.stream), db = alloc.allocate(bytes, h.stream);
+      weft::kernels::gpu::uniform(h, static_cast<float*>(fa.ptr), n * n, -1, 1, 1);
+      weft::kernels::gpu::uniform(h, static_cast<float*>(fb.ptr), n * n, -1, 1, 2);
+      weft::kernels::gpu::cast(h, da.ptr, p.dtype, fa.ptr, weft::DType::float32, n * n);
+      weft::kernels::gpu::cast(h, db.ptr, p.dtype, fb.ptr, weft::DType::float32, n * n);
+      std::string name = p.prefix;
+      name += std::to_string(n);
+      rows.push_back(measure(
+          std::move(name), "gpu", ops, o.reps,
+          [&] {
+            const weft::ops::AllowTf32 tf32(p.tf32);
+            for (std::int64_t i = 0; i < ops; ++i) weft::ops::matmul(a, b);
+            engine.wait_all();
+          },
+          [&] {
+            for (std::int64_t i = 0; i < ops; ++i)
+              weft::kernels::gpu::gemm(h, p.dtype, p.tf32, false, false, n, n, n, 1.0f, da.ptr, n, db.ptr, n, 0.0f,
+                                       c.ptr, n);
+            direct.synchronize();
+          }));
+      direct.synchronize();
+      for (weft::Block* blk : {&c, &fa, &fb, &da, &db}) alloc.free(*blk);
+    }
   }
 }
 #endif
@@ -221,7 +242,7 @@ int main(int argc, char** argv) {
           "weft-bench-ops [--json] [--quick] [--reps N]\n"
           "  Per-op dispatch cost of small ops through the engine vs calling the kernel directly, and\n"
           "  matmul through the engine vs the BLAS library called directly (ratio = direct/engine).\n"
-          "  GPU cases (kernel launch, cuBLAS GEMM) run when a GPU answers.\n");
+          "  GPU cases (kernel launch; cuBLAS GEMM in float32, TF32 and bfloat16) run when a GPU answers.\n");
       return 0;
     } else {
       std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());

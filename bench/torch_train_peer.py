@@ -10,7 +10,14 @@ form of the peer: no input pipeline), so its seconds per epoch are the GPU
 work plus PyTorch's per-op cost. Prints one JSON line per epoch, then a
 summary line, like the Weft trainers' --json.
 
+The precision choices are the trainers': --precision fp32 (no TF32 anywhere),
+tf32 (PyTorch's defaults: TF32 convolutions; matmuls too, as Weft's tf32),
+bf16 / fp16 (autocast to that dtype; fp16 with a GradScaler at its
+defaults); --conv-algo heuristic | benchmark (cudnn.benchmark) |
+deterministic | benchmark+deterministic; --channels-last for NHWC.
+
   python3 bench/torch_train_peer.py --model lenet --epochs 3 --data DIR
+  python3 bench/torch_train_peer.py --model resnet18 --precision bf16 --conv-algo benchmark --channels-last
 """
 import argparse
 import gzip
@@ -88,16 +95,26 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="only the first N training and test examples")
     ap.add_argument("--data", default=os.environ.get("WEFT_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--fp32", action="store_true",
-                    help="no TF32 in cuDNN convolutions (PyTorch allows it by default; Weft's use plain float32)")
-    ap.add_argument("--deterministic", action="store_true",
-                    help="deterministic cuDNN algorithms only (as Weft prefers)")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="tf32",
+                    help="as the Weft trainers' --precision (default tf32: PyTorch's default for convolutions)")
+    ap.add_argument("--conv-algo", default="heuristic",
+                    choices=["heuristic", "benchmark", "deterministic", "benchmark+deterministic"])
+    ap.add_argument("--channels-last", action="store_true", help="NHWC activations and weights")
+    ap.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
+    ap.add_argument("--deterministic", action="store_true", help="the same as --conv-algo deterministic")
     args = ap.parse_args()
+    if args.fp32:
+        args.precision = "fp32"
+    if args.deterministic:
+        args.conv_algo = "deterministic"
     if not torch.cuda.is_available():
         raise SystemExit("torch_train_peer: PyTorch sees no GPU")
-    torch.backends.cudnn.allow_tf32 = not args.fp32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.deterministic = args.deterministic
+    torch.backends.cudnn.allow_tf32 = args.precision != "fp32"
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+    torch.backends.cudnn.benchmark = "benchmark" in args.conv_algo
+    torch.backends.cudnn.deterministic = "deterministic" in args.conv_algo
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
     lr = args.lr if args.lr is not None else (0.3 if args.model == "lenet" else 0.1)
     dev = torch.device("cuda:0")
     torch.manual_seed(args.seed)
@@ -106,8 +123,11 @@ def main():
     if args.limit:
         x, y, tx, ty = x[:args.limit], y[:args.limit], tx[:args.limit], ty[:args.limit]
     x, y, tx, ty = x.to(dev), y.to(dev), tx.to(dev), ty.to(dev)
-    net = (lenet() if args.model == "lenet" else resnet18()).to(dev)
+    x, tx = x.contiguous(memory_format=memory_format), tx.contiguous(memory_format=memory_format)
+    net = (lenet() if args.model == "lenet" else resnet18()).to(dev).to(memory_format=memory_format)
     opt = torch.optim.SGD(net.parameters(), lr=lr)
+    scaler = torch.amp.GradScaler("cuda", enabled=args.precision == "fp16")
+    skipped = 0
     loss_fn = nn.CrossEntropyLoss()
     n, b = x.shape[0], args.batch_size
     epochs = []
@@ -120,17 +140,24 @@ def main():
         correct = torch.zeros((), device=dev, dtype=torch.int64)
         for i in range(0, n, b):
             idx = order[i:i + b]
-            out = net(x[idx])
-            loss = loss_fn(out, y[idx])
+            with torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
+                out = net(x[idx])
+                loss = loss_fn(out.float(), y[idx])
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            if scaler.is_enabled():
+                before = scaler.get_scale()
+                scaler.update()
+                skipped += scaler.get_scale() < before
+            else:
+                scaler.update()
             total_loss += loss.detach() * idx.numel()
             correct += (out.argmax(1) == y[idx]).sum()
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         net.eval()
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast("cuda", dtype=half or torch.float32, enabled=half is not None):
             test_correct = sum(int((net(tx[i:i + 1000]).argmax(1) == ty[i:i + 1000]).sum())
                                for i in range(0, tx.shape[0], 1000))
         row = {"epoch": epoch + 1, "loss": float(total_loss) / n, "train_acc": float(correct) / n,
@@ -140,8 +167,10 @@ def main():
     seconds = sorted(e["seconds"] for e in epochs[1:] or epochs)
     print(json.dumps({"impl": "pytorch", "model": args.model, "torch": torch.__version__,
                       "device": torch.cuda.get_device_name(0), "batch_size": b, "lr": lr,
-                      "cudnn": torch.backends.cudnn.version(), "tf32": not args.fp32,
-                      "deterministic": args.deterministic, "examples": n,
+                      "cudnn": torch.backends.cudnn.version(), "precision": args.precision,
+                      "conv_algo": args.conv_algo, "channels_last": args.channels_last,
+                      "loss_scale": scaler.get_scale() if scaler.is_enabled() else 1.0,
+                      "skipped_steps": int(skipped), "examples": n,
                       "median_epoch_seconds_after_first": seconds[len(seconds) // 2],
                       "ms_per_step": 1e3 * seconds[len(seconds) // 2] / ((n + b - 1) // b),
                       "test_acc": epochs[-1]["test_acc"]}), flush=True)

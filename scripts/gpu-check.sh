@@ -11,7 +11,17 @@
 #   --data DIR  Fashion-MNIST (default $WEFT_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
 #   --log FILE  also append everything to FILE
 #   STEP        env tests collectives train peers demos bench mpi ncu (default: all),
-#               or, not by default, on the machine's CPUs with no GPU involved:
+#               or, not by default:
+#               gemm        weft-bench-ops: GEMM through the engine vs cuBLAS direct in
+#                           float32, TF32 and bfloat16 (1024-8192^2)
+#               precision   ResNet-18, Weft beside PyTorch at fp32|tf32|bf16|fp16 (2
+#                           epochs of 12,800 images each), bf16 with benchmarked
+#                           convolutions, channels-last (PyTorch) and --hybridize
+#                           --gpu-graphs (Weft), and benchmark mode's first-step cost
+#               accuracy    ResNet-18 10 full epochs in bf16, fp16 and fp32 (Weft)
+#               Mixed precision on one GPU in one 10-minute call: env tests gemm
+#               precision (about 7 minutes on an H200); accuracy (about 4) in a second.
+#               On the machine's CPUs with no GPU involved:
 #               mpi-cpu     Weft over MPI against plain MPI, 2 and 4 ranks, 3 runs
 #                           of 1-16 MiB and 2 of 64-256 MiB, split inside and
 #                           outside MPI (scripts/bench-allreduce-mpi.sh
@@ -31,7 +41,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,22p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
@@ -76,7 +86,8 @@ for s in "${steps[@]}"; do
     tests)
       step "the GPU test suite on CUDA, by group (a hang costs one group)"
       for g in 'gpu backend*' 'gpu ops*' 'gpu copies*' 'gpu tensor op*' 'gpu engines*' 'gpu errors*' \
-               'gpu streams*' 'gpu stream graphs*' 'gpu kvstore*' 'gpu data parallel*' 'gpu pipeline*' 'gpu resnet*'; do
+               'gpu streams*' 'gpu stream graphs*' 'gpu kvstore*' 'gpu data parallel*' 'gpu pipeline*' 'gpu resnet*' \
+               '*bfloat16*,*float16*,*precision*,*tf32*,*loss scal*,*conv algo*'; do
         run 120 "$tests" -tc="$g" --duration=true --no-version --no-colors
       done
       ;;
@@ -112,6 +123,33 @@ for s in "${steps[@]}"; do
       step "per-op cost and GEMM through the engine vs direct; allreduce with NCCL beside ncclAllReduce"
       run 300 "$(find_bin weft-bench-ops)" --json --quick
       run 300 "$(find_bin weft-bench-allreduce)" --members 1 --json
+      ;;
+    gemm)
+      step "GEMM through the engine vs cuBLAS direct: float32, TF32, bfloat16 (matmul_*, matmul_tf32_*, matmul_bf16_*)"
+      run 300 "$(find_bin weft-bench-ops)" --json --quick
+      ;;
+    precision)
+      step "ResNet-18 per precision, Weft beside PyTorch (2 epochs of 12,800 images; compare sec_per_epoch)"
+      resnet=$(find_bin weft-train-resnet)
+      few=(--epochs 2 --limit 12800 --json)
+      for p in fp32 tf32 bf16 fp16; do
+        run 120 "$resnet" --device gpu:0 --precision "$p" "${few[@]}"
+        peer 120 --model resnet18 --precision "$p" "${few[@]:0:4}"
+      done
+      step "bf16 at its fastest: benchmarked convolutions; channels-last (PyTorch); hybridized with stream graphs (Weft)"
+      run 120 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark "${few[@]}"
+      peer 120 --model resnet18 --precision bf16 --conv-algo benchmark --channels-last "${few[@]:0:4}"
+      run 120 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --hybridize --gpu-graphs "${few[@]}"
+      step "benchmark mode's first-step cost: 2 steps each way (the difference of the two times), the chosen algorithms"
+      run 120 "$resnet" --device gpu:0 --precision bf16 --epochs 1 --limit 512 --json
+      WEFT_PROFILE_SUMMARY=1 run 120 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --epochs 1 \
+        --limit 512 --json
+      ;;
+    accuracy)
+      step "ResNet-18, 10 epochs: bf16 and fp16 (loss scaling) reach >= 0.90, within 0.01 of fp32"
+      for p in bf16 fp16 fp32; do
+        run 200 "$(find_bin weft-train-resnet)" --device gpu:0 --precision "$p" --epochs 10 --json
+      done
       ;;
     mpi)
       step "NCCL bootstrapped over MPI (one rank: NCCL refuses two ranks on one GPU)"

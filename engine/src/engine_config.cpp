@@ -69,7 +69,28 @@ ResolvedConfig resolve(const EngineConfig& config) {
   out.compute_streams_per_gpu =
       setting(config.compute_streams_per_gpu, "compute_streams_per_gpu", "WEFT_GPU_STREAMS", 2, 64);
   out.gpu_workspace_bytes = config.gpu_workspace_bytes;
+  out.conv_algo = config.conv_algo.empty()
+                      ? ConvAlgo::parse(env::text_or("WEFT_CONV_ALGO", "heuristic"), "WEFT_CONV_ALGO")
+                      : ConvAlgo::parse(config.conv_algo, "weft::EngineConfig::conv_algo");
   return out;
 }
 
 }  // namespace weft::detail
+
+namespace weft {
+
+std::string ConvAlgo::str() const {
+  if (benchmark) return deterministic ? "benchmark+deterministic" : "benchmark";
+  return deterministic ? "deterministic" : "heuristic";
+}
+
+ConvAlgo ConvAlgo::parse(std::string_view text, std::string_view what) {
+  if (text == "heuristic") return {false, false};
+  if (text == "benchmark") return {true, false};
+  if (text == "deterministic" || text == "heuristic+deterministic") return {false, true};
+  if (text == "benchmark+deterministic" || text == "deterministic+benchmark") return {true, true};
+  throw InvalidArgument(std::string(what) + " = '" + std::string(text) +
+                        "' is not one of: heuristic, benchmark, deterministic, benchmark+deterministic");
+}
+
+}  // namespace weft

@@ -18,6 +18,7 @@ struct ResolvedConfig {
   int gpu_devices = 0;             // never more than gpu::device_count()
   int compute_streams_per_gpu = 2;
   std::size_t gpu_workspace_bytes = 0;
+  ConvAlgo conv_algo;
 };
 
 // Throws weft::Error naming the setting (field or environment variable).

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iomanip>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -32,6 +33,38 @@ std::string_view to_string(TrackKind kind) noexcept {
     case TrackKind::stream: return "stream";
   }
   return "?";
+}
+
+namespace {
+
+struct Notes {
+  std::mutex mu;
+  std::map<std::string, std::string> by_key;
+};
+
+Notes& process_notes() {
+  static Notes notes;  // process-wide: the kernels that write notes see no profiler
+  return notes;
+}
+
+}  // namespace
+
+void Profiler::note(std::string key, std::string text) {
+  Notes& n = process_notes();
+  const std::lock_guard<std::mutex> lock(n.mu);
+  n.by_key.insert_or_assign(std::move(key), std::move(text));
+}
+
+std::vector<std::pair<std::string, std::string>> Profiler::notes() {
+  Notes& n = process_notes();
+  const std::lock_guard<std::mutex> lock(n.mu);
+  return {n.by_key.begin(), n.by_key.end()};
+}
+
+void Profiler::clear_notes() {
+  Notes& n = process_notes();
+  const std::lock_guard<std::mutex> lock(n.mu);
+  n.by_key.clear();
 }
 
 Profiler::Profiler() : impl_(std::make_unique<Impl>()) {}
@@ -229,7 +262,14 @@ std::string Profiler::summary_table() const {
        << '\n';
   }
   const std::vector<VarStats> vars = aggregate_by_variable();
-  if (vars.empty()) return os.str();
+  const auto with_notes = [&os]() {
+    const auto lines = notes();
+    if (lines.empty()) return os.str();
+    os << "\nnotes:\n";
+    for (const auto& line : lines) os << "  " << line.second << '\n';
+    return os.str();
+  };
+  if (vars.empty()) return with_notes();
   std::size_t var_w = 8;
   for (const auto& v : vars) var_w = std::max(var_w, v.name.size());
   os << "\nby variable written (named variables):\n";
@@ -242,7 +282,7 @@ std::string Profiler::summary_table() const {
     os << std::left << std::setw(static_cast<int>(var_w)) << v.name << std::right << "  " << std::setw(10)
        << v.writes << "  " << std::setw(12) << std::setprecision(3) << v.total_us / 1000.0 << "  " << ops << '\n';
   }
-  return os.str();
+  return with_notes();
 }
 
 void Profiler::dump(const std::string& path) const {

@@ -48,6 +48,7 @@
 #include "weft/ops.h"
 #include "weft/parallel/data_parallel.h"
 #include "weft/parallel/metrics.h"
+#include "weft/precision.h"
 #include "weft/tensor.h"
 
 namespace weft::examples {
@@ -74,6 +75,8 @@ struct Options {
   std::int64_t limit = 0;
   std::uint64_t seed = 0;
   bool json = false;
+  std::optional<weft::Precision> precision;  // unset: tf32 with a GPU among the devices, else fp32
+  std::string conv_algo = "heuristic";
 };
 
 void usage(std::FILE* out, const ModelSpec& m) {
@@ -101,6 +104,12 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --bulk N         push each step's ops in bulks of up to N (Engine::set_bulk_size, MXNet's\n"
                "                   bulk execution): consecutive ops of one device run as one engine op\n"
                "                   (default 0: off)\n"
+               "  --precision P    fp32 (strict IEEE), tf32 (TF32 GEMMs and convolutions), bf16 or fp16\n"
+               "                   (mixed precision: float32 master weights, half compute; fp16 with dynamic\n"
+               "                   loss scaling). Default: tf32 when a GPU trains, else fp32\n"
+               "  --conv-algo A    GPU convolution algorithms: heuristic (cuDNN's ranking, the default),\n"
+               "                   benchmark (time the candidates once per shape), deterministic, or\n"
+               "                   benchmark+deterministic (EngineConfig::conv_algo)\n"
                "  --trace FILE     write the last epoch's trace (chrome://tracing / Perfetto JSON)\n"
                "  --data DIR       Fashion-MNIST IDX files (train-/t10k-{images-idx3,labels-idx1}-ubyte[.gz]);\n"
                "                   default $WEFT_FASHION_MNIST, else %s\n"
@@ -196,6 +205,19 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       o.limit = parse_int<std::int64_t>(arg, take(), 0);
     } else if (arg == "--seed") {
       o.seed = parse_int<std::uint64_t>(arg, take(), 0);
+    } else if (arg == "--precision") {
+      try {
+        o.precision = weft::parse_precision(take(), "--precision");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+    } else if (arg == "--conv-algo") {
+      o.conv_algo = take();
+      try {
+        (void)weft::ConvAlgo::parse(o.conv_algo, "--conv-algo");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
     } else {
       throw UsageError{"unknown argument '" + arg + "'"};
     }
@@ -329,6 +351,9 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     weft::EngineConfig config;
     for (weft::Device d : devices)
       if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
+    config.conv_algo = o.conv_algo;
+    const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](weft::Device d) { return d.is_gpu(); });
+    const weft::Precision precision = o.precision.value_or(any_gpu ? weft::Precision::tf32 : weft::Precision::fp32);
     auto engine = weft::Engine::create(config);
     const auto known = engine->devices();
     for (weft::Device d : devices)
@@ -340,8 +365,20 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
 
     weft::parallel::DataParallelOptions dp_options{.bucket_bytes = o.bucket_bytes, .overlap = o.overlap,
                                                    .distributed = o.dist};
+    if (weft::needs_loss_scaling(precision)) dp_options.loss_scaling = weft::parallel::LossScaling{};
     weft::parallel::DataParallel dp(
-        *engine, devices, [&](weft::Device d) { return m.make(*engine, d, o.seed); }, dp_options);
+        *engine, devices,
+        [&](weft::Device d) {
+          auto net = m.make(*engine, d, o.seed);
+          net->set_precision(precision);
+          return net;
+        },
+        dp_options);
+    // The loss in float32 whatever the model computes in (autocast's rule).
+    auto loss_of = [](const weft::Tensor& logits, const weft::Tensor& labels) {
+      return weft::ops::softmax_cross_entropy(
+          logits.dtype() == weft::DType::float32 ? logits : weft::ops::cast(logits, weft::DType::float32), labels);
+    };
     const bool main_rank = dp.process_rank() == 0;
     // Only rank 0 prints; every rank runs the same steps.
     auto say = [&](const char* fmt, auto... args) {
@@ -369,10 +406,12 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     if (dp.processes() > 1) where.append(" in each of ").append(std::to_string(dp.processes())).append(" processes");
     std::string split;
     if (several) split.append(" split over ").append(std::to_string(dp.world_size())).append(" replicas");
-    say("training on %s (%s engine, %d workers per device): %d epochs, batch %lld%s, lr %g, seed %llu\n",
+    say("training on %s (%s engine, %d workers per device): %d epochs, batch %lld%s, lr %g, seed %llu, "
+        "precision %s%s, conv algorithms %s\n",
         where.c_str(), std::string(engine->kind()).c_str(), engine->workers(devices[0]), o.epochs,
-        static_cast<long long>(o.batch_size), split.c_str(),
-        static_cast<double>(o.lr), static_cast<unsigned long long>(o.seed));
+        static_cast<long long>(o.batch_size), split.c_str(), static_cast<double>(o.lr),
+        static_cast<unsigned long long>(o.seed), std::string(weft::to_string(precision)).c_str(),
+        weft::needs_loss_scaling(precision) ? " (dynamic loss scaling)" : "", engine->conv_algo().str().c_str());
     if (several)
       say("gradient buckets (%s, reduced %s):\n%s", o.bucket_bytes ? "--bucket-kb" : "default capacity",
           o.overlap ? "as soon as each is complete" : "after the whole backward", dp.describe_buckets().c_str());
@@ -396,7 +435,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       engine->begin_capture({.gpu_graphs = o.gpu_graphs});
       try {
         const std::vector<weft::Tensor> logits = dp.forward({h.x});
-        weft::ops::SoftmaxCrossEntropy sce = weft::ops::softmax_cross_entropy(logits[0], h.y);
+        weft::ops::SoftmaxCrossEntropy sce = loss_of(logits[0], h.y);
         h.loss = sce.loss;
         h.pred = weft::ops::argmax(logits[0]);
         dp.backward({sce.dlogits});
@@ -471,7 +510,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         Pending p;
         std::vector<weft::Tensor> dlogits;
         for (std::size_t r = 0; r < logits.size(); ++r) {
-          weft::ops::SoftmaxCrossEntropy sce = weft::ops::softmax_cross_entropy(logits[r], y[r]);
+          weft::ops::SoftmaxCrossEntropy sce = loss_of(logits[r], y[r]);
           dlogits.push_back(sce.dlogits);
           const std::int64_t rn = rows[first_replica + r];
           p.parts.push_back({sce.loss, weft::ops::argmax(logits[r]),
@@ -534,16 +573,24 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(peak);
     }
     say("peak memory allocated: %s\n", peaks.c_str());
+    const float loss_scale = dp.loss_scale();
+    const std::int64_t skipped = dp.skipped_steps();
+    if (weft::needs_loss_scaling(precision))
+      say("loss scale %g at the end, %lld of %lld steps skipped (Inf/NaN gradients)\n", static_cast<double>(loss_scale),
+          static_cast<long long>(skipped), static_cast<long long>(steps));
     if (o.json)
       say("{\"model\":\"%s\",\"test_acc\":%.6f,\"train_loss\":%s,\"train_acc\":%.6f,\"sec_per_epoch\":%.4f,"
           "\"epochs\":%d,\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
           "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g,\"train_examples\":%lld,"
-          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s}}\n",
+          "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s},"
+          "\"precision\":\"%s\",\"conv_algo\":\"%s\",\"loss_scale\":%g,\"skipped_steps\":%lld,\"steps\":%lld}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
           static_cast<long long>(o.batch_size), static_cast<double>(o.lr), static_cast<long long>(train.size),
-          ms_per_step, o.hybridize ? "true" : "false", o.gpu_graphs ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str());
+          ms_per_step, o.hybridize ? "true" : "false", o.gpu_graphs ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str(),
+          std::string(weft::to_string(precision)).c_str(), engine->conv_algo().str().c_str(),
+          static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps));
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());

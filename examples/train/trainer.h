@@ -1,6 +1,7 @@
 // The Fashion-MNIST trainer shared by weft-train-lenet and weft-train-resnet:
 // one set of flags (--devices, --dist, --batch-size, --lr, --epochs, --limit,
-// --bucket-kb, --no-overlap, --trace, --data, --seed, --json), one training
+// --precision, --conv-algo, --bucket-kb, --no-overlap, --trace, --data,
+// --seed, --json), one training
 // loop (data-parallel through weft::parallel::DataParallel, on one device
 // or several, across mpirun processes with --dist), one report. A program
 // gives its model and its defaults.

@@ -5,18 +5,13 @@
 #include <cstdint>
 
 #include "weft/dtype.h"
+#include "weft/engine.h"
 
 namespace weft::kernels {
 
-// How a GPU convolution picks its algorithm (EngineConfig::conv_algo):
-// heuristic takes cuDNN's ranking; benchmark times the candidates on the first
-// use of each geometry x dtype x direction and caches the fastest;
-// deterministic (with either) keeps only algorithms whose results repeat
-// bitwise.
-struct ConvAlgoChoice {
-  bool benchmark = false;
-  bool deterministic = false;
-};
+// How a GPU convolution picks its algorithm (weft::ConvAlgo, weft/engine.h:
+// fields benchmark and deterministic).
+using ConvAlgoChoice = weft::ConvAlgo;
 
 // NCHW input, OIHW filter, square stride/padding per axis; the data's dtype
 // (x, w, y, b and their gradients), whether float32 may run as TF32, and the

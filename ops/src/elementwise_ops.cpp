@@ -1,4 +1,5 @@
 // Elementwise ops, reductions and matmul: checks at push time, then one op.
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -16,16 +17,19 @@ namespace cpu = kernels::cpu;
 namespace {
 
 template <class Cpu, class Gpu>
-Tensor binary(const char* op, const Tensor& a, const Tensor& b, Cpu cpu_kernel, Gpu gpu_kernel) {
-  detail::check_float32(op, a, "a");
-  detail::check_float32(op, b, "b");
+Tensor binary(const char* op, const Tensor& a, const Tensor& b, Cpu cpu_kernel, Gpu gpu_kernel,
+              const char* what_a = "a", const char* what_b = "b") {
+  detail::check_floating(op, a, what_a);
+  detail::check_floating(op, b, what_b);
   detail::check_same_device(op, a, b);
+  detail::check_same_dtype(op, a, what_a, b, what_b);
   detail::check_same_shape(op, a, b);
   Tensor y = detail::make_like(a, a.shape());
   const std::int64_t n = a.numel();
+  [[maybe_unused]] const DType t = a.dtype();
   launch(op, detail::exec_device(a.device()), {&a, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      gpu_kernel(*ctx.gpu, io.o(0), io.i(0), io.i(1), n);
+      gpu_kernel(*ctx.gpu, t, io.out[0], io.in[0], io.in[1], n);
     else
       cpu_kernel(io.o(0), io.i(0), io.i(1), n);
   });
@@ -34,12 +38,13 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, Cpu cpu_kernel, 
 
 template <class Cpu, class Gpu>
 Tensor unary(const char* op, const Tensor& x, Cpu cpu_kernel, Gpu gpu_kernel) {
-  detail::check_float32(op, x, "x");
+  detail::check_floating(op, x, "x");
   Tensor y = detail::make_like(x, x.shape());
   const std::int64_t n = x.numel();
+  [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      gpu_kernel(*ctx.gpu, io.o(0), io.i(0), n);
+      gpu_kernel(*ctx.gpu, t, io.out[0], io.in[0], n);
     else
       cpu_kernel(io.o(0), io.i(0), n);
   });
@@ -52,9 +57,9 @@ Tensor unary(const char* op, const Tensor& x, Cpu cpu_kernel, Gpu gpu_kernel) {
   Tensor name(const Tensor& a, const Tensor& b) {                                                      \
     return binary(                                                                                     \
         #name, a, b, [](float* y, const float* p, const float* q, std::int64_t n) { cpu::name(y, p, q, n); }, \
-        [](const gpu::WorkerHandles& h, float* y, const float* p, const float* q, std::int64_t n) {    \
-          (void)h, (void)y, (void)p, (void)q, (void)n;                                                 \
-          WEFT_GPU_KERNEL(#name, name(h, y, p, q, n));                                                 \
+        [](const gpu::WorkerHandles& h, DType t, void* y, const void* p, const void* q, std::int64_t n) { \
+          (void)h, (void)t, (void)y, (void)p, (void)q, (void)n;                                        \
+          WEFT_GPU_KERNEL(#name, name(h, t, y, p, q, n));                                              \
         });                                                                                            \
   }
 WEFT_BINARY(add)
@@ -65,48 +70,88 @@ WEFT_BINARY(mul)
 Tensor add_scalar(const Tensor& x, float s) {
   return unary(
       "add_scalar", x, [s](float* y, const float* p, std::int64_t n) { cpu::add_scalar(y, p, s, n); },
-      [s](const gpu::WorkerHandles& h, float* y, const float* p, std::int64_t n) {
-        (void)h, (void)y, (void)p, (void)n, (void)s;
-        WEFT_GPU_KERNEL("add_scalar", add_scalar(h, y, p, s, n));
+      [s](const gpu::WorkerHandles& h, DType t, void* y, const void* p, std::int64_t n) {
+        (void)h, (void)t, (void)y, (void)p, (void)n, (void)s;
+        WEFT_GPU_KERNEL("add_scalar", add_scalar(h, t, y, p, s, n));
       });
 }
 
 Tensor mul_scalar(const Tensor& x, float s) {
   return unary(
       "mul_scalar", x, [s](float* y, const float* p, std::int64_t n) { cpu::mul_scalar(y, p, s, n); },
-      [s](const gpu::WorkerHandles& h, float* y, const float* p, std::int64_t n) {
-        (void)h, (void)y, (void)p, (void)n, (void)s;
-        WEFT_GPU_KERNEL("mul_scalar", mul_scalar(h, y, p, s, n));
+      [s](const gpu::WorkerHandles& h, DType t, void* y, const void* p, std::int64_t n) {
+        (void)h, (void)t, (void)y, (void)p, (void)n, (void)s;
+        WEFT_GPU_KERNEL("mul_scalar", mul_scalar(h, t, y, p, s, n));
       });
 }
 
 Tensor relu(const Tensor& x) {
   return unary(
       "relu", x, [](float* y, const float* p, std::int64_t n) { cpu::relu(y, p, n); },
-      [](const gpu::WorkerHandles& h, float* y, const float* p, std::int64_t n) {
-        (void)h, (void)y, (void)p, (void)n;
-        WEFT_GPU_KERNEL("relu", relu(h, y, p, n));
+      [](const gpu::WorkerHandles& h, DType t, void* y, const void* p, std::int64_t n) {
+        (void)h, (void)t, (void)y, (void)p, (void)n;
+        WEFT_GPU_KERNEL("relu", relu(h, t, y, p, n));
       });
 }
 
 Tensor relu_grad(const Tensor& x, const Tensor& dy) {
   return binary(
       "relu_grad", x, dy, [](float* dx, const float* p, const float* q, std::int64_t n) { cpu::relu_grad(dx, p, q, n); },
-      [](const gpu::WorkerHandles& h, float* dx, const float* p, const float* q, std::int64_t n) {
-        (void)h, (void)dx, (void)p, (void)q, (void)n;
-        WEFT_GPU_KERNEL("relu_grad", relu_grad(h, dx, p, q, n));
-      });
+      [](const gpu::WorkerHandles& h, DType t, void* dx, const void* p, const void* q, std::int64_t n) {
+        (void)h, (void)t, (void)dx, (void)p, (void)q, (void)n;
+        WEFT_GPU_KERNEL("relu_grad", relu_grad(h, t, dx, p, q, n));
+      },
+      "x", "dy");
+}
+
+Tensor cast(const Tensor& x, DType dtype) {
+  detail::check_floating("cast", x, "x");
+  if (!has_kernels(dtype))
+    throw InvalidArgument("cast: to dtype " + std::string(to_string(dtype)) + " for x " + detail::describe_on(x) +
+                          "; float32, bfloat16 and float16 are supported");
+  Tensor y = detail::make_like(x, x.shape(), dtype);
+  const std::int64_t n = x.numel();
+  const DType from = x.dtype();
+  launch(std::string("cast to ") + std::string(to_string(dtype)), detail::exec_device(x.device()), {&x}, {&y},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("cast", cast(*ctx.gpu, io.out[0], dtype, io.in[0], from, n));
+           else
+             cpu::cast(io.out[0], dtype, io.in[0], from, n);
+         },
+         OpProperty::normal, 0, detail::Body::bytes);
+  return y;
+}
+
+Tensor scale_by(const Tensor& x, const Tensor& factor) {
+  detail::check_floating("scale_by", x, "x");
+  detail::check_float32("scale_by", factor, "factor");
+  detail::check_same_device("scale_by", x, factor);
+  if (factor.numel() != 1)
+    throw InvalidArgument("scale_by: factor " + detail::describe(factor) + " must hold one element");
+  Tensor y = detail::make_like(x, x.shape());
+  const std::int64_t n = x.numel();
+  [[maybe_unused]] const DType t = x.dtype();
+  launch("scale_by", detail::exec_device(x.device()), {&x, &factor}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL("scale_by", scale_by(*ctx.gpu, t, io.out[0], io.in[0], io.i(1), n));
+    else
+      cpu::mul_scalar(io.o(0), io.i(0), *io.i(1), n);
+  });
+  return y;
 }
 
 void axpy(float alpha, const Tensor& x, Tensor& y) {
-  detail::check_float32("axpy", x, "x");
-  detail::check_float32("axpy", y, "y");
+  detail::check_floating("axpy", x, "x");
+  detail::check_floating("axpy", y, "y");
   detail::check_same_device("axpy", x, y);
+  detail::check_same_dtype("axpy", x, "x", y, "y");
   detail::check_same_shape("axpy", x, y);
   const std::int64_t n = x.numel();
+  [[maybe_unused]] const DType t = x.dtype();
   launch("axpy", detail::exec_device(y.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("axpy", axpy(*ctx.gpu, io.o(0), alpha, io.i(0), n));
+      WEFT_GPU_KERNEL("axpy", axpy(*ctx.gpu, t, io.out[0], alpha, io.in[0], n));
     else
       cpu::axpy(io.o(0), alpha, io.i(0), n);
   });
@@ -157,9 +202,9 @@ void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha, bool accumu
              if (n == 0) continue;
              if (ctx.gpu) {
                if (accumulate)
-                 WEFT_GPU_KERNEL("pack", axpy(*ctx.gpu, y, alpha, x, n));
+                 WEFT_GPU_KERNEL("pack", axpy(*ctx.gpu, DType::float32, y, alpha, x, n));
                else
-                 WEFT_GPU_KERNEL("pack", mul_scalar(*ctx.gpu, y, x, alpha, n));
+                 WEFT_GPU_KERNEL("pack", mul_scalar(*ctx.gpu, DType::float32, y, x, alpha, n));
              } else if (accumulate) {
                cpu::axpy(y, alpha, x, n);
              } else if (alpha == 1.0f) {
@@ -172,7 +217,7 @@ void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha, bool accumu
 }
 
 Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end) {
-  detail::check_float32("slice_rows", x, "x");
+  detail::check_floating("slice_rows", x, "x");
   if (x.shape().rank() == 0)
     throw InvalidArgument("slice_rows: x " + detail::describe(x) + " has no rows (a scalar)");
   const std::int64_t rows = x.shape()[0];
@@ -184,13 +229,15 @@ Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end) {
   dims[0] = end - begin;
   Tensor y = detail::make_like(x, Shape(std::move(dims)));
   const std::int64_t row = rows > 0 ? x.numel() / rows : 0, offset = begin * row, n = y.numel();
+  [[maybe_unused]] const DType t = x.dtype();
   launch("slice_rows", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (n == 0) return;
+    const auto* from = static_cast<const unsigned char*>(io.in[0]) + offset * static_cast<std::int64_t>(dtype_size(t));
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("slice_rows", mul_scalar(*ctx.gpu, io.o(0), io.i(0) + offset, 1.0f, n));
+      WEFT_GPU_KERNEL("slice_rows", mul_scalar(*ctx.gpu, t, io.out[0], from, 1.0f, n));
     else
-      cpu::copy(io.o(0), io.i(0) + offset, n);
-  });
+      std::memcpy(io.out[0], from, static_cast<std::size_t>(n) * dtype_size(t));
+  }, OpProperty::normal, 0, detail::Body::bytes);
   return y;
 }
 
@@ -214,7 +261,7 @@ void unpack(const Tensor& src, const std::vector<Tensor>& dsts) {
              offset += n;
              if (n == 0) continue;
              if (ctx.gpu)
-               WEFT_GPU_KERNEL("unpack", mul_scalar(*ctx.gpu, y, x, 1.0f, n));
+               WEFT_GPU_KERNEL("unpack", mul_scalar(*ctx.gpu, DType::float32, y, x, 1.0f, n));
              else
                cpu::copy(y, x, n);
            }
@@ -223,13 +270,14 @@ void unpack(const Tensor& src, const std::vector<Tensor>& dsts) {
 
 namespace {
 Tensor reduce_sum(const char* op, const Tensor& x, float scale) {
-  detail::check_float32(op, x, "x");
+  detail::check_floating(op, x, "x");
   Tensor y = detail::make_like(x, Shape{});
   const std::int64_t n = x.numel();
+  [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu) {
-      WEFT_GPU_KERNEL(op, sum(*ctx.gpu, io.o(0), io.i(0), n));
-      if (scale != 1.0f) WEFT_GPU_KERNEL(op, mul_scalar(*ctx.gpu, io.o(0), io.o(0), scale, 1));
+      WEFT_GPU_KERNEL(op, sum(*ctx.gpu, t, io.out[0], io.in[0], n));
+      if (scale != 1.0f) WEFT_GPU_KERNEL(op, mul_scalar(*ctx.gpu, t, io.out[0], io.out[0], scale, 1));
     } else {
       cpu::sum(io.o(0), io.i(0), n);
       *io.o(0) *= scale;
@@ -247,14 +295,15 @@ Tensor mean(const Tensor& x) {
 }
 
 Tensor argmax(const Tensor& x) {
-  detail::check_float32("argmax", x, "x");
+  detail::check_floating("argmax", x, "x");
   detail::check_rank("argmax", x, 2, "x");
   const std::int64_t rows = x.shape()[0], cols = x.shape()[1];
   if (cols == 0 && rows > 0) throw Error("argmax: x " + detail::describe(x) + " has rows with no columns");
-  Tensor y = detail::make_like(x, Shape{rows});
+  Tensor y = detail::make_like(x, Shape{rows}, DType::float32);  // indices
+  [[maybe_unused]] const DType t = x.dtype();
   launch("argmax", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("argmax", argmax_rows(*ctx.gpu, io.o(0), io.i(0), rows, cols));
+      WEFT_GPU_KERNEL("argmax", argmax_rows(*ctx.gpu, t, io.o(0), io.in[0], rows, cols));
     else
       cpu::argmax_rows(io.o(0), io.i(0), rows, cols);
   });
@@ -262,9 +311,10 @@ Tensor argmax(const Tensor& x) {
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
-  detail::check_float32("matmul", a, "a");
-  detail::check_float32("matmul", b, "b");
+  detail::check_floating("matmul", a, "a");
+  detail::check_floating("matmul", b, "b");
   detail::check_same_device("matmul", a, b);
+  detail::check_same_dtype("matmul", a, "a", b, "b");
   detail::check_rank("matmul", a, 2, "a");
   detail::check_rank("matmul", b, 2, "b");
   const std::int64_t m = trans_a ? a.shape()[1] : a.shape()[0];
@@ -277,13 +327,15 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
                 ")");
   Tensor c = detail::make_like(a, Shape{m, n});
   const std::int64_t lda = a.shape()[1], ldb = b.shape()[1];
+  [[maybe_unused]] const DType t = a.dtype();
+  const bool tf32 = t == DType::float32 && AllowTf32::active();
   launch("matmul", detail::exec_device(a.device()), {&a, &b}, {&c}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("matmul", gemm(*ctx.gpu, trans_a, trans_b, m, n, k, 1.0f, io.i(0), lda, io.i(1), ldb, 0.0f,
-                                     io.o(0), n));
+      WEFT_GPU_KERNEL("matmul", gemm(*ctx.gpu, t, tf32, trans_a, trans_b, m, n, k, 1.0f, io.in[0], lda, io.in[1], ldb,
+                                     0.0f, io.out[0], n));
     else
       cpu::gemm(trans_a, trans_b, m, n, k, 1.0f, io.i(0), lda, io.i(1), ldb, 0.0f, io.o(0), n);
-  });
+  }, OpProperty::normal, 0, detail::Body::kernels, tf32);
   return c;
 }
 

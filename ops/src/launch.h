@@ -4,6 +4,7 @@
 // pointers.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +23,7 @@ namespace weft::detail {
 struct PushScopeState {
   int priority = 0;
   std::string label;
+  bool tf32 = false;  // ops::AllowTf32
 };
 const PushScopeState& current_push_scope() noexcept;
 
@@ -30,11 +32,25 @@ const PushScopeState& current_push_scope() noexcept;
 // enqueues on a GPU stream (kernels, or the CPU kernel on a simulated GPU)
 // holds only these pointers, and the stream-aware allocator keeps the memory
 // from other streams until that work is done — on CUDA and simulated GPUs alike.
+//
+// Element types: GPU branches get each tensor's dtype (in_types/out_types)
+// and its raw memory. CPU branches (CPU devices, and every op on simulated
+// GPUs) see float32 only: a half tensor reaches them widened into a float32
+// copy, and each half output is rounded back (to nearest even) once the
+// kernel returns; with `tf32`, float32 inputs reach them rounded to TF32's
+// mantissa, as a TF32 tensor core reads them. So one float32 CPU kernel
+// serves every precision, and takes the numerics of the GPU path.
 struct OpIO {
   std::vector<void*> in, out;
+  std::vector<DType> in_types, out_types;
+  std::vector<std::size_t> in_bytes, out_bytes;
   const float* i(std::size_t k) const noexcept { return static_cast<const float*>(in[k]); }
   float* o(std::size_t k) const noexcept { return static_cast<float*>(out[k]); }
 };
+
+// Runs a CPU branch as the comment on OpIO says (widening halves, rounding
+// to TF32 when asked); plain kernel(ctx, io) when there is nothing to convert.
+void run_widened(RunContext& ctx, OpIO& io, bool tf32, const std::function<void(RunContext&, OpIO&)>& kernel);
 
 // Throws when `s` should hold data but has no memory.
 void require_memory(const Storage& s, std::string_view op);
@@ -50,21 +66,30 @@ enum class Body {
   // kernel(ctx, io) calls the stream API itself (gpu::memcpy_async, ...),
   // which every GPU backend implements: copies.
   stream_calls,
+  // As kernels, but the CPU branch moves bytes of any dtype itself (host
+  // copies): nothing is widened.
+  bytes,
 };
 
 // The one dispatch point between CPU kernels, CUDA kernels and simulated GPUs.
 template <class Kernel>
-void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body) {
-  if (!ctx.gpu || body == Body::stream_calls || gpu::backend() != gpu::Backend::sim) {
+void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32) {
+  if (ctx.gpu && (body == Body::stream_calls || gpu::backend() != gpu::Backend::sim)) {
     kernel(ctx, io);
+    return;
+  }
+  if (!ctx.gpu) {
+    if (body == Body::bytes) kernel(ctx, io);
+    else run_widened(ctx, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
     return;
   }
   gpu::launch_host_kernel(
       ctx.gpu->stream, [io = std::move(io), kernel = std::move(kernel), device = ctx.device, worker = ctx.worker,
-                        name = std::string(ctx.op_name), engine = ctx.engine]() mutable {
+                        name = std::string(ctx.op_name), engine = ctx.engine, body, tf32]() mutable {
         CheckContextGuard check(name, device);
         RunContext host{device, worker, name, engine};  // gpu == null: the CPU branch
-        kernel(host, io);
+        if (body == Body::bytes) kernel(host, io);
+        else run_widened(host, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
       });
 }
 
@@ -74,10 +99,12 @@ inline OpOptions scoped_options(std::string name, OpProperty property, std::uint
   return OpOptions{scope.priority, std::move(name), property, bytes};
 }
 
+// `tf32`: the op is a GEMM or convolution pushed under ops::AllowTf32 (its
+// CPU branch then reads float32 inputs rounded to TF32).
 template <class Kernel>
 void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, std::vector<const Tensor*> outputs,
             Kernel kernel, OpProperty property = OpProperty::normal, std::uint64_t bytes = 0,
-            Body body = Body::kernels) {
+            Body body = Body::kernels, bool tf32 = false) {
   std::vector<StoragePtr> in, out;
   std::vector<Var> reads, writes;
   for (const Tensor* t : inputs) {
@@ -93,7 +120,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
   }
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
   engine.push(
-      [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body](RunContext& ctx) mutable {
+      [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body, tf32](RunContext& ctx) mutable {
         gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
         for (std::size_t k = 0; k < out.size(); ++k) {
           if (creates[k])
@@ -108,13 +135,21 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
         OpIO io;
         io.in.reserve(in.size());
         io.out.reserve(out.size());
-        for (const StoragePtr& s : in) io.in.push_back(s->data());
-        for (const StoragePtr& s : out) io.out.push_back(s->data());
+        for (const StoragePtr& s : in) {
+          io.in.push_back(s->data());
+          io.in_types.push_back(s->dtype);
+          io.in_bytes.push_back(s->bytes);
+        }
+        for (const StoragePtr& s : out) {
+          io.out.push_back(s->data());
+          io.out_types.push_back(s->dtype);
+          io.out_bytes.push_back(s->bytes);
+        }
         if (stream) {
           for (const StoragePtr& s : in) s->allocator->record_use(s->block, stream);
           for (const StoragePtr& s : out) s->allocator->record_use(s->block, stream);
         }
-        run_kernel(ctx, io, kernel, body);
+        run_kernel(ctx, io, kernel, body, tf32);
       },
       exec, reads, writes, scoped_options(std::move(name), property, bytes));
 }
@@ -123,12 +158,17 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
 // the op and the tensors (describe.h). `what` is the argument's role ("x", "dy").
 void check_defined(const char* op, const Tensor& t, const char* what);
 void check_float32(const char* op, const Tensor& t, const char* what);
+// t is float32, bfloat16 or float16.
+void check_floating(const char* op, const Tensor& t, const char* what);
+// b has a's dtype: otherwise an InvalidArgument naming both tensors and dtypes.
+void check_same_dtype(const char* op, const Tensor& a, const char* what_a, const Tensor& b, const char* what_b);
 void check_same_engine(const char* op, const Tensor& a, const Tensor& b);
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);  // and engine
 void check_same_shape(const char* op, const Tensor& a, const Tensor& b);
 void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* what);
-// An uninitialized output on x's device.
+// An uninitialized output on x's device, of x's dtype (or `dtype`).
 Tensor make_like(const Tensor& x, Shape shape);
+Tensor make_like(const Tensor& x, Shape shape, DType dtype);
 
 [[noreturn]] void no_gpu_kernels(const char* op);
 

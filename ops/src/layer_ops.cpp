@@ -5,6 +5,7 @@
 #include "cpu/cpu_kernels.h"
 #include "launch.h"
 #include "weft/nn_ops.h"
+#include "weft/ops.h"
 
 namespace weft::ops {
 
@@ -25,14 +26,42 @@ struct Operand {
   Operand(const Shape& s) : shape(s), shown(s.str()) {}                // NOLINT
 };
 
+// The op's data tensors: defined (but a bias), of one floating dtype and on
+// one device.
 void check_all(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
   const Tensor* first = nullptr;
+  const char* first_what = nullptr;
   for (auto [t, what] : tensors) {
     if (!t->defined() && std::string_view(what) == "b") continue;  // only a bias may be undefined
-    detail::check_float32(op, *t, what);
-    if (first) detail::check_same_device(op, *first, *t);
-    else first = t;
+    detail::check_floating(op, *t, what);
+    if (first) {
+      detail::check_same_device(op, *first, *t);
+      detail::check_same_dtype(op, *first, first_what, *t, what);
+    } else {
+      first = t;
+      first_what = what;
+    }
   }
+}
+
+// Batch normalization's per-channel tensors (and the loss's labels): float32
+// whatever x's dtype, on x's device.
+void check_float32_beside(const char* op, const Tensor& x,
+                          std::initializer_list<std::pair<const Tensor*, const char*>> tensors) {
+  for (auto [t, what] : tensors) {
+    detail::check_float32(op, *t, what);
+    detail::check_same_device(op, x, *t);
+  }
+}
+
+// GEMMs and convolutions of float32 data under ops::AllowTf32.
+bool tf32_for(const Tensor& t) { return t.dtype() == DType::float32 && AllowTf32::active(); }
+
+kernels::ConvGeometry with_math(kernels::ConvGeometry g, const Tensor& data) {
+  g.dtype = data.dtype();
+  g.tf32 = tf32_for(data);
+  g.algo = data.engine().conv_algo();
+  return g;
 }
 
 kernels::ConvGeometry conv_geometry(const char* op, const Operand& input, const Operand& filter, Conv2dParams p) {
@@ -95,13 +124,15 @@ Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b) {
                 std::to_string(in) + "], b [out])");
   Tensor y = detail::make_like(x, Shape{batch, out});
   const bool has_b = b.defined();
+  [[maybe_unused]] const DType t = x.dtype();
+  const bool tf32 = tf32_for(x);
   launch("dense", detail::exec_device(x.device()), {&x, &w, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
-    const float* bias = has_b ? io.i(2) : nullptr;
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("dense", dense_forward(*ctx.gpu, io.o(0), io.i(0), io.i(1), bias, batch, in, out));
+      WEFT_GPU_KERNEL("dense", dense_forward(*ctx.gpu, t, tf32, io.out[0], io.in[0], io.in[1],
+                                             has_b ? io.in[2] : nullptr, batch, in, out));
     else
-      cpu::dense_forward(io.o(0), io.i(0), io.i(1), bias, batch, in, out);
-  });
+      cpu::dense_forward(io.o(0), io.i(0), io.i(1), has_b ? io.i(2) : nullptr, batch, in, out);
+  }, OpProperty::normal, 0, detail::Body::kernels, tf32);
   return y;
 }
 
@@ -113,14 +144,16 @@ DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy) {
   if (w.shape()[1] != in || dy.shape() != Shape{batch, out})
     throw Error("dense_backward: x " + describe(x) + ", w " + describe(w) + ", dy " + describe(dy) + " do not fit");
   DenseGrads g{detail::make_like(x, x.shape()), detail::make_like(w, w.shape()), detail::make_like(w, Shape{out})};
+  [[maybe_unused]] const DType t = x.dtype();
+  const bool tf32 = tf32_for(x);
   launch("dense_backward", detail::exec_device(x.device()), {&x, &w, &dy}, {&g.dx, &g.dw, &g.db},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
-             WEFT_GPU_KERNEL("dense_backward", dense_backward(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.i(0), io.i(1),
-                                                              io.i(2), batch, in, out));
+             WEFT_GPU_KERNEL("dense_backward", dense_backward(*ctx.gpu, t, tf32, io.out[0], io.out[1], io.out[2],
+                                                              io.in[0], io.in[1], io.in[2], batch, in, out));
            else
              cpu::dense_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), batch, in, out);
-         });
+         }, OpProperty::normal, 0, detail::Body::kernels, tf32);
   return g;
 }
 
@@ -133,13 +166,15 @@ Tensor dense_backward_data(const Tensor& dy, const Tensor& w) {
     throw Error("dense_backward_data: dy " + describe(dy) + " and w " + describe(w) + " do not fit (want w [" +
                 std::to_string(out) + ", in])");
   Tensor dx = detail::make_like(dy, Shape{batch, in});
+  [[maybe_unused]] const DType t = dy.dtype();
+  const bool tf32 = tf32_for(dy);
   launch("dense_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("dense_backward_data", dense_backward(*ctx.gpu, io.o(0), nullptr, nullptr, nullptr, io.i(1),
-                                                            io.i(0), batch, in, out));
+      WEFT_GPU_KERNEL("dense_backward_data", dense_backward(*ctx.gpu, t, tf32, io.out[0], nullptr, nullptr, nullptr,
+                                                            io.in[1], io.in[0], batch, in, out));
     else
       cpu::dense_backward(io.o(0), nullptr, nullptr, nullptr, io.i(1), io.i(0), batch, in, out);
-  });
+  }, OpProperty::normal, 0, detail::Body::kernels, tf32);
   return dx;
 }
 
@@ -152,53 +187,54 @@ DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
     throw Error("dense_backward_weight: x " + describe(x) + " and dy " + describe(dy) +
                 " have different batch sizes");
   DenseWeightGrads g{detail::make_like(x, Shape{out, in}), detail::make_like(x, Shape{out})};
+  [[maybe_unused]] const DType t = x.dtype();
+  const bool tf32 = tf32_for(x);
   launch("dense_backward_weight", detail::exec_device(x.device()), {&x, &dy}, {&g.dw, &g.db},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
-             WEFT_GPU_KERNEL("dense_backward_weight", dense_backward(*ctx.gpu, nullptr, io.o(0), io.o(1), io.i(0),
-                                                                     nullptr, io.i(1), batch, in, out));
+             WEFT_GPU_KERNEL("dense_backward_weight", dense_backward(*ctx.gpu, t, tf32, nullptr, io.out[0], io.out[1],
+                                                                     io.in[0], nullptr, io.in[1], batch, in, out));
            else
              cpu::dense_backward(nullptr, io.o(0), io.o(1), io.i(0), nullptr, io.i(1), batch, in, out);
-         });
+         }, OpProperty::normal, 0, detail::Body::kernels, tf32);
   return g;
 }
 
 Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p) {
   check_all("conv2d", {{&x, "x"}, {&w, "w"}, {&b, "b"}});
-  const kernels::ConvGeometry g = conv_geometry("conv2d", x, w, p);
+  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d", x, w, p), x);
   if (b.defined() && b.shape() != Shape{g.o})
     throw Error("conv2d: bias " + describe(b) + " does not match " + std::to_string(g.o) + " output channels");
   Tensor y = detail::make_like(x, Shape{g.n, g.o, g.out_h(), g.out_w()});
   const bool has_b = b.defined();
   launch("conv2d", detail::exec_device(x.device()), {&x, &w, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
-    const float* bias = has_b ? io.i(2) : nullptr;
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("conv2d", conv2d_forward(*ctx.gpu, io.o(0), io.i(0), io.i(1), bias, g));
+      WEFT_GPU_KERNEL("conv2d", conv2d_forward(*ctx.gpu, io.out[0], io.in[0], io.in[1], has_b ? io.in[2] : nullptr, g));
     else
-      cpu::conv2d_forward(io.o(0), io.i(0), io.i(1), bias, g);
-  });
+      cpu::conv2d_forward(io.o(0), io.i(0), io.i(1), has_b ? io.i(2) : nullptr, g);
+  }, OpProperty::normal, 0, detail::Body::kernels, g.tf32);
   return y;
 }
 
 Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, Conv2dParams p) {
   check_all("conv2d_backward_data", {{&dy, "dy"}, {&w, "w"}});
-  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_data", x_shape, w, p);
+  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d_backward_data", x_shape, w, p), dy);
   if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
     throw Error("conv2d_backward_data: dy " + describe(dy) + " does not match the output of input " + x_shape.str() +
                 " and filter " + describe(w));
   Tensor dx = detail::make_like(dy, x_shape);
   launch("conv2d_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("conv2d_backward_data", conv2d_backward_data(*ctx.gpu, io.o(0), io.i(0), io.i(1), g));
+      WEFT_GPU_KERNEL("conv2d_backward_data", conv2d_backward_data(*ctx.gpu, io.out[0], io.in[0], io.in[1], g));
     else
       cpu::conv2d_backward_data(io.o(0), io.i(0), io.i(1), g);
-  });
+  }, OpProperty::normal, 0, detail::Body::kernels, g.tf32);
   return dx;
 }
 
 ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape, Conv2dParams p) {
   check_all("conv2d_backward_filter", {{&x, "x"}, {&dy, "dy"}});
-  const kernels::ConvGeometry g = conv_geometry("conv2d_backward_filter", x, w_shape, p);
+  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d_backward_filter", x, w_shape, p), x);
   if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
     throw Error("conv2d_backward_filter: dy " + describe(dy) + " does not match the output of input " + describe(x) +
                 " and filter " + w_shape.str());
@@ -207,10 +243,10 @@ ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const 
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
              WEFT_GPU_KERNEL("conv2d_backward_filter",
-                             conv2d_backward_filter(*ctx.gpu, io.o(0), io.o(1), io.i(0), io.i(1), g));
+                             conv2d_backward_filter(*ctx.gpu, io.out[0], io.out[1], io.in[0], io.in[1], g));
            else
              cpu::conv2d_backward_filter(io.o(0), io.o(1), io.i(0), io.i(1), g);
-         });
+         }, OpProperty::normal, 0, detail::Body::kernels, g.tf32);
   return out;
 }
 
@@ -219,9 +255,10 @@ ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const 
     check_all(#name, {{&x, "x"}});                                                                           \
     const kernels::PoolGeometry g = pool_geometry(#name, x, p);                                              \
     Tensor y = detail::make_like(x, Shape{g.n, g.c, g.out_h(), g.out_w()});                                  \
+    [[maybe_unused]] const DType t = x.dtype();                                                                               \
     launch(#name, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {              \
       if (ctx.gpu)                                                                                           \
-        WEFT_GPU_KERNEL(#name, kernel(*ctx.gpu, io.o(0), io.i(0), g));                                       \
+        WEFT_GPU_KERNEL(#name, kernel(*ctx.gpu, t, io.out[0], io.in[0], g));                                 \
       else                                                                                                   \
         cpu::kernel(io.o(0), io.i(0), g);                                                                    \
     });                                                                                                      \
@@ -237,9 +274,10 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams 
   if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
     throw Error("avg_pool2d_backward: dy " + describe(dy) + " does not match input " + x_shape.str());
   Tensor dx = detail::make_like(dy, x_shape);
+  [[maybe_unused]] const DType t = dy.dtype();
   launch("avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("avg_pool2d_backward", avg_pool2d_backward(*ctx.gpu, io.o(0), io.i(0), g));
+      WEFT_GPU_KERNEL("avg_pool2d_backward", avg_pool2d_backward(*ctx.gpu, t, io.out[0], io.in[0], g));
     else
       cpu::avg_pool2d_backward(io.o(0), io.i(0), g);
   });
@@ -252,9 +290,10 @@ Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p) {
   if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
     throw Error("max_pool2d_backward: dy " + describe(dy) + " does not match input " + describe(x));
   Tensor dx = detail::make_like(x, x.shape());
+  [[maybe_unused]] const DType t = x.dtype();
   launch("max_pool2d_backward", detail::exec_device(x.device()), {&x, &dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("max_pool2d_backward", max_pool2d_backward(*ctx.gpu, io.o(0), io.i(0), io.i(1), g));
+      WEFT_GPU_KERNEL("max_pool2d_backward", max_pool2d_backward(*ctx.gpu, t, io.out[0], io.in[0], io.in[1], g));
     else
       cpu::max_pool2d_backward(io.o(0), io.i(0), io.i(1), g);
   });
@@ -267,9 +306,10 @@ Tensor global_avg_pool2d(const Tensor& x) {
   const Shape& s = x.shape();
   const std::int64_t planes = s[0] * s[1], hw = s[2] * s[3];
   Tensor y = detail::make_like(x, Shape{s[0], s[1], 1, 1});
+  [[maybe_unused]] const DType t = x.dtype();
   launch("global_avg_pool2d", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("global_avg_pool2d", global_avg_pool2d_forward(*ctx.gpu, io.o(0), io.i(0), planes, hw));
+      WEFT_GPU_KERNEL("global_avg_pool2d", global_avg_pool2d_forward(*ctx.gpu, t, io.out[0], io.in[0], planes, hw));
     else
       cpu::global_avg_pool2d_forward(io.o(0), io.i(0), planes, hw);
   });
@@ -283,11 +323,12 @@ Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape) {
                 " (want [N, C, 1, 1] of an [N, C, H, W] input)");
   const std::int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
   Tensor dx = detail::make_like(dy, x_shape);
+  [[maybe_unused]] const DType t = dy.dtype();
   launch("global_avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
              WEFT_GPU_KERNEL("global_avg_pool2d_backward",
-                             global_avg_pool2d_backward(*ctx.gpu, io.o(0), io.i(0), planes, hw));
+                             global_avg_pool2d_backward(*ctx.gpu, t, io.out[0], io.in[0], planes, hw));
            else
              cpu::global_avg_pool2d_backward(io.o(0), io.i(0), planes, hw);
          });
@@ -297,21 +338,24 @@ Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape) {
 BatchNormTrain batch_norm_train(const Tensor& x, const Tensor& gamma, const Tensor& beta, Tensor& running_mean,
                                 Tensor& running_var, BatchNormParams p) {
   constexpr const char* op = "batch_norm_train";
-  check_all(op, {{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"},
-                 {&running_var, "running_var"}});
+  check_all(op, {{&x, "x"}});
+  check_float32_beside(op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"},
+                               {&running_var, "running_var"}});
   const kernels::BatchNormGeometry g = batch_norm_geometry(
       op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}}, p);
   if (g.per_channel() < 2)
     throw Error(std::string(op) + ": x " + describe(x) + " has " + std::to_string(g.per_channel()) +
                 " value(s) per channel; batch statistics need at least 2 (a larger batch, or inference mode)");
   const Shape stats{g.c};
-  BatchNormTrain out{detail::make_like(x, x.shape()), detail::make_like(x, stats), detail::make_like(x, stats)};
+  BatchNormTrain out{detail::make_like(x, x.shape()), detail::make_like(x, stats, DType::float32),
+                     detail::make_like(x, stats, DType::float32)};
   const float eps = p.eps, momentum = p.momentum;
+  [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x, &gamma, &beta},
          {&out.y, &out.save_mean, &out.save_invstd, &running_mean, &running_var}, [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
-             WEFT_GPU_KERNEL(op, batch_norm_forward_train(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.o(3), io.o(4),
-                                                          io.i(0), io.i(1), io.i(2), g, eps, momentum));
+             WEFT_GPU_KERNEL(op, batch_norm_forward_train(*ctx.gpu, t, io.out[0], io.o(1), io.o(2), io.o(3), io.o(4),
+                                                          io.in[0], io.i(1), io.i(2), g, eps, momentum));
            else
              cpu::batch_norm_forward_train(io.o(0), io.o(1), io.o(2), io.o(3), io.o(4), io.i(0), io.i(1), io.i(2), g,
                                            eps, momentum);
@@ -322,16 +366,18 @@ BatchNormTrain batch_norm_train(const Tensor& x, const Tensor& gamma, const Tens
 Tensor batch_norm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta, const Tensor& running_mean,
                         const Tensor& running_var, BatchNormParams p) {
   constexpr const char* op = "batch_norm_infer";
-  check_all(op, {{&x, "x"}, {&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"},
-                 {&running_var, "running_var"}});
+  check_all(op, {{&x, "x"}});
+  check_float32_beside(op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"},
+                               {&running_var, "running_var"}});
   const kernels::BatchNormGeometry g = batch_norm_geometry(
       op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}}, p);
   Tensor y = detail::make_like(x, x.shape());
   const float eps = p.eps;
+  [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x, &gamma, &beta, &running_mean, &running_var}, {&y},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
-             WEFT_GPU_KERNEL(op, batch_norm_forward_infer(*ctx.gpu, io.o(0), io.i(0), io.i(1), io.i(2), io.i(3),
+             WEFT_GPU_KERNEL(op, batch_norm_forward_infer(*ctx.gpu, t, io.out[0], io.in[0], io.i(1), io.i(2), io.i(3),
                                                           io.i(4), g, eps));
            else
              cpu::batch_norm_forward_infer(io.o(0), io.i(0), io.i(1), io.i(2), io.i(3), io.i(4), g, eps);
@@ -342,19 +388,21 @@ Tensor batch_norm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta
 BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
                                    const Tensor& save_invstd, BatchNormParams p) {
   constexpr const char* op = "batch_norm_backward";
-  check_all(op, {{&x, "x"}, {&dy, "dy"}, {&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
+  check_all(op, {{&x, "x"}, {&dy, "dy"}});
+  check_float32_beside(op, x, {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   const kernels::BatchNormGeometry g =
       batch_norm_geometry(op, x, {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}}, p);
   if (dy.shape() != x.shape())
     throw Error(std::string(op) + ": dy " + describe(dy) + " does not match x " + describe(x));
-  BatchNormGrads out{detail::make_like(x, x.shape()), detail::make_like(x, gamma.shape()),
-                     detail::make_like(x, gamma.shape())};
+  BatchNormGrads out{detail::make_like(x, x.shape()), detail::make_like(x, gamma.shape(), DType::float32),
+                     detail::make_like(x, gamma.shape(), DType::float32)};
   [[maybe_unused]] const float eps = p.eps;  // cuDNN wants it; the CPU uses the saved statistics
+  [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x, &dy, &gamma, &save_mean, &save_invstd},
          {&out.dx, &out.dgamma, &out.dbeta}, [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
-             WEFT_GPU_KERNEL(op, batch_norm_backward(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2),
-                                                     io.i(3), io.i(4), g, eps));
+             WEFT_GPU_KERNEL(op, batch_norm_backward(*ctx.gpu, t, io.out[0], io.o(1), io.o(2), io.in[0], io.in[1],
+                                                     io.i(2), io.i(3), io.i(4), g, eps));
            else
              cpu::batch_norm_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), io.i(3), io.i(4), g);
          });
@@ -362,19 +410,22 @@ BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy, const Tens
 }
 
 SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels) {
-  check_all("softmax_cross_entropy", {{&logits, "logits"}, {&labels, "labels"}});
+  check_all("softmax_cross_entropy", {{&logits, "logits"}});
+  check_float32_beside("softmax_cross_entropy", logits, {{&labels, "labels"}});
   detail::check_rank("softmax_cross_entropy", logits, 2, "logits");
   const std::int64_t rows = logits.shape()[0], cols = logits.shape()[1];
   if (labels.shape() != Shape{rows})
     throw Error("softmax_cross_entropy: labels " + describe(labels) + " do not match logits " + describe(logits) +
                 " (want [" + std::to_string(rows) + "])");
   if (cols == 0) throw Error("softmax_cross_entropy: logits " + describe(logits) + " have no classes");
-  SoftmaxCrossEntropy out{detail::make_like(logits, Shape{}), detail::make_like(logits, logits.shape())};
+  SoftmaxCrossEntropy out{detail::make_like(logits, Shape{}, DType::float32),
+                          detail::make_like(logits, logits.shape())};
+  [[maybe_unused]] const DType t = logits.dtype();
   launch("softmax_cross_entropy", detail::exec_device(logits.device()), {&logits, &labels}, {&out.loss, &out.dlogits},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
-             WEFT_GPU_KERNEL("softmax_cross_entropy",
-                             softmax_cross_entropy(*ctx.gpu, io.o(0), io.o(1), io.i(0), io.i(1), rows, cols));
+             WEFT_GPU_KERNEL("softmax_cross_entropy", softmax_cross_entropy(*ctx.gpu, t, io.o(0), io.out[1], io.in[0],
+                                                                            io.i(1), rows, cols));
            else
              cpu::softmax_cross_entropy(io.o(0), io.o(1), io.i(0), io.i(1), rows, cols);
          });
@@ -382,15 +433,85 @@ SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& la
 }
 
 void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay) {
-  check_all("sgd_update", {{&w, "w"}, {&g, "grad"}});
+  sgd_update(w, g, lr, weight_decay, Tensor());
+}
+
+void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay, const Tensor& skip) {
+  detail::check_float32("sgd_update", w, "w");
+  check_float32_beside("sgd_update", w, {{&g, "grad"}});
   detail::check_same_shape("sgd_update", w, g);
+  const bool has_skip = skip.defined();
+  if (has_skip) {
+    check_float32_beside("sgd_update", w, {{&skip, "skip"}});
+    if (skip.numel() != 1)
+      throw InvalidArgument("sgd_update: skip " + describe(skip) + " must hold one element (the found-inf flag)");
+  }
   const std::int64_t n = w.numel();
-  launch("sgd_update", detail::exec_device(w.device()), {&g}, {&w}, [=](RunContext& ctx, OpIO& io) {
+  launch("sgd_update", detail::exec_device(w.device()), {&g, &skip}, {&w}, [=](RunContext& ctx, OpIO& io) {
+    const float* flag = has_skip ? io.i(1) : nullptr;
     if (ctx.gpu)
-      WEFT_GPU_KERNEL("sgd_update", sgd_update(*ctx.gpu, io.o(0), io.i(0), n, lr, weight_decay));
+      WEFT_GPU_KERNEL("sgd_update", sgd_update(*ctx.gpu, io.o(0), io.i(0), n, lr, weight_decay, flag));
     else
-      cpu::sgd_update(io.o(0), io.i(0), n, lr, weight_decay);
+      cpu::sgd_update(io.o(0), io.i(0), n, lr, weight_decay, flag);
   });
+}
+
+// ---- dynamic loss scaling ----------------------------------------------
+
+Tensor unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale) {
+  constexpr const char* op = "unscale_and_check";
+  detail::check_float32(op, scale, "scale");
+  if (scale.numel() != 1) throw InvalidArgument(std::string(op) + ": scale " + describe(scale) + " must hold one element");
+  std::vector<const Tensor*> outputs;
+  std::vector<std::int64_t> sizes;
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    const std::string what = "grad " + std::to_string(k);
+    check_float32_beside(op, scale, {{&grads[k], what.c_str()}});
+    for (std::size_t j = 0; j < k; ++j)
+      if (grads[j].storage() == grads[k].storage())
+        throw InvalidArgument(std::string(op) + ": grads " + std::to_string(j) + " and " + std::to_string(k) +
+                              " are one tensor, " + describe(grads[k]));
+    outputs.push_back(&grads[k]);
+    sizes.push_back(grads[k].numel());
+  }
+  Tensor found_inf = Tensor::zeros(scale.engine(), Shape{1}, scale.device());
+  outputs.push_back(&found_inf);
+  launch(op, detail::exec_device(scale.device()), {&scale}, outputs, [sizes](RunContext& ctx, OpIO& io) {
+    float* flag = io.o(sizes.size());
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      if (sizes[k] == 0) continue;
+      if (ctx.gpu)
+        WEFT_GPU_KERNEL("unscale_and_check", unscale_and_check(*ctx.gpu, io.o(k), sizes[k], io.i(0), flag));
+      else
+        cpu::unscale_and_check(io.o(k), sizes[k], io.i(0), flag);
+    }
+  });
+  return found_inf;
+}
+
+void update_loss_scale(Tensor& scale, Tensor& growth_tracker, Tensor& skipped, const Tensor& found_inf,
+                       const LossScaleRule& rule) {
+  constexpr const char* op = "update_loss_scale";
+  detail::check_float32(op, scale, "scale");
+  check_float32_beside(op, scale, {{&growth_tracker, "growth_tracker"}, {&skipped, "skipped"}, {&found_inf, "found_inf"}});
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&scale, &growth_tracker, &skipped, &found_inf})
+    if (t->numel() != 1) throw InvalidArgument(std::string(op) + ": " + describe(*t) + " must hold one element");
+  if (!(rule.growth_factor >= 1.0f) || !(rule.backoff_factor > 0.0f && rule.backoff_factor <= 1.0f) ||
+      rule.growth_interval < 1)
+    throw InvalidArgument(std::string(op) + ": growth_factor " + std::to_string(rule.growth_factor) +
+                          ", backoff_factor " + std::to_string(rule.backoff_factor) + ", growth_interval " +
+                          std::to_string(rule.growth_interval) +
+                          " (want growth >= 1, 0 < backoff <= 1, interval >= 1)");
+  const float growth = rule.growth_factor, backoff = rule.backoff_factor;
+  const std::int64_t interval = rule.growth_interval;
+  launch(op, detail::exec_device(scale.device()), {&found_inf}, {&scale, &growth_tracker, &skipped},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu)
+             WEFT_GPU_KERNEL("update_loss_scale", update_loss_scale(*ctx.gpu, io.o(0), io.o(1), io.o(2), io.i(0),
+                                                                    growth, backoff, interval));
+           else
+             cpu::update_loss_scale(io.o(0), io.o(1), io.o(2), io.i(0), growth, backoff, interval);
+         });
 }
 
 }  // namespace weft::ops

@@ -61,6 +61,61 @@ void check_float32(const char* op, const Tensor& t, const char* what) {
                           " has dtype " + std::string(to_string(t.dtype())) + "; this op supports float32 only");
 }
 
+void check_floating(const char* op, const Tensor& t, const char* what) {
+  check_defined(op, t, what);
+  if (!has_kernels(t.dtype()))
+    throw InvalidArgument(std::string(op) + ": " + what + " " + describe(t) + " on " + t.device().str() +
+                          " has dtype " + std::string(to_string(t.dtype())) +
+                          "; this op supports float32, bfloat16 and float16");
+}
+
+void check_same_dtype(const char* op, const Tensor& a, const char* what_a, const Tensor& b, const char* what_b) {
+  if (a.dtype() != b.dtype())
+    throw InvalidArgument(std::string(op) + ": " + what_a + " " + describe(a) + " is " +
+                          std::string(to_string(a.dtype())) + " but " + what_b + " " + describe(b) + " is " +
+                          std::string(to_string(b.dtype())) + " (cast one of them first: ops::cast)");
+}
+
+void run_widened(RunContext& ctx, OpIO& io, bool tf32, const std::function<void(RunContext&, OpIO&)>& kernel) {
+  bool convert = false;
+  for (DType t : io.in_types) convert |= is_half(t) || (tf32 && t == DType::float32);
+  for (DType t : io.out_types) convert |= is_half(t);
+  if (!convert) {
+    kernel(ctx, io);
+    return;
+  }
+  OpIO wide = io;
+  std::vector<std::vector<float>> buffers;
+  buffers.reserve(io.in.size() + io.out.size());
+  auto widened = [&](void* data, DType t, std::size_t bytes) {
+    const auto n = static_cast<std::int64_t>(bytes / dtype_size(t));
+    std::vector<float>& b = buffers.emplace_back(static_cast<std::size_t>(n));
+    if (t == DType::float32) kernels::cpu::round_to_tf32(b.data(), static_cast<const float*>(data), n);
+    else kernels::cpu::cast(b.data(), DType::float32, data, t, n);
+    return static_cast<void*>(b.data());
+  };
+  for (std::size_t k = 0; k < io.in.size(); ++k) {
+    const DType t = io.in_types[k];
+    if (io.in[k] && (is_half(t) || (tf32 && t == DType::float32))) {
+      wide.in[k] = widened(io.in[k], t, io.in_bytes[k]);
+      wide.in_types[k] = DType::float32;
+    }
+  }
+  // Outputs are widened from their contents: an op may update one in place.
+  std::vector<std::size_t> narrowed;
+  for (std::size_t k = 0; k < io.out.size(); ++k) {
+    if (io.out[k] && is_half(io.out_types[k])) {
+      wide.out[k] = widened(io.out[k], io.out_types[k], io.out_bytes[k]);
+      wide.out_types[k] = DType::float32;
+      narrowed.push_back(k);
+    }
+  }
+  kernel(ctx, wide);
+  for (std::size_t k : narrowed)
+    kernels::cpu::cast(io.out[k], io.out_types[k], wide.out[k], DType::float32,
+                       static_cast<std::int64_t>(io.out_bytes[k] / dtype_size(io.out_types[k])));
+}
+
 void check_same_engine(const char* op, const Tensor& a, const Tensor& b) {
   if (&a.engine() != &b.engine())
     throw InvalidArgument(std::string(op) + ": " + describe(a) + " and " + describe(b) +
@@ -88,9 +143,11 @@ void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* w
 // An op's output: no op of its own. The op that first writes it allocates it
 // when it runs (launch.h), so outputs of ops queued far ahead take no memory
 // until their producers run, and creating one costs no engine op.
-Tensor make_like(const Tensor& x, Shape shape) {
-  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(x.dtype());
-  return Tensor::wrap(std::make_shared<Storage>(x.engine(), x.device(), x.dtype(), bytes, ""), std::move(shape));
+Tensor make_like(const Tensor& x, Shape shape) { return make_like(x, std::move(shape), x.dtype()); }
+
+Tensor make_like(const Tensor& x, Shape shape, DType dtype) {
+  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  return Tensor::wrap(std::make_shared<Storage>(x.engine(), x.device(), dtype, bytes, ""), std::move(shape));
 }
 
 void no_gpu_kernels(const char* op) {
@@ -117,21 +174,24 @@ void check_device(Engine& engine, Device device, const char* op, const Tensor* s
 }
 
 // A fresh tensor whose creating op is `kernel` (it writes the whole tensor).
+// The CPU branch writes float32 (run_widened rounds it for a half tensor).
 template <class CpuFill, class GpuFill>
-Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const char* op, CpuFill cpu, GpuFill gpu) {
+Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const char* op, CpuFill cpu, GpuFill gpu,
+              detail::Body body = detail::Body::kernels) {
   check_device(engine, device, op);
-  if (dtype != DType::float32 && op != std::string_view("empty"))
-    throw Error(std::string(op) + ": dtype " + std::string(to_string(dtype)) + " has no kernels yet (float32 only)");
+  if (!has_kernels(dtype))
+    throw InvalidArgument(std::string(op) + ": dtype " + std::string(to_string(dtype)) +
+                          " has no kernels (float32, bfloat16 and float16 do)");
   auto storage = std::make_shared<Storage>(engine, device, dtype,
                                            static_cast<std::size_t>(shape.numel()) * dtype_size(dtype), "");
   Tensor t = Tensor::wrap(std::move(storage), std::move(shape));
   const std::int64_t n = t.numel();
-  launch(op, exec_device(device), {}, {&t}, [n, cpu, gpu](RunContext& ctx, OpIO& io) {
+  launch(op, exec_device(device), {}, {&t}, [n, cpu, gpu, dtype](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
-      gpu(*ctx.gpu, io.o(0), n);
+      gpu(*ctx.gpu, dtype, io.out[0], n);
     else
       cpu(io.o(0), n);
-  });
+  }, OpProperty::normal, 0, body);
   return t;
 }
 
@@ -146,27 +206,25 @@ Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape) {
 
 Tensor Tensor::empty(Engine& engine, Shape shape, Device device, DType dtype) {
   return create(engine, std::move(shape), device, dtype, "empty", [](float*, std::int64_t) {},
-                [](const gpu::WorkerHandles&, float*, std::int64_t) {});
+                [](const gpu::WorkerHandles&, DType, void*, std::int64_t) {}, detail::Body::bytes);
 }
 
-Tensor Tensor::full(Engine& engine, Shape shape, float value, Device device) {
+Tensor Tensor::full(Engine& engine, Shape shape, float value, Device device, DType dtype) {
   return create(
-      engine, std::move(shape), device, DType::float32, "full",
+      engine, std::move(shape), device, dtype, "full",
       [value](float* y, std::int64_t n) { kernels::cpu::fill(y, n, value); },
-      [value](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
-        (void)h, (void)y, (void)n;
-        WEFT_GPU_KERNEL("full", fill(h, y, n, value));
+      [value](const gpu::WorkerHandles& h, DType t, void* y, std::int64_t n) {
+        (void)h, (void)t, (void)y, (void)n;
+        WEFT_GPU_KERNEL("full", fill(h, t, y, n, value));
       });
 }
 
 Tensor Tensor::zeros(Engine& engine, Shape shape, Device device, DType dtype) {
-  if (dtype != DType::float32) throw Error("zeros: dtype " + std::string(to_string(dtype)) + " has no kernels yet");
-  return full(engine, std::move(shape), 0.0f, device);
+  return full(engine, std::move(shape), 0.0f, device, dtype);
 }
 
 Tensor Tensor::ones(Engine& engine, Shape shape, Device device, DType dtype) {
-  if (dtype != DType::float32) throw Error("ones: dtype " + std::string(to_string(dtype)) + " has no kernels yet");
-  return full(engine, std::move(shape), 1.0f, device);
+  return full(engine, std::move(shape), 1.0f, device, dtype);
 }
 
 Tensor Tensor::uniform(Engine& engine, Shape shape, float lo, float hi, std::uint64_t seed, Device device) {
@@ -174,9 +232,9 @@ Tensor Tensor::uniform(Engine& engine, Shape shape, float lo, float hi, std::uin
   return create(
       engine, std::move(shape), device, DType::float32, "uniform",
       [=](float* y, std::int64_t n) { kernels::cpu::uniform(y, n, lo, hi, seed); },
-      [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+      [=](const gpu::WorkerHandles& h, DType, void* y, std::int64_t n) {
         (void)h, (void)y, (void)n;
-        WEFT_GPU_KERNEL("uniform", uniform(h, y, n, lo, hi, seed));
+        WEFT_GPU_KERNEL("uniform", uniform(h, static_cast<float*>(y), n, lo, hi, seed));
       });
 }
 
@@ -185,24 +243,30 @@ Tensor Tensor::normal(Engine& engine, Shape shape, float mean, float stddev, std
   return create(
       engine, std::move(shape), device, DType::float32, "normal",
       [=](float* y, std::int64_t n) { kernels::cpu::normal(y, n, mean, stddev, seed); },
-      [=](const gpu::WorkerHandles& h, float* y, std::int64_t n) {
+      [=](const gpu::WorkerHandles& h, DType, void* y, std::int64_t n) {
         (void)h, (void)y, (void)n;
-        WEFT_GPU_KERNEL("normal", normal(h, y, n, mean, stddev, seed));
+        WEFT_GPU_KERNEL("normal", normal(h, static_cast<float*>(y), n, mean, stddev, seed));
       });
 }
 
-Tensor Tensor::from_host(Engine& engine, Shape shape, std::span<const float> data, Device device) {
+Tensor Tensor::from_host(Engine& engine, Shape shape, std::span<const float> data, Device device, DType dtype) {
   if (static_cast<std::int64_t>(data.size()) != shape.numel())
     throw Error("from_host: " + std::to_string(data.size()) + " values given for shape " + shape.str() + " (" +
                 std::to_string(shape.numel()) + " elements)");
-  if (device.is_gpu()) return from_host(engine, std::move(shape), data, Device::cpu_pinned(0)).copy_to(device);
+  if (!has_kernels(dtype))
+    throw InvalidArgument("from_host: dtype " + std::string(to_string(dtype)) +
+                          " is not float32, bfloat16 or float16");
+  if (device.is_gpu())
+    return from_host(engine, std::move(shape), data, Device::cpu_pinned(0), dtype).copy_to(device);
   check_device(engine, device, "from_host");
-  std::vector<float> copy(data.begin(), data.end());
-  auto storage = std::make_shared<Storage>(engine, device, DType::float32, copy.size() * sizeof(float), "");
+  // Converted at push time (the caller may free `data` when this returns).
+  std::vector<unsigned char> bytes(data.size() * dtype_size(dtype));
+  kernels::cpu::cast(bytes.data(), dtype, data.data(), DType::float32, static_cast<std::int64_t>(data.size()));
+  auto storage = std::make_shared<Storage>(engine, device, dtype, bytes.size(), "");
   Tensor t = wrap(std::move(storage), std::move(shape));
-  launch("from_host", exec_device(device), {}, {&t}, [copy = std::move(copy)](RunContext&, OpIO& io) {
-    if (!copy.empty()) std::memcpy(io.o(0), copy.data(), copy.size() * sizeof(float));
-  });
+  launch("from_host", exec_device(device), {}, {&t}, [bytes = std::move(bytes)](RunContext&, OpIO& io) {
+    if (!bytes.empty()) std::memcpy(io.out[0], bytes.data(), bytes.size());
+  }, OpProperty::normal, 0, detail::Body::bytes);
   return t;
 }
 
@@ -236,12 +300,12 @@ std::string Tensor::str() const {
 void Tensor::wait_to_read() const { engine().wait_to_read(var()); }
 
 std::vector<float> Tensor::to_host() const {
-  detail::check_float32("to_host", *this, "tensor");
+  detail::check_floating("to_host", *this, "tensor");
   if (device().is_gpu()) return copy_to(Device::cpu_pinned(0)).to_host();
   wait_to_read();
   detail::require_memory(*storage_, "to_host");
   std::vector<float> out(static_cast<std::size_t>(numel()));
-  if (!out.empty()) std::memcpy(out.data(), storage_->data(), out.size() * sizeof(float));
+  if (!out.empty()) kernels::cpu::cast(out.data(), DType::float32, storage_->data(), dtype(), numel());
   return out;
 }
 
@@ -259,7 +323,7 @@ Tensor Tensor::reshape(Shape shape) const {
 }
 
 Tensor Tensor::copy_to(Device device) const {
-  detail::check_float32("copy_to", *this, "source");
+  detail::check_defined("copy_to", *this, "source");
   check_device(engine(), device, "copy_to", this);
   Tensor dst = Tensor::wrap(std::make_shared<Storage>(engine(), device, dtype(), nbytes(), ""), shape_);
   dst.copy_from(*this);
@@ -267,9 +331,10 @@ Tensor Tensor::copy_to(Device device) const {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  detail::check_float32("copy_from", *this, "destination");
-  detail::check_float32("copy_from", src, "source");
+  detail::check_defined("copy_from", *this, "destination");
+  detail::check_defined("copy_from", src, "source");
   detail::check_same_shape("copy_from", *this, src);
+  detail::check_same_dtype("copy_from", *this, "destination", src, "source");
   detail::check_same_engine("copy_from", *this, src);
   if (src.storage_ == storage_) return;  // same memory: nothing to copy
   const Device from = src.device(), to = device();
@@ -279,8 +344,8 @@ void Tensor::copy_from(const Tensor& src) {
     // Host to host: a copy all the same (traces count it as one), on the
     // destination's workers.
     launch("copy " + from.str() + "->" + to.str(), exec_device(to), {&src}, {this}, [bytes](RunContext&, OpIO& io) {
-      if (bytes) std::memcpy(io.o(0), io.i(0), bytes);
-    }, OpProperty::copy_peer, bytes);
+      if (bytes) std::memcpy(io.out[0], io.in[0], bytes);
+    }, OpProperty::copy_peer, bytes, detail::Body::bytes);
     return;
   }
   // Pageable host memory cannot be copied asynchronously: stage through a
@@ -338,6 +403,10 @@ PushScope::~PushScope() {
   detail::push_scope.priority = saved_priority_;
   detail::push_scope.label = std::move(saved_label_);
 }
+
+AllowTf32::AllowTf32(bool on) : saved_(detail::push_scope.tf32) { detail::push_scope.tf32 = on; }
+AllowTf32::~AllowTf32() { detail::push_scope.tf32 = saved_; }
+bool AllowTf32::active() noexcept { return detail::push_scope.tf32; }
 
 }  // namespace ops
 

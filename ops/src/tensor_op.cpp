@@ -159,12 +159,12 @@ void accumulate(RunContext& ctx, float* y, const float* x, std::int64_t n, Accum
       if (how == Accumulate::max) kernels::cpu::maximum(y, y, x, n);
       else kernels::cpu::add(y, y, x, n);
     } else if (how == Accumulate::max) {
-      WEFT_GPU_KERNEL("accumulate", maximum(*c.gpu, y, y, x, n));
+      WEFT_GPU_KERNEL("accumulate", maximum(*c.gpu, DType::float32, y, y, x, n));
     } else {
-      WEFT_GPU_KERNEL("accumulate", add(*c.gpu, y, y, x, n));
+      WEFT_GPU_KERNEL("accumulate", add(*c.gpu, DType::float32, y, y, x, n));
     }
   };
-  detail::run_kernel(ctx, io, kernel, detail::Body::kernels);
+  detail::run_kernel(ctx, io, kernel, detail::Body::kernels, false);
 }
 
 void scale(RunContext& ctx, float* y, float factor, std::int64_t n) {
@@ -172,9 +172,9 @@ void scale(RunContext& ctx, float* y, float factor, std::int64_t n) {
   detail::OpIO io;
   auto kernel = [y, factor, n](RunContext& c, detail::OpIO&) {
     if (!c.gpu) kernels::cpu::mul_scalar(y, y, factor, n);
-    else WEFT_GPU_KERNEL("scale", mul_scalar(*c.gpu, y, y, factor, n));
+    else WEFT_GPU_KERNEL("scale", mul_scalar(*c.gpu, DType::float32, y, y, factor, n));
   };
-  detail::run_kernel(ctx, io, kernel, detail::Body::kernels);
+  detail::run_kernel(ctx, io, kernel, detail::Body::kernels, false);
 }
 
 }  // namespace weft

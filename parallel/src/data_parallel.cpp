@@ -6,6 +6,7 @@
 #include "weft/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <string>
@@ -85,6 +86,8 @@ struct DataParallel::Impl {
   int no_sync_depth = 0;
   int accumulated = 0;  // backward()s packed into the buckets since the last reduction
   std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
+  // Loss scaling's state per replica ([1] float32 on its device; LossScaling).
+  std::vector<Tensor> scale, growth_tracker, skipped;
 
   int world() const { return processes * static_cast<int>(devices.size()); }
   std::string label() const { return "DataParallel"; }
@@ -99,7 +102,24 @@ struct DataParallel::Impl {
   void broadcast_parameters();
   void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused);
   void reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root);
+  // Each replica's flag becomes the largest over every replica and process.
+  void agree_max(std::vector<Tensor>& flags, const std::string& name);
 };
+
+void DataParallel::Impl::agree_max(std::vector<Tensor>& flags, const std::string& name) {
+  if (!mixed) {
+    if (comm) allreduce(*comm, flags, ReduceOp::max, {.name = name});
+    return;
+  }
+  Tensor host = flags[0].copy_to(Device::cpu(0));
+  // Flags are 0 or 1: a sum above 0 is the same verdict as the largest.
+  for (std::size_t r = 1; r < flags.size(); ++r) host = ops::add(host, flags[r].copy_to(Device::cpu(0)));
+  if (host_comm) {
+    std::vector<Tensor> t{host};
+    allreduce(*host_comm, t, ReduceOp::max, {.name = name});
+  }
+  for (Tensor& f : flags) f.copy_from(host);
+}
 
 void DataParallel::Impl::build_plan() {
   const std::size_t n_leaves = leaves[0].size();
@@ -326,6 +346,17 @@ DataParallel::DataParallel(Engine& engine, std::vector<Device> devices, const Re
   m.build_plan();
   m.zeros.assign(m.devices.size(), std::vector<Tensor>(m.order.size()));
   m.broadcast_parameters();
+  if (const auto& ls = m.options.loss_scaling) {
+    if (!(ls->init_scale > 0.0f) || !std::isfinite(ls->init_scale))
+      throw InvalidArgument("DataParallel: LossScaling::init_scale " + std::to_string(ls->init_scale) +
+                            " must be a positive number");
+    for (std::size_t r = 0; r < m.devices.size(); ++r) {
+      const std::string at = " (replica " + std::to_string(r) + ")";
+      m.scale.push_back(Tensor::full(engine, Shape{1}, ls->init_scale, m.devices[r]).set_name(m.options.name + " loss scale" + at));
+      m.growth_tracker.push_back(Tensor::zeros(engine, Shape{1}, m.devices[r]).set_name(m.options.name + " growth tracker" + at));
+      m.skipped.push_back(Tensor::zeros(engine, Shape{1}, m.devices[r]).set_name(m.options.name + " skipped steps" + at));
+    }
+  }
 }
 
 DataParallel::~DataParallel() = default;
@@ -428,6 +459,8 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
   if (m.weight.empty()) throw InvalidArgument("DataParallel::backward: no forward since the last backward");
   const bool sync = m.no_sync_depth == 0;
   std::vector<Tensor> d = output_grads;
+  if (!m.scale.empty())
+    for (std::size_t r = 0; r < d.size(); ++r) d[r] = ops::scale_by(d[r], m.scale[r]);
   std::vector<std::vector<bool>> unused(m.devices.size(), std::vector<bool>(m.order.size(), false));
   std::size_t ready = 0, next_bucket = 0;  // plan positions whose grads are pushed; the next bucket to reduce
   // The grads before each layer's backward, held so that a new grad's
@@ -485,7 +518,30 @@ void DataParallel::step(float lr, float weight_decay) {
     throw InvalidArgument("DataParallel::step: the last " + std::to_string(m.accumulated) +
                           " backward()s ran inside no_sync and are not reduced yet; run one backward() outside "
                           "no_sync first");
-  for (auto& replica : m.replicas) nn::sgd_step(replica->parameters(), lr, weight_decay);
+  if (m.scale.empty()) {
+    for (auto& replica : m.replicas) nn::sgd_step(replica->parameters(), lr, weight_decay);
+    return;
+  }
+  std::vector<Tensor> found;
+  for (std::size_t r = 0; r < m.replicas.size(); ++r) {
+    std::vector<Tensor> grads;
+    for (nn::Parameter* p : m.replicas[r]->parameters())
+      if (p->grad.defined()) grads.push_back(p->grad);
+    found.push_back(ops::unscale_and_check(grads, m.scale[r]));
+  }
+  m.agree_max(found, m.options.name + " found inf");
+  for (std::size_t r = 0; r < m.replicas.size(); ++r) {
+    nn::sgd_step(m.replicas[r]->parameters(), lr, weight_decay, found[r]);
+    ops::update_loss_scale(m.scale[r], m.growth_tracker[r], m.skipped[r], found[r], m.options.loss_scaling->rule);
+  }
+}
+
+float DataParallel::loss_scale() const {
+  return impl_->scale.empty() ? 1.0f : impl_->scale[0].item();
+}
+
+std::int64_t DataParallel::skipped_steps() const {
+  return impl_->skipped.empty() ? 0 : static_cast<std::int64_t>(impl_->skipped[0].item());
 }
 
 DataParallel::NoSync DataParallel::no_sync() {

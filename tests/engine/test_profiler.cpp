@@ -427,6 +427,37 @@ TEST_CASE("profiler: aggregate() agrees with the spans" * doctest::timeout(30)) 
   }
 }
 
+TEST_CASE("profiler: notes appear under every summary table, by key, and a note replaces its key's" *
+          doctest::timeout(30)) {
+  Profiler::clear_notes();
+  Profiler p;
+  CHECK(p.summary_table().find("notes:") == std::string::npos);
+  Profiler::note("conv2d fwd b", "conv2d fwd b: algo GEMM, time unknown (heuristic), workspace 0 B");
+  Profiler::note("conv2d fwd a", "conv2d fwd a: algo WINOGRAD 0.125 ms, workspace 1.0 MiB");
+  Profiler::note("conv2d fwd b", "conv2d fwd b: algo FFT 0.500 ms, workspace 2.0 MiB");
+  const auto notes = Profiler::notes();
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[0].first == "conv2d fwd a");
+  CHECK(notes[1].second == "conv2d fwd b: algo FFT 0.500 ms, workspace 2.0 MiB");
+  // Every profiler prints them, after the op table, one per line by key.
+  Profiler other;
+  for (const Profiler* q : {&p, &other}) {
+    const std::string table = q->summary_table();
+    const std::size_t at = table.find("\nnotes:\n");
+    REQUIRE_MESSAGE(at != std::string::npos, table);
+    CHECK(table.find("name") < at);
+    const std::size_t a = table.find("  conv2d fwd a: algo WINOGRAD 0.125 ms", at);
+    const std::size_t b = table.find("  conv2d fwd b: algo FFT 0.500 ms", at);
+    CHECK(a != std::string::npos);
+    CHECK(b != std::string::npos);
+    CHECK(a < b);
+    CHECK(table.find("algo GEMM") == std::string::npos);
+  }
+  Profiler::clear_notes();
+  CHECK(Profiler::notes().empty());
+  CHECK(p.summary_table().find("notes:") == std::string::npos);
+}
+
 TEST_CASE("profiler: the trace JSON follows the documented schema" * doctest::timeout(30)) {
   Profiler p;
   ProfilerRecorder rec(p);

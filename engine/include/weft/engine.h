@@ -12,6 +12,7 @@
 // failure on; a wait reports it. See docs/design/engine-invariants.md.
 #pragma once
 
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -153,6 +154,23 @@ struct OpOptions {
   std::vector<gpu::EventRef> after_gpu_work;
 };
 
+// How GPU convolutions choose their cuDNN algorithm (weft/nn_ops.h):
+// heuristic takes cuDNN's ranking (no trial runs); benchmark times the
+// candidates on the first use of each geometry, dtype and direction and
+// caches the fastest that fits the workspace (cudnn.benchmark, MXNet's
+// autotune); deterministic, with either, keeps only algorithms whose results
+// repeat bitwise. Written "heuristic", "benchmark", "deterministic" (the
+// heuristic, deterministic) or "benchmark+deterministic". CPU devices and
+// simulated GPUs have one algorithm, deterministic, and ignore it.
+struct ConvAlgo {
+  bool benchmark = false;
+  bool deterministic = false;
+  std::string str() const;
+  // Throws weft::InvalidArgument naming `what` (the setting) for other text.
+  static ConvAlgo parse(std::string_view text, std::string_view what = "conv_algo");
+  friend bool operator==(const ConvAlgo&, const ConvAlgo&) = default;
+};
+
 struct EngineConfig {
   std::string kind;                // "threaded" | "naive"; empty: $WEFT_ENGINE, else "threaded"
   int cpu_devices = 0;             // 0: $WEFT_CPU_DEVICES, else 1
@@ -172,6 +190,7 @@ struct EngineConfig {
   int gpu_devices = -1;              // -1: $WEFT_GPU_DEVICES, else every GPU that answers (0 on CPU machines)
   int compute_streams_per_gpu = 0;   // 0: $WEFT_GPU_STREAMS, else 2
   std::size_t gpu_workspace_bytes = std::size_t{64} << 20;  // per compute stream, for cuDNN/cuBLAS
+  std::string conv_algo;  // ConvAlgo's text; empty: $WEFT_CONV_ALGO, else "heuristic"
 
   // Small enough that a frontend pushing minibatches without a barrier holds
   // only ~20 minibatches of a small model in flight however many it pushes,
@@ -288,6 +307,11 @@ class Engine {
 
   Profiler& profiler() noexcept { return *profiler_; }
 
+  // How the convolutions pushed from now on choose their algorithm
+  // (EngineConfig::conv_algo); settable between phases.
+  ConvAlgo conv_algo() const noexcept;
+  void set_conv_algo(ConvAlgo algo) noexcept;
+
  protected:
   Engine();
   // Engines call it first thing in their destructor: from then on dropping a
@@ -308,6 +332,7 @@ class Engine {
   friend class SharedVar;
   friend class BulkScope;
   std::shared_ptr<detail::EngineLife> life_;  // what SharedVars hold of the engine
+  std::atomic<std::uint8_t> conv_algo_{0};   // bit 0: benchmark, bit 1: deterministic
 };
 
 // This thread's pushes to `engine` are bulked, `ops` at a time, for the

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "weft/device.h"
@@ -120,7 +121,17 @@ class Profiler {
   // Per named variable: the ops that wrote it (count, total time, their
   // names), by total time; unnamed variables are left out.
   std::vector<VarStats> aggregate_by_variable() const;
-  std::string summary_table() const;           // aggregate() as a printable table
+  std::string summary_table() const;           // aggregate() as a printable table, then the notes
+
+  // Notes: one line of text per key, process-wide, for choices a kernel
+  // makes once per shape and that explain its times (the cuDNN algorithm of
+  // each convolution geometry: its measured time and workspace). Kernels see
+  // no engine, so the notes belong to no profiler: every summary_table()
+  // prints them all, by key, under "notes:". A note replaces the one with the
+  // same key. Any thread, any time.
+  static void note(std::string key, std::string text);
+  static std::vector<std::pair<std::string, std::string>> notes();  // (key, text), by key
+  static void clear_notes();
 
   // steady_clock nanoseconds since a process-wide epoch: the clock of
   // Span::start_ns / end_ns / push_ns.

@@ -19,6 +19,7 @@
 
 #include "weft/nn_ops.h"
 #include "weft/ops.h"
+#include "weft/precision.h"
 #include "weft/tensor.h"
 
 namespace weft::nn {
@@ -115,8 +116,19 @@ class Layer {
   // count its batch twice. Default: nothing to freeze.
   virtual void freeze_running_stats(bool frozen) { (void)frozen; }
 
+  // How the layer computes (weft/precision.h; default fp32). Parameters stay
+  // float32 whatever it is: under bf16 / fp16, Dense and Conv2d cast their
+  // input and parameters to the half type, compute there, save the half
+  // copies for backward and hand back float32 gradients; their output (and
+  // the dx they return) is half, and the layers after them (batch norm,
+  // ReLU, pooling) keep the dtype they are given. Under tf32 their float32
+  // GEMMs and convolutions run as TF32. Containers set it on every child.
+  virtual void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const noexcept { return precision_; }
+
  protected:
   bool training_ = true;
+  Precision precision_ = Precision::fp32;
 };
 
 // y = x w^T + b; x [N, in], w [out, in], b [out].
@@ -141,7 +153,8 @@ class Dense : public Layer {
  private:
   std::int64_t in_, out_;
   Parameter weight_, bias_;
-  Tensor x_;   // forward's input, until backward (or backward_weight)
+  Tensor x_;   // forward's input (in the compute dtype), until backward (or backward_weight)
+  Tensor w_;   // the weight forward computed with (a half copy under bf16 / fp16)
   Tensor dy_;  // backward_input's dy, until backward_weight
 };
 
@@ -169,7 +182,7 @@ class Conv2d : public Layer {
   std::int64_t in_, out_, kernel_;
   Conv2dParams params_;
   Parameter weight_, bias_;
-  Tensor x_, dy_;  // as Dense's
+  Tensor x_, w_, dy_;  // as Dense's
 };
 
 class ReLU : public Layer {
@@ -304,6 +317,7 @@ class Residual : public Layer {
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
   void train(bool on) override;
+  void set_precision(Precision p) override;
   Tensor backward_input(const Tensor& dy) override;
   void backward_weight() override;
   std::any take_saved() override;
@@ -341,6 +355,7 @@ class Sequential : public Layer {
   // printed as N, and its parameter count. Ends with the total.
   std::string describe() const override;
   void train(bool on) override;
+  void set_precision(Precision p) override;
   Tensor backward_input(const Tensor& dy) override;  // every layer's, in reverse
   void backward_weight() override;                   // every layer's, in reverse
   std::any take_saved() override;
@@ -367,6 +382,9 @@ std::int64_t parameter_count(const std::vector<Parameter*>& params);
 // each; weight decay applies to biases too). Throws weft::Error naming a
 // parameter without a gradient.
 void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay = 0.0f);
+// As above, every update skipped on the device when skip ([1] float32, a loss
+// scaler's found-inf flag) is not zero when it runs.
+void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay, const Tensor& skip);
 
 // D2L's LeNet with ReLU: conv 20x3x3 -> ReLU -> avgpool 2 -> conv 50x5x5 ->
 // ReLU -> avgpool 2 -> flatten -> dense 800->128 -> ReLU -> dense 128->10.

@@ -1,10 +1,15 @@
 // The layer ops the nn building blocks push: dense, 2-D convolution, pooling,
-// batch normalization, softmax cross-entropy and SGD, forward and backward.
-// Layouts: NCHW activations, OIHW filters, [out, in] dense weights
-// (y = x w^T + b).
+// batch normalization, softmax cross-entropy and SGD, forward and backward,
+// and dynamic loss scaling. Layouts: NCHW activations, OIHW filters, [out, in]
+// dense weights (y = x w^T + b). Data tensors are float32, bfloat16 or
+// float16, one dtype per op (weft/ops.h); batch norm's per-channel tensors,
+// losses, labels, SGD's weights and the loss-scaling state are float32.
+// Dense and convolutions of float32 data run as TF32 under ops::AllowTf32;
+// GPU convolutions choose their algorithm by Engine::conv_algo().
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "weft/tensor.h"
 
@@ -92,7 +97,27 @@ struct SoftmaxCrossEntropy {
 };
 SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 
-// w -= lr * (g + weight_decay * w), in place.
+// w -= lr * (g + weight_decay * w), in place (float32).
 void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay = 0.0f);
+// As above, skipped (w unchanged) when skip ([1], float32) is not zero when
+// the op runs: a loss scaler's found-inf flag decides on the device, and the
+// host never waits for it.
+void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay, const Tensor& skip);
+
+// ---- dynamic loss scaling (GradScaler's rules) -----------------------------
+// One op over float32 gradients of one device: each grad *= 1 / scale, in
+// place, and the returned [1] float32 flag is 1 when any of them held an Inf
+// or NaN (before unscaling), else 0. scale: [1] float32 on their device.
+Tensor unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale);
+struct LossScaleRule {
+  float growth_factor = 2.0f;          // after growth_interval clean steps in a row
+  float backoff_factor = 0.5f;         // on a step with Inf or NaN (which is skipped)
+  std::int64_t growth_interval = 2000;
+};
+// One op: found_inf != 0 -> scale *= backoff, growth_tracker = 0, skipped
+// += 1; else growth_tracker += 1 and, at the interval, scale *= growth and
+// growth_tracker = 0. Every tensor [1] float32 on one device.
+void update_loss_scale(Tensor& scale, Tensor& growth_tracker, Tensor& skipped, const Tensor& found_inf,
+                       const LossScaleRule& rule = {});
 
 }  // namespace weft::ops

@@ -2,7 +2,10 @@
 // naming the op and the offending tensors ('x' [2, 3], or [2, 3] unnamed; dtype
 // and device where they are the problem); then pushes one engine op on the
 // inputs' device and returns the output at once. All inputs of an op must be
-// on one device (copy_to moves data between devices). float32 only.
+// on one device (copy_to moves data between devices) and of one dtype:
+// float32, bfloat16 or float16 (cast converts; a mix is a weft::InvalidArgument
+// naming both tensors and dtypes). Outputs take the inputs' dtype. Half
+// tensors compute in float32 and round on store, GEMMs accumulate in float32.
 #pragma once
 
 #include <string>
@@ -30,6 +33,23 @@ class PushScope {
   std::string saved_label_;
 };
 
+// While alive, float32 GEMMs and convolutions this thread pushes (matmul,
+// dense, conv2d and their backward ops) may run on TF32 tensor cores: inputs
+// rounded to a 10-bit mantissa, float32 accumulation (PyTorch's allow_tf32).
+// CPU devices and simulated GPUs round the inputs the same way, so they give
+// what a GPU would. Scopes nest; AllowTf32(false) turns it off inside one.
+class AllowTf32 {
+ public:
+  explicit AllowTf32(bool on = true);
+  ~AllowTf32();
+  AllowTf32(const AllowTf32&) = delete;
+  AllowTf32& operator=(const AllowTf32&) = delete;
+  static bool active() noexcept;  // this thread's current setting
+
+ private:
+  bool saved_;
+};
+
 // Threads one CPU kernel may use: every CPU op parallelizes inside one shared
 // oneTBB arena of this many slots (default: weft::available_cpus(), the CPUs
 // of the process's affinity mask), so
@@ -38,6 +58,11 @@ class PushScope {
 void set_cpu_kernel_threads(int n);
 int cpu_kernel_threads();
 
+// x converted to `dtype` (float32, bfloat16 or float16): to a half, rounded
+// to nearest even, NaN and Inf kept, overflow to Inf; to float32, exact. A
+// cast to x's own dtype is a copy.
+Tensor cast(const Tensor& x, DType dtype);
+
 // Elementwise, same shapes.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
@@ -45,6 +70,9 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor add_scalar(const Tensor& x, float s);
 Tensor mul_scalar(const Tensor& x, float s);
 void axpy(float alpha, const Tensor& x, Tensor& y);  // y += alpha * x, in place (writes y)
+// x * factor[0], factor a [1] float32 tensor on x's device read when the op
+// runs (a loss scale that lives on the device).
+Tensor scale_by(const Tensor& x, const Tensor& factor);
 Tensor relu(const Tensor& x);
 Tensor relu_grad(const Tensor& x, const Tensor& dy);  // dy where x > 0
 
@@ -62,7 +90,7 @@ void unpack(const Tensor& src, const std::vector<Tensor>& dsts);
 Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end);
 
 // Reductions.
-Tensor sum(const Tensor& x);   // scalar (shape [])
+Tensor sum(const Tensor& x);   // scalar (shape []), accumulated in double
 Tensor mean(const Tensor& x);  // scalar; NaN for an empty tensor
 Tensor argmax(const Tensor& x);  // x: [rows, cols] -> [rows], indices as float
 

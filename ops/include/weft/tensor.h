@@ -35,13 +35,15 @@ class Tensor {
   static Tensor empty(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
   static Tensor zeros(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
   static Tensor ones(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
-  static Tensor full(Engine& engine, Shape shape, float value, Device device = {});
+  static Tensor full(Engine& engine, Shape shape, float value, Device device = {}, DType dtype = DType::float32);
   // Counter-based: element i is a function of (seed, i), equal on every device.
   static Tensor uniform(Engine& engine, Shape shape, float lo, float hi, std::uint64_t seed, Device device = {});
   static Tensor normal(Engine& engine, Shape shape, float mean, float stddev, std::uint64_t seed,
                        Device device = {});
-  // Copies `data` at push time (it may be freed when this returns).
-  static Tensor from_host(Engine& engine, Shape shape, std::span<const float> data, Device device = {});
+  // Copies `data` at push time (it may be freed when this returns), rounded
+  // to `dtype` (nearest even; weft/dtype.h).
+  static Tensor from_host(Engine& engine, Shape shape, std::span<const float> data, Device device = {},
+                          DType dtype = DType::float32);
 
   // ---- what it is -----------------------------------------------------
   bool defined() const noexcept { return storage_ != nullptr; }
@@ -59,7 +61,7 @@ class Tensor {
   std::string str() const;   // "Tensor 'x' [256, 10] float32 on cpu(0)"
 
   // ---- blocking reads ---------------------------------------------------
-  std::vector<float> to_host() const;  // waits for the data, copies it out
+  std::vector<float> to_host() const;  // waits for the data, copies it out (halves widened exactly)
   float item() const;                  // numel() must be 1
   void wait_to_read() const;
 
@@ -69,7 +71,8 @@ class Tensor {
   // A new tensor on `device` with the same values. GPU copies run on the
   // copy workers (host<->GPU through pinned staging, GPU<->GPU peer).
   Tensor copy_to(Device device) const;
-  // Writes `src`'s values into this tensor (same shape; any two devices).
+  // Writes `src`'s values into this tensor (same shape and dtype; any two
+  // devices; ops::cast converts).
   void copy_from(const Tensor& src);
 
   // ---- arithmetic (see weft/ops.h) -------------------------------------

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../conv_geometry.h"
+#include "weft/dtype.h"
 
 namespace weft::kernels::cpu {
 
@@ -19,6 +20,11 @@ void fill(float* y, std::int64_t n, float value);
 void uniform(float* y, std::int64_t n, float lo, float hi, std::uint64_t seed);
 void normal(float* y, std::int64_t n, float mean, float stddev, std::uint64_t seed);
 void copy(float* y, const float* x, std::int64_t n);
+// y (yt) = x (xt) converted (weft/dtype.h's rounding); float32, bfloat16 or
+// float16 each (else a weft::Error).
+void cast(void* y, DType yt, const void* x, DType xt, std::int64_t n);
+// y = x with each mantissa rounded to TF32's 10 bits (y may be x).
+void round_to_tf32(float* y, const float* x, std::int64_t n);
 
 // ---- elementwise ----------------------------------------------------------
 void add(float* y, const float* a, const float* b, std::int64_t n);
@@ -94,7 +100,16 @@ void batch_norm_backward(float* dx, float* dgamma, float* dbeta, const float* x,
 void softmax_cross_entropy(float* loss, float* dlogits, const float* logits, const float* labels, std::int64_t rows,
                            std::int64_t cols);
 
-// w -= lr * (g + weight_decay * w)
-void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay);
+// w -= lr * (g + weight_decay * w); nothing when skip is not null and *skip != 0.
+void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay, const float* skip = nullptr);
+
+// Dynamic loss scaling: x *= 1 / *scale in place, and *found_inf = 1 when
+// any x is Inf or NaN (never cleared here).
+void unscale_and_check(float* x, std::int64_t n, const float* scale, float* found_inf);
+// GradScaler's rule: *found_inf != 0 -> *scale *= backoff, *growth_tracker =
+// 0, ++*skipped; else ++*growth_tracker and, at `interval`, *scale *= growth
+// and *growth_tracker = 0.
+void update_loss_scale(float* scale, float* growth_tracker, float* skipped, const float* found_inf, float growth,
+                       float backoff, std::int64_t interval);
 
 }  // namespace weft::kernels::cpu

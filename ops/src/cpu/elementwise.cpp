@@ -1,6 +1,8 @@
 // Elementwise kernels, the SGD step included. Memory bound, so plain loops the compiler vectorizes,
 // split into pieces across the arena. Outputs may alias inputs (in-place
 // ops): every element reads only its own index.
+#include <atomic>
+#include <cmath>
 #include "cpu/cpu_kernels.h"
 #include "cpu/parallel.h"
 
@@ -51,8 +53,38 @@ void relu_grad(float* dx, const float* x, const float* dy, std::int64_t n) {
   map2(dx, x, dy, n, [](float u, float g) { return u > 0.0f ? g : 0.0f; });
 }
 
-void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay) {
+void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay, const float* skip) {
+  if (skip && *skip != 0.0f) return;
   map2(w, w, g, n, [lr, weight_decay](float u, float gu) { return u - lr * (gu + weight_decay * u); });
+}
+
+void unscale_and_check(float* x, std::int64_t n, const float* scale, float* found_inf) {
+  const float inv = 1.0f / *scale;
+  std::atomic<bool> bad{false};
+  detail::parallel_for(n, detail::grain_for(2), [&](std::int64_t begin, std::int64_t end) {
+    bool local = false;
+    for (std::int64_t i = begin; i < end; ++i) {
+      local |= !std::isfinite(x[i]);
+      x[i] *= inv;
+    }
+    if (local) bad.store(true, std::memory_order_relaxed);
+  });
+  if (bad.load()) *found_inf = 1.0f;
+}
+
+void update_loss_scale(float* scale, float* growth_tracker, float* skipped, const float* found_inf, float growth,
+                       float backoff, std::int64_t interval) {
+  if (*found_inf != 0.0f) {
+    *scale *= backoff;
+    *growth_tracker = 0.0f;
+    *skipped += 1.0f;
+    return;
+  }
+  *growth_tracker += 1.0f;
+  if (*growth_tracker >= static_cast<float>(interval)) {
+    *scale *= growth;
+    *growth_tracker = 0.0f;
+  }
 }
 
 }  // namespace weft::kernels::cpu

@@ -8,8 +8,11 @@
 // scale/bias/statistics descriptor [1, C, 1, 1]; the running variance takes
 // the unbiased batch variance; exponentialAverageFactor = momentum; the
 // saved statistics are the batch mean and 1 / sqrt(var + eps), which the
-// backward reuses. Descriptors are host objects built per call (cheap, no
-// GPU work); every call is enqueued on the worker's stream.
+// backward reuses. x, y, dx, dy may be half; gamma, beta, the statistics and
+// their gradients are float32 (the descriptor cudnnDeriveBNTensorDescriptor
+// derives, float for half data), so statistics accumulate in float32.
+// Descriptors are host objects built per call (cheap, no GPU work); every
+// call is enqueued on the worker's stream.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -27,6 +30,7 @@
 namespace weft::kernels::gpu {
 namespace {
 
+using detail::cudnn_type;
 using detail::nchw_tensor;
 using detail::TensorDescriptor;
 using detail::to_int;
@@ -41,12 +45,15 @@ struct Descriptors {
 // Nothing to normalize (cuDNN rejects zero dimensions).
 bool empty(const BatchNormGeometry& g) { return g.n == 0 || g.c == 0 || g.hw == 0; }
 
-Descriptors descriptors(const BatchNormGeometry& g, const char* op) {
+Descriptors descriptors(DType t, const BatchNormGeometry& g, const char* op) {
   if (g.n < 0 || g.c < 0 || g.hw < 0)
     throw weft::Error(std::string(op) + ": invalid geometry (n " + std::to_string(g.n) + ", c " +
                       std::to_string(g.c) + ", hw " + std::to_string(g.hw) + ")");
-  return Descriptors{nchw_tensor(to_int(g.n, "n", op), to_int(g.c, "c", op), to_int(g.hw, "h*w", op), 1),
-                     nchw_tensor(1, to_int(g.c, "c", op), 1, 1)};
+  Descriptors d{nchw_tensor(to_int(g.n, "n", op), to_int(g.c, "c", op), to_int(g.hw, "h*w", op), 1,
+                            cudnn_type(t, op)),
+                {}};
+  WEFT_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(d.stats, d.x, CUDNN_BATCHNORM_SPATIAL));
+  return d;
 }
 
 double checked_eps(float eps, const char* op) {
@@ -58,37 +65,40 @@ double checked_eps(float eps, const char* op) {
 
 }  // namespace
 
-void batch_norm_forward_train(const WorkerHandles& h, float* y, float* save_mean, float* save_invstd,
-                              float* running_mean, float* running_var, const float* x, const float* gamma,
+void batch_norm_forward_train(const WorkerHandles& h, DType t, void* y, float* save_mean, float* save_invstd,
+                              float* running_mean, float* running_var, const void* x, const float* gamma,
                               const float* beta, const BatchNormGeometry& g, float eps, float momentum) {
   constexpr const char* op = "batch_norm_forward_train";
+  (void)cudnn_type(t, op);
   if (g.per_channel() < 2)
     throw weft::Error(std::string(op) + ": training needs at least 2 values per channel, got " +
                       std::to_string(g.per_channel()));
   if (empty(g)) return;
-  const Descriptors d = descriptors(g, op);
+  const Descriptors d = descriptors(t, g, op);
   WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
   WEFT_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
       h.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x, x, d.x, y, d.stats, gamma, beta,
       static_cast<double>(momentum), running_mean, running_var, checked_eps(eps, op), save_mean, save_invstd));
 }
 
-void batch_norm_forward_infer(const WorkerHandles& h, float* y, const float* x, const float* gamma, const float* beta,
-                              const float* running_mean, const float* running_var, const BatchNormGeometry& g,
-                              float eps) {
+void batch_norm_forward_infer(const WorkerHandles& h, DType t, void* y, const void* x, const float* gamma,
+                              const float* beta, const float* running_mean, const float* running_var,
+                              const BatchNormGeometry& g, float eps) {
   constexpr const char* op = "batch_norm_forward_infer";
+  (void)cudnn_type(t, op);
   if (empty(g)) return;
-  const Descriptors d = descriptors(g, op);
+  const Descriptors d = descriptors(t, g, op);
   WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
   WEFT_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(h.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, d.x, x,
                                                            d.x, y, d.stats, gamma, beta, running_mean, running_var,
                                                            checked_eps(eps, op)));
 }
 
-void batch_norm_backward(const WorkerHandles& h, float* dx, float* dgamma, float* dbeta, const float* x,
-                         const float* dy, const float* gamma, const float* save_mean, const float* save_invstd,
+void batch_norm_backward(const WorkerHandles& h, DType t, void* dx, float* dgamma, float* dbeta, const void* x,
+                         const void* dy, const float* gamma, const float* save_mean, const float* save_invstd,
                          const BatchNormGeometry& g, float eps) {
   constexpr const char* op = "batch_norm_backward";
+  (void)cudnn_type(t, op);
   if (empty(g)) {
     // No values: the parameter gradients are sums over nothing.
     if (g.c > 0) {
@@ -97,7 +107,7 @@ void batch_norm_backward(const WorkerHandles& h, float* dx, float* dgamma, float
     }
     return;
   }
-  const Descriptors d = descriptors(g, op);
+  const Descriptors d = descriptors(t, g, op);
   WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
   WEFT_CUDNN_CHECK(cudnnBatchNormalizationBackward(h.cudnn, CUDNN_BATCHNORM_SPATIAL, &kOne, &kZero, &kOne, &kZero,
                                                    d.x, x, d.x, dy, d.x, dx, d.stats, gamma, dgamma, dbeta,

@@ -6,7 +6,9 @@
 
 #include <utility>
 
+#include "gpu_internal.h"
 #include "weft/checked_call.h"
+#include "weft/dtype.h"
 
 namespace weft::kernels::gpu::detail {
 
@@ -44,11 +46,22 @@ using FilterDescriptor =
 using ConvolutionDescriptor = CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
                                               cudnnDestroyConvolutionDescriptor>;
 
-// A dense NCHW float32 tensor.
-inline TensorDescriptor nchw_tensor(int n, int c, int h, int w) {
+// A dense NCHW tensor (float32 unless `type` says otherwise).
+inline TensorDescriptor nchw_tensor(int n, int c, int h, int w, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
   TensorDescriptor d;
-  WEFT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, n, c, h, w));
+  WEFT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(d, CUDNN_TENSOR_NCHW, type, n, c, h, w));
   return d;
+}
+
+// cuDNN's data type for a tensor of dtype t; dtypes without GPU kernels throw
+// weft::Error naming `op` and the dtype.
+inline cudnnDataType_t cudnn_type(DType t, const char* op) {
+  switch (t) {
+    case DType::float32: return CUDNN_DATA_FLOAT;
+    case DType::bfloat16: return CUDNN_DATA_BFLOAT16;
+    case DType::float16: return CUDNN_DATA_HALF;
+    default: unsupported_dtype(op, t);
+  }
 }
 
 }  // namespace weft::kernels::gpu::detail

@@ -1,11 +1,15 @@
-// Creation, elementwise and optimizer kernels: one grid-stride map kernel
-// instantiated with small functors. Outputs may alias inputs (y += ...), so no
-// __restrict__: each index is read before it is written by the same thread.
+// Creation, cast, elementwise, optimizer and loss-scaling kernels: one
+// grid-stride map kernel instantiated with small functors, each templated on
+// the element type (load as float32, compute, store rounded: element.cuh).
+// Outputs may alias inputs (y += ...), so no __restrict__: each index is read
+// before it is written by the same thread.
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <string>
 
 #include "../random.h"
+#include "element.cuh"
 #include "gpu_internal.h"
 #include "gpu_kernels.h"
 #include "launch.cuh"
@@ -14,7 +18,10 @@ namespace weft::kernels::gpu {
 namespace {
 
 using detail::blocks_for;
+using detail::dispatch;
 using detail::kThreads;
+using detail::load;
+using detail::store;
 
 template <class F>
 __global__ void map_kernel(std::int64_t n, F f) {
@@ -29,10 +36,11 @@ void launch_map(const WorkerHandles& h, std::int64_t n, F f) {
   WEFT_LAUNCH_CHECK();
 }
 
+template <class T>
 struct Fill {
-  float* y;
+  T* y;
   float v;
-  __device__ void operator()(std::int64_t i) const { y[i] = v; }
+  __device__ void operator()(std::int64_t i) const { store(y, i, v); }
 };
 
 // __fmul_rn/__fadd_rn keep nvcc from contracting into an FMA: the host
@@ -56,87 +64,168 @@ struct Normal {
   }
 };
 
+template <class Y, class X>
+struct Cast {
+  Y* y;
+  const X* x;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i)); }
+};
+
+template <class T>
 struct Add {
-  float* y;
-  const float *a, *b;
-  __device__ void operator()(std::int64_t i) const { y[i] = a[i] + b[i]; }
+  T* y;
+  const T *a, *b;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(a, i) + load(b, i)); }
 };
+template <class T>
 struct Sub {
-  float* y;
-  const float *a, *b;
-  __device__ void operator()(std::int64_t i) const { y[i] = a[i] - b[i]; }
+  T* y;
+  const T *a, *b;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(a, i) - load(b, i)); }
 };
+template <class T>
 struct Mul {
-  float* y;
-  const float *a, *b;
-  __device__ void operator()(std::int64_t i) const { y[i] = a[i] * b[i]; }
+  T* y;
+  const T *a, *b;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(a, i) * load(b, i)); }
 };
+template <class T>
 struct Maximum {
-  float* y;
-  const float *a, *b;
-  __device__ void operator()(std::int64_t i) const { y[i] = a[i] < b[i] ? b[i] : a[i]; }
+  T* y;
+  const T *a, *b;
+  __device__ void operator()(std::int64_t i) const {
+    const float u = load(a, i), v = load(b, i);
+    store(y, i, u < v ? v : u);
+  }
 };
+template <class T>
 struct AddScalar {
-  float* y;
-  const float* x;
+  T* y;
+  const T* x;
   float s;
-  __device__ void operator()(std::int64_t i) const { y[i] = x[i] + s; }
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) + s); }
 };
+template <class T>
 struct MulScalar {
-  float* y;
-  const float* x;
+  T* y;
+  const T* x;
   float s;
-  __device__ void operator()(std::int64_t i) const { y[i] = x[i] * s; }
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) * s); }
 };
+template <class T>
 struct Axpy {
-  float* y;
+  T* y;
   float alpha;
-  const float* x;
-  __device__ void operator()(std::int64_t i) const { y[i] += alpha * x[i]; }
+  const T* x;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(y, i) + alpha * load(x, i)); }
 };
 // Written as comparisons (not fmaxf) so NaN inputs behave like the CPU's
 // `x > 0` test: NaN is not positive, so it gives 0.
+template <class T>
 struct Relu {
-  float* y;
-  const float* x;
+  T* y;
+  const T* x;
   __device__ void operator()(std::int64_t i) const {
-    const float v = x[i];
-    y[i] = v > 0.0f ? v : 0.0f;
+    const float v = load(x, i);
+    store(y, i, v > 0.0f ? v : 0.0f);
   }
 };
+template <class T>
 struct ReluGrad {
-  float* dx;
-  const float *x, *dy;
-  __device__ void operator()(std::int64_t i) const { dx[i] = x[i] > 0.0f ? dy[i] : 0.0f; }
+  T* dx;
+  const T *x, *dy;
+  __device__ void operator()(std::int64_t i) const { store(dx, i, load(x, i) > 0.0f ? load(dy, i) : 0.0f); }
 };
 struct Sgd {
   float* w;
   const float* g;
   float lr, wd;
+  const float* skip;
   __device__ void operator()(std::int64_t i) const {
+    if (skip != nullptr && *skip != 0.0f) return;
     const float wi = w[i];
     w[i] = wi - lr * (g[i] + wd * wi);
   }
 };
-struct RowBias {
-  float* y;
-  const float* b;
-  std::int64_t cols;
-  __device__ void operator()(std::int64_t i) const { y[i] += b[i % cols]; }
+// The verdict is the input's (an Inf or NaN gradient), as on the CPU; every
+// thread that finds one writes the same 1, so the race is benign.
+struct Unscale {
+  float* x;
+  const float* scale;
+  float* found_inf;
+  __device__ void operator()(std::int64_t i) const {
+    const float inv = 1.0f / *scale;
+    const float v = x[i];
+    if (!isfinite(v)) *found_inf = 1.0f;
+    x[i] = v * inv;
+  }
 };
+__global__ void update_loss_scale_kernel(float* scale, float* growth_tracker, float* skipped, const float* found_inf,
+                                         float growth, float backoff, float interval) {
+  if (*found_inf != 0.0f) {
+    *scale *= backoff;
+    *growth_tracker = 0.0f;
+    *skipped += 1.0f;
+    return;
+  }
+  const float tracker = *growth_tracker + 1.0f;
+  if (tracker >= interval) {
+    *scale *= growth;
+    *growth_tracker = 0.0f;
+  } else {
+    *growth_tracker = tracker;
+  }
+}
+template <class T>
+struct RowBias {
+  T* y;
+  const T* b;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(y, i) + load(b, i % cols)); }
+};
+template <class T>
+struct BroadcastRows {
+  T* y;
+  const T* b;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t i) const { y[i] = b[i % cols]; }
+};
+template <class T>
+struct ChannelBias {
+  T* y;
+  const T* b;
+  std::int64_t c, hw;
+  __device__ void operator()(std::int64_t i) const { store(y, i, load(y, i) + load(b, (i / hw) % c)); }
+};
+template <class T>
 struct ScaleMatrix {
-  float* c;
+  T* c;
   std::int64_t n, ldc;
   float beta;
   __device__ void operator()(std::int64_t i) const {
-    float* p = c + (i / n) * ldc + (i % n);
-    *p = beta == 0.0f ? 0.0f : beta * *p;
+    const std::int64_t at = (i / n) * ldc + (i % n);
+    store(c, at, beta == 0.0f ? 0.0f : beta * load(c, at));
   }
 };
 
+// The binary elementwise kernels share one dispatch.
+template <template <class> class Op>
+void binary(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n,
+            const char* kernel) {
+  dispatch(t, kernel, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, Op<T>{static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b)});
+  });
+}
+
 }  // namespace
 
-void fill(const WorkerHandles& h, float* y, std::int64_t n, float value) { launch_map(h, n, Fill{y, value}); }
+void fill(const WorkerHandles& h, DType t, void* y, std::int64_t n, float value) {
+  dispatch(t, "fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, Fill<T>{static_cast<T*>(y), value});
+  });
+}
 
 void uniform(const WorkerHandles& h, float* y, std::int64_t n, float lo, float hi, std::uint64_t seed) {
   launch_map(h, n, Uniform{y, lo, hi - lo, seed});
@@ -146,50 +235,117 @@ void normal(const WorkerHandles& h, float* y, std::int64_t n, float mean, float 
   launch_map(h, n, Normal{y, mean, stddev, seed});
 }
 
-void add(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n) {
-  launch_map(h, n, Add{y, a, b});
+void cast(const WorkerHandles& h, void* y, DType yt, const void* x, DType xt, std::int64_t n) {
+  if (yt == xt) {
+    // Every dtype copies, kernels or not.
+    if (n <= 0) return;
+    WEFT_CUDA_CHECK(cudaMemcpyAsync(y, x, static_cast<std::size_t>(n) * dtype_size(xt), cudaMemcpyDeviceToDevice,
+                                    detail::cuda_stream(h)));
+    return;
+  }
+  dispatch(yt, "cast", [&](auto ytag) {
+    using Y = typename decltype(ytag)::type;
+    dispatch(xt, "cast", [&](auto xtag) {
+      using X = typename decltype(xtag)::type;
+      launch_map(h, n, Cast<Y, X>{static_cast<Y*>(y), static_cast<const X*>(x)});
+    });
+  });
 }
-void sub(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n) {
-  launch_map(h, n, Sub{y, a, b});
+
+void add(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
+  binary<Add>(h, t, y, a, b, n, "add");
 }
-void mul(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n) {
-  launch_map(h, n, Mul{y, a, b});
+void sub(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
+  binary<Sub>(h, t, y, a, b, n, "sub");
 }
-void maximum(const WorkerHandles& h, float* y, const float* a, const float* b, std::int64_t n) {
-  launch_map(h, n, Maximum{y, a, b});
+void mul(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
+  binary<Mul>(h, t, y, a, b, n, "mul");
 }
-void add_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n) {
-  launch_map(h, n, AddScalar{y, x, s});
+void maximum(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
+  binary<Maximum>(h, t, y, a, b, n, "maximum");
 }
-void mul_scalar(const WorkerHandles& h, float* y, const float* x, float s, std::int64_t n) {
-  launch_map(h, n, MulScalar{y, x, s});
+void add_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n) {
+  dispatch(t, "add_scalar", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, AddScalar<T>{static_cast<T*>(y), static_cast<const T*>(x), s});
+  });
 }
-void axpy(const WorkerHandles& h, float* y, float alpha, const float* x, std::int64_t n) {
-  launch_map(h, n, Axpy{y, alpha, x});
+void mul_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n) {
+  dispatch(t, "mul_scalar", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, MulScalar<T>{static_cast<T*>(y), static_cast<const T*>(x), s});
+  });
 }
-void relu(const WorkerHandles& h, float* y, const float* x, std::int64_t n) { launch_map(h, n, Relu{y, x}); }
-void relu_grad(const WorkerHandles& h, float* dx, const float* x, const float* dy, std::int64_t n) {
-  launch_map(h, n, ReluGrad{dx, x, dy});
+void axpy(const WorkerHandles& h, DType t, void* y, float alpha, const void* x, std::int64_t n) {
+  dispatch(t, "axpy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, Axpy<T>{static_cast<T*>(y), alpha, static_cast<const T*>(x)});
+  });
 }
-void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay) {
-  launch_map(h, n, Sgd{w, g, lr, weight_decay});
+void relu(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n) {
+  dispatch(t, "relu", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n, Relu<T>{static_cast<T*>(y), static_cast<const T*>(x)});
+  });
+}
+void relu_grad(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy, std::int64_t n) {
+  binary<ReluGrad>(h, t, dx, x, dy, n, "relu_grad");
+}
+void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay,
+                const float* skip) {
+  launch_map(h, n, Sgd{w, g, lr, weight_decay, skip});
+}
+
+void unscale_and_check(const WorkerHandles& h, float* x, std::int64_t n, const float* scale, float* found_inf) {
+  launch_map(h, n, Unscale{x, scale, found_inf});
+}
+
+void update_loss_scale(const WorkerHandles& h, float* scale, float* growth_tracker, float* skipped,
+                       const float* found_inf, float growth, float backoff, std::int64_t interval) {
+  update_loss_scale_kernel<<<1, 1, 0, detail::cuda_stream(h)>>>(scale, growth_tracker, skipped, found_inf, growth,
+                                                                backoff, static_cast<float>(interval));
+  WEFT_LAUNCH_CHECK();
 }
 
 namespace detail {
 
-void zero(const WorkerHandles& h, float* y, std::int64_t n) {
+void zero(const WorkerHandles& h, DType t, void* y, std::int64_t n) {
   if (n <= 0) return;
-  WEFT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n) * sizeof(float), detail::cuda_stream(h)));
+  WEFT_CUDA_CHECK(cudaMemsetAsync(y, 0, static_cast<std::size_t>(n) * dtype_size(t), detail::cuda_stream(h)));
 }
 
-void add_row_bias(const WorkerHandles& h, float* y, const float* b, std::int64_t rows, std::int64_t cols) {
+void add_row_bias(const WorkerHandles& h, DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
-  launch_map(h, rows * cols, RowBias{y, b, cols});
+  dispatch(t, "add_row_bias", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, rows * cols, RowBias<T>{static_cast<T*>(y), static_cast<const T*>(b), cols});
+  });
 }
 
-void scale_matrix(const WorkerHandles& h, float* c, std::int64_t m, std::int64_t n, std::int64_t ldc, float beta) {
+void broadcast_rows(const WorkerHandles& h, DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols) {
+  if (rows <= 0 || cols <= 0) return;
+  dispatch(t, "broadcast_rows", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, rows * cols, BroadcastRows<T>{static_cast<T*>(y), static_cast<const T*>(b), cols});
+  });
+}
+
+void add_channel_bias(const WorkerHandles& h, DType t, void* y, const void* b, std::int64_t n, std::int64_t c,
+                      std::int64_t hw) {
+  if (n <= 0 || c <= 0 || hw <= 0) return;
+  dispatch(t, "add_channel_bias", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, n * c * hw, ChannelBias<T>{static_cast<T*>(y), static_cast<const T*>(b), c, hw});
+  });
+}
+
+void scale_matrix(const WorkerHandles& h, DType t, void* c, std::int64_t m, std::int64_t n, std::int64_t ldc,
+                  float beta) {
   if (m <= 0 || n <= 0 || beta == 1.0f) return;
-  launch_map(h, m * n, ScaleMatrix{c, n, ldc, beta});
+  dispatch(t, "scale_matrix", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_map(h, m * n, ScaleMatrix<T>{static_cast<T*>(c), n, ldc, beta});
+  });
 }
 
 }  // namespace detail

@@ -1,12 +1,14 @@
 // Helpers shared between the GPU kernel files. Plain C++ (no CUDA syntax) so
 // the cuBLAS / cuDNN wrappers compiled by the host compiler can call kernels
-// that live in .cu files.
+// that live in .cu files. Typed helpers take the element type as a DType and
+// void pointers, as the kernels of gpu_kernels.h do.
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <string>
 
+#include "weft/dtype.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
 
@@ -29,21 +31,43 @@ inline int to_int(std::int64_t v, const char* what, const char* op) {
   return static_cast<int>(v);
 }
 
-// y[n] = 0 (enqueued; n may be 0).
-void zero(const WorkerHandles& h, float* y, std::int64_t n);
-// y[r * cols + c] += b[c]
-void add_row_bias(const WorkerHandles& h, float* y, const float* b, std::int64_t rows, std::int64_t cols);
-// y[c] = sum over r of x[r * cols + c]; overwrites y, rows may be 0.
-void column_sums(const WorkerHandles& h, float* y, const float* x, std::int64_t rows, std::int64_t cols);
+// A dtype the GPU kernels do not compute on.
+[[noreturn]] inline void unsupported_dtype(const char* kernel, DType t) {
+  throw weft::Error(std::string(kernel) + ": no GPU kernel for dtype " + std::string(to_string(t)) +
+                    " (float32, bfloat16 and float16 have them)");
+}
+
+// y[n] = 0 in dtype t (all-zero bits; enqueued; n may be 0).
+void zero(const WorkerHandles& h, DType t, void* y, std::int64_t n);
+inline void zero(const WorkerHandles& h, float* y, std::int64_t n) { zero(h, DType::float32, y, n); }
+// y[r * cols + c] += b[c], y and b of dtype t, the sum in float32.
+void add_row_bias(const WorkerHandles& h, DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols);
+// y[r * cols + c] = b[c] (dtype t).
+void broadcast_rows(const WorkerHandles& h, DType t, void* y, const void* b, std::int64_t rows, std::int64_t cols);
+// y[c] = sum over r of x[r * cols + c], accumulated in double, y and x of
+// dtype t; overwrites y, rows may be 0.
+void column_sums(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t rows, std::int64_t cols);
+// NCHW as [n, c, hw]: y[i, c, j] += b[c] (float32 sum, one rounding to t).
+void add_channel_bias(const WorkerHandles& h, DType t, void* y, const void* b, std::int64_t n, std::int64_t c,
+                      std::int64_t hw);
+// db[c] = sum over i, j of dy[i, c, j], accumulated in double; overwrites db.
+void channel_sums(const WorkerHandles& h, DType t, void* db, const void* dy, std::int64_t n, std::int64_t c,
+                  std::int64_t hw);
 // c[i * ldc + j] = beta * c[...] for an m x n block (beta == 0 writes zeros
 // without reading c, as BLAS does): gemm with k == 0.
-void scale_matrix(const WorkerHandles& h, float* c, std::int64_t m, std::int64_t n, std::int64_t ldc, float beta);
+void scale_matrix(const WorkerHandles& h, DType t, void* c, std::int64_t m, std::int64_t n, std::int64_t ldc,
+                  float beta);
 
 // Two-pass reductions keep one double partial per block in h.workspace; this
 // is how many fit (0 or 1 means: reduce in a single block instead, which is
 // slower for big inputs but needs no scratch at all).
 std::int64_t partial_slots(const WorkerHandles& h);
-// *out = float(sum of partials[0, count) * scale), in one block.
-void finish_partials(const WorkerHandles& h, const double* partials, std::int64_t count, double scale, float* out);
+// *out (dtype t) = sum of partials[0, count) * scale, in one block.
+void finish_partials(const WorkerHandles& h, const double* partials, std::int64_t count, double scale, DType t,
+                     void* out);
+inline void finish_partials(const WorkerHandles& h, const double* partials, std::int64_t count, double scale,
+                            float* out) {
+  finish_partials(h, partials, count, scale, DType::float32, out);
+}
 
 }  // namespace weft::kernels::gpu::detail

@@ -38,6 +38,8 @@ void maximum(const WorkerHandles& h, DType t, void* y, const void* a, const void
 void add_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n);
 void mul_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n);
 void axpy(const WorkerHandles& h, DType t, void* y, float alpha, const void* x, std::int64_t n);
+// y = x * *factor (factor: one float32 on the device).
+void scale_by(const WorkerHandles& h, DType t, void* y, const void* x, const float* factor, std::int64_t n);
 void relu(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n);
 void relu_grad(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy, std::int64_t n);
 

@@ -1,12 +1,14 @@
 // Mean softmax cross-entropy: one warp per row (max, sum of exponentials,
 // gradient), row losses summed in double per block, then the per-block
 // partials (in h.workspace) finished in one block, the same deterministic
-// two-pass scheme as sum().
+// two-pass scheme as sum(). Logits and their gradient may be half: loaded
+// into float32, the arithmetic as for float32, the gradient rounded on store.
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
 
+#include "element.cuh"
 #include "gpu_internal.h"
 #include "gpu_kernels.h"
 #include "launch.cuh"
@@ -14,7 +16,10 @@
 namespace weft::kernels::gpu {
 namespace {
 
+using detail::dispatch;
 using detail::kMaxReduceBlocks;
+using detail::load;
+using detail::store;
 using detail::kThreads;
 
 constexpr int kWarp = 32;
@@ -34,7 +39,8 @@ __device__ inline double warp_sum(double v) {
 // without partials, the final mean in *loss. The arithmetic follows the CPU
 // kernel (shift by the row max, exponentials, log and gradient in double) so
 // the two agree to float rounding.
-__global__ void softmax_ce_kernel(float* loss, double* partials, float* dlogits, const float* logits,
+template <class T>
+__global__ void softmax_ce_kernel(float* loss, double* partials, T* dlogits, const T* logits,
                                   const float* labels, std::int64_t rows, std::int64_t cols) {
   __shared__ double warp_loss[kWarpsPerBlock];
   const int lane = threadIdx.x % kWarp;
@@ -44,7 +50,7 @@ __global__ void softmax_ce_kernel(float* loss, double* partials, float* dlogits,
   const double inv_rows = 1.0 / static_cast<double>(rows);
   double acc = 0.0;  // meaningful in lane 0 only
   for (std::int64_t r = warp; r < rows; r += warps) {
-    const float* x = logits + r * cols;
+    const T* x = logits + r * cols;
     const float l = labels[r];
     // The CPU's test, written so a NaN label also fails it; the CPU throws,
     // here the row's loss (and gradient) become NaN.
@@ -52,20 +58,20 @@ __global__ void softmax_ce_kernel(float* loss, double* partials, float* dlogits,
     const std::int64_t label = valid ? static_cast<std::int64_t>(l) : -1;
 
     float m = -INFINITY;
-    for (std::int64_t j = lane; j < cols; j += kWarp) m = fmaxf(m, x[j]);
+    for (std::int64_t j = lane; j < cols; j += kWarp) m = fmaxf(m, load(x, j));
     const double zmax = warp_max(m);
     double denom = 0.0;
-    for (std::int64_t j = lane; j < cols; j += kWarp) denom += exp(static_cast<double>(x[j]) - zmax);
+    for (std::int64_t j = lane; j < cols; j += kWarp) denom += exp(static_cast<double>(load(x, j)) - zmax);
     const double log_denom = log(warp_sum(denom));
 
     if (dlogits != nullptr) {
-      float* d = dlogits + r * cols;
+      T* d = dlogits + r * cols;
       for (std::int64_t j = lane; j < cols; j += kWarp) {
-        const double p = exp(static_cast<double>(x[j]) - zmax - log_denom);
-        d[j] = valid ? static_cast<float>((j == label ? p - 1.0 : p) * inv_rows) : NAN;
+        const double p = exp(static_cast<double>(load(x, j)) - zmax - log_denom);
+        store(d, j, valid ? static_cast<float>((j == label ? p - 1.0 : p) * inv_rows) : NAN);
       }
     }
-    if (lane == 0) acc += valid ? log_denom - (static_cast<double>(x[label]) - zmax) : static_cast<double>(NAN);
+    if (lane == 0) acc += valid ? log_denom - (static_cast<double>(load(x, label)) - zmax) : static_cast<double>(NAN);
   }
   if (lane == 0) warp_loss[warp_in_block] = acc;
   __syncthreads();
@@ -81,22 +87,28 @@ __global__ void softmax_ce_kernel(float* loss, double* partials, float* dlogits,
 
 }  // namespace
 
-void softmax_cross_entropy(const WorkerHandles& h, float* loss, float* dlogits, const float* logits,
+void softmax_cross_entropy(const WorkerHandles& h, DType t, float* loss, void* dlogits, const void* logits,
                            const float* labels, std::int64_t rows, std::int64_t cols) {
-  // The mean over no rows is 0 (not 0/0), as on the CPU.
-  if (rows <= 0) return detail::zero(h, loss, 1);
-  const std::int64_t blocks = std::min<std::int64_t>(
-      std::min<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxReduceBlocks), detail::partial_slots(h));
-  if (blocks <= 1) {
-    softmax_ce_kernel<<<1, kThreads, 0, detail::cuda_stream(h)>>>(loss, nullptr, dlogits, logits, labels, rows, cols);
+  dispatch(t, "softmax_cross_entropy", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // The mean over no rows is 0 (not 0/0), as on the CPU.
+    if (rows <= 0) return detail::zero(h, loss, 1);
+    auto* d = static_cast<T*>(dlogits);
+    const auto* x = static_cast<const T*>(logits);
+    const std::int64_t blocks =
+        std::min<std::int64_t>(std::min<std::int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, kMaxReduceBlocks),
+                               detail::partial_slots(h));
+    if (blocks <= 1) {
+      softmax_ce_kernel<T><<<1, kThreads, 0, detail::cuda_stream(h)>>>(loss, nullptr, d, x, labels, rows, cols);
+      WEFT_LAUNCH_CHECK();
+      return;
+    }
+    auto* partials = static_cast<double*>(h.workspace);
+    softmax_ce_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(
+        loss, partials, d, x, labels, rows, cols);
     WEFT_LAUNCH_CHECK();
-    return;
-  }
-  auto* partials = static_cast<double*>(h.workspace);
-  softmax_ce_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(loss, partials, dlogits, logits, labels,
-                                                                              rows, cols);
-  WEFT_LAUNCH_CHECK();
-  detail::finish_partials(h, partials, blocks, 1.0 / static_cast<double>(rows), loss);
+    detail::finish_partials(h, partials, blocks, 1.0 / static_cast<double>(rows), loss);
+  });
 }
 
 }  // namespace weft::kernels::gpu

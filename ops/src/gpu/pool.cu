@@ -2,7 +2,9 @@
 // input as on the CPU) and global average pooling as own kernels rather than cuDNN: cuDNN's max
 // pooling backward needs the forward output (our signature has only x and
 // dy) and its tie-breaking is unspecified, while the CPU contract routes the
-// gradient to the FIRST maximum of each window in row-major order.
+// gradient to the FIRST maximum of each window in row-major order. Every
+// kernel is templated on the element type: loads into float32, sums in
+// float32 (global average: double), one rounding on store.
 //
 // Backward kernels gather: one thread per dx element visits the windows that
 // cover it. Overlapping windows (stride < kernel) then need no atomics, the
@@ -13,6 +15,7 @@
 #include <cstdint>
 #include <string>
 
+#include "element.cuh"
 #include "gpu_internal.h"
 #include "gpu_kernels.h"
 #include "launch.cuh"
@@ -21,6 +24,9 @@ namespace weft::kernels::gpu {
 namespace {
 
 using detail::blocks_for;
+using detail::dispatch;
+using detail::load;
+using detail::store;
 using detail::kThreads;
 
 struct Dims {
@@ -44,14 +50,15 @@ __device__ inline Window window_of(const Dims& d, std::int64_t oh, std::int64_t 
 }
 
 // Plane offset of the window's first largest element in row-major order.
-__device__ inline std::int64_t first_max_offset(const float* plane, const Dims& d, std::int64_t oh, std::int64_t ow,
+template <class T>
+__device__ inline std::int64_t first_max_offset(const T* plane, const Dims& d, std::int64_t oh, std::int64_t ow,
                                                 float* value) {
   const Window win = window_of(d, oh, ow);
   std::int64_t at = win.r0 * d.w + win.c0;
-  float best = plane[at];
+  float best = load(plane, at);
   for (std::int64_t i = win.r0; i < win.r1; ++i)
     for (std::int64_t j = win.c0; j < win.c1; ++j) {
-      const float v = plane[i * d.w + j];
+      const float v = load(plane, i * d.w + j);
       if (v > best) {
         best = v;
         at = i * d.w + j;
@@ -61,24 +68,24 @@ __device__ inline std::int64_t first_max_offset(const float* plane, const Dims& 
   return at;
 }
 
-template <bool Max>
-__global__ void pool_forward_kernel(float* y, const float* x, std::int64_t total, Dims d) {
+template <bool Max, class T>
+__global__ void pool_forward_kernel(T* y, const T* x, std::int64_t total, Dims d) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
     const std::int64_t ow = i % d.ow;
     const std::int64_t oh = (i / d.ow) % d.oh;
     const std::int64_t plane = i / (d.ow * d.oh);
-    const float* xp = x + plane * d.h * d.w;
+    const T* xp = x + plane * d.h * d.w;
     if constexpr (Max) {
       float best;
       first_max_offset(xp, d, oh, ow, &best);
-      y[i] = best;
+      store(y, i, best);
     } else {
       const Window win = window_of(d, oh, ow);
       float acc = 0.0f;
       for (std::int64_t a = win.r0; a < win.r1; ++a)
-        for (std::int64_t b = win.c0; b < win.c1; ++b) acc += xp[a * d.w + b];
-      y[i] = acc * (1.0f / static_cast<float>(d.k * d.k));
+        for (std::int64_t b = win.c0; b < win.c1; ++b) acc += load(xp, a * d.w + b);
+      store(y, i, acc * (1.0f / static_cast<float>(d.k * d.k)));
     }
   }
 }
@@ -93,8 +100,8 @@ __device__ inline void covering(std::int64_t r, std::int64_t k, std::int64_t s, 
   if (hi > n_out - 1) hi = n_out - 1;
 }
 
-template <bool Max>
-__global__ void pool_backward_kernel(float* dx, const float* x, const float* dy, std::int64_t total, Dims d) {
+template <bool Max, class T>
+__global__ void pool_backward_kernel(T* dx, const T* x, const T* dy, std::int64_t total, Dims d) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   // Multiplying by the reciprocal, window by window in (oh, ow) order, is the
   // CPU's arithmetic: the gather gives its sums bit for bit.
@@ -103,7 +110,7 @@ __global__ void pool_backward_kernel(float* dx, const float* x, const float* dy,
     const std::int64_t iw = i % d.w;
     const std::int64_t ih = (i / d.w) % d.h;
     const std::int64_t plane = i / (d.w * d.h);
-    const float* dyp = dy + plane * d.oh * d.ow;
+    const T* dyp = dy + plane * d.oh * d.ow;
     std::int64_t oh0, oh1, ow0, ow1;
     covering(ih, d.k, d.s, d.pad, d.oh, oh0, oh1);
     covering(iw, d.k, d.s, d.pad, d.ow, ow0, ow1);
@@ -111,35 +118,37 @@ __global__ void pool_backward_kernel(float* dx, const float* x, const float* dy,
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
       for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
         if constexpr (Max) {
-          if (first_max_offset(x + plane * d.h * d.w, d, oh, ow, nullptr) == ih * d.w + iw) acc += dyp[oh * d.ow + ow];
+          if (first_max_offset(x + plane * d.h * d.w, d, oh, ow, nullptr) == ih * d.w + iw)
+            acc += load(dyp, oh * d.ow + ow);
         } else {
-          acc += dyp[oh * d.ow + ow] * inv_area;
+          acc += load(dyp, oh * d.ow + ow) * inv_area;
         }
       }
-    dx[i] = acc;
+    store(dx, i, acc);
   }
 }
 
 // One warp per plane: lanes stride over the plane, partial sums in double,
 // then a fixed shuffle tree (deterministic, not the CPU's serial order).
-__global__ void global_avg_forward_kernel(float* y, const float* x, std::int64_t planes, std::int64_t hw) {
+template <class T>
+__global__ void global_avg_forward_kernel(T* y, const T* x, std::int64_t planes, std::int64_t hw) {
   const std::int64_t warps = static_cast<std::int64_t>(blockDim.x) * gridDim.x / 32;
   const int lane = threadIdx.x % 32;
   for (std::int64_t p = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; p < planes;
        p += warps) {
-    const float* xp = x + p * hw;
+    const T* xp = x + p * hw;
     double s = 0.0;
-    for (std::int64_t i = lane; i < hw; i += 32) s += xp[i];
+    for (std::int64_t i = lane; i < hw; i += 32) s += load(xp, i);
     for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
-    if (lane == 0) y[p] = hw > 0 ? static_cast<float>(s / static_cast<double>(hw)) : 0.0f;
+    if (lane == 0) store(y, p, hw > 0 ? static_cast<float>(s / static_cast<double>(hw)) : 0.0f);
   }
 }
 
-__global__ void global_avg_backward_kernel(float* dx, const float* dy, std::int64_t total, std::int64_t hw,
-                                           float inv) {
+template <class T>
+__global__ void global_avg_backward_kernel(T* dx, const T* dy, std::int64_t total, std::int64_t hw, float inv) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride)
-    dx[i] = dy[i / hw] * inv;
+    store(dx, i, load(dy, i / hw) * inv);
 }
 
 Dims checked_dims(const PoolGeometry& g, const char* op) {
@@ -152,54 +161,71 @@ Dims checked_dims(const PoolGeometry& g, const char* op) {
 }
 
 template <bool Max>
-void forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometry& g, const char* op) {
-  const Dims d = checked_dims(g, op);
-  const std::int64_t total = g.n * g.c * d.oh * d.ow;
-  if (total <= 0) return;
-  pool_forward_kernel<Max><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(y, x, total, d);
-  WEFT_LAUNCH_CHECK();
+void forward(const WorkerHandles& h, DType t, void* y, const void* x, const PoolGeometry& g, const char* op) {
+  dispatch(t, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const Dims d = checked_dims(g, op);
+    const std::int64_t total = g.n * g.c * d.oh * d.ow;
+    if (total <= 0) return;
+    pool_forward_kernel<Max, T><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), total, d);
+    WEFT_LAUNCH_CHECK();
+  });
 }
 
 template <bool Max>
-void backward(const WorkerHandles& h, float* dx, const float* x, const float* dy, const PoolGeometry& g,
+void backward(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy, const PoolGeometry& g,
               const char* op) {
-  const Dims d = checked_dims(g, op);
-  const std::int64_t total = g.n * g.c * g.h * g.w;
-  if (total <= 0) return;
-  if (d.oh <= 0 || d.ow <= 0) return detail::zero(h, dx, total);  // no window: no gradient flows
-  pool_backward_kernel<Max><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(dx, x, dy, total, d);
-  WEFT_LAUNCH_CHECK();
+  dispatch(t, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const Dims d = checked_dims(g, op);
+    const std::int64_t total = g.n * g.c * g.h * g.w;
+    if (total <= 0) return;
+    if (d.oh <= 0 || d.ow <= 0) return detail::zero(h, t, dx, total);  // no window: no gradient flows
+    pool_backward_kernel<Max, T><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(dx), static_cast<const T*>(x), static_cast<const T*>(dy), total, d);
+    WEFT_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace
 
-void avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometry& g) {
-  forward<false>(h, y, x, g, "avg_pool2d_forward");
+void avg_pool2d_forward(const WorkerHandles& h, DType t, void* y, const void* x, const PoolGeometry& g) {
+  forward<false>(h, t, y, x, g, "avg_pool2d_forward");
 }
-void avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, const PoolGeometry& g) {
-  backward<false>(h, dx, nullptr, dy, g, "avg_pool2d_backward");
+void avg_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* dy, const PoolGeometry& g) {
+  backward<false>(h, t, dx, nullptr, dy, g, "avg_pool2d_backward");
 }
-void max_pool2d_forward(const WorkerHandles& h, float* y, const float* x, const PoolGeometry& g) {
-  forward<true>(h, y, x, g, "max_pool2d_forward");
+void max_pool2d_forward(const WorkerHandles& h, DType t, void* y, const void* x, const PoolGeometry& g) {
+  forward<true>(h, t, y, x, g, "max_pool2d_forward");
 }
-void max_pool2d_backward(const WorkerHandles& h, float* dx, const float* x, const float* dy, const PoolGeometry& g) {
-  backward<true>(h, dx, x, dy, g, "max_pool2d_backward");
+void max_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy,
+                         const PoolGeometry& g) {
+  backward<true>(h, t, dx, x, dy, g, "max_pool2d_backward");
 }
 
-void global_avg_pool2d_forward(const WorkerHandles& h, float* y, const float* x, std::int64_t planes,
+void global_avg_pool2d_forward(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t planes,
                                std::int64_t hw) {
-  if (planes <= 0) return;
-  global_avg_forward_kernel<<<blocks_for(planes * 32), kThreads, 0, detail::cuda_stream(h)>>>(y, x, planes, hw);
-  WEFT_LAUNCH_CHECK();
+  dispatch(t, "global_avg_pool2d_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (planes <= 0) return;
+    global_avg_forward_kernel<T><<<blocks_for(planes * 32), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), planes, hw);
+    WEFT_LAUNCH_CHECK();
+  });
 }
 
-void global_avg_pool2d_backward(const WorkerHandles& h, float* dx, const float* dy, std::int64_t planes,
+void global_avg_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* dy, std::int64_t planes,
                                 std::int64_t hw) {
-  const std::int64_t total = planes * hw;
-  if (total <= 0) return;
-  const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
-  global_avg_backward_kernel<<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(dx, dy, total, hw, inv);
-  WEFT_LAUNCH_CHECK();
+  dispatch(t, "global_avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const std::int64_t total = planes * hw;
+    if (total <= 0) return;
+    const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
+    global_avg_backward_kernel<T><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(dx), static_cast<const T*>(dy), total, hw, inv);
+    WEFT_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace weft::kernels::gpu

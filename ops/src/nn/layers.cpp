@@ -88,7 +88,7 @@ std::string pool_describe(const char* layer, Pool2dParams p) {
 
 // What a layer with an input and a pending dy keeps (Dense, Conv2d).
 struct InputAndGrad {
-  Tensor x, dy;
+  Tensor x, dy, w;  // w: the weight copy forward computed with
 };
 // What a shape-only layer keeps (average pooling, flatten).
 struct KeptShape {
@@ -133,6 +133,30 @@ Layer::~Layer() = default;
 std::vector<Parameter*> Layer::parameters() { return {}; }
 std::vector<Buffer*> Layer::buffers() { return {}; }
 
+// ---- precision ------------------------------------------------------------
+
+namespace {
+
+// t in `dtype` (itself when it already is).
+Tensor as_dtype(const Tensor& t, DType dtype) {
+  return !t.defined() || t.dtype() == dtype ? t : ops::cast(t, dtype);
+}
+
+// A gradient for a float32 master parameter.
+Tensor master_grad(Tensor g, const std::string& name) {
+  g = as_dtype(g, DType::float32);
+  g.set_name(name + ".grad");  // traces and tables show "fc1.weight.grad"
+  return g;
+}
+
+// The layer's math for its GEMMs / convolutions: TF32 exactly under tf32.
+struct MathScope {
+  explicit MathScope(Precision p) : tf32(p == Precision::tf32) {}
+  ops::AllowTf32 tf32;
+};
+
+}  // namespace
+
 // ---- Dense --------------------------------------------------------------
 
 Dense::Dense(Engine& engine, std::int64_t in, std::int64_t out, Device device, std::uint64_t seed, Init init,
@@ -152,46 +176,52 @@ Shape Dense::output_shape(const Shape& x) const {
 
 Tensor Dense::forward(const Tensor& x) {
   check_input(x, [&] { output_shape(x.shape()); });
-  Tensor y = ops::dense(x, weight_.value, bias_.value);
-  x_ = training_ ? x : Tensor();
+  const DType dtype = compute_dtype(precision_);
+  MathScope math(precision_);
+  Tensor xc = as_dtype(x, dtype), wc = as_dtype(weight_.value, dtype);
+  Tensor y = ops::dense(xc, wc, as_dtype(bias_.value, dtype));
+  x_ = training_ ? xc : Tensor();
+  w_ = training_ ? wc : Tensor();
   return y;
 }
 
 Tensor Dense::backward(const Tensor& dy) {
   if (!x_.defined()) no_forward("Dense");
   check_dy("Dense", dy, output_shape(x_.shape()));
-  ops::DenseGrads g = ops::dense_backward(x_, weight_.value, dy);
-  x_ = Tensor();
-  g.dw.set_name(weight_.name + ".grad");  // traces and tables show "fc1.weight.grad"
-  g.db.set_name(bias_.name + ".grad");
-  weight_.grad = std::move(g.dw);
-  bias_.grad = std::move(g.db);
+  MathScope math(precision_);
+  ops::DenseGrads g = ops::dense_backward(x_, w_, as_dtype(dy, x_.dtype()));
+  x_ = w_ = Tensor();
+  weight_.grad = master_grad(std::move(g.dw), weight_.name);
+  bias_.grad = master_grad(std::move(g.db), bias_.name);
   return std::move(g.dx);
 }
 
 Tensor Dense::backward_input(const Tensor& dy) {
   if (!x_.defined() || dy_.defined()) no_forward("Dense");
   check_dy("Dense", dy, output_shape(x_.shape()));
-  dy_ = dy;
-  return ops::dense_backward_data(dy, weight_.value);
+  MathScope math(precision_);
+  dy_ = as_dtype(dy, x_.dtype());
+  return ops::dense_backward_data(dy_, w_);
 }
 
 void Dense::backward_weight() {
   if (!dy_.defined()) no_backward_input("Dense");
+  MathScope math(precision_);
   ops::DenseWeightGrads g = ops::dense_backward_weight(x_, dy_);
-  x_ = dy_ = Tensor();
-  g.dw.set_name(weight_.name + ".grad");
-  g.db.set_name(bias_.name + ".grad");
-  weight_.grad = std::move(g.dw);
-  bias_.grad = std::move(g.db);
+  x_ = w_ = dy_ = Tensor();
+  weight_.grad = master_grad(std::move(g.dw), weight_.name);
+  bias_.grad = master_grad(std::move(g.db), bias_.name);
 }
 
-std::any Dense::take_saved() { return InputAndGrad{std::exchange(x_, Tensor()), std::exchange(dy_, Tensor())}; }
+std::any Dense::take_saved() {
+  return InputAndGrad{std::exchange(x_, Tensor()), std::exchange(dy_, Tensor()), std::exchange(w_, Tensor())};
+}
 
 void Dense::restore_saved(std::any saved) {
   InputAndGrad k = saved_as<InputAndGrad>(saved, "Dense");
   x_ = std::move(k.x);
   dy_ = std::move(k.dy);
+  w_ = std::move(k.w);
 }
 
 std::string Dense::describe() const { return "Dense(" + num(in_) + " -> " + num(out_) + ")"; }
@@ -222,47 +252,54 @@ Shape Conv2d::output_shape(const Shape& x) const {
 
 Tensor Conv2d::forward(const Tensor& x) {
   check_input(x, [&] { output_shape(x.shape()); });
-  Tensor y = ops::conv2d(x, weight_.value, bias_.value, params_);
-  x_ = training_ ? x : Tensor();
+  const DType dtype = compute_dtype(precision_);
+  MathScope math(precision_);
+  Tensor xc = as_dtype(x, dtype), wc = as_dtype(weight_.value, dtype);
+  Tensor y = ops::conv2d(xc, wc, as_dtype(bias_.value, dtype), params_);
+  x_ = training_ ? xc : Tensor();
+  w_ = training_ ? wc : Tensor();
   return y;
 }
 
 Tensor Conv2d::backward(const Tensor& dy) {
   if (!x_.defined()) no_forward("Conv2d");
   check_dy("Conv2d", dy, output_shape(x_.shape()));
-  Tensor dx = ops::conv2d_backward_data(dy, weight_.value, x_.shape(), params_);
-  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy, weight_.value.shape(), params_);
-  x_ = Tensor();
-  g.dw.set_name(weight_.name + ".grad");  // traces and tables show "fc1.weight.grad"
-  g.db.set_name(bias_.name + ".grad");
-  weight_.grad = std::move(g.dw);
-  bias_.grad = std::move(g.db);
+  MathScope math(precision_);
+  const Tensor dyc = as_dtype(dy, x_.dtype());
+  Tensor dx = ops::conv2d_backward_data(dyc, w_, x_.shape(), params_);
+  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dyc, w_.shape(), params_);
+  x_ = w_ = Tensor();
+  weight_.grad = master_grad(std::move(g.dw), weight_.name);
+  bias_.grad = master_grad(std::move(g.db), bias_.name);
   return dx;
 }
 
 Tensor Conv2d::backward_input(const Tensor& dy) {
   if (!x_.defined() || dy_.defined()) no_forward("Conv2d");
   check_dy("Conv2d", dy, output_shape(x_.shape()));
-  dy_ = dy;
-  return ops::conv2d_backward_data(dy, weight_.value, x_.shape(), params_);
+  MathScope math(precision_);
+  dy_ = as_dtype(dy, x_.dtype());
+  return ops::conv2d_backward_data(dy_, w_, x_.shape(), params_);
 }
 
 void Conv2d::backward_weight() {
   if (!dy_.defined()) no_backward_input("Conv2d");
-  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy_, weight_.value.shape(), params_);
-  x_ = dy_ = Tensor();
-  g.dw.set_name(weight_.name + ".grad");
-  g.db.set_name(bias_.name + ".grad");
-  weight_.grad = std::move(g.dw);
-  bias_.grad = std::move(g.db);
+  MathScope math(precision_);
+  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy_, w_.shape(), params_);
+  x_ = w_ = dy_ = Tensor();
+  weight_.grad = master_grad(std::move(g.dw), weight_.name);
+  bias_.grad = master_grad(std::move(g.db), bias_.name);
 }
 
-std::any Conv2d::take_saved() { return InputAndGrad{std::exchange(x_, Tensor()), std::exchange(dy_, Tensor())}; }
+std::any Conv2d::take_saved() {
+  return InputAndGrad{std::exchange(x_, Tensor()), std::exchange(dy_, Tensor()), std::exchange(w_, Tensor())};
+}
 
 void Conv2d::restore_saved(std::any saved) {
   InputAndGrad k = saved_as<InputAndGrad>(saved, "Conv2d");
   x_ = std::move(k.x);
   dy_ = std::move(k.dy);
+  w_ = std::move(k.w);
 }
 
 std::string Conv2d::describe() const {
@@ -281,7 +318,7 @@ Tensor ReLU::forward(const Tensor& x) {
 Tensor ReLU::backward(const Tensor& dy) {
   if (!x_.defined()) no_forward("ReLU");
   check_dy("ReLU", dy, x_.shape());
-  Tensor dx = ops::relu_grad(x_, dy);
+  Tensor dx = ops::relu_grad(x_, as_dtype(dy, x_.dtype()));
   x_ = Tensor();
   return dx;
 }
@@ -328,7 +365,7 @@ Tensor MaxPool2d::forward(const Tensor& x) {
 Tensor MaxPool2d::backward(const Tensor& dy) {
   if (!x_.defined()) no_forward("MaxPool2d");
   check_dy("MaxPool2d", dy, output_shape(x_.shape()));
-  Tensor dx = ops::max_pool2d_backward(x_, dy, params_);
+  Tensor dx = ops::max_pool2d_backward(x_, as_dtype(dy, x_.dtype()), params_);
   x_ = Tensor();
   return dx;
 }
@@ -415,7 +452,8 @@ Tensor BatchNorm::forward(const Tensor& x) {
 Tensor BatchNorm::backward(const Tensor& dy) {
   if (!x_.defined()) no_forward("BatchNorm");
   check_dy("BatchNorm", dy, x_.shape());
-  ops::BatchNormGrads g = ops::batch_norm_backward(x_, dy, weight_.value, save_mean_, save_invstd_, params_);
+  ops::BatchNormGrads g =
+      ops::batch_norm_backward(x_, as_dtype(dy, x_.dtype()), weight_.value, save_mean_, save_invstd_, params_);
   x_ = save_mean_ = save_invstd_ = Tensor();
   g.dgamma.set_name(weight_.name + ".grad");
   g.dbeta.set_name(bias_.name + ".grad");
@@ -557,6 +595,11 @@ std::string Residual::describe() const {
 void Residual::train(bool on) {
   training_ = on;
   for (Layer* l : children()) l->train(on);
+}
+
+void Residual::set_precision(Precision p) {
+  precision_ = p;
+  for (Layer* l : children()) l->set_precision(p);
 }
 
 // ---- Flatten ------------------------------------------------------------

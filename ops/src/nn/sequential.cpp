@@ -23,6 +23,7 @@ std::string batch_shape(const Shape& s) {
 Sequential& Sequential::add(std::unique_ptr<Layer> layer) {
   if (!layer) throw InvalidArgument("Sequential::add: null layer");
   layer->train(training_);
+  layer->set_precision(precision_);
   layers_.push_back(std::move(layer));
   return *this;
 }
@@ -125,6 +126,11 @@ void Sequential::train(bool on) {
   for (auto& layer : layers_) layer->train(on);
 }
 
+void Sequential::set_precision(Precision p) {
+  precision_ = p;
+  for (auto& layer : layers_) layer->set_precision(p);
+}
+
 std::int64_t parameter_count(const std::vector<Parameter*>& params) {
   std::int64_t n = 0;
   for (const Parameter* p : params) n += p->value.numel();
@@ -132,10 +138,14 @@ std::int64_t parameter_count(const std::vector<Parameter*>& params) {
 }
 
 void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay) {
+  sgd_step(params, lr, weight_decay, Tensor());
+}
+
+void sgd_step(const std::vector<Parameter*>& params, float lr, float weight_decay, const Tensor& skip) {
   for (Parameter* p : params) {
     if (!p->grad.defined())
       throw InvalidArgument("sgd_step: parameter '" + p->name + "' has no gradient (run backward first)");
-    ops::sgd_update(p->value, p->grad, lr, weight_decay);
+    ops::sgd_update(p->value, p->grad, lr, weight_decay, skip);
   }
 }
 

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "weft/nn.h"
+#include "weft/nn_ops.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 
@@ -74,6 +75,18 @@ struct HalfReductionOptions {
 };
 BucketReduction half_precision_reduction(DataParallel& dp, HalfReductionOptions options = {});
 
+// Dynamic loss scaling (PyTorch's GradScaler rules), for fp16 training:
+// backward() multiplies each replica's output gradient by the scale; step()
+// divides the reduced gradients by it, checks them for Inf and NaN in one op
+// per replica, agrees on the verdict across every replica and process (a
+// one-element allreduce, so all skip together even when each holds only part
+// of the gradients), then updates, or skips the update on the device, and
+// grows or backs off the scale. The host never waits for the verdict.
+struct LossScaling {
+  float init_scale = 65536.0f;  // 2^16
+  ops::LossScaleRule rule;      // x2 after 2000 clean steps, x0.5 on Inf/NaN
+};
+
 struct DataParallelOptions {
   // Bucket capacity. 0: one bucket per parameter. Also $WEFT_BUCKET_BYTES.
   std::optional<std::size_t> bucket_bytes;  // default 25 MiB (as PyTorch DDP)
@@ -88,6 +101,8 @@ struct DataParallelOptions {
   // A parameter whose gradient a backward did not set: false -> weft::Error
   // naming it; true -> its gradient counts as zero in that step.
   bool allow_unused = false;
+  // Set: dynamic loss scaling (LossScaling). Unset: none.
+  std::optional<LossScaling> loss_scaling;
   // Collectives are named "<name> bucket <k>" (traces, mismatch messages).
   std::string name = "grad";
   CommunicatorOptions communicator;  // distributed: timeouts and fingerprints
@@ -144,9 +159,14 @@ class DataParallel {
   // every replica, is the gradient of the whole batch's mean loss (inside
   // no_sync: this replica's own, unreduced, and the reduction waits).
   void backward(const std::vector<Tensor>& output_grads);
-  // nn::sgd_step on every replica. Throws weft::Error when the last
+  // nn::sgd_step on every replica (with loss scaling: unscaled, checked and
+  // skipped on Inf/NaN, see LossScaling). Throws weft::Error when the last
   // backward ran inside no_sync (its gradients are not reduced yet).
   void step(float lr, float weight_decay = 0.0f);
+  // With loss scaling: the current scale and the steps skipped so far (each
+  // waits for the steps pushed before). Without: 1 and 0.
+  float loss_scale() const;
+  std::int64_t skipped_steps() const;
 
   // Gradient accumulation: while a NoSync is alive, backward() adds each
   // replica's weighted gradients into its buckets and pushes no
