@@ -77,7 +77,7 @@ TEST_CASE("half collectives: allreduce of bfloat16 and float16 sums in float32 a
   });
 }
 
-TEST_CASE("half collectives: reduce and reduce_scatter round once; broadcast and all_gather move halves unchanged") {
+TEST_CASE("half collectives: reduce and reduce_scatter round once, broadcast and all_gather move halves unchanged") {
   weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
     for (DType dtype : kHalves)
       for (int n = 1; n <= kMaxMembers; ++n) {
