@@ -7,6 +7,9 @@
 // falls on all of them. A separate profiled pass per configuration gives its
 // comm overlap (the fraction of the reduction's time during which other ops
 // ran); the timed reps run with the profiler off. JSON lines with --json.
+// --reduce-dtype bf16 (or fp16) adds the bucketed configuration with its
+// gradients sent in half precision (half_precision_reduction); every row
+// gives the gradient bytes each replica puts into the reductions per step.
 //
 // Every configuration trains its own replicas from the same initial weights
 // on the same synthetic batches, so after the first steps their weights must
@@ -47,12 +50,14 @@ struct Options {
   int steps = 10;  // per rep
   int reps = 7;
   float lr = 0.05f;
+  std::optional<weft::DType> reduce_dtype;  // --reduce-dtype: an extra half-precision configuration
 };
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-data-parallel [--json] [--model lenet|mlp] [--devices D,...] [--batch N]\n"
                "                                [--bucket-kb N] [--steps N] [--reps N] [--quick]\n"
+               "                                [--reduce-dtype bf16|fp16]\n"
                "  Seconds per SGD step (split_and_load, forward, softmax cross-entropy, backward with the\n"
                "  gradient reductions, step) of data-parallel training on --devices (default cpu:0,cpu:1;\n"
                "  gpu:0,gpu:1 with real or simulated GPUs), batch --batch (default 256) split over them,\n"
@@ -62,11 +67,13 @@ int usage(std::FILE* out, int rc) {
                "    one_bucket   the default capacity (25 MiB): every gradient in one bucket\n"
                "    per_param    one reduction per parameter (unbucketed)\n"
                "    no_overlap   --bucket-kb buckets, reduced only after the whole backward\n"
+               "    bucketed_bf16  (or _fp16, with --reduce-dtype) as bucketed, the gradients sent in that dtype\n"
+               "  grad_bytes: the gradient bytes each replica puts into the reductions per step.\n"
                "  Per configuration the median over --reps (default 7) of --steps steps (default 10) each,\n"
                "  after a warm-up rep; then one profiled pass for comm_overlap. --model mlp: 784-512-512-10\n"
                "  (more gradient per flop than LeNet). --quick: 3 reps of 4 steps. Exit status 1 when a\n"
                "  configuration's weights after its first 4 steps differ from the peer's (relative 1e-5:\n"
-               "  beyond float rounding; weight_diff).\n");
+               "  beyond float rounding; 2e-2 for a half-precision reduction; weight_diff).\n");
   return rc;
 }
 
@@ -75,6 +82,7 @@ struct Config {
   std::vector<weft::Device> devices;
   std::size_t bucket_bytes;
   bool overlap;
+  weft::DType reduce_dtype = weft::DType::float32;
   std::unique_ptr<par::DataParallel> dp;
   std::vector<double> sec_per_step;
   par::CommOverlap overlap_figure;
@@ -146,6 +154,8 @@ int main(int argc, char** argv) {
     else if (a == "--bucket-kb" && (n = args.int_value(1, 1 << 20))) o.bucket_bytes = static_cast<std::size_t>(*n) << 10;
     else if (a == "--steps" && (n = args.int_value(1, 10000))) o.steps = static_cast<int>(*n);
     else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
+    else if (a == "--reduce-dtype" && (text = args.value()) && (*text == "bf16" || *text == "fp16"))
+      o.reduce_dtype = *text == "bf16" ? weft::DType::bfloat16 : weft::DType::float16;
     else {
       std::fprintf(stderr, "weft-bench-data-parallel: bad argument '%s'\n", a.c_str());
       return usage(stderr, 2);
@@ -175,15 +185,21 @@ int main(int argc, char** argv) {
     };
 
     std::vector<Config> configs;
-    configs.push_back({"one_device", {devices[0]}, o.bucket_bytes, true, nullptr, {}, {}});
-    configs.push_back({"bucketed", devices, o.bucket_bytes, true, nullptr, {}, {}});
-    configs.push_back({"one_bucket", devices, std::size_t{25} << 20, true, nullptr, {}, {}});
-    configs.push_back({"per_param", devices, 0, true, nullptr, {}, {}});
-    configs.push_back({"no_overlap", devices, o.bucket_bytes, false, nullptr, {}, {}});
-    for (Config& c : configs)
+    configs.push_back({"one_device", {devices[0]}, o.bucket_bytes, true, weft::DType::float32, nullptr, {}, {}});
+    configs.push_back({"bucketed", devices, o.bucket_bytes, true, weft::DType::float32, nullptr, {}, {}});
+    configs.push_back({"one_bucket", devices, std::size_t{25} << 20, true, weft::DType::float32, nullptr, {}, {}});
+    configs.push_back({"per_param", devices, 0, true, weft::DType::float32, nullptr, {}, {}});
+    configs.push_back({"no_overlap", devices, o.bucket_bytes, false, weft::DType::float32, nullptr, {}, {}});
+    if (o.reduce_dtype)
+      configs.push_back({*o.reduce_dtype == weft::DType::bfloat16 ? "bucketed_bf16" : "bucketed_fp16", devices,
+                         o.bucket_bytes, true, *o.reduce_dtype, nullptr, {}, {}});
+    for (Config& c : configs) {
       c.dp = std::make_unique<par::DataParallel>(
           *engine, c.devices, make,
           par::DataParallelOptions{.bucket_bytes = c.bucket_bytes, .overlap = c.overlap, .name = c.name});
+      if (c.reduce_dtype != weft::DType::float32)
+        c.dp->set_reduction(par::half_precision_reduction(*c.dp, {.dtype = c.reduce_dtype}));
+    }
     engine->wait_all();
 
     const std::vector<Batch> batches = synthetic_batches(o, o.steps);
@@ -211,7 +227,7 @@ int main(int argc, char** argv) {
     bool agree = true;
     for (Config& c : configs) {
       weight_diff.push_back(weight_difference(c.dp->replica(0), configs[0].dp->replica(0)));
-      agree = agree && weight_diff.back() < 1e-5;
+      agree = agree && weight_diff.back() < (c.reduce_dtype == weft::DType::float32 ? 1e-5 : 2e-2);
     }
     for (Config& c : configs) run(c, batches.size());  // warm-up: first touch, the allocator's pools
     for (int r = 0; r < o.reps; ++r)
@@ -231,14 +247,18 @@ int main(int argc, char** argv) {
     profiler.clear();
 
     if (!o.json)
-      std::printf("%-12s %8s %7s %12s %12s %12s %10s %10s %10s\n", "config", "replicas", "buckets", "ms_per_step",
-                  "min_ms", "max_ms", "vs_peer", "overlap", "weight_diff");
+      std::printf("%-14s %8s %7s %12s %12s %12s %10s %10s %10s %12s\n", "config", "replicas", "buckets", "ms_per_step",
+                  "min_ms", "max_ms", "vs_peer", "overlap", "weight_diff", "grad_bytes");
     const double peer = weft_bench::summarize(configs[0].sec_per_step).median;
     for (std::size_t i = 0; i < configs.size(); ++i) {
       Config& c = configs[i];
       const weft_bench::Summary s = weft_bench::summarize(c.sec_per_step);
       const double diff = weight_diff[i];
       const bool reduces = c.dp->world_size() > 1;
+      std::int64_t grad_bytes = 0;
+      if (reduces)
+        for (const par::GradientBucket& b : c.dp->buckets())
+          grad_bytes += b.elements * static_cast<std::int64_t>(weft::dtype_size(c.reduce_dtype));
       if (o.json) {
         char overlap[32] = "null";
         if (reduces) std::snprintf(overlap, sizeof overlap, "%.4f", c.overlap_figure.fraction);
@@ -246,17 +266,19 @@ int main(int argc, char** argv) {
             "{\"config\":\"%s\",\"model\":\"%s\",\"devices\":\"%s\",\"replicas\":%d,\"batch\":%lld,"
             "\"bucket_bytes\":%zu,\"buckets\":%zu,\"overlap\":%s,\"sec_per_step\":%.6f,\"min_sec\":%.6f,"
             "\"max_sec\":%.6f,\"peer_sec_per_step\":%.6f,\"ratio_vs_one_device\":%.4f,\"comm_overlap\":%s,"
-            "\"comm_ms_per_step\":%.4f,\"weight_diff\":%.3g,\"steps\":%d,\"reps\":%d,\"core_round_trip_ns\":%.1f}\n",
+            "\"comm_ms_per_step\":%.4f,\"weight_diff\":%.3g,\"reduce_dtype\":\"%s\",\"grad_bytes_per_step\":%lld,"
+            "\"steps\":%d,\"reps\":%d,\"core_round_trip_ns\":%.1f}\n",
             c.name.c_str(), o.model.c_str(), o.devices.c_str(), c.dp->world_size(), static_cast<long long>(o.batch),
             c.bucket_bytes, reduces ? c.dp->buckets().size() : std::size_t{0}, c.overlap ? "true" : "false",
-            s.median, s.min, s.max, peer, s.median / peer, overlap, c.overlap_figure.comm_ms / o.steps, diff, o.steps,
-            o.reps, rtt);
+            s.median, s.min, s.max, peer, s.median / peer, overlap, c.overlap_figure.comm_ms / o.steps, diff,
+            std::string(weft::to_string(c.reduce_dtype)).c_str(), static_cast<long long>(grad_bytes), o.steps, o.reps,
+            rtt);
       } else {
         char overlap[32] = "-";
         if (reduces) std::snprintf(overlap, sizeof overlap, "%.2f", c.overlap_figure.fraction);
-        std::printf("%-12s %8d %7zu %12.2f %12.2f %12.2f %10.3f %10s %10.2g\n", c.name.c_str(), c.dp->world_size(),
-                    reduces ? c.dp->buckets().size() : std::size_t{0}, s.median * 1e3, s.min * 1e3, s.max * 1e3,
-                    s.median / peer, overlap, diff);
+        std::printf("%-14s %8d %7zu %12.2f %12.2f %12.2f %10.3f %10s %10.2g %12lld\n", c.name.c_str(),
+                    c.dp->world_size(), reduces ? c.dp->buckets().size() : std::size_t{0}, s.median * 1e3, s.min * 1e3,
+                    s.max * 1e3, s.median / peer, overlap, diff, static_cast<long long>(grad_bytes));
       }
       std::fflush(stdout);
     }

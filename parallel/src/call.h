@@ -32,8 +32,9 @@ class Call {
 
   [[noreturn]] void refuse(const std::string& why) const;
   // One tensor per local member, defined, of this engine, on the member's
-  // device, distinct; float32 where the collective reduces.
-  void check_tensors(const std::vector<Tensor>& tensors, const char* what, bool float_only) const;
+  // device, distinct; float32, bfloat16 or float16 where the collective
+  // reduces.
+  void check_tensors(const std::vector<Tensor>& tensors, const char* what, bool reduces) const;
   // Equal element counts and dtypes among the local members.
   void check_same_size(const std::vector<Tensor>& tensors, const char* what) const;
   void check_root() const;

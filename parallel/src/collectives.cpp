@@ -77,7 +77,7 @@ void Call::refuse(const std::string& why) const {
                         "): " + why);
 }
 
-void Call::check_tensors(const std::vector<Tensor>& tensors, const char* what, bool float_only) const {
+void Call::check_tensors(const std::vector<Tensor>& tensors, const char* what, bool reduces) const {
   const std::size_t local = state_.local_ranks.size();
   if (tensors.size() != local)
     refuse(std::to_string(tensors.size()) + " " + what + " given, one per member this process drives wanted (" +
@@ -92,14 +92,19 @@ void Call::check_tensors(const std::vector<Tensor>& tensors, const char* what, b
     if (&t.engine() != state_.engine) refuse(who + ", " + t.str() + ", belongs to another engine");
     if (t.device() != state_.devices[k])
       refuse(who + ", " + t.str() + ", is not on the member's device " + state_.devices[k].str());
-    if (float_only && t.dtype() != DType::float32)
-      refuse(who + ", " + t.str() + ", is not float32 (reductions are float32 only)");
+    if (reduces && t.dtype() != DType::float32 && !is_half(t.dtype()))
+      refuse(who + ", " + t.str() + ", is " + std::string(weft::to_string(t.dtype())) +
+             " (reductions take float32, bfloat16 or float16)");
   }
 }
 
 void Call::check_same_size(const std::vector<Tensor>& tensors, const char* what) const {
   for (std::size_t k = 1; k < tensors.size(); ++k)
-    if (tensors[k].numel() != tensors[0].numel() || tensors[k].dtype() != tensors[0].dtype())
+    if (tensors[k].dtype() != tensors[0].dtype())
+      refuse(std::string("dtypes differ (every member gives the same): ") + member(0) + " has " +
+             tensors[0].str() + ", " + member(k) + " has " + tensors[k].str());
+  for (std::size_t k = 1; k < tensors.size(); ++k)
+    if (tensors[k].numel() != tensors[0].numel())
       refuse(std::string(what) + " differ: " + member(0) + " has " + tensors[0].str() + ", " + member(k) + " has " +
              tensors[k].str());
 }
@@ -167,7 +172,7 @@ void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs,
   call.check_tensors(outputs, "outputs", true);
   call.check_same_size(inputs, "input sizes");
   call.check_distinct(inputs, outputs);
-  call.check_chunks(outputs, "output", inputs[0].numel(), DType::float32);
+  call.check_chunks(outputs, "output", inputs[0].numel(), inputs[0].dtype());
   call.state().transport->check(call, inputs[0].numel());
   call.commit();
   call.state().transport->reduce_scatter(call, inputs, outputs, op);

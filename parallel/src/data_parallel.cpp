@@ -579,6 +579,42 @@ void DataParallel::reduce_bucket(const GradientBucket& bucket) {
   impl_->reduce(bucket, impl_->options.name + " bucket " + std::to_string(bucket.index), false);
 }
 
+BucketReduction half_precision_reduction(DataParallel& dp, HalfReductionOptions options) {
+  const std::string what = "half_precision_reduction";
+  if (!is_half(options.dtype))
+    throw InvalidArgument(what + ": dtype " + std::string(to_string(options.dtype)) +
+                          " is not a half-precision type (bfloat16 or float16)");
+  DataParallel::Impl& m = *dp.impl_;
+  if (m.mixed)
+    throw InvalidArgument(what + ": the replicas are on a mix of CPU devices and GPUs (" + m.devices.front().str() +
+                          ", ...), whose gradients are summed through host memory; give it CPU devices or GPUs only");
+  // residual[bucket][replica]: what the last cast dropped (error feedback).
+  auto residual = std::make_shared<std::vector<std::vector<Tensor>>>(m.buckets.size());
+  return [&m, options, residual](const GradientBucket& bucket) {
+    if (!m.comm) return;  // one replica in all: nothing to send
+    const std::string name = m.options.name + " bucket " + std::to_string(bucket.index) + " (" +
+                             std::string(to_string(options.dtype)) + ")";
+    std::vector<Tensor>& kept = (*residual)[static_cast<std::size_t>(bucket.index)];
+    std::vector<Tensor> halves;
+    for (std::size_t r = 0; r < bucket.flat.size(); ++r) {
+      Tensor x = bucket.flat[r];
+      if (options.error_feedback && r < kept.size()) x = ops::add(x, kept[r]);
+      Tensor h = ops::cast(x, options.dtype).set_name(name + " on " + m.devices[r].str());
+      if (options.error_feedback) {
+        Tensor dropped = ops::sub(x, ops::cast(h, DType::float32)).set_name(name + " residual on " + m.devices[r].str());
+        if (r < kept.size()) kept[r] = dropped;
+        else kept.push_back(dropped);
+      }
+      halves.push_back(h);
+    }
+    allreduce(*m.comm, halves, ReduceOp::sum, {.name = name});
+    for (std::size_t r = 0; r < bucket.flat.size(); ++r) {
+      Tensor flat = bucket.flat[r];  // a handle: the same storage
+      flat.copy_from(ops::cast(halves[r], DType::float32));
+    }
+  };
+}
+
 void DataParallel::train(bool on) {
   for (auto& replica : impl_->replicas) replica->train(on);
 }

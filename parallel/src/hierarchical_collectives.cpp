@@ -2,7 +2,9 @@
 // the in-process and the MPI collectives (docs/design/parallel-collectives.md,
 // "Hierarchical"): each step is itself a collective pushed as engine ops, so
 // the steps are ordered by the tensors they share and a failure anywhere
-// reaches every member the way it does in each step.
+// reaches every member the way it does in each step. bfloat16 and float16
+// reductions run the float32 form on float32 copies and round once at the
+// end (through_float32.h), not once per step.
 #include <array>
 #include <map>
 #include <mutex>
@@ -13,6 +15,7 @@
 
 #include "call.h"
 #include "communicator_state.h"
+#include "through_float32.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
@@ -45,6 +48,11 @@ class HierarchicalTransport final : public Transport {
   }
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
+    if (is_half(tensors[0].dtype())) {
+      const std::vector<Tensor> wide = widened(tensors);
+      allreduce(call, wide, op);
+      return narrow_into(tensors, wide, call.label(), call.options().priority);
+    }
     allreduce_in_place(tensors, op, call.options().name, call.options().priority, call.label());
   }
 
@@ -58,6 +66,12 @@ class HierarchicalTransport final : public Transport {
     const std::string& name = call.options().name;
     const int priority = call.options().priority;
     const auto k = static_cast<std::size_t>(root_device);
+    if (is_half(tensors[0].dtype())) {
+      const std::vector<Tensor> wide = widened(tensors);
+      reduce(call, wide, op);
+      if (rank() == root_process) narrow_into({tensors[k]}, {wide[k]}, call.label(), priority);
+      return;
+    }
     Tensor partial = copy_of(tensors[k], call.label() + " copy");
     std::vector<Tensor> in_process = tensors;
     in_process[k] = partial;
@@ -82,6 +96,12 @@ class HierarchicalTransport final : public Transport {
     const std::string& name = call.options().name;
     const int priority = call.options().priority;
     Engine& engine = inputs[0].engine();
+    if (is_half(inputs[0].dtype())) {
+      std::vector<Tensor> wide_outputs;
+      for (const Tensor& o : outputs) wide_outputs.push_back(Tensor::empty(engine, o.shape(), o.device()));
+      reduce_scatter(call, widened(inputs), wide_outputs, op);
+      return narrow_into(outputs, wide_outputs, call.label(), priority);
+    }
     std::vector<Tensor> columns, parts;
     for (int k = 0; k < per; ++k) {
       const auto kk = static_cast<std::size_t>(k);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "call.h"
+#include "elements.h"
 #include "local_phase.h"
 #include "communicator_state.h"
 #include "weft/error.h"
@@ -41,6 +42,25 @@ void finish_average(float* p, std::int64_t n, ReduceOp op, int members) {
   for (std::int64_t i = 0; i < n; ++i) p[i] *= scale;
 }
 
+// Any dtype: `dst` (n elements) becomes the reduction of `sources` (n
+// elements each, in order), summed in float32 and stored once; in float32
+// bit-identical to reduce_into over the sources in turn.
+template <class E>
+void reduce_sources(typename E::T* dst, const std::vector<const typename E::T*>& sources, std::int64_t n, ReduceOp op,
+                    int members) {
+  using T = typename E::T;
+  const float scale = op == ReduceOp::average && members > 1 ? 1.0f / static_cast<float>(members) : 1.0f;
+  for (std::int64_t i = 0; i < n; ++i) {
+    float acc = E::load(sources[0][i]);
+    for (std::size_t m = 1; m < sources.size(); ++m) {
+      const float x = E::load(static_cast<const T*>(sources[m])[i]);
+      acc = op == ReduceOp::max ? std::max(acc, x) : acc + x;
+    }
+    if (scale != 1.0f) acc *= scale;
+    dst[i] = E::store(acc);
+  }
+}
+
 using detail::all_but;
 using detail::Phase;
 using detail::PhaseVars;
@@ -65,6 +85,8 @@ class LocalTransport final : public detail::Transport {
     return s;
   }
   void allreduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override;
+  // The ring of bfloat16 or float16 tensors.
+  void allreduce_half(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op);
   void broadcast(const detail::Call& call, const std::vector<Tensor>& tensors) override;
   void reduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override;
   void reduce_scatter(const detail::Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
@@ -85,6 +107,7 @@ class LocalTransport final : public detail::Transport {
 void LocalTransport::allreduce(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = tensors[0].numel();
+  if (is_half(tensors[0].dtype())) return allreduce_half(call, tensors, op);
   // Read and written in place: a failed input fails the collective.
   push_hold(call, tensors, tensors,
             [n, count, op, devices = devices_, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
@@ -123,6 +146,75 @@ void LocalTransport::allreduce(const detail::Call& call, const std::vector<Tenso
   });
 }
 
+// The same ring on bfloat16 or float16 tensors: partial sums travel in
+// float32 buffers (one per member), and each reduced chunk is rounded once,
+// into its owner's tensor, at the last reduce-scatter step; the all-gather
+// then copies half-precision chunks. So every member ends with the float32
+// ring's result (the same sums in the same order) rounded once.
+void LocalTransport::allreduce_half(const detail::Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+  const int n = static_cast<int>(devices_.size());
+  const std::int64_t count = tensors[0].numel();
+  const DType dtype = tensors[0].dtype();
+  const std::size_t element = dtype_size(dtype);
+  push_hold(call, tensors, tensors,
+            [n, count, op, dtype, element, devices = devices_, priority = call.options().priority](
+                Engine& e, const std::shared_ptr<Phase>& phase) {
+    auto vars = std::make_shared<PhaseVars>(e, phase->what, n, n);
+    auto partial = std::make_shared<std::vector<std::unique_ptr<float[]>>>();
+    if (n > 1)
+      for (int r = 0; r < n; ++r) partial->push_back(std::make_unique_for_overwrite<float[]>(static_cast<std::size_t>(count)));
+    auto name = [&](const char* step, int s, int c) {
+      return phase->what + " " + step + " " + std::to_string(s) + " chunk " + std::to_string(c);
+    };
+    // Reduce-scatter: in step s, member i's chunk (i - s) — its own tensor's
+    // at s = 0, its partial sum after — is added to member i + 1's own
+    // chunk into member i + 1's partial sum.
+    for (int s = 0; s + 1 < n; ++s)
+      for (int i = 0; i < n; ++i) {
+        const int dst = (i + 1) % n, c = ((i - s) % n + n) % n;
+        const Chunk k = chunk(count, n, c);
+        const bool first = s == 0, last = s + 2 == n;
+        e.push(
+            [phase, partial, i, dst, k, op, first, last, n, dtype] {
+              detail::with_elements(dtype, [&](auto el) {
+                using E = decltype(el);
+                using T = typename E::T;
+                const T* mine = static_cast<const T*>(phase->out_at(dst)) + k.begin;
+                const T* theirs = static_cast<const T*>(phase->out_at(i)) + k.begin;
+                const float* sum = (*partial)[static_cast<std::size_t>(i)].get() + k.begin;
+                float* d = (*partial)[static_cast<std::size_t>(dst)].get() + k.begin;
+                for (std::int64_t j = 0; j < k.size(); ++j) {
+                  const float x = first ? E::load(theirs[j]) : sum[j];
+                  d[j] = op == ReduceOp::max ? std::max(E::load(mine[j]), x) : E::load(mine[j]) + x;
+                }
+                if (!last) return;
+                finish_average(d, k.size(), op, n);
+                T* out = static_cast<T*>(phase->out_at(dst)) + k.begin;
+                for (std::int64_t j = 0; j < k.size(); ++j) out[j] = E::store(d[j]);
+              });
+            },
+            devices[static_cast<std::size_t>(dst)], vars->at(i, c), vars->at(dst, c),
+            {.priority = priority, .name = name("reduce-scatter step", s, c)});
+      }
+    // All-gather: as in float32, the rounded chunks.
+    for (int s = 0; s + 1 < n; ++s)
+      for (int i = 0; i < n; ++i) {
+        const int dst = (i + 1) % n, c = ((i + 1 - s) % n + n) % n;
+        const Chunk k = chunk(count, n, c);
+        e.push(
+            [phase, i, dst, k, element] {
+              if (k.size() > 0)
+                std::memcpy(static_cast<unsigned char*>(phase->out_at(dst)) + static_cast<std::size_t>(k.begin) * element,
+                            static_cast<const unsigned char*>(phase->out_at(i)) + static_cast<std::size_t>(k.begin) * element,
+                            static_cast<std::size_t>(k.size()) * element);
+            },
+            devices[static_cast<std::size_t>(dst)], vars->at(i, c), vars->at(dst, c),
+            {.priority = priority, .name = name("all-gather step", s, c)});
+      }
+    push_done(e, phase, vars, devices[0], priority);
+  });
+}
+
 // ---- broadcast and reduce: direct, through shared memory ------------------------
 
 void LocalTransport::broadcast(const detail::Call& call, const std::vector<Tensor>& tensors) {
@@ -153,17 +245,21 @@ void LocalTransport::reduce(const detail::Call& call, const std::vector<Tensor>&
   std::vector<Tensor> reads = all_but(tensors, root);
   reads.push_back(tensors[static_cast<std::size_t>(root)]);
   push_hold(call, reads, {tensors[static_cast<std::size_t>(root)]},
-            [n, count, op, devices = devices_, root, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+            [n, count, op, devices = devices_, root, dtype = tensors[0].dtype(), priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     // The root reduces chunk c of every member into its own: one op per
     // chunk, so that the root's workers share the work.
     auto vars = std::make_shared<PhaseVars>(e, phase->what, 1, n);
     for (int c = 0; c < n; ++c) {
       const Chunk k = chunk(count, n, c);
       e.push(
-          [phase, k, op, n] {
-            float* d = phase->out_f(0) + k.begin;
-            for (int m = 0; m + 1 < n; ++m) reduce_into(d, phase->in_f(m) + k.begin, k.size(), op);
-            finish_average(d, k.size(), op, n);
+          [phase, k, op, n, dtype] {
+            detail::with_elements(dtype, [&](auto el) {
+              using T = typename decltype(el)::T;
+              T* d = static_cast<T*>(phase->out_at(0)) + k.begin;
+              std::vector<const T*> sources{d};
+              for (int m = 0; m + 1 < n; ++m) sources.push_back(static_cast<const T*>(phase->in_at(m)) + k.begin);
+              reduce_sources<decltype(el)>(d, sources, k.size(), op, n);
+            });
           },
           devices[static_cast<std::size_t>(root)], {}, vars->at(0, c),
           {.priority = priority, .name = phase->what + " chunk " + std::to_string(c)});
@@ -179,16 +275,18 @@ void LocalTransport::reduce_scatter(const detail::Call& call, const std::vector<
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = inputs[0].numel();
   push_hold(call, inputs, outputs,
-            [n, count, op, devices = devices_, priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
+            [n, count, op, devices = devices_, dtype = inputs[0].dtype(), priority = call.options().priority](Engine& e, const std::shared_ptr<Phase>& phase) {
     auto vars = std::make_shared<PhaseVars>(e, phase->what, n, 1);
     for (int r = 0; r < n; ++r) {
       const Chunk k = chunk(count, n, r);
       e.push(
-          [phase, r, k, op, n] {
-            float* d = phase->out_f(r);
-            copy_floats(d, phase->in_f(0) + k.begin, k.size());
-            for (int m = 1; m < n; ++m) reduce_into(d, phase->in_f(m) + k.begin, k.size(), op);
-            finish_average(d, k.size(), op, n);
+          [phase, r, k, op, n, dtype] {
+            detail::with_elements(dtype, [&](auto el) {
+              using T = typename decltype(el)::T;
+              std::vector<const T*> sources;
+              for (int m = 0; m < n; ++m) sources.push_back(static_cast<const T*>(phase->in_at(m)) + k.begin);
+              reduce_sources<decltype(el)>(static_cast<T*>(phase->out_at(r)), sources, k.size(), op, n);
+            });
           },
           devices[static_cast<std::size_t>(r)], {}, vars->at(r, 0),
           {.priority = priority, .name = phase->what + " on member " + std::to_string(r)});

@@ -17,7 +17,9 @@
 //
 // This is the form for simulated GPUs and for real ones without NCCL; sums
 // come out in the same order as on CPU members, so results are bit-identical
-// to theirs.
+// to theirs. bfloat16 and float16 reductions run the float32 form on float32
+// copies and round the results once (through_float32.h): the values of the
+// CPU ring, which rounds once too.
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -31,6 +33,7 @@
 #include "comm_thread.h"
 #include "communicator_state.h"
 #include "local_phase.h"
+#include "through_float32.h"
 #include "weft/error.h"
 #include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
@@ -164,6 +167,11 @@ class LocalGpuTransport final : public Transport {
 // ---- allreduce: the chunked ring over peer copies ----------------------------------
 
 void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
+  if (is_half(tensors[0].dtype())) {
+    const std::vector<Tensor> wide = widened(tensors);
+    allreduce(call, wide, op);
+    return narrow_into(tensors, wide, call.label(), call.options().priority);
+  }
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = tensors[0].numel();
   const int priority = call.options().priority;
@@ -243,6 +251,11 @@ void LocalGpuTransport::broadcast(const Call& call, const std::vector<Tensor>& t
 
 void LocalGpuTransport::reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) {
   const int n = static_cast<int>(devices_.size()), root = call.options().root, priority = call.options().priority;
+  if (is_half(tensors[0].dtype())) {
+    const std::vector<Tensor> wide = widened(tensors);
+    reduce(call, wide, op);
+    return narrow_into({at(tensors, root)}, {at(wide, root)}, call.label(), priority);
+  }
   const std::int64_t count = tensors[0].numel();
   // Read: the others in member order, then the root (reduced in place);
   // written: the root's tensor and a scratch buffer beside it.
@@ -287,6 +300,12 @@ void LocalGpuTransport::reduce_scatter(const Call& call, const std::vector<Tenso
                                        const std::vector<Tensor>& outputs, ReduceOp op) {
   const int n = static_cast<int>(devices_.size()), priority = call.options().priority;
   const std::int64_t count = inputs[0].numel();
+  if (is_half(inputs[0].dtype())) {
+    std::vector<Tensor> wide_outputs;
+    for (const Tensor& o : outputs) wide_outputs.push_back(Tensor::empty(o.engine(), o.shape(), o.device()));
+    reduce_scatter(call, widened(inputs), wide_outputs, op);
+    return narrow_into(outputs, wide_outputs, call.label(), priority);
+  }
   // Written: the outputs, then a scratch buffer of its chunk per member.
   std::vector<Tensor> writes = outputs;
   if (n > 1)
@@ -367,8 +386,6 @@ void LocalGpuTransport::barrier(const Call& call) {
 void LocalGpuTransport::send(Call& call, const Tensor& tensor, int from, int to) {
   // The copy to the receiver's GPU is pushed now: the sender may overwrite
   // its tensor right after, and the recv takes what it held at the send.
-  if (tensor.dtype() != DType::float32)
-    call.refuse(tensor.str() + ": GPU members send float32 only (the engine's GPU copies are float32)");
   mailboxes_.post(call, from, to, [&] {
     Tensor snapshot = tensor.copy_to(at(devices_, to));
     snapshot.set_name(call.label());

@@ -96,16 +96,19 @@ const char* data_call(Kind kind, bool blocking) {
   return "MPI";
 }
 
-// After the data phase: the average is the sum scaled where it was written.
-void finish_data(const Job& job) {
-  if (job.op != ReduceOp::average || job.group->size == 1) return;
-  std::int64_t n = 0;
-  if (job.kind == Kind::allreduce) n = job.count;
-  if (job.kind == Kind::reduce && job.group->rank == job.root) n = job.count;
-  if (job.kind == Kind::reduce_scatter) n = job.counts[static_cast<std::size_t>(job.group->rank)];
-  auto* p = static_cast<float*>(job.out);
-  const float scale = 1.0f / static_cast<float>(job.group->size);
-  for (std::int64_t i = 0; i < n; ++i) p[i] *= scale;
+// After the data phase: the average is the sum scaled where it was written;
+// a half-precision result is rounded into its tensor.
+void finish_data(Job& job) {
+  if (job.op == ReduceOp::average && job.group->size > 1) {
+    std::int64_t n = 0;
+    if (job.kind == Kind::allreduce) n = job.count;
+    if (job.kind == Kind::reduce && job.group->rank == job.root) n = job.count;
+    if (job.kind == Kind::reduce_scatter) n = job.counts[static_cast<std::size_t>(job.group->rank)];
+    auto* p = static_cast<float*>(job.out);
+    const float scale = 1.0f / static_cast<float>(job.group->size);
+    for (std::int64_t i = 0; i < n; ++i) p[i] *= scale;
+  }
+  narrow_half(job);
 }
 
 std::string rank_list(const std::vector<int>& ranks) {
@@ -599,6 +602,7 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
       for (std::int64_t i = 0; i < recv_chunk.size(); ++i) p[i] *= scale;
     }
   }
+  narrow_half(job);
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "elements.h"
 #include "mpi_group.h"
 
 namespace weft::parallel::detail {
@@ -93,6 +94,36 @@ void fail_broken(Job& job, const std::string& why, int peer) {
 void abandon_memory(Job& job) {
   static_cast<void>(new std::vector<Tensor>(std::move(job.tensors)));
   if (!job.stand_in.empty()) static_cast<void>(new std::vector<std::byte>(std::move(job.stand_in)));
+  if (!job.wide.empty()) static_cast<void>(new std::vector<float>(std::move(job.wide)));
+}
+
+void widen_half(Job& job) {
+  if (job.half == DType::float32) return;
+  const MpiGroup& g = *job.group;
+  const std::int64_t whole = job.count;
+  const std::int64_t part = job.counts.empty() ? whole : job.counts[static_cast<std::size_t>(g.rank)];
+  // What MPI reads (in: null for an in-place allreduce or a reduce's root,
+  // whose output is also its input) and writes (out: null for a reduce's
+  // other ranks).
+  const std::int64_t in = job.in ? whole : 0;
+  const std::int64_t out = job.out ? (job.kind == Kind::reduce_scatter ? part : whole) : 0;
+  job.wide.resize(static_cast<std::size_t>(in + out));
+  if (job.in) {
+    widen(job.wide.data(), job.in, job.half, in);
+    job.in = job.wide.data();
+  }
+  if (job.out) {
+    if (job.kind != Kind::reduce_scatter) widen(job.wide.data() + in, job.out, job.half, out);
+    job.narrow_to = job.out;
+    job.narrow_count = out;
+    job.out = job.wide.data() + in;
+  }
+}
+
+void narrow_half(Job& job) {
+  if (!job.narrow_to) return;
+  narrow(job.narrow_to, static_cast<const float*>(job.out), job.half, job.narrow_count);
+  job.narrow_to = nullptr;
 }
 
 // Waits until `gate` lets `seq` through; false once the job was completed

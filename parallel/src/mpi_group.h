@@ -220,6 +220,14 @@ struct Job {
   const void* in = nullptr;  // what this rank sends (null: in place)
   void* out = nullptr;       // what it receives
   std::vector<int> counts, displs;  // reduce_scatter and all_gather: per rank
+  // A reduction of bfloat16 or float16 tensors: the tensors' dtype. Its data
+  // phase runs in float32 (type MPI_FLOAT) on `wide`, which the hold op
+  // fills from the tensors (widen_half); the result is rounded once into
+  // `narrow_to` (narrow_half). float32 otherwise.
+  DType half = DType::float32;
+  std::vector<float> wide;
+  void* narrow_to = nullptr;
+  std::int64_t narrow_count = 0;
   // The tensors, so that an abandoned collective can keep their memory
   // (fail_broken); dropped before the hold op completes otherwise.
   std::vector<Tensor> tensors;
@@ -270,6 +278,11 @@ void fail_broken(Job& job, const std::string& why, int peer = CommunicationError
 // A data phase that never completed: MPI may still write into the tensors'
 // memory, so it is never freed.
 void abandon_memory(Job& job);
+// Half-precision reductions: the tensors' memory (job.in and job.out, as
+// bound by the hold op) widened into job.wide, which takes their place;
+// and, once the data phase is done, the result rounded into the tensor.
+void widen_half(Job& job);
+void narrow_half(Job& job);
 // Waits until `gate` lets `seq` through; false once the job was completed.
 bool wait_turn(Job& job, CommThread& thread, const SequenceGate& gate, std::uint64_t seq);
 // Tests each request once; true when all are done, or when a test failed

@@ -182,6 +182,10 @@ class MpiTransport final : public Transport {
       job->count = static_cast<int>(t.numel());
       f.count = t.numel();
       f.dtype = static_cast<std::uint8_t>(t.dtype());
+      if (reduces(call.kind()) && is_half(t.dtype())) {  // reduced in float32 (widen_half)
+        job->half = t.dtype();
+        job->type = MPI_FLOAT;
+      }
     }
     return job;
   }
@@ -208,7 +212,10 @@ class MpiTransport final : public Transport {
     push_tensor_op_async(
         group_->device, reads, writes,
         [job = std::move(job), bind](RunContext& ctx, const TensorData& d, Completion done) mutable {
-          if (!ctx.failed_input) bind(*job, d);
+          if (!ctx.failed_input) {
+            bind(*job, d);
+            widen_half(*job);
+          }
           start(std::move(job), ctx, std::move(done));
         },
         OpOptions{.priority = call.options().priority, .name = call.label(), .run_on_failed_input = true, .run_inline = true});

@@ -117,6 +117,16 @@ struct Clique {
   }
 };
 
+// The element type NCCL reduces: float32 and the half types natively (NCCL
+// accumulates halves in float32 inside each kernel and rounds per hop).
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::bfloat16: return ncclBfloat16;
+    case DType::float16: return ncclFloat16;
+    default: return ncclFloat32;
+  }
+}
+
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum: return ncclSum;
@@ -321,9 +331,10 @@ class NcclLocalTransport final : public Transport {
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
     const auto count = static_cast<std::size_t>(tensors[0].numel());
-    push_nccl(call, clique_, tensors, tensors, [clique = clique_, count, op](int r, const Phase& p) {
+    const ncclDataType_t type = nccl_type(tensors[0].dtype());
+    push_nccl(call, clique_, tensors, tensors, [clique = clique_, count, type, op](int r, const Phase& p) {
       WEFT_NCCL_CHECK(
-          ncclAllReduce(p.out_at(r), p.out_at(r), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)));
+          ncclAllReduce(p.out_at(r), p.out_at(r), count, type, nccl_op(op), clique->comm(r), clique->native(r)));
     });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -340,15 +351,16 @@ class NcclLocalTransport final : public Transport {
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
     const int root = call.options().root;
     const auto count = static_cast<std::size_t>(tensors[0].numel());
+    const ncclDataType_t type = nccl_type(tensors[0].dtype());
     // Read: the others in member order, then the root (reduced in place).
     std::vector<Tensor> reads = all_but(tensors, root);
     reads.push_back(tensors[static_cast<std::size_t>(root)]);
     push_nccl(call, clique_, reads, {tensors[static_cast<std::size_t>(root)]},
-              [clique = clique_, root, count, op](int r, const Phase& p) {
+              [clique = clique_, root, count, type, op](int r, const Phase& p) {
                 const void* from = r == root ? p.out_at(0) : p.in_at(r < root ? r : r - 1);
                 void* into = r == root ? p.out_at(0) : nullptr;
                 WEFT_NCCL_CHECK(
-                    ncclReduce(from, into, count, ncclFloat32, nccl_op(op), root, clique->comm(r), clique->native(r)));
+                    ncclReduce(from, into, count, type, nccl_op(op), root, clique->comm(r), clique->native(r)));
               });
   }
   // NCCL's reduce-scatter and all-gather take equal chunks; uneven ones
@@ -361,8 +373,9 @@ class NcclLocalTransport final : public Transport {
       return ring_->reduce_scatter(call, inputs, outputs, op);
     }
     const auto part = static_cast<std::size_t>(count / clique_->size());
-    push_nccl(call, clique_, inputs, outputs, [clique = clique_, part, op](int r, const Phase& p) {
-      WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(r), p.out_at(r), part, ncclFloat32, nccl_op(op), clique->comm(r),
+    const ncclDataType_t type = nccl_type(inputs[0].dtype());
+    push_nccl(call, clique_, inputs, outputs, [clique = clique_, part, type, op](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(r), p.out_at(r), part, type, nccl_op(op), clique->comm(r),
                                         clique->native(r)));
     });
   }
@@ -407,9 +420,10 @@ class NcclAcrossTransport final : public Transport {
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
     const Tensor& t = tensors[0];
     const auto count = static_cast<std::size_t>(t.numel());
-    push_checked(call, t, op, {t}, {t}, [clique = clique_, count, op](int r, const Phase& p) {
+    const ncclDataType_t type = nccl_type(t.dtype());
+    push_checked(call, t, op, {t}, {t}, [clique = clique_, count, type, op](int r, const Phase& p) {
       WEFT_NCCL_CHECK(
-          ncclAllReduce(p.out_at(0), p.out_at(0), count, ncclFloat32, nccl_op(op), clique->comm(r), clique->native(r)));
+          ncclAllReduce(p.out_at(0), p.out_at(0), count, type, nccl_op(op), clique->comm(r), clique->native(r)));
     });
   }
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
@@ -430,10 +444,11 @@ class NcclAcrossTransport final : public Transport {
     const int root = call.options().root;
     const auto count = static_cast<std::size_t>(t.numel());
     const bool here = rank() == root;
+    const ncclDataType_t type = nccl_type(t.dtype());
     push_checked(call, t, op, {t}, here ? std::vector<Tensor>{t} : std::vector<Tensor>{},
-                 [clique = clique_, root, count, op, here](int r, const Phase& p) {
+                 [clique = clique_, root, count, type, op, here](int r, const Phase& p) {
                    void* into = here ? p.out_at(0) : nullptr;
-                   WEFT_NCCL_CHECK(ncclReduce(p.in_at(0), into, count, ncclFloat32, nccl_op(op), root, clique->comm(r),
+                   WEFT_NCCL_CHECK(ncclReduce(p.in_at(0), into, count, type, nccl_op(op), root, clique->comm(r),
                                               clique->native(r)));
                  });
   }
@@ -445,8 +460,9 @@ class NcclAcrossTransport final : public Transport {
       return staged_->reduce_scatter(call, inputs, outputs, op);
     }
     const auto part = static_cast<std::size_t>(count / host_.size());
-    push_checked(call, inputs[0], op, inputs, outputs, [clique = clique_, part, op](int r, const Phase& p) {
-      WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(0), p.out_at(0), part, ncclFloat32, nccl_op(op), clique->comm(r),
+    const ncclDataType_t type = nccl_type(inputs[0].dtype());
+    push_checked(call, inputs[0], op, inputs, outputs, [clique = clique_, part, type, op](int r, const Phase& p) {
+      WEFT_NCCL_CHECK(ncclReduceScatter(p.in_at(0), p.out_at(0), part, type, nccl_op(op), clique->comm(r),
                                         clique->native(r)));
     });
   }

@@ -6,6 +6,7 @@
 // failure reporting included — and the results are copied back. Every step
 // is a public op or collective ordered by the tensors it shares with the
 // next, so a failed input reaches every rank as it does on CPU members.
+// Any dtype: the host collective reduces bfloat16 and float16 in float32.
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,7 +39,6 @@ class StagedTransport final : public Transport {
   }
 
   void allreduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
-    require_float32(call, tensors);
     const Tensor& t = tensors[0];
     Tensor h = staged(t);
     parallel::allreduce(host_, {h}, op, call.options());
@@ -46,16 +46,14 @@ class StagedTransport final : public Transport {
   }
 
   void broadcast(const Call& call, const std::vector<Tensor>& tensors) override {
-    require_float32(call, tensors);
     const Tensor& t = tensors[0];
     const bool root = rank() == call.options().root;
-    Tensor h = root ? staged(t) : Tensor::empty(t.engine(), t.shape(), kHost);
+    Tensor h = root ? staged(t) : Tensor::empty(t.engine(), t.shape(), kHost, t.dtype());
     parallel::broadcast(host_, {h}, call.options());
     if (!root) unstage(t, h);
   }
 
   void reduce(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op) override {
-    require_float32(call, tensors);
     const Tensor& t = tensors[0];
     Tensor h = staged(t);
     parallel::reduce(host_, {h}, op, call.options());
@@ -64,15 +62,13 @@ class StagedTransport final : public Transport {
 
   void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                       ReduceOp op) override {
-    require_float32(call, inputs);
-    Tensor in = staged(inputs[0]), out = Tensor::empty(outputs[0].engine(), outputs[0].shape(), kHost);
+    Tensor in = staged(inputs[0]), out = Tensor::empty(outputs[0].engine(), outputs[0].shape(), kHost, outputs[0].dtype());
     parallel::reduce_scatter(host_, {in}, {out}, op, call.options());
     unstage(outputs[0], out);
   }
 
   void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
-    require_float32(call, inputs);
-    Tensor in = staged(inputs[0]), out = Tensor::empty(outputs[0].engine(), outputs[0].shape(), kHost);
+    Tensor in = staged(inputs[0]), out = Tensor::empty(outputs[0].engine(), outputs[0].shape(), kHost, outputs[0].dtype());
     parallel::all_gather(host_, {in}, {out}, call.options());
     unstage(outputs[0], out);
   }
@@ -80,7 +76,6 @@ class StagedTransport final : public Transport {
   void barrier(const Call& call) override { parallel::barrier(host_, call.options()); }
 
   void send(Call& call, const Tensor& tensor, int, int to) override {
-    require_float32(call, {tensor});
     Tensor h = staged(tensor);
     send_on(host_, h, to, call.channel(), call.options());
     std::lock_guard lock(mutex_);
@@ -88,8 +83,7 @@ class StagedTransport final : public Transport {
   }
 
   void recv(Call& call, const Tensor& tensor, int from, int) override {
-    require_float32(call, {tensor});
-    Tensor h = Tensor::empty(tensor.engine(), tensor.shape(), kHost);
+    Tensor h = Tensor::empty(tensor.engine(), tensor.shape(), kHost, tensor.dtype());
     recv_on(host_, h, from, call.channel(), call.options());
     unstage(tensor, h);
     std::lock_guard lock(mutex_);
@@ -98,12 +92,6 @@ class StagedTransport final : public Transport {
 
  private:
   int rank() const { return host_.local_ranks().front(); }
-  // The engine copies float32 between devices; other dtypes stay on CPU members.
-  static void require_float32(const Call& call, const std::vector<Tensor>& tensors) {
-    for (const Tensor& t : tensors)
-      if (t.dtype() != DType::float32)
-        call.refuse(t.str() + ": GPU members across processes carry float32 only (staged through host memory)");
-  }
   // A host copy of `t`, pushed now (so it holds t's value at the call).
   static Tensor staged(const Tensor& t) { return t.copy_to(kHost); }
   static void unstage(const Tensor& t, const Tensor& h) {

@@ -5,8 +5,10 @@
 // against a serial reference at sizes 0, 1, prime and large (Weft's ring over
 // MPI messages), send/recv around the ring of ranks, a failed input on one
 // rank's GPU failing every rank, and two GPUs per process (in-process ring
-// on the GPUs, then across processes). Each scenario over the naive engine
-// and the threaded one at 1, 2, 4 and 8 workers per device.
+// on the GPUs, then across processes); bfloat16 and float16 reductions
+// rounded once where staged (half_values.h), within NCCL's per-hop rounding
+// over NCCL. Each scenario over the naive engine and the threaded one at 1,
+// 2, 4 and 8 workers per device.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -23,6 +25,7 @@
 #include "weft/tensor.h"
 #include "weft/tensor_op.h"
 #include "mpi_test_util.h"
+#include "collectives/half_values.h"
 
 namespace {
 
@@ -205,5 +208,48 @@ TEST_CASE("GPU members across processes: two GPUs per process, send and recv bet
     const std::vector<Device> devices{Device::gpu(0), Device::gpu(1)};
     const par::Communicator comm = par::Communicator::mpi(e, devices);
     mpi_test::member_rings(e, comm, devices, e.kind() != "naive");
+  });
+}
+
+TEST_CASE("GPU members across processes: bfloat16 and float16 reductions round once (staged) or per hop (NCCL)" *
+          doctest::timeout(600)) {
+  if (no_gpus(2)) return;
+  for_each_engine(2, [](Engine& e) {
+    for (weft::DType dtype : {weft::DType::bfloat16, weft::DType::float16}) {
+      // One GPU per process (staged or NCCL), then two (in-process, then across).
+      const par::Communicator single = par::Communicator::mpi(e, Device::gpu(0));
+      const par::Communicator pair = par::Communicator::mpi(e, {Device::gpu(0), Device::gpu(1)});
+      const bool nccl = single.str().find("NCCL") != std::string::npos;
+      for (std::int64_t count : {std::int64_t{0}, std::int64_t{7}, std::int64_t{1003}, std::int64_t{70001}}) {
+        INFO(half_test::name(dtype) << ", elements: " << count);
+        auto tensor = [&](int member, Device d) {
+          return Tensor::from_host(e, Shape{count}, half_test::values(member, count), d, dtype);
+        };
+        const int rank = single.local_ranks()[0];
+        Tensor one = tensor(rank, Device::gpu(0));
+        par::allreduce(single, {one}, par::ReduceOp::sum, {.name = "grad"});
+        const int first = pair.local_ranks()[0];
+        std::vector<Tensor> two{tensor(first, Device::gpu(0)), tensor(first + 1, Device::gpu(1))};
+        par::allreduce(pair, two, par::ReduceOp::average, {.name = "grad"});
+        auto check = [&](const Tensor& t, int n, par::ReduceOp op) {
+          CHECK(t.dtype() == dtype);
+          const std::vector<float> got = t.to_host();
+          REQUIRE(static_cast<std::int64_t>(got.size()) == count);
+          for (std::int64_t i = 0; i < count; ++i) {
+            INFO("element " << i << ", members " << n);
+            const float g = got[static_cast<std::size_t>(i)];
+            if (!nccl) {
+              REQUIRE(g == half_test::rounded_once(dtype, n, i, op));
+              continue;
+            }
+            double exact = half_test::reference(n, i, op);
+            if (op == par::ReduceOp::average) exact /= n;
+            REQUIRE(std::abs(static_cast<double>(g) - exact) <= half_test::per_hop_bound(dtype, n, i));
+          }
+        };
+        check(one, single.size(), par::ReduceOp::sum);
+        for (const Tensor& t : two) check(t, pair.size(), par::ReduceOp::average);
+      }
+    }
   });
 }

@@ -6,7 +6,9 @@
 // whose inputs become ready in a different order on each rank; collectives
 // interleaved with compute on the same tensors; a mismatch named on every
 // rank; a rank that never joins named by the others within seconds; a
-// failed input failing every rank; bad input refused at push time. Each
+// failed input failing every rank; bad input refused at push time;
+// bfloat16 and float16 reductions rounded once (half_values.h), and a dtype
+// that differs across ranks named on every rank. Each
 // scenario over the naive engine and the threaded one at 1, 2, 4 and 8
 // workers.
 #include <doctest/doctest.h>
@@ -20,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/half_values.h"
 #include "engine/engine_test_util.h"
 #include "mpi_test_util.h"
 #include "weft/engine.h"
@@ -728,5 +731,132 @@ TEST_CASE("several devices per process: send and recv between any two members, i
     mpi_test::member_rings(e, comm, devices, e.kind() != "naive");
   });
   auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+namespace {
+
+Tensor half_tensor(Engine& e, weft::DType dtype, int member, std::int64_t count, Device d = Device::cpu(0), int salt = 0) {
+  return Tensor::from_host(e, Shape{count}, half_test::values(member, count, salt), d, dtype);
+}
+
+// Every element of `t` is want(i) exactly; one assertion naming the first that is not.
+template <class Want>
+void require_half(const Tensor& t, weft::DType dtype, std::int64_t count, Want want) {
+  CHECK(t.dtype() == dtype);
+  require_values(t.to_host(), count, want);
+}
+
+}  // namespace
+
+// 70,001 elements: over 256 KiB once widened to float32, so the data phase
+// runs on the blocking lane (Weft's ring without it, under
+// parallel_mpi.np2_no_lane's WEFT_MPI_LANE=0).
+TEST_CASE("bfloat16 and float16 collectives across processes sum in float32 and round once" * doctest::timeout(240)) {
+  using weft::DType;
+  weft_test::with_each_engine(2, [](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
+    const int rank = comm.local_ranks()[0], n = comm.size();
+    for (DType dtype : {DType::bfloat16, DType::float16})
+      for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{7}, std::int64_t{1003}, std::int64_t{70001}}) {
+        INFO(half_test::name(dtype) << ", elements: " << count << ", ranks: " << n);
+        std::vector<Tensor> all;
+        for (auto op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
+          all.push_back(half_tensor(e, dtype, rank, count));
+          par::allreduce(comm, {all.back()}, op, {.name = "grad"});
+        }
+        const int root = n - 1;
+        Tensor r = half_tensor(e, dtype, rank, count), b = half_tensor(e, dtype, rank, count);
+        par::reduce(comm, {r}, par::ReduceOp::average, {.name = "loss", .root = root});
+        par::broadcast(comm, {b}, {.name = "weights", .root = 0});
+        const par::Chunk mine = par::chunk(count, n, rank);
+        Tensor part = Tensor::empty(e, Shape{mine.size()}, Device::cpu(0), dtype);
+        par::reduce_scatter(comm, {half_tensor(e, dtype, rank, count)}, {part}, par::ReduceOp::sum, {.name = "shards"});
+        std::vector<float> own;
+        for (std::int64_t i = mine.begin; i < mine.end; ++i) own.push_back(half_test::value(rank, i, 1));
+        Tensor whole = Tensor::empty(e, Shape{count}, Device::cpu(0), dtype);
+        par::all_gather(comm, {Tensor::from_host(e, Shape{mine.size()}, own, Device::cpu(0), dtype)}, {whole},
+                        {.name = "gather"});
+        int k = 0;
+        for (auto op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max})
+          require_half(all[static_cast<std::size_t>(k++)], dtype, count,
+                       [&](std::int64_t i) { return half_test::rounded_once(dtype, n, i, op); });
+        require_half(r, dtype, count, [&](std::int64_t i) {
+          return rank == root ? half_test::rounded_once(dtype, n, i, par::ReduceOp::average) : half_test::value(rank, i);
+        });
+        require_half(b, dtype, count, [&](std::int64_t i) { return half_test::value(0, i); });
+        require_half(part, dtype, mine.size(),
+                     [&](std::int64_t i) { return half_test::rounded_once(dtype, n, mine.begin + i, par::ReduceOp::sum); });
+        require_half(whole, dtype, count, [&](std::int64_t i) {
+          int owner = 0;
+          while (par::chunk(count, n, owner).end <= i) ++owner;
+          return half_test::value(owner, i, 1);
+        });
+      }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("several devices per process: bfloat16 allreduce, reduce and reduce_scatter round once" *
+          doctest::timeout(240)) {
+  using weft::DType;
+  weft_test::with_each_engine(2, [](Engine& e) {
+    const par::Communicator comm = par::Communicator::mpi(e, {Device::cpu(0), Device::cpu(1)});
+    const int n = comm.size(), first = comm.local_ranks()[0];
+    for (DType dtype : {DType::bfloat16, DType::float16})
+      for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{13}, std::int64_t{70001}}) {
+        INFO(half_test::name(dtype) << ", elements: " << count << ", members: " << n);
+        auto pair = [&] {
+          return std::vector<Tensor>{half_tensor(e, dtype, first, count, Device::cpu(0)),
+                                     half_tensor(e, dtype, first + 1, count, Device::cpu(1))};
+        };
+        std::vector<Tensor> sums = pair(), averages = pair(), reduced_at_last = pair(), inputs = pair();
+        par::allreduce(comm, sums, par::ReduceOp::sum, {.name = "grad"});
+        par::allreduce(comm, averages, par::ReduceOp::average, {.name = "grad"});
+        par::reduce(comm, reduced_at_last, par::ReduceOp::sum, {.name = "loss", .root = n - 1});
+        std::vector<Tensor> parts;
+        for (int k = 0; k < 2; ++k)
+          parts.push_back(Tensor::empty(e, Shape{par::chunk(count, n, first + k).size()}, Device::cpu(k), dtype));
+        par::reduce_scatter(comm, inputs, parts, par::ReduceOp::sum, {.name = "shards"});
+        for (int k = 0; k < 2; ++k) {
+          const auto kk = static_cast<std::size_t>(k);
+          const int member = first + k;
+          require_half(sums[kk], dtype, count,
+                       [&](std::int64_t i) { return half_test::rounded_once(dtype, n, i, par::ReduceOp::sum); });
+          require_half(averages[kk], dtype, count,
+                       [&](std::int64_t i) { return half_test::rounded_once(dtype, n, i, par::ReduceOp::average); });
+          require_half(reduced_at_last[kk], dtype, count, [&](std::int64_t i) {
+            return member == n - 1 ? half_test::rounded_once(dtype, n, i, par::ReduceOp::sum) : half_test::value(member, i);
+          });
+          const par::Chunk c = par::chunk(count, n, member);
+          require_half(parts[kk], dtype, c.size(),
+                       [&](std::int64_t i) { return half_test::rounded_once(dtype, n, c.begin + i, par::ReduceOp::sum); });
+        }
+      }
+  });
+  auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+TEST_CASE("a dtype that differs across ranks fails the collective on every rank, naming both" *
+          doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n == 1) return;
+  const auto start = std::chrono::steady_clock::now();
+  Tensor t = half_tensor(*e, rank == 1 ? weft::DType::float32 : weft::DType::bfloat16, rank, 64);
+  par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad"});
+  const std::string message = error_of(t);
+  MESSAGE("rank " << rank << ": " << message);
+  CHECK(contains(message, "rank 0 called allreduce(sum) 'grad' [64] bfloat16 as #1; "
+                          "rank 1 called allreduce(sum) 'grad' [64] float32 as #1"));
+  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  // Every rank skipped the data phase: the communicator still works.
+  Tensor ok = half_tensor(*e, weft::DType::bfloat16, rank, 5);
+  par::allreduce(comm, {ok}, par::ReduceOp::sum, {.name = "after"});
+  require_half(ok, weft::DType::bfloat16, 5,
+               [&](std::int64_t i) { return half_test::rounded_once(weft::DType::bfloat16, n, i, par::ReduceOp::sum); });
   sync_ranks(*e);
 }

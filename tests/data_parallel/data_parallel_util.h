@@ -118,14 +118,17 @@ inline std::vector<std::vector<float>> reference_run(Engine& e, const ModelFn& m
 // The same batches through a DataParallel of `make` (each replica seeded with
 // its device's index: only the broadcast makes them start equal). Each batch is one step; with
 // `no_sync_every` k > 1, k batches make one step (the first k - 1 inside
-// no_sync). Returns the trainer for inspection.
+// no_sync). `setup`, if given, is called on the trainer before the first
+// batch (set_reduction, say). Returns the trainer for inspection.
 inline std::unique_ptr<par::DataParallel> data_parallel_run(Engine& e, const ModelFn& make, std::vector<Device> devices,
                                                             const std::vector<Batch>& batches, float lr,
                                                             par::DataParallelOptions options = {},
-                                                            int no_sync_every = 1) {
+                                                            int no_sync_every = 1,
+                                                            const std::function<void(par::DataParallel&)>& setup = {}) {
   auto dp = std::make_unique<par::DataParallel>(
       e, std::move(devices), [&](Device d) { return make(e, d, static_cast<std::uint64_t>(d.index())); },
       std::move(options));
+  if (setup) setup(*dp);
   for (std::size_t i = 0; i < batches.size(); ++i) {
     const Batch& b = batches[i];
     std::vector<Tensor> x = dp->split_and_load(b.x_shape, b.x);

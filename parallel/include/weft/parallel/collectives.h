@@ -10,8 +10,11 @@
 // name, dtype, element count, root, reduce op) differs between ranks fails
 // on every rank with a weft::CommunicationError naming both sides; one not
 // complete within the timeout fails naming the ranks that never joined, and
-// breaks the communicator (later collectives on it fail at once). How each
-// kind of group moves data: docs/design/parallel-collectives.md.
+// breaks the communicator (later collectives on it fail at once). Tensors
+// are float32, bfloat16 or float16 (the same dtype on every member; data
+// moves keep it, reductions of the halves sum in float32 and round to
+// nearest even once, except NCCL's, which may round each hop). How each kind
+// of group moves data: docs/design/parallel-collectives.md.
 #pragma once
 
 #include <chrono>
@@ -63,8 +66,8 @@ class Communicator {
   // One member per process of an MPI job (MPI_COMM_WORLD): this process is
   // member MPI rank, on `device` (a CPU device or a GPU of `engine`; a GPU's
   // tensors go through NCCL where it is used, on the cuda backend of a build
-  // with NCCL unless WEFT_NCCL=0, and are otherwise staged through cpu(0),
-  // float32 only). Collective:
+  // with NCCL unless WEFT_NCCL=0, and are otherwise staged through cpu(0)).
+  // Collective:
   // every process creates its communicators in the same order. Initializes
   // MPI (MPI_THREAD_MULTIPLE) if nobody has, and then finalizes it at exit;
   // if you initialized it, ask for at least MPI_THREAD_SERIALIZED and keep

@@ -55,6 +55,26 @@ struct GradientBucket {
 // compressed or sharded form) must leave the same sum, in push order.
 using BucketReduction = std::function<void(const GradientBucket&)>;
 
+class DataParallel;
+
+// A bucket reduction that sends half-precision gradients (half the bytes of
+// float32): per bucket and replica, the float32 flat tensor is cast to
+// `dtype` (rounded to nearest even), the half tensors are allreduced (sum;
+// NCCL natively, the other transports in float32, rounded once) and the
+// result is cast back into the flat tensor. It equals the float32 sum within
+// two roundings of `dtype` (each replica's part, then the sum). With
+// error_feedback, each replica keeps a float32 residual per bucket, what its
+// last cast dropped, and adds it to its next contribution before the cast,
+// so rounding errors do not accumulate over steps. All of it is pushed ops;
+// `dp` must outlive the reduction. Throws weft::InvalidArgument for a dtype
+// other than bfloat16 or float16, or replicas on a mix of CPU devices and
+// GPUs. Install: dp.set_reduction(half_precision_reduction(dp)).
+struct HalfReductionOptions {
+  DType dtype = DType::bfloat16;
+  bool error_feedback = false;
+};
+BucketReduction half_precision_reduction(DataParallel& dp, HalfReductionOptions options = {});
+
 // Dynamic loss scaling (PyTorch's GradScaler rules), for fp16 training:
 // backward() multiplies each replica's output gradient by the scale; step()
 // divides the reduced gradients by it, checks them for Inf and NaN in one op
@@ -182,6 +202,7 @@ class DataParallel {
   void train(bool on);  // every replica's training mode
 
  private:
+  friend BucketReduction half_precision_reduction(DataParallel& dp, HalfReductionOptions options);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
