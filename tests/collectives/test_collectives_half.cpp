@@ -29,38 +29,38 @@ using weft::Tensor;
 using weft_test::contains;
 namespace par = weft::parallel;
 
-constexpr int kMaxMembers = 4;
-const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
+constexpr int kHalfMaxMembers = 4;
+const std::int64_t kHalfSizes[] = {0, 1, 7, 13, 1003};
 const DType kHalves[] = {DType::bfloat16, DType::float16};
 
-std::vector<Device> devices(int n) {
+std::vector<Device> half_members(int n) {
   std::vector<Device> d;
   for (int r = 0; r < n; ++r) d.push_back(Device::cpu(r));
   return d;
 }
 
-std::vector<Tensor> member_tensors(Engine& e, int n, std::int64_t count, DType dtype, int salt = 0) {
+std::vector<Tensor> half_member_tensors(Engine& e, int n, std::int64_t count, DType dtype, int salt = 0) {
   std::vector<Tensor> t;
   for (int r = 0; r < n; ++r)
     t.push_back(Tensor::from_host(e, Shape{count}, half_test::values(r, count, salt), Device::cpu(r), dtype));
   return t;
 }
 
-std::string what(DType dtype, int n, std::int64_t count) {
+std::string half_what(DType dtype, int n, std::int64_t count) {
   return half_test::name(dtype) + ", " + std::to_string(n) + " members, " + std::to_string(count) + " elements";
 }
 
 }  // namespace
 
 TEST_CASE("half collectives: allreduce of bfloat16 and float16 sums in float32 and rounds once") {
-  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
+  weft_test::with_each_engine(kHalfMaxMembers, [](Engine& e) {
     for (DType dtype : kHalves)
-      for (int n = 1; n <= kMaxMembers; ++n) {
-        const par::Communicator comm = par::Communicator::local(e, devices(n));
-        for (std::int64_t count : kSizes)
+      for (int n = 1; n <= kHalfMaxMembers; ++n) {
+        const par::Communicator comm = par::Communicator::local(e, half_members(n));
+        for (std::int64_t count : kHalfSizes)
           for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
-            INFO(what(dtype, n, count) << ", " << par::to_string(op));
-            std::vector<Tensor> t = member_tensors(e, n, count, dtype);
+            INFO(half_what(dtype, n, count) << ", " << par::to_string(op));
+            std::vector<Tensor> t = half_member_tensors(e, n, count, dtype);
             par::allreduce(comm, t, op, {.name = "grad"});
             for (int r = 0; r < n; ++r) {
               const Tensor& x = t[static_cast<std::size_t>(r)];
@@ -78,16 +78,16 @@ TEST_CASE("half collectives: allreduce of bfloat16 and float16 sums in float32 a
 }
 
 TEST_CASE("half collectives: reduce and reduce_scatter round once, broadcast and all_gather move halves unchanged") {
-  weft_test::with_each_engine(kMaxMembers, [](Engine& e) {
+  weft_test::with_each_engine(kHalfMaxMembers, [](Engine& e) {
     for (DType dtype : kHalves)
-      for (int n = 1; n <= kMaxMembers; ++n) {
-        const par::Communicator comm = par::Communicator::local(e, devices(n));
-        for (std::int64_t count : kSizes) {
-          INFO(what(dtype, n, count));
+      for (int n = 1; n <= kHalfMaxMembers; ++n) {
+        const par::Communicator comm = par::Communicator::local(e, half_members(n));
+        for (std::int64_t count : kHalfSizes) {
+          INFO(half_what(dtype, n, count));
           for (int root = 0; root < n; ++root) {
-            std::vector<Tensor> r = member_tensors(e, n, count, dtype);
+            std::vector<Tensor> r = half_member_tensors(e, n, count, dtype);
             par::reduce(comm, r, par::ReduceOp::average, {.name = "r", .root = root});
-            std::vector<Tensor> b = member_tensors(e, n, count, dtype);
+            std::vector<Tensor> b = half_member_tensors(e, n, count, dtype);
             par::broadcast(comm, b, {.name = "b", .root = root});
             for (int m = 0; m < n; ++m) {
               const std::vector<float> rv = r[static_cast<std::size_t>(m)].to_host();
@@ -100,7 +100,7 @@ TEST_CASE("half collectives: reduce and reduce_scatter round once, broadcast and
               }
             }
           }
-          std::vector<Tensor> in = member_tensors(e, n, count, dtype), parts, pieces, whole;
+          std::vector<Tensor> in = half_member_tensors(e, n, count, dtype), parts, pieces, whole;
           for (int m = 0; m < n; ++m) {
             const par::Chunk c = par::chunk(count, n, m);
             parts.push_back(Tensor::empty(e, Shape{c.size()}, Device::cpu(m), dtype));
@@ -131,7 +131,7 @@ TEST_CASE("half collectives: reduce and reduce_scatter round once, broadcast and
 
 TEST_CASE("half collectives: send and recv carry bfloat16 and float16 unchanged") {
   auto e = Engine::create({.kind = "threaded", .cpu_devices = 2});
-  const par::Communicator comm = par::Communicator::local(*e, devices(2));
+  const par::Communicator comm = par::Communicator::local(*e, half_members(2));
   for (DType dtype : kHalves) {
     INFO(half_test::name(dtype));
     Tensor sent = Tensor::from_host(*e, Shape{13}, half_test::values(0, 13), Device::cpu(0), dtype);
@@ -144,7 +144,7 @@ TEST_CASE("half collectives: send and recv carry bfloat16 and float16 unchanged"
 
 TEST_CASE("half collectives: members that give different dtypes are refused, naming both") {
   auto e = Engine::create({.kind = "threaded", .cpu_devices = 2});
-  const par::Communicator comm = par::Communicator::local(*e, devices(2));
+  const par::Communicator comm = par::Communicator::local(*e, half_members(2));
   const std::vector<float> v = half_test::values(0, 5);
   for (DType other : {DType::float32, DType::float16}) {
     INFO(half_test::name(other));

@@ -27,16 +27,16 @@ using weft::Shape;
 using weft::Tensor;
 namespace par = weft::parallel;
 
-const std::int64_t kSizes[] = {0, 1, 7, 13, 1003};
+const std::int64_t kHalfGpuSizes[] = {0, 1, 7, 13, 1003};
 const DType kHalves[] = {DType::bfloat16, DType::float16};
 
-std::vector<Device> gpu_members(int n) {
+std::vector<Device> half_gpu_members(int n) {
   std::vector<Device> d;
   for (int r = 0; r < n; ++r) d.push_back(Device::gpu(r));
   return d;
 }
 
-std::vector<Tensor> member_tensors(Engine& e, int n, std::int64_t count, DType dtype) {
+std::vector<Tensor> half_gpu_member_tensors(Engine& e, int n, std::int64_t count, DType dtype) {
   std::vector<Tensor> t;
   for (int r = 0; r < n; ++r)
     t.push_back(Tensor::from_host(e, Shape{count}, half_test::values(r, count), Device::gpu(r), dtype));
@@ -64,11 +64,11 @@ TEST_CASE("gpu collectives - half: allreduce of bfloat16 and float16 within the 
   gputest::with_each_gpu_engine(gputest::member_gpus(), [](Engine& e) {
     for (DType dtype : kHalves)
       for (int n = 1; n <= gputest::member_gpus(); ++n) {
-        const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
-        for (std::int64_t count : kSizes)
+        const par::Communicator comm = par::Communicator::local(e, half_gpu_members(n));
+        for (std::int64_t count : kHalfGpuSizes)
           for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
             INFO(half_test::name(dtype) << ", " << n << " GPUs, " << count << " elements, " << par::to_string(op));
-            std::vector<Tensor> t = member_tensors(e, n, count, dtype);
+            std::vector<Tensor> t = half_gpu_member_tensors(e, n, count, dtype);
             par::allreduce(comm, t, op, {.name = "grad"});
             for (int r = 0; r < n; ++r) {
               const std::vector<float> got = t[static_cast<std::size_t>(r)].to_host();
@@ -89,14 +89,14 @@ TEST_CASE("gpu collectives - half: reduce, reduce_scatter, broadcast, all_gather
   gputest::with_each_gpu_engine(gputest::member_gpus(), [](Engine& e) {
     for (DType dtype : kHalves)
       for (int n = 1; n <= gputest::member_gpus(); ++n) {
-        const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
-        for (std::int64_t count : kSizes) {
+        const par::Communicator comm = par::Communicator::local(e, half_gpu_members(n));
+        for (std::int64_t count : kHalfGpuSizes) {
           INFO(half_test::name(dtype) << ", " << n << " GPUs, " << count << " elements");
           const int root = n - 1;
-          std::vector<Tensor> r = member_tensors(e, n, count, dtype), b = member_tensors(e, n, count, dtype);
+          std::vector<Tensor> r = half_gpu_member_tensors(e, n, count, dtype), b = half_gpu_member_tensors(e, n, count, dtype);
           par::reduce(comm, r, par::ReduceOp::sum, {.name = "r", .root = root});
           par::broadcast(comm, b, {.name = "b", .root = root});
-          std::vector<Tensor> in = member_tensors(e, n, count, dtype), parts, whole;
+          std::vector<Tensor> in = half_gpu_member_tensors(e, n, count, dtype), parts, whole;
           for (int m = 0; m < n; ++m) {
             parts.push_back(Tensor::empty(e, Shape{par::chunk(count, n, m).size()}, Device::gpu(m), dtype));
             whole.push_back(Tensor::empty(e, Shape{count}, Device::gpu(m), dtype));
