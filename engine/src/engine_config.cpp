@@ -69,9 +69,11 @@ ResolvedConfig resolve(const EngineConfig& config) {
   out.compute_streams_per_gpu =
       setting(config.compute_streams_per_gpu, "compute_streams_per_gpu", "WEFT_GPU_STREAMS", 2, 64);
   out.gpu_workspace_bytes = config.gpu_workspace_bytes;
-  out.conv_algo = config.conv_algo.empty()
-                      ? ConvAlgo::parse(env::text_or("WEFT_CONV_ALGO", "heuristic"), "WEFT_CONV_ALGO")
-                      : ConvAlgo::parse(config.conv_algo, "weft::EngineConfig::conv_algo");
+  out.conv_algo =
+      config.conv_algo.empty()
+          ? ConvAlgo::parse(env::choice_or("WEFT_CONV_ALGO", "heuristic",
+                                           {"heuristic", "benchmark", "deterministic", "benchmark+deterministic"}))
+          : ConvAlgo::parse(config.conv_algo, "weft::EngineConfig::conv_algo");
   return out;
 }
 

@@ -130,9 +130,32 @@ TEST_CASE("engine settings from the environment: a malformed value has the one m
     CHECK(invalid_argument_of([&] { (void)Engine::create(threaded); }) ==
           "weft: environment variable WEFT_GPU_STREAMS='many' is not a number in [1, 64]");
   }
+  {
+    EnvGuard algo("WEFT_CONV_ALGO", "fastest");
+    CHECK(invalid_argument_of([&] { (void)Engine::create(threaded); }) ==
+          "weft: environment variable WEFT_CONV_ALGO='fastest' is not one of: heuristic, benchmark, deterministic, "
+          "benchmark+deterministic");
+  }
   // Empty is unset: the default.
   {
     EnvGuard empty("WEFT_CPU_WORKERS", "");
     CHECK(Engine::create({.kind = "threaded", .cpu_devices = 1})->kind() == "threaded");
   }
+}
+
+TEST_CASE("engine settings from the environment: the convolution algorithm choice" * doctest::timeout(60)) {
+  {
+    EnvGuard algo("WEFT_CONV_ALGO", "benchmark+deterministic");
+    auto e = Engine::create({.kind = "threaded", .cpu_devices = 1});
+    CHECK(e->conv_algo() == weft::ConvAlgo{true, true});
+    CHECK(e->conv_algo().str() == "benchmark+deterministic");
+    e->set_conv_algo(weft::ConvAlgo{});
+    CHECK(e->conv_algo().str() == "heuristic");
+    // The field wins over the variable.
+    CHECK(Engine::create({.kind = "naive", .conv_algo = "deterministic"})->conv_algo() == weft::ConvAlgo{false, true});
+  }
+  CHECK(Engine::create({.kind = "naive"})->conv_algo().str() == "heuristic");
+  CHECK(invalid_argument_of([&] { (void)Engine::create({.kind = "naive", .conv_algo = "fast"}); }) ==
+        "weft::EngineConfig::conv_algo = 'fast' is not one of: heuristic, benchmark, deterministic, "
+        "benchmark+deterministic");
 }

@@ -9,6 +9,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -509,4 +510,39 @@ TEST_CASE("precision - layers under each precision keep float32 parameters and g
     CHECK(weft::parse_precision("bf16") == weft::Precision::bf16);
     CHECK_THROWS_AS(weft::parse_precision("fp8", "--precision"), weft::InvalidArgument);
   });
+}
+
+TEST_CASE("precision - deterministic runs are bitwise repeatable in every precision") {
+  const std::vector<float> xs = random_values(16 * 28 * 28, 31);
+  const std::vector<float> labels{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5};
+  for (weft::Precision p : {weft::Precision::fp32, weft::Precision::tf32, weft::Precision::bf16, weft::Precision::fp16}) {
+    INFO("precision " << weft::to_string(p));
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      weft::EngineConfig c;
+      c.kind = "threaded";
+      c.workers_per_cpu_device = 4;
+      c.conv_algo = "deterministic";
+      auto e = Engine::create(c);
+      CHECK(e->conv_algo().deterministic);
+      auto net = weft::nn::lenet(*e, Device::cpu(0), 3);
+      net->set_precision(p);
+      for (int step = 0; step < 3; ++step) {
+        Tensor logits = net->forward(Tensor::from_host(*e, Shape{16, 1, 28, 28}, xs));
+        net->backward(ops::softmax_cross_entropy(ops::cast(logits, DType::float32),
+                                                 Tensor::from_host(*e, Shape{16}, labels)).dlogits);
+        weft::nn::sgd_step(net->parameters(), 0.1f);
+      }
+      std::vector<float> all;
+      for (weft::nn::Parameter* prm : net->parameters()) {
+        const std::vector<float> v = prm->value.to_host();
+        all.insert(all.end(), v.begin(), v.end());
+      }
+      runs.push_back(std::move(all));
+      net.reset();
+      e->wait_all();
+    }
+    REQUIRE(runs[0].size() == runs[1].size());
+    CHECK(std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)) == 0);
+  }
 }

@@ -154,3 +154,32 @@ TEST_CASE("gpu precision - LeNet's gradients under each precision on a GPU equal
     }
   });
 }
+
+TEST_CASE("gpu precision - deterministic convolution algorithms repeat bitwise on a GPU") {
+  WEFT_REQUIRE_GPU();
+  const std::vector<float> xs = random_values(8 * 28 * 28, 5);
+  for (weft::Precision p : {weft::Precision::fp32, weft::Precision::bf16}) {
+    INFO(weft::to_string(p));
+    for (const char* algo : {"deterministic", "benchmark+deterministic"}) {
+      INFO(algo);
+      std::vector<std::vector<float>> runs;
+      for (int run = 0; run < 2; ++run) {
+        auto e = make_engine({.kind = "threaded", .gpu_devices = 1, .conv_algo = algo});
+        auto net = weft::nn::lenet(*e, Device::gpu(0), 2);
+        net->set_precision(p);
+        for (int step = 0; step < 2; ++step) {
+          Tensor logits = net->forward(Tensor::from_host(*e, Shape{8, 1, 28, 28}, xs, Device::gpu(0)));
+          net->backward(ops::softmax_cross_entropy(
+                            ops::cast(logits, DType::float32),
+                            Tensor::from_host(*e, Shape{8}, std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}, Device::gpu(0)))
+                            .dlogits);
+          weft::nn::sgd_step(net->parameters(), 0.1f);
+        }
+        runs.push_back(net->parameters()[0]->value.to_host());
+        net.reset();
+        e->wait_all();
+      }
+      CHECK(runs[0] == runs[1]);
+    }
+  }
+}
