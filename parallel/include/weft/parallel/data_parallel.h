@@ -9,7 +9,7 @@
 //   std::vector<Tensor> dlogits;  // the mean loss's gradient, per replica
 //   for (...) dlogits.push_back(ops::softmax_cross_entropy(logits[i], y[i]).dlogits);
 //   dp.backward(dlogits);  // grads reduced, bucket by bucket, while backward goes on
-//   dp.step(lr);           // the same SGD update on every replica
+//   dp.step(lr);           // the optimizer's update (DataParallelOptions::optimizer)
 //
 // All of it pushes engine ops and returns at once. After backward() every
 // replica holds the gradient of the whole batch's mean loss, whatever the
@@ -17,22 +17,29 @@
 // with b rows. Every replica and rank must build the same model; a different
 // bucket plan across processes fails every rank at construction, naming the
 // first parameters of both sides. Not thread-safe: drive a DataParallel from
-// one thread. The bucket plan, the overlap and the weighting:
-// docs/design/data-parallel.md; its figures: weft/parallel/metrics.h.
+// one thread. With DataParallelOptions::shard, members keep only their
+// chunk of the optimizer state, the gradients or the parameters too (ZeRO
+// stages 1-3; see Shard). The bucket plan, the overlap, the weighting and
+// the sharding: docs/design/data-parallel.md; its figures:
+// weft/parallel/metrics.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "weft/checkpoint.h"
 #include "weft/nn.h"
 #include "weft/nn_ops.h"
+#include "weft/optim.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 
@@ -87,6 +94,29 @@ struct LossScaling {
   ops::LossScaleRule rule;      // x2 after 2000 clean steps, x0.5 on Inf/NaN
 };
 
+// What each member of the group keeps (ZeRO, Rajbhandari et al. 2020; N
+// members, every bucket split into N chunks as reduce_scatter splits it):
+//   none:       everything, on every member (plain data parallelism).
+//   optimizer:  stage 1: the optimizer state of its chunk of every bucket
+//               only; after the allreduce it updates its chunk and an
+//               all_gather brings every member the updated parameters.
+//   gradients:  stage 2: also only its chunk of the gradients: buckets
+//               reduce-scatter instead of allreducing, and the full
+//               gradients are freed once packed.
+//   parameters: stage 3 (FSDP): also only its chunk of the parameters. A
+//               layer's full parameters are all-gathered just before its
+//               forward and again before its backward (the next layer's
+//               gather pushed one layer ahead, so it overlaps compute) and
+//               freed after use; buckets follow layers.
+// All of it is engine ops over the collectives: in-process, across MPI
+// ranks and hierarchically alike; the same optimizer gives the same weights
+// as `none` (bitwise where the summation order is the same).
+enum class Shard : std::uint8_t { none, optimizer, gradients, parameters };
+std::string_view to_string(Shard shard) noexcept;
+// "none", "optimizer", "gradients", "parameters" (also "0".."3"); throws
+// weft::InvalidArgument naming `what` and the choices.
+Shard parse_shard(std::string_view text, std::string_view what = "shard");
+
 struct DataParallelOptions {
   // Bucket capacity. 0: one bucket per parameter. Also $WEFT_BUCKET_BYTES.
   std::optional<std::size_t> bucket_bytes;  // default 25 MiB (as PyTorch DDP)
@@ -103,6 +133,13 @@ struct DataParallelOptions {
   bool allow_unused = false;
   // Set: dynamic loss scaling (LossScaling). Unset: none.
   std::optional<LossScaling> loss_scaling;
+  // The update step() pushes (weft/optim.h); default: plain SGD.
+  optim::OptimizerOptions optimizer;
+  // Set: global gradient-norm clipping before each update (the norm of the
+  // whole reduced gradient, its partial sums allreduced across members on
+  // the device when they are sharded; no host synchronization).
+  std::optional<float> max_grad_norm;
+  Shard shard = Shard::none;
   // Collectives are named "<name> bucket <k>" (traces, mismatch messages).
   std::string name = "grad";
   CommunicatorOptions communicator;  // distributed: timeouts and fingerprints
@@ -159,10 +196,55 @@ class DataParallel {
   // every replica, is the gradient of the whole batch's mean loss (inside
   // no_sync: this replica's own, unreduced, and the reduction waits).
   void backward(const std::vector<Tensor>& output_grads);
-  // nn::sgd_step on every replica (with loss scaling: unscaled, checked and
-  // skipped on Inf/NaN, see LossScaling). Throws weft::Error when the last
+  // The optimizer's update at rate `lr` (options.optimizer.lr when omitted)
+  // on every replica, or on each member's chunk when sharded (with loss
+  // scaling: unscaled, checked and skipped on Inf/NaN, see LossScaling;
+  // with max_grad_norm: clipped first). Throws weft::Error when the last
   // backward ran inside no_sync (its gradients are not reduced yet).
-  void step(float lr, float weight_decay = 0.0f);
+  void step();
+  void step(float lr);
+  // step() calls so far (a checkpoint restores it).
+  std::int64_t steps() const noexcept;
+  const optim::OptimizerOptions& optimizer() const noexcept;
+
+  // ---- checkpoints (weft/checkpoint.h) -----------------------------------
+  // Saves the training state to checkpoint directory `dir`, one shard per
+  // process (rank 0 writes the index, and with run_dir points
+  // run_dir/latest at it): replica 0's parameters and buffers, the
+  // optimizer state ("<parameter>.<state>") and the loss scaler's
+  // ("loss_scale.scale", ...), named as an unsharded one-device model names
+  // them. Replicated tensors are written by process 0; sharded ones as
+  // pieces by the members that own them. `metadata` is stored beside
+  // (with "weft.steps"). Snapshots are pushed after the pushed step; the
+  // files are written in the background (PendingSave).
+  checkpoint::PendingSave save_checkpoint(const std::filesystem::path& dir, checkpoint::Metadata metadata = {},
+                                          const std::filesystem::path& run_dir = {});
+  // Loads a checkpoint saved by any number of processes, devices and shard
+  // settings (resharding as needed) into every replica: validates
+  // everything first (weft::InvalidArgument naming the file and key; the
+  // state is then untouched), then pushes the copies. Restores steps().
+  void load_checkpoint(const checkpoint::Reader& reader);
+
+  // Stage 3: while alive, every replica holds its full parameters (pushed
+  // all-gathers), e.g. for an evaluation pass or to read the weights;
+  // freed again at its end. Other stages: nothing to do.
+  class FullParameters {
+   public:
+    FullParameters(FullParameters&& other) noexcept : dp_(std::exchange(other.dp_, nullptr)) {}
+    FullParameters(const FullParameters&) = delete;
+    FullParameters& operator=(const FullParameters&) = delete;
+    FullParameters& operator=(FullParameters&&) = delete;
+    ~FullParameters();
+
+   private:
+    friend class DataParallel;
+    explicit FullParameters(DataParallel* dp) : dp_(dp) {}
+    DataParallel* dp_;
+  };
+  FullParameters full_parameters();
+  // Per member of this process: the bytes of its parameters, gradients and
+  // optimizer state as they are held between steps (what sharding divides).
+  std::vector<std::size_t> state_bytes() const;
   // With loss scaling: the current scale and the steps skipped so far (each
   // waits for the steps pushed before). Without: 1 and 0.
   float loss_scale() const;
