@@ -1,5 +1,6 @@
 // The trainer behind weft-train-lenet and weft-train-resnet (trainer.h):
-// a model on Fashion-MNIST with plain minibatch SGD, on one device or
+// a model on Fashion-MNIST with minibatch SGD, momentum SGD, Adam or AdamW
+// (weft/optim.h), on one device or
 // data-parallel on several (weft::parallel::DataParallel: the batch split
 // over the devices, gradients reduced bucket by bucket while backward goes
 // on), and across the processes of an mpirun job with --dist.
@@ -11,7 +12,10 @@
 // the frontend at most a few dozen batches ahead. Test accuracy is measured
 // at each epoch's end. The engine's profiler records every epoch; the
 // fraction of the gradient reduction's time during which other ops ran
-// (comm overlap) comes from its spans. Each device's allocator gives the peak
+// (comm overlap) comes from its spans. --checkpoint saves the training state
+// (weights, optimizer state, the data order's position) in the background at
+// each epoch's end and every --checkpoint-every steps; --resume continues
+// from one bit for bit, on the same or another number of devices and ranks. Each device's allocator gives the peak
 // of the bytes it had handed out (the memory report).
 //
 // --hybridize captures one training step per batch size (forward, loss,
@@ -40,12 +44,14 @@
 
 #include "arg_cursor.h"
 #include "device_list.h"
+#include "weft/checkpoint.h"
 #include "weft/dataset.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/nn.h"
 #include "weft/op_graph.h"
 #include "weft/ops.h"
+#include "weft/optim.h"
 #include "weft/parallel/data_parallel.h"
 #include "weft/parallel/metrics.h"
 #include "weft/precision.h"
@@ -77,18 +83,43 @@ struct Options {
   bool json = false;
   std::optional<weft::Precision> precision;  // unset: tf32 with a GPU among the devices, else fp32
   std::string conv_algo = "heuristic";
+  bool lr_given = false;
+  std::string optimizer = "sgd";
+  std::optional<float> weight_decay;  // unset: the optimizer's default
+  std::string lr_schedule = "constant";
+  std::optional<float> max_grad_norm;
+  weft::parallel::Shard shard = weft::parallel::Shard::none;
+  std::string checkpoint;             // run directory; empty: none
+  std::int64_t checkpoint_every = 0;  // steps; 0: at epoch ends only
+  std::string resume;                 // run or checkpoint directory; empty: a fresh start
 };
 
 void usage(std::FILE* out, const ModelSpec& m) {
   const char* p = m.program;
   std::fprintf(out,
-               "%s: train %s on Fashion-MNIST with plain SGD, on one device or data-parallel\n"
+               "%s: train %s on Fashion-MNIST (SGD, momentum, Adam or AdamW), on one device or data-parallel\n"
                "\n"
                "usage: %s [options]\n"
                "       mpirun -np N %s --dist [options]\n"
                "  --epochs N       passes over the training set (default 10)\n"
                "  --batch-size N   minibatch size, split over every device of every process (default %lld)\n"
-               "  --lr X           SGD learning rate (default %g%s)\n"
+               "  --lr X           learning rate (default %g%s;\n"
+               "                   with adam or adamw 0.001)\n"
+               "  --optimizer O    sgd (plain, the default), momentum (SGD, momentum 0.9), adam or adamw\n"
+               "                   (weight decay 0.01 unless --weight-decay), as torch.optim computes them\n"
+               "  --weight-decay X weight decay (adamw: decoupled; the others: added to the gradient)\n"
+               "  --lr-schedule S  constant (default), step:SIZE[:GAMMA] or cosine:TOTAL_STEPS, optionally\n"
+               "                   followed by ,warmup:STEPS (a linear warm-up)\n"
+               "  --max-grad-norm X  clip the global gradient norm to X before each update\n"
+               "  --shard S        what each replica keeps (ZeRO): none (default), optimizer (stage 1: its\n"
+               "                   chunk of the optimizer state), gradients (stage 2: and of the gradients)\n"
+               "                   or parameters (stage 3, FSDP: and of the parameters)\n"
+               "  --checkpoint DIR save a checkpoint (safetensors) under DIR at the end of every epoch;\n"
+               "                   DIR/latest names the newest\n"
+               "  --checkpoint-every N  also every N steps\n"
+               "  --resume DIR     continue from DIR's newest checkpoint (or from DIR itself, a checkpoint\n"
+               "                   directory): the same data order, weights and optimizer state, on any\n"
+               "                   number of devices and processes; --epochs stays the total\n"
                "  --devices D,...  the devices of this process: cpu:0 (default), cpu:0,cpu:1, gpu:0,gpu:1,\n"
                "                   a mix (also cpu(0) / gpu(0)); --device D is the same for one device.\n"
                "                   CPU devices beyond cpu:0 are made for the run (EngineConfig::cpu_devices)\n"
@@ -176,6 +207,44 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       o.batch_size = parse_int<std::int64_t>(arg, take(), 1);
     } else if (arg == "--lr") {
       o.lr = parse_float(arg, take());
+      o.lr_given = true;
+    } else if (arg == "--optimizer") {
+      o.optimizer = take();
+      try {
+        (void)weft::optim::OptimizerOptions::parse(o.optimizer, 0.1f, "--optimizer");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+    } else if (arg == "--weight-decay") {
+      const std::string v = take();
+      char* end = nullptr;
+      const float wd = std::strtof(v.c_str(), &end);
+      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(wd) || wd < 0)
+        throw UsageError{"--weight-decay wants a number >= 0, got '" + v + "'"};
+      o.weight_decay = wd;
+    } else if (arg == "--lr-schedule") {
+      o.lr_schedule = take();
+      try {
+        (void)weft::optim::LrSchedule::parse(o.lr_schedule, "--lr-schedule");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+    } else if (arg == "--max-grad-norm") {
+      o.max_grad_norm = parse_float(arg, take());
+    } else if (arg == "--shard") {
+      try {
+        o.shard = weft::parallel::parse_shard(take(), "--shard");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+    } else if (arg == "--checkpoint") {
+      o.checkpoint = take();
+      if (o.checkpoint.empty()) throw UsageError{"--checkpoint needs a directory"};
+    } else if (arg == "--checkpoint-every") {
+      o.checkpoint_every = parse_int<std::int64_t>(arg, take(), 1);
+    } else if (arg == "--resume") {
+      o.resume = take();
+      if (o.resume.empty()) throw UsageError{"--resume needs a directory"};
     } else if (arg == "--devices" || arg == "--device") {
       o.devices = take();
       if (o.devices.empty()) throw UsageError{arg + " needs a device"};
@@ -222,6 +291,7 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
+  if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError{"--checkpoint-every needs --checkpoint DIR"};
   return true;
 }
 
@@ -363,9 +433,67 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         return 2;
       }
 
+    // The optimizer: adam and adamw start from lr 0.001 unless --lr says.
+    const bool adaptive = o.optimizer == "adam" || o.optimizer == "adamw";
+    weft::optim::OptimizerOptions optimizer =
+        weft::optim::OptimizerOptions::parse(o.optimizer, o.lr_given || !adaptive ? o.lr : 1e-3f, "--optimizer");
+    if (o.weight_decay) optimizer.weight_decay = *o.weight_decay;
+    const weft::optim::LrSchedule schedule = weft::optim::LrSchedule::parse(o.lr_schedule, "--lr-schedule");
+    if (o.hybridize && (schedule.kind() != weft::optim::LrSchedule::Kind::constant || !o.checkpoint.empty() ||
+                        !o.resume.empty())) {
+      // The captured step holds its learning rate, and replays do not pass
+      // through DataParallel::step, which counts the steps a checkpoint saves.
+      std::fprintf(stderr, "%s: --hybridize replays one captured step: it takes no --lr-schedule, --checkpoint or "
+                           "--resume\n", prog);
+      return 2;
+    }
+
+    // --resume: the checkpoint, opened and checked before anything is built.
+    std::optional<weft::checkpoint::Reader> resume;
+    std::int64_t start_epoch = 0, start_batch = 0;
+    std::uint64_t seed = o.seed;
+    if (!o.resume.empty()) {
+      try {
+        std::filesystem::path from = o.resume;
+        if (!std::filesystem::exists(from / "index.json") && !std::filesystem::is_regular_file(from))
+          from = weft::checkpoint::latest(from);
+        resume.emplace(weft::checkpoint::Reader::open(from));
+        const weft::checkpoint::Metadata& meta = resume->metadata();
+        auto field = [&](const char* key) -> std::string {
+          auto f = meta.find(key);
+          if (f == meta.end())
+            throw weft::InvalidArgument("checkpoint '" + resume->path().string() + "' has no '" + key +
+                                        "' in its metadata (not a checkpoint of this trainer)");
+          return f->second;
+        };
+        if (field("weft.model") != m.json_name)
+          throw weft::InvalidArgument("checkpoint '" + resume->path().string() + "' is of model '" +
+                                      field("weft.model") + "', not " + m.json_name);
+        if (std::stoll(field("weft.batch_size")) != o.batch_size ||
+            std::stoll(field("weft.train_examples")) != train.size)
+          throw weft::InvalidArgument("checkpoint '" + resume->path().string() + "' was trained with batch " +
+                                      field("weft.batch_size") + " on " + field("weft.train_examples") +
+                                      " examples; give the same --batch-size and --limit to continue its data order");
+        start_epoch = std::stoll(field("weft.epoch"));
+        start_batch = std::stoll(field("weft.batch"));
+        seed = std::stoull(field("weft.seed"));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: cannot resume from '%s': %s\n", prog, o.resume.c_str(), e.what());
+        return 2;
+      }
+      if (start_epoch >= o.epochs) {
+        std::fprintf(stderr, "%s: the checkpoint in '%s' is at epoch %lld already; --epochs %d is the total to reach\n",
+                     prog, o.resume.c_str(), static_cast<long long>(start_epoch), o.epochs);
+        return 2;
+      }
+    }
+
     weft::parallel::DataParallelOptions dp_options{.bucket_bytes = o.bucket_bytes, .overlap = o.overlap,
                                                    .distributed = o.dist};
     if (weft::needs_loss_scaling(precision)) dp_options.loss_scaling = weft::parallel::LossScaling{};
+    dp_options.optimizer = optimizer;
+    dp_options.max_grad_norm = o.max_grad_norm;
+    dp_options.shard = o.shard;
     weft::parallel::DataParallel dp(
         *engine, devices,
         [&](weft::Device d) {
@@ -409,14 +537,50 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     say("training on %s (%s engine, %d workers per device): %d epochs, batch %lld%s, lr %g, seed %llu, "
         "precision %s%s, conv algorithms %s\n",
         where.c_str(), std::string(engine->kind()).c_str(), engine->workers(devices[0]), o.epochs,
-        static_cast<long long>(o.batch_size), split.c_str(), static_cast<double>(o.lr),
-        static_cast<unsigned long long>(o.seed), std::string(weft::to_string(precision)).c_str(),
+        static_cast<long long>(o.batch_size), split.c_str(), static_cast<double>(optimizer.lr),
+        static_cast<unsigned long long>(seed), std::string(weft::to_string(precision)).c_str(),
         weft::needs_loss_scaling(precision) ? " (dynamic loss scaling)" : "", engine->conv_algo().str().c_str());
     if (several)
       say("gradient buckets (%s, reduced %s):\n%s", o.bucket_bytes ? "--bucket-kb" : "default capacity",
           o.overlap ? "as soon as each is complete" : "after the whole backward", dp.describe_buckets().c_str());
 
-    weft::MinibatchIterator it(train, o.batch_size, /*shuffle=*/true, o.seed);
+    say("optimizer: %s, lr schedule %s%s, shard %s\n", optimizer.str().c_str(), schedule.str().c_str(),
+        o.max_grad_norm ? (", gradient norm clipped to " + std::to_string(*o.max_grad_norm)).c_str() : "",
+        std::string(weft::parallel::to_string(o.shard)).c_str());
+    if (resume) {
+      try {
+        dp.load_checkpoint(*resume);
+      } catch (const weft::InvalidArgument& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "%s: cannot resume from '%s': %s\n", prog, o.resume.c_str(), e.what());
+        return 2;
+      }
+      say("resumed from %s: epoch %lld, batch %lld, step %lld\n", resume->path().c_str(),
+          static_cast<long long>(start_epoch + 1), static_cast<long long>(start_batch),
+          static_cast<long long>(dp.steps()));
+    }
+    const std::int64_t resumed_at = dp.steps();
+    // --checkpoint: one directory per save, DIR/step-<steps>; DIR/latest
+    // follows once a save is whole.
+    std::optional<weft::checkpoint::PendingSave> saving;
+    auto save_checkpoint = [&](std::int64_t epoch, std::int64_t batch) {
+      if (o.checkpoint.empty()) return;
+      if (saving) saving->wait();  // the previous one (long done, as a rule)
+      char name[32];
+      std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(dp.steps()));
+      const std::filesystem::path run_dir = o.checkpoint;
+      weft::checkpoint::Metadata meta{{"weft.model", m.json_name},
+                                      {"weft.epoch", std::to_string(epoch)},
+                                      {"weft.batch", std::to_string(batch)},
+                                      {"weft.seed", std::to_string(seed)},
+                                      {"weft.batch_size", std::to_string(o.batch_size)},
+                                      {"weft.train_examples", std::to_string(train.size)},
+                                      {"weft.optimizer", optimizer.str()},
+                                      {"weft.lr_schedule", schedule.str()},
+                                      {"weft.precision", std::string(weft::to_string(precision))}};
+      saving = dp.save_checkpoint(run_dir / name, std::move(meta), run_dir);
+    };
+    weft::MinibatchIterator it(train, o.batch_size, /*shuffle=*/true, seed);
     const std::int64_t batches = dp.agree_steps(it.batches_per_epoch());
     const std::int64_t world = dp.world_size();
     const std::size_t first_replica = static_cast<std::size_t>(dp.process_rank()) * devices.size();
@@ -439,7 +603,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         h.loss = sce.loss;
         h.pred = weft::ops::argmax(logits[0]);
         dp.backward({sce.dlogits});
-        dp.step(o.lr);
+        dp.step(optimizer.lr);
       } catch (...) {
         (void)engine->end_capture();
         throw;
@@ -455,7 +619,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     // Peak memory from here on: the model and everything training allocates.
     for (weft::Device d : devices) engine->allocator(d).reset_peak();
     weft::Profiler& profiler = engine->profiler();
-    for (int epoch = 0; epoch < o.epochs; ++epoch) {
+    for (int epoch = static_cast<int>(start_epoch); epoch < o.epochs; ++epoch) {
       it.start_epoch(epoch);
       engine->wait_all();
       profiler.clear();
@@ -479,7 +643,11 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
 
       std::vector<float> images, labels;
       std::int64_t n = 0;
-      for (std::int64_t b = 0; b < batches && it.next(images, labels, n); ++b) {
+      const std::int64_t first = epoch == start_epoch ? start_batch : 0;
+      for (std::int64_t b = 0; b < first && it.next(images, labels, n); ++b) {
+        // (the batches a resumed checkpoint had trained: the same order, skipped)
+      }
+      for (std::int64_t b = first; b < batches && it.next(images, labels, n); ++b) {
         if (n < world) continue;  // (a last batch smaller than the replicas: skipped on every rank alike)
         ++steps;
         // --bulk: this step's pushes in bulks; its end pushes the rest.
@@ -518,9 +686,11 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           row += rn;
         }
         dp.backward(dlogits);
-        dp.step(o.lr);
+        dp.step(schedule.lr(optimizer.lr, dp.steps()));
         pending.push_back(std::move(p));
         if (pending.size() > kLag) read_front();
+        if (o.checkpoint_every > 0 && dp.steps() % o.checkpoint_every == 0 && b + 1 < batches)
+          save_checkpoint(epoch, b + 1);
       }
       while (!pending.empty()) read_front();
       engine->wait_all();  // the last batch's SGD updates too
@@ -532,15 +702,21 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       hidden_ms += overlap.hidden_ms;
       if (!o.trace.empty() && epoch + 1 == o.epochs && main_rank) profiler.dump(o.trace);
 
+      save_checkpoint(epoch + 1, 0);
       double test_secs = 0;
-      if (main_rank) {  // the replicas are equal: rank 0's first one is measured
-        const auto t1 = Clock::now();
-        test_acc = evaluate(*engine, dp.replica(0), test, o.batch_size, devices[0]);
-        test_secs = seconds_since(t1);
+      {
+        // Sharded parameters are gathered on every rank (collectives) for
+        // the test pass.
+        const weft::parallel::DataParallel::FullParameters full = dp.full_parameters();
+        if (main_rank) {  // the replicas are equal: rank 0's first one is measured
+          const auto t1 = Clock::now();
+          test_acc = evaluate(*engine, dp.replica(0), test, o.batch_size, devices[0]);
+          test_secs = seconds_since(t1);
+        }
       }
       if (!std::isfinite(tally.loss()))
         say("  warning: the training loss is %f: the learning rate %g is too high\n", tally.loss(),
-            static_cast<double>(o.lr));
+            static_cast<double>(optimizer.lr));
       std::string comm;
       if (several) {
         char buf[128];
@@ -554,7 +730,26 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       last = tally;
     }
 
-    const double sec_per_epoch = train_seconds / o.epochs;
+    if (saving) saving->wait();  // a failed write fails the run
+    // The weights, bit for bit: FNV-1a over replica 0's parameters (names
+    // and float32 bytes), to compare runs (a resumed one with an unbroken one).
+    std::uint64_t digest = 14695981039346656037ull;
+    auto mix = [&digest](const void* data, std::size_t n) {
+      const auto* b = static_cast<const unsigned char*>(data);
+      for (std::size_t i = 0; i < n; ++i) digest = (digest ^ b[i]) * 1099511628211ull;
+    };
+    {
+      const weft::parallel::DataParallel::FullParameters full = dp.full_parameters();
+      for (weft::nn::Parameter* p : dp.replica(0).parameters()) {
+        const std::vector<float> v = p->value.to_host();
+        mix(p->name.data(), p->name.size());
+        mix(v.data(), v.size() * sizeof(float));
+      }
+    }
+    std::size_t state_bytes = 0;
+    for (std::size_t b : dp.state_bytes()) state_bytes = std::max(state_bytes, b);
+    const int epochs_run = o.epochs - static_cast<int>(start_epoch);
+    const double sec_per_epoch = train_seconds / epochs_run;
     const double comm_overlap = comm_ms > 0 ? hidden_ms / comm_ms : 0.0;
     char overlap_text[64] = "";
     if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
@@ -583,14 +778,19 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           "\"epochs\":%d,\"device\":\"%s\",\"devices\":\"%s\",\"processes\":%d,\"replicas\":%d,\"buckets\":%zu,"
           "\"comm_overlap\":%s,\"comm_ms\":%.3f,\"batch_size\":%lld,\"lr\":%g,\"train_examples\":%lld,"
           "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s},"
-          "\"precision\":\"%s\",\"conv_algo\":\"%s\",\"loss_scale\":%g,\"skipped_steps\":%lld,\"steps\":%lld}\n",
+          "\"precision\":\"%s\",\"conv_algo\":\"%s\",\"loss_scale\":%g,\"skipped_steps\":%lld,\"steps\":%lld,"
+          "\"optimizer\":\"%s\",\"lr_schedule\":\"%s\",\"shard\":\"%s\",\"state_bytes\":%zu,\"resumed_at_step\":%lld,"
+          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\"}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
-          static_cast<long long>(o.batch_size), static_cast<double>(o.lr), static_cast<long long>(train.size),
+          static_cast<long long>(o.batch_size), static_cast<double>(optimizer.lr), static_cast<long long>(train.size),
           ms_per_step, o.hybridize ? "true" : "false", o.gpu_graphs ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str(),
           std::string(weft::to_string(precision)).c_str(), engine->conv_algo().str().c_str(),
-          static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps));
+          static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps),
+          o.optimizer.c_str(), schedule.str().c_str(), std::string(weft::parallel::to_string(o.shard)).c_str(),
+          state_bytes, static_cast<long long>(resumed_at), static_cast<long long>(dp.steps()),
+          static_cast<unsigned long long>(digest));
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());

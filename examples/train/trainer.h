@@ -1,7 +1,8 @@
 // The Fashion-MNIST trainer shared by weft-train-lenet and weft-train-resnet:
 // one set of flags (--devices, --dist, --batch-size, --lr, --epochs, --limit,
-// --precision, --conv-algo, --bucket-kb, --no-overlap, --trace, --data,
-// --seed, --json), one training
+// --precision, --conv-algo, --optimizer, --weight-decay, --lr-schedule,
+// --max-grad-norm, --shard, --checkpoint, --checkpoint-every, --resume,
+// --bucket-kb, --no-overlap, --trace, --data, --seed, --json), one training
 // loop (data-parallel through weft::parallel::DataParallel, on one device
 // or several, across mpirun processes with --dist), one report. A program
 // gives its model and its defaults.

@@ -16,6 +16,7 @@
 // put back before the next one of that micro-batch (restore_saved).
 #include <algorithm>
 #include <any>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,7 @@ struct Stage {
   std::vector<nn::Parameter*> params;
   std::vector<Tensor> grads;  // accumulated over the step's micro-batches, one per param
   bool have_grads = false;
+  std::optional<optim::Optimizer> optimizer;  // over params, on the stage's device
   Var order;                  // written by each action's last op, read by the next action's order op
   std::vector<Micro> micro;
   int saved_now = 0, saved_peak = 0;
@@ -310,6 +312,7 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
     s.grads.resize(s.params.size());
     s.order = engine.new_var("pipeline stage " + std::to_string(k) + " order");
     m.move_layers_to(s);
+    if (!s.params.empty()) s.optimizer.emplace(s.params, options.optimizer);
     first = s.last;
     m.stages.push_back(std::move(s));
   }
@@ -420,8 +423,19 @@ Tensor Pipeline::forward(const Tensor& x) {
   return y;
 }
 
-void Pipeline::step(float lr, float weight_decay) {
-  for (Stage& s : impl_->stages) nn::sgd_step(s.params, lr, weight_decay);
+void Pipeline::step() { step(impl_->options.optimizer.lr); }
+
+void Pipeline::step(float lr) {
+  for (Stage& s : impl_->stages)
+    if (s.optimizer) s.optimizer->step(lr);
+}
+
+std::vector<nn::Buffer*> Pipeline::optimizer_state() {
+  std::vector<nn::Buffer*> out;
+  for (Stage& s : impl_->stages)
+    if (s.optimizer)
+      for (nn::Buffer* b : s.optimizer->state()) out.push_back(b);
+  return out;
 }
 
 int Pipeline::stages() const noexcept { return impl_->k_count(); }

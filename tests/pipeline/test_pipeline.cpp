@@ -26,6 +26,7 @@
 #include "weft/error.h"
 #include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/optim.h"
 #include "weft/parallel/metrics.h"
 #include "weft/parallel/pipeline.h"
 #include "weft/profiler.h"
@@ -272,6 +273,51 @@ TEST_CASE("pipeline equals the unpipelined model: every schedule and checkpoint 
           check_equal(got, want, what.str());
         }
   });
+}
+
+TEST_CASE("pipeline optimizers: momentum SGD and AdamW per stage equal the unpipelined model's") {
+  const std::vector<Batch> batches = dp_test::mlp_batches(3, 11);
+  for (const weft::optim::OptimizerOptions& opt :
+       {weft::optim::OptimizerOptions::sgd(0.05f, 0.9f, 1e-4f, /*nesterov=*/true),
+        weft::optim::OptimizerOptions::adamw(1e-3f, 0.01f)}) {
+    INFO(opt.str());
+    RunResult want;
+    {
+      auto e = Engine::create(EngineConfig{.kind = "naive"});
+      auto net = dp_test::mlp_model()(*e, Device::cpu(0), 0);
+      weft::optim::Optimizer optimizer(net->parameters(), opt);
+      for (const Batch& b : batches) {
+        const Tensor x = Tensor::from_host(*e, b.x_shape, b.x);
+        const Tensor y = Tensor::from_host(*e, Shape{b.x_shape[0]}, b.y);
+        const auto sce = weft::ops::softmax_cross_entropy(net->forward(x), y);
+        net->backward(sce.dlogits);
+        want.losses.push_back(sce.loss.item());
+        want.grads = grads_of(*net);
+        optimizer.step();
+      }
+      want.params = dp_test::values_of(*net);
+    }
+    with_each_engine(2, [&](Engine& e) {
+      auto net = dp_test::mlp_model()(e, Device::cpu(0), 0);
+      par::Pipeline pipe(e, *net, {.balance = {2, 3}, .devices = cpus(2), .chunks = 3, .schedule = "1f1b",
+                                   .optimizer = opt});
+      RunResult got;
+      for (const Batch& b : batches) {
+        const Tensor x = Tensor::from_host(e, b.x_shape, b.x);
+        const Tensor y = Tensor::from_host(e, Shape{b.x_shape[0]}, b.y);
+        got.losses.push_back(pipe.train_step(x, y).item());
+        got.grads = grads_of(*net);
+        pipe.step();
+      }
+      got.params = dp_test::values_of(*net);
+      check_equal(got, want, opt.str());
+      // Each stage's state lives on its device, named after its parameter.
+      const std::vector<nn::Buffer*> state = pipe.optimizer_state();
+      REQUIRE_FALSE(state.empty());
+      CHECK(state.front()->name.rfind("fc1.weight.", 0) == 0);
+      CHECK(state.back()->value.device() == Device::cpu(1));
+    });
+  }
 }
 
 TEST_CASE("pipeline equals the unpipelined LeNet on CPU devices") {

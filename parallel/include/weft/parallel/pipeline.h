@@ -6,7 +6,7 @@
 //   nn::Sequential& model = ...;                     // built anywhere; its layers move to the stages' devices
 //   Pipeline pipe(*engine, model, {.balance = {5, 9}, .devices = {gpu(0), gpu(1)}, .chunks = 8});
 //   Tensor loss = pipe.train_step(images, labels);  // forward and backward of every micro-batch
-//   pipe.step(lr);                                  // one SGD update per stage
+//   pipe.step(lr);                                  // the optimizer's update on every stage
 //
 // A step follows a Schedule: per stage, a list of actions (forward, input
 // gradient, weight gradient, send and receive), each pushed as engine ops;
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "weft/nn.h"
+#include "weft/optim.h"
 #include "weft/tensor.h"
 
 namespace weft::parallel {
@@ -111,6 +112,9 @@ struct PipelineOptions {
   Checkpoint checkpoint = Checkpoint::never;
   std::string schedule = "gpipe";  // Schedule::named, unless `custom` is given
   std::function<Schedule(int stages, int micro_batches)> custom;  // a schedule of one's own
+  // The update step() pushes on each stage's parameters, on its device
+  // (weft/optim.h; default: plain SGD).
+  optim::OptimizerOptions optimizer;
 };
 
 // Loss of one micro-batch: its logits and labels -> the mean loss over its
@@ -143,8 +147,12 @@ class Pipeline {
   // The output for `x` in evaluation mode, stage after stage (no
   // micro-batches).
   Tensor forward(const Tensor& x);
-  // nn::sgd_step on every stage.
-  void step(float lr, float weight_decay = 0.0f);
+  // The optimizer's update of every stage's parameters at rate `lr`
+  // (options().optimizer.lr when omitted): one op per stage (foreach).
+  void step();
+  void step(float lr);
+  // Every stage's optimizer state ("<parameter>.<state>"), for checkpoints.
+  std::vector<nn::Buffer*> optimizer_state();
 
   int stages() const noexcept;
   Device device(int stage) const;
