@@ -1,0 +1,170 @@
+// The optimizer step's arithmetic, shared by the CPU kernel (cpu/optim.cpp)
+// and the CUDA kernels (gpu/optim.cu) so both compute the same bits: every
+// float32 operation is a separately rounded IEEE operation (the _rn
+// intrinsics on the device, where nvcc would otherwise contract a * b + c
+// into one FMA), and the bias corrections 1 - beta^t are double powers by
+// repeated squaring (exact operation sequence on both, unlike pow()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define WEFT_OPTIM_HD __host__ __device__ __forceinline__
+#else
+#define WEFT_OPTIM_HD inline
+#endif
+
+namespace weft::kernels {
+
+enum class OptimizerKind : std::int32_t { sgd, sgd_momentum, adam, adamw };
+
+// One step's constants, computed on the host (lr is the step's rate).
+struct OptimizerHyper {
+  OptimizerKind kind = OptimizerKind::sgd;
+  float lr = 0.0f;
+  float weight_decay = 0.0f;  // sgd, adam: added to the gradient (0: not at all)
+  float decay = 1.0f;         // adamw: w *= decay = 1 - lr * weight_decay first
+  float momentum = 0.0f, one_minus_dampening = 1.0f;
+  std::int32_t nesterov = 0;
+  float beta1 = 0.9f, beta2 = 0.999f, one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f;
+  double lr_double = 0.0, beta1_double = 0.9, beta2_double = 0.999;
+  float eps = 1e-8f;
+};
+
+// One parameter of a step: its value, states (s0: momentum_buffer or
+// exp_avg; s1: exp_avg_sq; null where the algorithm keeps fewer), its step
+// counter (null for plain sgd) and gradient, n elements each.
+struct OptimizerTensor {
+  float* w = nullptr;
+  float* s0 = nullptr;
+  float* s1 = nullptr;
+  float* step = nullptr;
+  const float* g = nullptr;
+  std::int64_t n = 0;
+};
+
+namespace optim_math {
+
+WEFT_OPTIM_HD float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+WEFT_OPTIM_HD float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+WEFT_OPTIM_HD float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+WEFT_OPTIM_HD float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+WEFT_OPTIM_HD float sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return __builtin_sqrtf(a);
+#endif
+}
+WEFT_OPTIM_HD double dmul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// b^t for an integer t >= 0 by repeated squaring.
+WEFT_OPTIM_HD double power(double b, std::int64_t t) {
+  double r = 1.0;
+  while (t > 0) {
+    if (t & 1) r = dmul(r, b);
+    b = dmul(b, b);
+    t >>= 1;
+  }
+  return r;
+}
+
+// Per tensor and step: what the elements need from the step count t (from 1).
+struct StepConstants {
+  float step_size = 0.0f;  // adam: lr / (1 - beta1^t)
+  float bc2_sqrt = 1.0f;   // adam: sqrt(1 - beta2^t)
+  bool first = false;      // t == 1: momentum sgd's buffer starts as the gradient
+};
+
+WEFT_OPTIM_HD StepConstants constants(const OptimizerHyper& h, float counter) {
+  StepConstants c;
+  const auto t = static_cast<std::int64_t>(counter) + 1;
+  c.first = t == 1;
+  if (h.kind == OptimizerKind::adam || h.kind == OptimizerKind::adamw) {
+    const double bc1 = 1.0 - power(h.beta1_double, t);
+    const double bc2 = 1.0 - power(h.beta2_double, t);
+#if defined(__CUDA_ARCH__)
+    c.step_size = static_cast<float>(__ddiv_rn(h.lr_double, bc1));
+    c.bc2_sqrt = static_cast<float>(__dsqrt_rn(bc2));
+#else
+    c.step_size = static_cast<float>(h.lr_double / bc1);
+    c.bc2_sqrt = static_cast<float>(__builtin_sqrt(bc2));
+#endif
+  }
+  return c;
+}
+
+// Element i of one tensor; `scale` multiplies the gradient.
+WEFT_OPTIM_HD void update(const OptimizerHyper& h, const StepConstants& c, const OptimizerTensor& p, float scale,
+                          std::int64_t i) {
+  float w = p.w[i];
+  float g = mul(p.g[i], scale);
+  switch (h.kind) {
+    case OptimizerKind::sgd:
+      if (h.weight_decay != 0.0f) g = add(g, mul(h.weight_decay, w));
+      p.w[i] = sub(w, mul(h.lr, g));
+      return;
+    case OptimizerKind::sgd_momentum: {
+      if (h.weight_decay != 0.0f) g = add(g, mul(h.weight_decay, w));
+      const float b = c.first ? g : add(mul(h.momentum, p.s0[i]), mul(h.one_minus_dampening, g));
+      p.s0[i] = b;
+      g = h.nesterov ? add(g, mul(h.momentum, b)) : b;
+      p.w[i] = sub(w, mul(h.lr, g));
+      return;
+    }
+    case OptimizerKind::adam:
+    case OptimizerKind::adamw: {
+      if (h.kind == OptimizerKind::adamw)
+        w = mul(w, h.decay);
+      else if (h.weight_decay != 0.0f)
+        g = add(g, mul(h.weight_decay, w));
+      const float m = add(mul(h.beta1, p.s0[i]), mul(h.one_minus_beta1, g));
+      const float v = add(mul(h.beta2, p.s1[i]), mul(h.one_minus_beta2, mul(g, g)));
+      p.s0[i] = m;
+      p.s1[i] = v;
+      const float denom = add(div(sqrt(v), c.bc2_sqrt), h.eps);
+      p.w[i] = sub(w, mul(c.step_size, div(m, denom)));
+      return;
+    }
+  }
+}
+
+// torch.nn.utils.clip_grad_norm_'s coefficient, clamped to 1 (NaN stays NaN).
+WEFT_OPTIM_HD float clip_coefficient(float norm_sq, float max_norm) {
+  const float coef = div(max_norm, add(sqrt(norm_sq), 1e-6f));
+  return coef > 1.0f ? 1.0f : coef;
+}
+
+}  // namespace optim_math
+}  // namespace weft::kernels
