@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "../conv_geometry.h"
+#include "../optim_math.h"
 #include "weft/dtype.h"
 
 namespace weft::kernels::cpu {
@@ -111,5 +112,18 @@ void unscale_and_check(float* x, std::int64_t n, const float* scale, float* foun
 // and *growth_tracker = 0.
 void update_loss_scale(float* scale, float* growth_tracker, float* skipped, const float* found_inf, float growth,
                        float backoff, std::int64_t interval);
+
+// ---- optimizers (optim.cpp; the arithmetic is ../optim_math.h's) --------
+// Updates each of `count` tensors with h's algorithm; the gradients are
+// multiplied by *grad_scale (when not null); each step counter is read for
+// the bias corrections (t = *step + 1) and then incremented. Nothing at all
+// when skip is not null and *skip != 0.
+void optimizer_step(const OptimizerHyper& h, const OptimizerTensor* tensors, std::size_t count,
+                    const float* grad_scale, const float* skip);
+// *y = the sum of the squares of `count` tensors (xs[k] of ns[k] elements),
+// accumulated in double in a fixed order.
+void sum_squares(float* y, const float* const* xs, const std::int64_t* ns, std::size_t count);
+// *coef = min(1, max_norm / (sqrt(*norm_sq) + 1e-6)).
+void clip_coefficient(float* coef, const float* norm_sq, float max_norm);
 
 }  // namespace weft::kernels::cpu

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "../conv_geometry.h"
+#include "../optim_math.h"
 #include "weft/dtype.h"
 #include "weft/gpu.h"
 
@@ -109,5 +110,19 @@ void unscale_and_check(const WorkerHandles& h, float* x, std::int64_t n, const f
 // reaches `interval`, *scale *= growth and *growth_tracker = 0.
 void update_loss_scale(const WorkerHandles& h, float* scale, float* growth_tracker, float* skipped,
                        const float* found_inf, float growth, float backoff, std::int64_t interval);
+
+// ---- optimizers (optim.cu; float32, the arithmetic of ../optim_math.h, so
+// the same bits as the CPU kernels) -------------------------------------------
+// `tensors` is a host array: its pointers travel to the device by value in
+// chunks (multi-tensor apply), then the step counters are incremented by a
+// second launch, so every block of a step reads the same t. Skipped entirely
+// when skip is not null and *skip != 0 (read on the device).
+void optimizer_step(const WorkerHandles& h, const OptimizerHyper& hyper, const OptimizerTensor* tensors,
+                    std::size_t count, const float* grad_scale, const float* skip);
+// *y = sum of the squares of `count` tensors, accumulated in double through
+// h.workspace, fixed partitioning (deterministic).
+void sum_squares(const WorkerHandles& h, float* y, const float* const* xs, const std::int64_t* ns,
+                 std::size_t count);
+void clip_coefficient(const WorkerHandles& h, float* coef, const float* norm_sq, float max_norm);
 
 }  // namespace weft::kernels::gpu
