@@ -465,7 +465,7 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
       m.materialize(static_cast<std::size_t>(gathered));
       for (std::size_t k = l; k-- > 0;)
         if (m.leaf_bucket[k] >= 0) {
-          m.prefetch(static_cast<std::size_t>(m.leaf_bucket[k]));
+          m.prefetch(static_cast<std::size_t>(m.leaf_bucket[k]), d);
           break;
         }
     }

@@ -107,13 +107,20 @@ void DataParallel::Impl::reduce_scatter_bucket(std::size_t b) {
   for (Tensor& flat : bucket.flat) flat = Tensor();
 }
 
-void DataParallel::Impl::prefetch(std::size_t b) {
+void DataParallel::Impl::prefetch(std::size_t b, const std::vector<Tensor>& after) {
   if (full_depth > 0 || !gathered[b].empty()) return;
   std::vector<Tensor> chunks, out;
   for (std::size_t r = 0; r < devices.size(); ++r) {
     chunks.push_back(slots[b][r]->param.value);
     out.push_back(Tensor::empty(*engine, Shape{buckets[b].elements}, devices[r])
                       .set_name(zero_bucket_name(options.name, b) + " parameters on " + devices[r].str()));
+    // The gather depends on the chunks only, ready since the last step: by
+    // itself it would run (and allocate) at once, every layer's together.
+    // An empty op that reads `after` and writes the gathered tensor holds
+    // it until the layer before it starts.
+    if (!after.empty())
+      engine->push([] {}, devices[r], {after[r].var()}, {out[r].var()},
+                   {.name = zero_bucket_name(options.name, b) + " gather gate"});
   }
   gather(b, chunks, out, "gather");
   gathered[b] = std::move(out);
@@ -151,7 +158,7 @@ std::vector<Tensor> DataParallel::Impl::forward_sharded(const std::vector<Tensor
       materialize(static_cast<std::size_t>(b));
       for (std::size_t k = l + 1; k < n_leaves; ++k)
         if (leaf_bucket[k] >= 0) {
-          prefetch(static_cast<std::size_t>(leaf_bucket[k]));
+          prefetch(static_cast<std::size_t>(leaf_bucket[k]), y);
           break;
         }
     }
@@ -220,10 +227,15 @@ void DataParallel::Impl::step(float lr) {
       for (std::size_t r = 0; r < n; ++r) {
         ShardSlot& slot = *slots[b][r];
         if (shard() != Shard::parameters) {
-          Tensor flat = shard() == Shard::optimizer
-                            ? buckets[b].flat[r]
-                            : Tensor::empty(*engine, Shape{buckets[b].elements}, devices[r])
-                                  .set_name(zero_bucket_name(options.name, b) + " parameters on " + devices[r].str());
+          Tensor flat = buckets[b].flat[r];
+          if (shard() == Shard::gradients) {
+            flat = Tensor::empty(*engine, Shape{buckets[b].elements}, devices[r])
+                       .set_name(zero_bucket_name(options.name, b) + " parameters on " + devices[r].str());
+            // The parameters are ready long before: held until the
+            // bucket's gradient is, the flat bucket lives for the update only.
+            engine->push([] {}, devices[r], {slot.param.grad.var()}, {flat.var()},
+                         {.name = zero_bucket_name(options.name, b) + " update gate"});
+          }
           ops::pack(bucket_values(b, r), flat);
           slot.param.value = ops::slice_rows(flat, slot.range.begin, slot.range.end).set_name(slot.param.name);
           flats.push_back(flat);
