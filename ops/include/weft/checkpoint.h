@@ -26,7 +26,9 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weft/dtype.h"
@@ -53,7 +55,8 @@ struct Entry {
 
 // ---- one safetensors file -------------------------------------------------
 // "F32", "BF16", "F16" <-> DType (other safetensors dtypes are refused, naming them).
-const char* safetensors_dtype(DType dtype) noexcept;
+const char* safetensors_dtype(DType dtype) noexcept;  // null for the other DTypes
+std::optional<DType> dtype_from_safetensors(std::string_view name) noexcept;
 
 struct HostTensor {
   std::string name;
@@ -80,6 +83,8 @@ class SafetensorsFile {
   const std::map<std::string, Info>& tensors() const noexcept { return tensors_; }
   const Metadata& metadata() const noexcept { return metadata_; }
   std::vector<std::byte> read(const std::string& name) const;  // throws naming the file and key
+  // Bytes [first, end) of tensor `name`'s data.
+  std::vector<std::byte> read(const std::string& name, std::uint64_t first, std::uint64_t end) const;
 
  private:
   std::filesystem::path path_;
@@ -101,7 +106,9 @@ struct SaveOptions {
 };
 
 // A save in flight. wait() blocks until this writer's files are on disk
-// (rank 0: the index too) and rethrows a failure; the destructor waits.
+// (rank 0: the index too) and rethrows a failure; the destructor waits
+// (and reports a failure nobody waited for on stderr). Like a Tensor, it
+// must not outlive its engine.
 class PendingSave {
  public:
   PendingSave() = default;

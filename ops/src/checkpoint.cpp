@@ -1,0 +1,822 @@
+// Checkpoint directories: saves (snapshots pushed as engine ops, files
+// written by one background writer thread), the index, validated loads and
+// the run directory's `latest` link. docs/design/checkpoints.md.
+#include "weft/checkpoint.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
+
+#include "checkpoint_io.h"
+#include "launch.h"
+#include "storage.h"
+#include "weft/error.h"
+
+namespace weft::checkpoint {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+using detail::kPiecesKey;
+using detail::kRankKey;
+using detail::kRanksKey;
+
+bool Entry::whole() const {
+  const Shape& s = shape.rank() == 0 && tensor.defined() ? tensor.shape() : shape;
+  return begin == 0 && (end == -1 || end == s.numel());
+}
+
+namespace {
+
+std::string quoted(const fs::path& p) {
+  std::string s = "'";
+  s += p.string();
+  s += '\'';
+  return s;
+}
+
+std::string shard_file_name(int rank, int ranks) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05d-of-%05d.safetensors", rank, ranks);
+  return buf;
+}
+
+std::string range_str(std::int64_t begin, std::int64_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+// ---- one name's pieces, from shard headers ---------------------------------
+
+struct Piece {
+  int file = 0;     // index into the shard list
+  std::string key;  // the tensor's key in that file
+  std::int64_t begin = 0, end = 0;
+};
+struct Named {
+  DType dtype = DType::float32;
+  Shape shape;
+  std::vector<Piece> pieces;  // sorted by begin once checked
+};
+using NameTable = std::map<std::string, Named>;
+
+// Adds the tensors of `file` (the files[index] of a checkpoint) to `table`:
+// whole tensors under their key, pieces as "weft.pieces" says.
+void collect(const SafetensorsFile& file, int index, const std::vector<SafetensorsFile>& files, NameTable& table) {
+  const std::string where = "safetensors file " + quoted(file.path()) + ": ";
+  json pieces = json::object();
+  if (auto it = file.metadata().find(std::string(kPiecesKey)); it != file.metadata().end()) {
+    try {
+      pieces = json::parse(it->second);
+    } catch (const json::exception& e) {
+      throw InvalidArgument(where + "__metadata__ '" + std::string(kPiecesKey) + "' is not valid JSON: " + e.what());
+    }
+    if (!pieces.is_object())
+      throw InvalidArgument(where + "__metadata__ '" + std::string(kPiecesKey) + "' is not a JSON object");
+  }
+  for (const auto& [key, value] : pieces.items()) {
+    if (!file.tensors().count(key))
+      throw InvalidArgument(where + "tensor '" + key + "': listed in __metadata__ '" + std::string(kPiecesKey) +
+                            "' but not in the file");
+    if (!value.is_object() || !value.contains("name") || !value["name"].is_string() || !value.contains("shape") ||
+        !value["shape"].is_array() || !value.contains("begin") || !value["begin"].is_number_integer() ||
+        !value.contains("end") || !value["end"].is_number_integer())
+      throw InvalidArgument(where + "tensor '" + key + "': its entry of __metadata__ '" + std::string(kPiecesKey) +
+                            "' is not {name, shape, begin, end}");
+  }
+  for (const auto& [key, info] : file.tensors()) {
+    std::string name = key;
+    Shape shape = info.shape;
+    std::int64_t begin = 0, end = info.shape.numel();
+    if (auto p = pieces.find(key); p != pieces.end()) {
+      name = (*p)["name"].get<std::string>();
+      std::vector<std::int64_t> dims;
+      for (const json& d : (*p)["shape"]) {
+        if (!d.is_number_integer() || d.get<std::int64_t>() < 0)
+          throw InvalidArgument(where + "tensor '" + key + "': piece of '" + name + "' with a bad whole shape " +
+                                (*p)["shape"].dump());
+        dims.push_back(d.get<std::int64_t>());
+      }
+      shape = Shape(std::move(dims));
+      begin = (*p)["begin"].get<std::int64_t>();
+      end = (*p)["end"].get<std::int64_t>();
+      if (begin < 0 || begin > end || end > shape.numel())
+        throw InvalidArgument(where + "tensor '" + key + "': piece " + range_str(begin, end) + " of '" + name +
+                              "' is outside its shape " + shape.str());
+      if (info.shape.numel() != end - begin)
+        throw InvalidArgument(where + "tensor '" + key + "': piece " + range_str(begin, end) + " of '" + name +
+                              "' stored with " + std::to_string(info.shape.numel()) + " elements");
+    }
+    auto [it, added] = table.try_emplace(name);
+    Named& n = it->second;
+    if (added) {
+      n.dtype = info.dtype;
+      n.shape = shape;
+    } else if (n.dtype != info.dtype || n.shape != shape) {
+      const SafetensorsFile& other = files[static_cast<std::size_t>(n.pieces.front().file)];
+      throw InvalidArgument(where + "tensor '" + name + "': " + std::string(safetensors_dtype(info.dtype)) + " " +
+                            shape.str() + " here, but " + safetensors_dtype(n.dtype) + " " + n.shape.str() + " in " +
+                            quoted(other.path()));
+    }
+    n.pieces.push_back({index, key, begin, end});
+  }
+}
+
+// Every name's pieces cover it exactly once.
+void check_pieces(const fs::path& where, const std::vector<SafetensorsFile>& files, NameTable& table) {
+  for (auto& [name, n] : table) {
+    std::sort(n.pieces.begin(), n.pieces.end(),
+              [](const Piece& a, const Piece& b) { return std::tie(a.begin, a.end) < std::tie(b.begin, b.end); });
+    std::int64_t expected = 0;
+    const Piece* previous = nullptr;
+    auto file_of = [&](const Piece& p) { return quoted(files[static_cast<std::size_t>(p.file)].path()); };
+    for (const Piece& p : n.pieces) {
+      if (p.begin == p.end && n.shape.numel() != 0) continue;  // an empty piece holds nothing
+      if (p.begin < expected)
+        throw InvalidArgument("checkpoint " + quoted(where) + ": tensor '" + name + "': piece " +
+                              range_str(p.begin, p.end) + " in " + file_of(p) + " overlaps piece " +
+                              range_str(previous->begin, previous->end) + " in " + file_of(*previous));
+      if (p.begin > expected)
+        throw InvalidArgument("checkpoint " + quoted(where) + ": tensor '" + name + "': elements " +
+                              range_str(expected, p.begin) + " of " + n.shape.str() +
+                              " are in no piece (a hole before " + file_of(p) + "'s)");
+      expected = p.end;
+      previous = &p;
+    }
+    if (expected != n.shape.numel())
+      throw InvalidArgument("checkpoint " + quoted(where) + ": tensor '" + name + "': elements " +
+                            range_str(expected, n.shape.numel()) + " of " + n.shape.str() + " are in no piece");
+  }
+}
+
+json index_tensors(const std::vector<SafetensorsFile>& files, const NameTable& table) {
+  json tensors = json::object();
+  for (const auto& [name, n] : table) {
+    json pieces = json::array();
+    for (const Piece& p : n.pieces)
+      pieces.push_back({{"file", files[static_cast<std::size_t>(p.file)].path().filename().string()},
+                        {"key", p.key},
+                        {"begin", p.begin},
+                        {"end", p.end}});
+    tensors[name] = {{"dtype", safetensors_dtype(n.dtype)}, {"shape", n.shape.dims()}, {"pieces", pieces}};
+  }
+  return tensors;
+}
+
+json weight_map(const std::vector<SafetensorsFile>& files, const NameTable& table) {
+  json map = json::object();
+  for (const auto& [name, n] : table) {
+    std::vector<std::string> names;
+    for (const Piece& p : n.pieces) {
+      std::string f = files[static_cast<std::size_t>(p.file)].path().filename().string();
+      if (std::find(names.begin(), names.end(), f) == names.end()) names.push_back(std::move(f));
+    }
+    if (names.size() == 1) map[name] = names.front();
+    else map[name] = names;
+  }
+  return map;
+}
+
+Metadata user_metadata(const Metadata& m) {
+  Metadata out;
+  for (const auto& [k, v] : m)
+    if (!detail::reserved_metadata_key(k)) out.emplace(k, v);
+  return out;
+}
+
+// ---- the background writer ---------------------------------------------------
+
+struct SaveJob {
+  fs::path dir;
+  SaveOptions options;
+  Metadata metadata;  // the shard's: the user's and the layer's own keys
+  // The snapshots' memory: kept alive by an op that runs after the save's
+  // (engine threads free it, never the writer, which must not push).
+  struct Item {
+    std::string key;
+    DType dtype;
+    Shape shape;  // as stored
+    const weft::detail::Storage* snapshot = nullptr;
+  };
+  std::vector<Item> items;
+  std::string what;  // "checkpoint save 'dir' (rank r of n)"
+  std::chrono::steady_clock::time_point deadline;
+  std::string waiting_for;  // why the index is not written yet
+  std::shared_ptr<std::exception_ptr> outcome;  // the failure, for PendingSave
+};
+
+struct Task {
+  std::shared_ptr<SaveJob> job;
+  Completion done;
+};
+
+void finish(Task& task, std::exception_ptr error) {
+  task.job->items.clear();
+  if (error) *task.job->outcome = error;
+  Completion done = std::move(task.done);
+  task.job.reset();
+  done(std::move(error));
+}
+
+// Rank 0: once every shard of the save exists, writes index.json and, with
+// run_dir, the latest link. False while some shard is missing or stale.
+bool try_index(SaveJob& job) {
+  const int ranks = job.options.ranks;
+  std::vector<SafetensorsFile> files;
+  for (int r = 0; r < ranks; ++r) {
+    const fs::path shard = job.dir / shard_file_name(r, ranks);
+    std::error_code ec;
+    if (!fs::exists(shard, ec)) {
+      job.waiting_for = "rank " + std::to_string(r) + "'s shard " + quoted(shard) + " is missing";
+      return false;
+    }
+    try {
+      files.push_back(SafetensorsFile::open(shard));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(job.what + ": rank " + std::to_string(r) + "'s shard: " + e.what());
+    }
+    if (user_metadata(files.back().metadata()) != job.options.metadata) {
+      job.waiting_for = "rank " + std::to_string(r) + "'s shard " + quoted(shard) +
+                        " holds the metadata of another save";
+      return false;
+    }
+  }
+  NameTable table;
+  for (int r = 0; r < ranks; ++r) collect(files[static_cast<std::size_t>(r)], r, files, table);
+  check_pieces(job.dir, files, table);
+  const json index = {{"format", "weft.checkpoint"},
+                      {"version", 1},
+                      {"metadata", job.options.metadata},
+                      {"ranks", ranks},
+                      {"weight_map", weight_map(files, table)},
+                      {"tensors", index_tensors(files, table)}};
+  detail::write_file_atomically(job.dir / "index.json", index.dump(1) + "\n");
+  if (!job.options.run_dir.empty()) set_latest(job.options.run_dir, job.dir);
+  return true;
+}
+
+// One thread per process, started by the first save and joined at exit:
+// shard writes in the order they come, and rank 0's index jobs, which wait
+// for the other shards without holding up the writes behind them.
+class Writer {
+ public:
+  static Writer& instance() {
+    static Writer writer;
+    return writer;
+  }
+  void submit(Task task) {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.push_back(std::move(task));
+    }
+    wake_.notify_one();
+  }
+  ~Writer() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  Writer() : thread_([this] { run(); }) {}
+
+  static constexpr auto kPoll = std::chrono::milliseconds(10);
+
+  void write_shard(Task& task) {
+    SaveJob& job = *task.job;
+    try {
+      fs::create_directories(job.dir);
+      // A directory saved into again is incomplete until the new index.
+      if (job.options.rank == 0) fs::remove(job.dir / "index.json");
+      std::vector<detail::TensorView> views;
+      views.reserve(job.items.size());
+      for (const SaveJob::Item& item : job.items) {
+        views.push_back({item.key, item.dtype, item.shape, item.snapshot->data(), item.snapshot->bytes});
+      }
+      detail::write_safetensors_views(job.dir / shard_file_name(job.options.rank, job.options.ranks), views,
+                                      job.metadata);
+      job.items.clear();
+      if (job.options.rank != 0) return finish(task, nullptr);
+      job.deadline = std::chrono::steady_clock::now() + job.options.timeout;
+      if (try_index(job)) return finish(task, nullptr);
+      waiting_.push_back(std::move(task));
+    } catch (const fs::filesystem_error& e) {
+      finish(task, std::make_exception_ptr(Error(job.what + ": " + e.what())));
+    } catch (...) {
+      finish(task, std::current_exception());
+    }
+  }
+
+  // True when the task is finished (index written, failed or timed out).
+  bool poll_index(Task& task, bool exiting) {
+    SaveJob& job = *task.job;
+    try {
+      if (try_index(job)) {
+        finish(task, nullptr);
+        return true;
+      }
+      if (exiting || std::chrono::steady_clock::now() >= job.deadline) {
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(job.options.timeout).count();
+        finish(task, std::make_exception_ptr(Error(
+                         job.what + ": " + (exiting ? "the process exits" : "waited " + std::to_string(ms) + " ms") +
+                         " before every shard was written (" + job.waiting_for + "); index.json is not written")));
+        return true;
+      }
+      return false;
+    } catch (const fs::filesystem_error& e) {
+      finish(task, std::make_exception_ptr(Error(job.what + ": " + e.what())));
+    } catch (...) {
+      finish(task, std::current_exception());
+    }
+    return true;
+  }
+
+  void run() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      if (!queue_.empty()) {
+        Task task = std::move(queue_.front());
+        queue_.pop_front();
+        lock.unlock();
+        write_shard(task);
+        lock.lock();
+        continue;
+      }
+      if (!waiting_.empty()) {
+        std::vector<Task> tasks = std::move(waiting_);
+        waiting_.clear();
+        const bool exiting = stop_;
+        lock.unlock();
+        std::vector<Task> kept;
+        for (Task& t : tasks)
+          if (!poll_index(t, exiting)) kept.push_back(std::move(t));
+        lock.lock();
+        for (Task& t : kept) waiting_.push_back(std::move(t));
+        if (!waiting_.empty()) wake_.wait_for(lock, kPoll, [this] { return !queue_.empty(); });
+        continue;
+      }
+      if (stop_) return;
+      wake_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Task> queue_;
+  std::vector<Task> waiting_;
+  bool stop_ = false;
+  std::thread thread_;  // last: started once the rest exists
+};
+
+}  // namespace
+
+// ---- PendingSave ------------------------------------------------------------
+
+struct PendingSave::State {
+  Engine* engine = nullptr;
+  SharedVar var;
+  std::string what;
+  std::shared_ptr<std::exception_ptr> outcome = std::make_shared<std::exception_ptr>();
+  bool waited = false;
+  std::exception_ptr error;  // what wait() found
+};
+
+PendingSave::PendingSave(PendingSave&&) noexcept = default;
+PendingSave& PendingSave::operator=(PendingSave&& other) noexcept {
+  if (this != &other) {
+    PendingSave old(std::move(*this));  // waits for the save it held
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+
+PendingSave::~PendingSave() {
+  if (!state_ || state_->waited) return;
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft: %s failed (nobody waited for it): %s\n", state_->what.c_str(), e.what());
+  } catch (...) {
+    std::fprintf(stderr, "weft: %s failed (nobody waited for it)\n", state_->what.c_str());
+  }
+}
+
+void PendingSave::wait() {
+  if (!state_) return;
+  if (!state_->waited) {
+    try {
+      state_->engine->wait_to_read(state_->var);
+    } catch (...) {
+      state_->error = std::current_exception();
+    }
+    state_->waited = true;
+    // The engine reports a failure once: the writer's record covers a
+    // failure someone else's wait reported first.
+    if (!state_->error) state_->error = *state_->outcome;
+  }
+  if (state_->error) std::rethrow_exception(state_->error);
+}
+
+bool PendingSave::done() const {
+  return !state_ || state_->waited || state_->engine->version(state_->var) > 0;
+}
+
+Var PendingSave::var() const { return state_ ? state_->var.var() : Var(); }
+
+// ---- save ----------------------------------------------------------------------
+
+PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries, const SaveOptions& options) {
+  const std::string what = "checkpoint save " + quoted(dir) + " (rank " + std::to_string(options.rank) + " of " +
+                           std::to_string(options.ranks) + ")";
+  auto bad = [&](const std::string& m) { throw InvalidArgument(what + ": " + m); };
+  if (dir.empty()) bad("no directory given");
+  if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks)
+    bad("rank " + std::to_string(options.rank) + " is not in [0, " + std::to_string(options.ranks) + ")");
+  for (const auto& [k, v] : options.metadata)
+    if (detail::reserved_metadata_key(k)) bad("metadata key '" + k + "' is reserved for the checkpoint's own use");
+
+  struct Resolved {
+    const Entry* entry;
+    Shape shape;
+    std::int64_t begin, end;
+  };
+  std::vector<Resolved> resolved;
+  std::map<std::string, std::vector<std::size_t>> by_name;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.name.empty()) bad("entry #" + std::to_string(i) + " has no name");
+    const std::string key = "tensor '" + e.name + "': ";
+    if (e.name == "__metadata__") bad(key + "the name is reserved for the metadata");
+    if (!e.tensor.defined()) bad(key + "no tensor given (an undefined Tensor)");
+    if (&e.tensor.engine() != &engine) bad(key + e.tensor.str() + " belongs to another engine");
+    if (!safetensors_dtype(e.tensor.dtype()))
+      bad(key + "dtype " + std::string(to_string(e.tensor.dtype())) +
+          " cannot be saved (safetensors F32, BF16 and F16 can: float32, bfloat16, float16)");
+    Shape shape = e.shape.rank() == 0 ? e.tensor.shape() : e.shape;
+    const std::int64_t end = e.end == -1 ? shape.numel() : e.end;
+    if (e.begin < 0 || e.begin > end || end > shape.numel())
+      bad(key + "piece " + range_str(e.begin, end) + " is outside its shape " + shape.str() + " (" +
+          std::to_string(shape.numel()) + " elements)");
+    if (e.tensor.numel() != end - e.begin)
+      bad(key + e.tensor.str() + " has " + std::to_string(e.tensor.numel()) + " elements for piece " +
+          range_str(e.begin, end) + " (" + std::to_string(end - e.begin) + ")");
+    by_name[e.name].push_back(resolved.size());
+    resolved.push_back({&e, std::move(shape), e.begin, end});
+  }
+  // One name: one dtype and shape, pieces apart from each other.
+  for (auto& [name, list] : by_name) {
+    std::sort(list.begin(), list.end(), [&](std::size_t a, std::size_t b) {
+      return std::tie(resolved[a].begin, resolved[a].end) < std::tie(resolved[b].begin, resolved[b].end);
+    });
+    for (std::size_t k = 1; k < list.size(); ++k) {
+      const Resolved& a = resolved[list[k - 1]];
+      const Resolved& b = resolved[list[k]];
+      const std::string key = "tensor '" + name + "': ";
+      if (a.shape != b.shape || a.entry->tensor.dtype() != b.entry->tensor.dtype())
+        bad(key + "given with two shapes or dtypes (" + a.shape.str() + " " +
+            std::string(to_string(a.entry->tensor.dtype())) + ", " + b.shape.str() + " " +
+            std::string(to_string(b.entry->tensor.dtype())) + ")");
+      if (a.begin == b.begin && a.end == b.end) bad(key + "piece " + range_str(a.begin, a.end) + " given twice");
+      if (b.begin < a.end && b.begin < b.end)
+        bad(key + "pieces " + range_str(a.begin, a.end) + " and " + range_str(b.begin, b.end) + " overlap");
+    }
+  }
+
+  auto job = std::make_shared<SaveJob>();
+  job->dir = dir;
+  job->options = options;
+  job->metadata = options.metadata;
+  job->what = what;
+  json pieces = json::object();
+  std::set<std::string> keys;
+  std::vector<Var> reads;
+  std::vector<weft::detail::StoragePtr> keep;
+  for (const auto& [name, list] : by_name) {
+    std::vector<std::size_t> kept;
+    for (std::size_t i : list) {
+      const Resolved& r = resolved[i];
+      const bool whole = r.begin == 0 && r.end == r.shape.numel();
+      if (!whole && r.begin == r.end) continue;  // an empty piece holds nothing
+      kept.push_back(i);
+    }
+    for (std::size_t i : kept) {
+      const Resolved& r = resolved[i];
+      const bool whole = r.begin == 0 && r.end == r.shape.numel();
+      const std::string key = kept.size() == 1 ? name : name + "[" + std::to_string(r.begin) + ":" + std::to_string(r.end) + "]";
+      if (!keys.insert(key).second) bad("tensor '" + name + "': its key '" + key + "' is another tensor's name");
+      if (!whole) pieces[key] = {{"name", name}, {"shape", r.shape.dims()}, {"begin", r.begin}, {"end", r.end}};
+      // The snapshot: a copy ordered after the writes pushed before (GPU
+      // memory comes to page-locked host memory in one copy).
+      const Tensor& t = r.entry->tensor;
+      const Device to = t.device().is_gpu() ? Device::cpu_pinned(0) : t.device();
+      Tensor snapshot = t.copy_to(to);
+      reads.push_back(snapshot.var());
+      job->items.push_back({key, t.dtype(), whole ? r.shape : Shape{r.end - r.begin}, snapshot.storage().get()});
+      keep.push_back(snapshot.storage());
+    }
+  }
+  if (!pieces.empty()) job->metadata[std::string(kPiecesKey)] = pieces.dump();
+  job->metadata[std::string(kRankKey)] = std::to_string(options.rank);
+  job->metadata[std::string(kRanksKey)] = std::to_string(options.ranks);
+
+  PendingSave pending;
+  pending.state_ = std::make_shared<PendingSave::State>();
+  PendingSave::State& state = *pending.state_;
+  state.engine = &engine;
+  state.var = SharedVar(engine, what);
+  state.what = what;
+  job->outcome = state.outcome;
+  // Duplicated reads (one tensor saved twice) are fine: the engine ignores them.
+  engine.push_async(
+      [job](RunContext& ctx, Completion done) mutable {
+        for (const SaveJob::Item& item : job->items) weft::detail::require_memory(*item.snapshot, ctx.op_name);
+        Writer::instance().submit(Task{std::move(job), std::move(done)});
+      },
+      Device::cpu(0), reads, {state.var.var()}, {.name = what, .run_inline = true});
+  // The snapshots are freed by this op, once the files are written.
+  engine.push([keep = std::move(keep)] {}, Device::cpu(0), {state.var.var()}, {},
+              {.name = what + ": free the snapshots"});
+  return pending;
+}
+
+// ---- Reader ------------------------------------------------------------------
+
+struct Reader::Impl {
+  fs::path path;
+  bool directory = false;
+  Metadata metadata;
+  int ranks = 1;
+  std::vector<SafetensorsFile> files;
+  NameTable names;
+
+  [[noreturn]] void bad(const std::string& name, const std::string& m) const {
+    throw InvalidArgument("checkpoint " + quoted(path) + ": tensor '" + name + "': " + m);
+  }
+  const Named& named(const std::string& name) const {
+    const auto it = names.find(name);
+    if (it == names.end()) bad(name, "not in the checkpoint");
+    return it->second;
+  }
+};
+
+Reader::Reader() : impl_(std::make_unique<Impl>()) {}
+Reader::Reader(Reader&&) noexcept = default;
+Reader& Reader::operator=(Reader&&) noexcept = default;
+Reader::~Reader() = default;
+
+namespace {
+
+// index.json's "tensors" against what the shards' headers say.
+void check_index(const fs::path& index_file, const json& index, const std::vector<SafetensorsFile>& files,
+                 const NameTable& table) {
+  const std::string where = "checkpoint index " + quoted(index_file) + ": ";
+  const json want = index_tensors(files, table);
+  const json& got = index["tensors"];
+  for (const auto& [name, value] : got.items())
+    if (!want.contains(name))
+      throw InvalidArgument(where + "tensor '" + name + "': in the index but in none of its shards");
+  for (const auto& [name, value] : want.items()) {
+    if (!got.contains(name))
+      throw InvalidArgument(where + "tensor '" + name + "': in the shards but not in the index");
+    if (got[name] != value)
+      throw InvalidArgument(where + "tensor '" + name + "': the index says " + got[name].dump() +
+                            " but the shards hold " + value.dump());
+  }
+  if (index["weight_map"] != weight_map(files, table))
+    throw InvalidArgument(where + "its \"weight_map\" does not match the shards' headers");
+}
+
+}  // namespace
+
+Reader Reader::open(const fs::path& path) {
+  Reader reader;
+  Impl& impl = *reader.impl_;
+  impl.path = path;
+  std::error_code ec;
+  const fs::file_status status = fs::status(path, ec);
+  if (!fs::exists(status)) throw InvalidArgument("checkpoint " + quoted(path) + ": no such file or directory");
+  if (!fs::is_directory(status)) {
+    impl.files.push_back(SafetensorsFile::open(path));
+    impl.metadata = user_metadata(impl.files.front().metadata());
+    collect(impl.files.front(), 0, impl.files, impl.names);
+    check_pieces(path, impl.files, impl.names);
+    return reader;
+  }
+  impl.directory = true;
+  const fs::path index_file = path / "index.json";
+  if (!fs::exists(index_file, ec))
+    throw InvalidArgument("checkpoint " + quoted(path) +
+                          ": no index.json (not a checkpoint directory, or its save did not finish)");
+  const std::string where = "checkpoint index " + quoted(index_file) + ": ";
+  json index;
+  {
+    std::FILE* f = std::fopen(index_file.c_str(), "rb");
+    if (!f) throw InvalidArgument(where + "cannot open it: " + std::strerror(errno));
+    std::string text;
+    char buf[65536];
+    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    try {
+      index = json::parse(text);
+    } catch (const json::exception& e) {
+      throw InvalidArgument(where + "invalid JSON: " + e.what());
+    }
+  }
+  if (!index.is_object()) throw InvalidArgument(where + "not a JSON object");
+  if (!index.contains("ranks") || !index["ranks"].is_number_integer() || index["ranks"].get<std::int64_t>() < 1 ||
+      index["ranks"].get<std::int64_t>() > 99999)
+    throw InvalidArgument(where + "key 'ranks': missing or not a count of writers");
+  if (!index.contains("metadata") || !index["metadata"].is_object())
+    throw InvalidArgument(where + "key 'metadata': missing or not an object");
+  for (const auto& [k, v] : index["metadata"].items()) {
+    if (!v.is_string()) throw InvalidArgument(where + "key 'metadata': '" + k + "' is not a string");
+    impl.metadata[k] = v.get<std::string>();
+  }
+  if (!index.contains("tensors") || !index["tensors"].is_object())
+    throw InvalidArgument(where + "key 'tensors': missing or not an object");
+  if (!index.contains("weight_map") || !index["weight_map"].is_object())
+    throw InvalidArgument(where + "key 'weight_map': missing or not an object");
+  impl.ranks = index["ranks"].get<int>();
+  for (int r = 0; r < impl.ranks; ++r) {
+    const fs::path shard = path / shard_file_name(r, impl.ranks);
+    if (!fs::exists(shard, ec))
+      throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ", " +
+                            quoted(shard) + ", is missing");
+    try {
+      impl.files.push_back(SafetensorsFile::open(shard));
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ": " +
+                            e.what());
+    }
+    const Metadata& m = impl.files.back().metadata();
+    const auto rank_it = m.find(std::string(kRankKey));
+    const auto ranks_it = m.find(std::string(kRanksKey));
+    if (rank_it == m.end() || ranks_it == m.end() || rank_it->second != std::to_string(r) ||
+        ranks_it->second != std::to_string(impl.ranks))
+      throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ", " +
+                            quoted(shard) + ", was not written as rank " + std::to_string(r) + " of " +
+                            std::to_string(impl.ranks));
+  }
+  for (int r = 0; r < impl.ranks; ++r) collect(impl.files[static_cast<std::size_t>(r)], r, impl.files, impl.names);
+  check_pieces(path, impl.files, impl.names);
+  check_index(index_file, index, impl.files, impl.names);
+  return reader;
+}
+
+const fs::path& Reader::path() const noexcept { return impl_->path; }
+const Metadata& Reader::metadata() const noexcept { return impl_->metadata; }
+int Reader::ranks() const noexcept { return impl_->ranks; }
+
+std::vector<std::string> Reader::names() const {
+  std::vector<std::string> out;
+  out.reserve(impl_->names.size());
+  for (const auto& [name, n] : impl_->names) out.push_back(name);
+  return out;
+}
+bool Reader::has(const std::string& name) const { return impl_->names.count(name) > 0; }
+Shape Reader::shape(const std::string& name) const { return impl_->named(name).shape; }
+DType Reader::dtype(const std::string& name) const { return impl_->named(name).dtype; }
+
+std::vector<std::byte> Reader::read(const std::string& name, std::int64_t begin, std::int64_t end) const {
+  const Named& n = impl_->named(name);
+  if (end == -1) end = n.shape.numel();
+  if (begin < 0 || begin > end || end > n.shape.numel())
+    impl_->bad(name, "elements " + range_str(begin, end) + " asked of " + n.shape.str());
+  const std::uint64_t es = dtype_size(n.dtype);
+  std::vector<std::byte> out;
+  out.reserve(static_cast<std::size_t>(end - begin) * es);
+  for (const Piece& p : n.pieces) {
+    const std::int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.end);
+    if (lo >= hi) continue;
+    const std::vector<std::byte> part = impl_->files[static_cast<std::size_t>(p.file)].read(
+        p.key, static_cast<std::uint64_t>(lo - p.begin) * es, static_cast<std::uint64_t>(hi - p.begin) * es);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+// ---- load ----------------------------------------------------------------------
+
+namespace {
+
+// Pushes the write of `bytes` (the tensor's whole data) into `target`.
+void push_bytes(Tensor& target, std::vector<std::byte> bytes, const std::string& name) {
+  using weft::detail::Body;
+  using weft::detail::OpIO;
+  const std::string op = "checkpoint load '" + name + "'";
+  const std::uint64_t n = bytes.size();
+  auto body = [bytes = std::move(bytes)](RunContext&, OpIO& io) {
+    if (!bytes.empty()) std::memcpy(io.out[0], bytes.data(), bytes.size());
+  };
+  if (!target.device().is_gpu()) {
+    weft::detail::launch(op, weft::detail::exec_device(target.device()), {}, {&target}, std::move(body),
+                         OpProperty::normal, n, Body::bytes);
+    return;
+  }
+  // GPU memory: through page-locked host memory, one copy.
+  Tensor staging = Tensor::wrap(std::make_shared<weft::detail::Storage>(target.engine(), Device::cpu_pinned(0),
+                                                                        target.dtype(), target.nbytes(), ""),
+                                target.shape());
+  weft::detail::launch(op, Device::cpu(0), {}, {&staging}, std::move(body), OpProperty::normal, n, Body::bytes);
+  target.copy_from(staging);
+}
+
+}  // namespace
+
+void load(const Reader& reader, const std::vector<Entry>& entries, const LoadOptions& options) {
+  const std::string where = "checkpoint " + quoted(reader.path());
+  auto bad = [&](const std::string& name, const std::string& m) {
+    throw InvalidArgument(where + ": tensor '" + name + "': " + m);
+  };
+  struct Plan {
+    Tensor tensor;
+    std::string name;
+    std::int64_t begin, end;
+  };
+  std::vector<Plan> plans;
+  std::set<std::string> wanted;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    if (e.name.empty()) throw InvalidArgument(where + ": load entry #" + std::to_string(i) + " has no name");
+    if (!e.tensor.defined()) bad(e.name, "no tensor to load into (an undefined Tensor)");
+    if (!reader.has(e.name)) bad(e.name, "the model's tensor is not in the checkpoint");
+    const Shape shape = e.shape.rank() == 0 ? e.tensor.shape() : e.shape;
+    const Shape saved = reader.shape(e.name);
+    if (shape != saved) bad(e.name, "shape " + saved.str() + " in the checkpoint, " + shape.str() + " in the model");
+    const DType dtype = reader.dtype(e.name);
+    if (e.tensor.dtype() != dtype)
+      bad(e.name, "dtype " + std::string(to_string(dtype)) + " in the checkpoint, " +
+                      std::string(to_string(e.tensor.dtype())) + " in the model (" + e.tensor.str() + ")");
+    const std::int64_t end = e.end == -1 ? shape.numel() : e.end;
+    if (e.begin < 0 || e.begin > end || end > shape.numel())
+      bad(e.name, "piece " + range_str(e.begin, end) + " is outside its shape " + shape.str());
+    if (e.tensor.numel() != end - e.begin)
+      bad(e.name, e.tensor.str() + " has " + std::to_string(e.tensor.numel()) + " elements for piece " +
+                      range_str(e.begin, end));
+    wanted.insert(e.name);
+    plans.push_back({e.tensor, e.name, e.begin, end});
+  }
+  if (options.strict)
+    for (const std::string& name : reader.names())
+      if (!wanted.count(name)) bad(name, "in the checkpoint but not in the model (a strict load takes every tensor)");
+  // Every byte is read before any tensor is written.
+  std::vector<std::vector<std::byte>> data;
+  data.reserve(plans.size());
+  for (const Plan& p : plans) data.push_back(reader.read(p.name, p.begin, p.end));
+  for (std::size_t i = 0; i < plans.size(); ++i) push_bytes(plans[i].tensor, std::move(data[i]), plans[i].name);
+}
+
+// ---- latest --------------------------------------------------------------------
+
+fs::path latest(const fs::path& run_dir) {
+  const fs::path link = run_dir / "latest";
+  std::error_code ec;
+  const fs::file_status s = fs::symlink_status(link, ec);
+  if (!fs::exists(s))
+    throw InvalidArgument("checkpoint run directory " + quoted(run_dir) + ": no checkpoint yet (no " +
+                          quoted(link) + ")");
+  if (!fs::is_symlink(s)) return link;
+  const fs::path target = fs::read_symlink(link, ec);
+  if (ec) throw InvalidArgument("checkpoint run directory " + quoted(run_dir) + ": cannot read " + quoted(link));
+  const fs::path resolved = (target.is_absolute() ? target : run_dir / target).lexically_normal();
+  if (!fs::exists(resolved, ec))
+    throw InvalidArgument("checkpoint run directory " + quoted(run_dir) + ": " + quoted(link) + " points at " +
+                          quoted(resolved) + ", which is missing");
+  return resolved;
+}
+
+void set_latest(const fs::path& run_dir, const fs::path& checkpoint_dir) {
+  const std::string what = "checkpoint run directory " + quoted(run_dir) + ": pointing 'latest' at " +
+                           quoted(checkpoint_dir);
+  try {
+    fs::create_directories(run_dir);
+    const fs::path base = fs::weakly_canonical(fs::absolute(run_dir));
+    const fs::path dest = fs::weakly_canonical(fs::absolute(checkpoint_dir));
+    fs::path target = dest.lexically_relative(base);
+    if (target.empty()) target = dest;
+    static std::atomic<unsigned> counter{0};
+    const fs::path tmp = run_dir / (".latest.tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++));
+    fs::remove(tmp);
+    fs::create_directory_symlink(target, tmp);
+    std::error_code ec;
+    fs::rename(tmp, run_dir / "latest", ec);
+    if (ec) {
+      fs::remove(tmp);
+      throw Error(what + ": " + ec.message() + " (is 'latest' a directory of its own?)");
+    }
+  } catch (const fs::filesystem_error& e) {
+    throw Error(what + ": " + e.what());
+  }
+}
+
+}  // namespace weft::checkpoint
