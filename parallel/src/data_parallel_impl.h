@@ -26,6 +26,13 @@ struct ShardSlot {
   std::unique_ptr<optim::Optimizer> optimizer;  // null for an empty chunk
 };
 
+// Where a member's chunk of a bucket meets one parameter: the parameter's
+// plan position and its elements [begin, end), starting `at` in the chunk.
+struct ChunkPiece {
+  std::size_t pos;
+  std::int64_t begin, end, at;
+};
+
 struct DataParallel::Impl {
   Engine* engine = nullptr;
   std::vector<Device> devices;
@@ -103,12 +110,17 @@ struct DataParallel::Impl {
   // all_gather of each member's chunk into `out` (one [elements] tensor per replica).
   void gather(std::size_t b, const std::vector<Tensor>& chunks, const std::vector<Tensor>& out,
               const std::string& what);
-  // Stage 3: push the gather of bucket b's parameters (if not in flight),
+  // Stage 3: push the gather of bucket b's parameters (if not in flight;
+  // with `after`, one tensor per replica, not before they are written),
   // unpack it into every replica's parameter tensors, and free them again.
-  void prefetch(std::size_t b);
+  void prefetch(std::size_t b, const std::vector<Tensor>& after = {});
   void materialize(std::size_t b);
   void release(std::size_t b);
   std::vector<Tensor> forward_sharded(const std::vector<Tensor>& inputs);
+
+  // ---- data_parallel_checkpoint.cpp ----
+  // The parameters bucket b's `range` covers, in order.
+  std::vector<ChunkPiece> chunk_pieces(std::size_t b, const Chunk& range) const;
 };
 
 }  // namespace weft::parallel
