@@ -16,8 +16,14 @@
 // (matmul_bf16_N: bfloat16 tensors against cublasGemmEx on bfloat16 data with
 // float32 accumulation); target ratio >= 0.95 at 4096^2.
 //
+// adamw_step_<model>: one AdamW step (weft::optim) over a model's parameter
+// list (LeNet: 8 tensors; ResNet-18: 62) as one foreach op per device against
+// one op per parameter, same kernels, interleaved; ratio = per-parameter /
+// foreach time (above 1: the multi-tensor op is cheaper).
+//
 // Output: a table, or with --json one line per case:
 //   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
+//   {"case":"adamw_step_resnet18", "tensors":..., "foreach_us":..., "per_parameter_us":..., "ratio":..., ...}
 #include <cblas.h>
 
 #include <chrono>
@@ -35,7 +41,9 @@
 #include "measure.h"
 #include "weft/gpu.h"
 #include "weft/gpu_streams.h"
+#include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/optim.h"
 #include "weft/tensor.h"
 
 #if WEFT_HAVE_CUDA
@@ -96,6 +104,73 @@ void print(const Options& o, const std::vector<Row>& rows) {
     else
       std::printf("%-16s %-8s %10lld %12.1f %12.1f %8.3f\n", r.name.c_str(), r.device.c_str(),
                   static_cast<long long>(r.ops), r.engine.median, r.direct.median, ratio);
+  }
+}
+
+// One optimizer step's time as one foreach op against one op per parameter.
+struct OptimizerRow {
+  std::string name, device;
+  std::size_t tensors = 0;
+  std::int64_t elements = 0, steps = 0;
+  weft_bench::Summary foreach, per_parameter;
+};
+
+void optimizer_cases(const Options& o, weft::Engine& engine, weft::Device device, std::vector<OptimizerRow>& rows) {
+  namespace nn = weft::nn;
+  namespace optim = weft::optim;
+  struct Model {
+    const char* name;
+    std::unique_ptr<nn::Sequential> net;
+    std::int64_t steps;
+  };
+  std::vector<Model> models;
+  models.push_back({"lenet", nn::lenet(engine, device, 1), o.quick ? 10 : 200});
+  if (!o.quick) models.push_back({"resnet18", nn::resnet18(engine, device, 1), 10});
+  for (Model& m : models) {
+    std::vector<nn::Parameter*> params = m.net->parameters();
+    std::int64_t elements = 0;
+    for (std::size_t k = 0; k < params.size(); ++k) {
+      nn::Parameter& p = *params[k];
+      p.grad = weft::Tensor::uniform(engine, p.value.shape(), -1, 1, 100 + k, device);
+      elements += p.value.numel();
+    }
+    optim::OptimizerOptions each = optim::OptimizerOptions::adamw(1e-3f), single = each;
+    single.foreach = false;
+    // Two optimizers over the same parameters: each keeps its own state.
+    optim::Optimizer foreach_opt(params, each), per_parameter_opt(params, single);
+    const Row r = measure(
+        "", "", m.steps, o.reps,
+        [&] {
+          for (std::int64_t i = 0; i < m.steps; ++i) foreach_opt.step();
+          engine.wait_all();
+        },
+        [&] {
+          for (std::int64_t i = 0; i < m.steps; ++i) per_parameter_opt.step();
+          engine.wait_all();
+        });
+    rows.push_back(OptimizerRow{std::string("adamw_step_") + m.name, device.str(), params.size(), elements, m.steps,
+                                r.engine, r.direct});
+  }
+}
+
+void print_optimizer(const Options& o, const std::vector<OptimizerRow>& rows) {
+  if (!o.json && !rows.empty())
+    std::printf("%-20s %-8s %8s %10s %14s %18s %8s\n", "case", "device", "tensors", "elements", "foreach_us",
+                "per_parameter_us", "ratio");
+  for (const OptimizerRow& r : rows) {
+    // Per step, in microseconds (the summaries are per step in ns).
+    const double f = r.foreach.median / 1e3, p = r.per_parameter.median / 1e3;
+    if (o.json)
+      std::printf(
+          "{\"case\":\"%s\",\"device\":\"%s\",\"tensors\":%zu,\"elements\":%lld,\"steps\":%lld,"
+          "\"foreach_us\":%.1f,\"per_parameter_us\":%.1f,\"ratio\":%.4f,\"foreach_us_min\":%.1f,"
+          "\"foreach_us_max\":%.1f,\"per_parameter_us_min\":%.1f,\"per_parameter_us_max\":%.1f,\"reps\":%d}\n",
+          r.name.c_str(), r.device.c_str(), r.tensors, static_cast<long long>(r.elements),
+          static_cast<long long>(r.steps), f, p, p / f, r.foreach.min / 1e3, r.foreach.max / 1e3,
+          r.per_parameter.min / 1e3, r.per_parameter.max / 1e3, o.reps);
+    else
+      std::printf("%-20s %-8s %8zu %10lld %14.1f %18.1f %8.3f\n", r.name.c_str(), r.device.c_str(), r.tensors,
+                  static_cast<long long>(r.elements), f, p, p / f);
   }
 }
 
@@ -242,7 +317,9 @@ int main(int argc, char** argv) {
           "weft-bench-ops [--json] [--quick] [--reps N]\n"
           "  Per-op dispatch cost of small ops through the engine vs calling the kernel directly, and\n"
           "  matmul through the engine vs the BLAS library called directly (ratio = direct/engine).\n"
-          "  GPU cases (kernel launch; cuBLAS GEMM in float32, TF32 and bfloat16) run when a GPU answers.\n");
+          "  GPU cases (kernel launch; cuBLAS GEMM in float32, TF32 and bfloat16) run when a GPU answers.\n"
+          "  adamw_step_<model>: an AdamW step as one foreach op vs one op per parameter (ratio = per-parameter\n"
+          "  / foreach).\n");
       return 0;
     } else {
       std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());
@@ -257,10 +334,15 @@ int main(int argc, char** argv) {
 #if WEFT_HAVE_CUDA
     if (weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
 #endif
+    std::vector<OptimizerRow> optimizer_rows;
+    optimizer_cases(o, *engine, weft::Device::cpu(0), optimizer_rows);
+    if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated)
+      optimizer_cases(o, *engine, weft::Device::gpu(0), optimizer_rows);
     if (!o.json)
       std::printf("weft-bench-ops: %u hardware threads, %d GPU(s); medians of %d, interleaved\n",
                   std::thread::hardware_concurrency(), weft::gpu::device_count(), o.reps);
     print(o, rows);
+    print_optimizer(o, optimizer_rows);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-bench-ops: %s\n", e.what());
     return 1;

@@ -174,20 +174,18 @@ kernels::OptimizerHyper Optimizer::Impl::hyper(float lr) const {
     case Algorithm::adam: h.kind = kernels::OptimizerKind::adam; break;
     case Algorithm::adamw: h.kind = kernels::OptimizerKind::adamw; break;
   }
-  h.lr = lr;
-  h.lr_double = lr;
-  h.weight_decay = o.algorithm == Algorithm::adamw ? 0.0f : o.weight_decay;
-  h.decay = static_cast<float>(1.0 - static_cast<double>(lr) * static_cast<double>(o.weight_decay));
-  h.momentum = o.momentum;
-  h.one_minus_dampening = static_cast<float>(1.0 - static_cast<double>(o.dampening));
+  const auto d = [](float v) { return static_cast<double>(v); };
+  h.lr = d(lr);
+  h.weight_decay = o.algorithm == Algorithm::adamw ? 0.0 : d(o.weight_decay);
+  h.decay = 1.0 - d(lr) * d(o.weight_decay);
+  h.momentum = d(o.momentum);
+  h.one_minus_dampening = 1.0 - d(o.dampening);
   h.nesterov = o.nesterov ? 1 : 0;
-  h.beta1 = o.beta1;
-  h.beta2 = o.beta2;
-  h.beta1_double = o.beta1;
-  h.beta2_double = o.beta2;
-  h.one_minus_beta1 = static_cast<float>(1.0 - static_cast<double>(o.beta1));
-  h.one_minus_beta2 = static_cast<float>(1.0 - static_cast<double>(o.beta2));
-  h.eps = o.eps;
+  h.beta1 = d(o.beta1);
+  h.beta2 = d(o.beta2);
+  h.one_minus_beta1 = 1.0 - d(o.beta1);
+  h.one_minus_beta2 = 1.0 - d(o.beta2);
+  h.eps = d(o.eps);
   return h;
 }
 
