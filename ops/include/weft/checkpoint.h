@@ -96,7 +96,10 @@ class SafetensorsFile {
 // ---- checkpoints ------------------------------------------------------------
 struct SaveOptions {
   int rank = 0;   // this writer
-  int ranks = 1;  // writers in all; rank 0 writes index.json once every shard exists
+  // Writers in all; rank 0 writes index.json once every shard exists. One
+  // process may save as several ranks (on the naive engine, which runs an
+  // async op to its end as it is pushed, rank 0 last).
+  int ranks = 1;
   Metadata metadata;  // saved in every shard and the index
   // Rank 0 waits this long for the other shards before it fails the save.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
