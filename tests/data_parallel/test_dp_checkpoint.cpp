@@ -121,7 +121,7 @@ TEST_CASE("dp checkpoint: saved on N members under one shard setting, resumed on
   });
 }
 
-TEST_CASE("dp checkpoint: a checkpoint of another model or optimizer is refused, naming the key; the state stays" *
+TEST_CASE("dp checkpoint: a checkpoint of another model or optimizer is refused, naming the key, and the state stays" *
           doctest::timeout(120)) {
   const std::vector<Batch> batches = mlp_batches(1, 8, 3);
   const optim::OptimizerOptions opt = optim::OptimizerOptions::adamw(0.01f);

@@ -19,7 +19,7 @@
 
 using namespace zero_test;
 
-TEST_CASE("distributed zero: every stage gives Shard::none's weights across ranks (LeNet, MLP; 1 and 2 devices each)" *
+TEST_CASE("distributed zero: every stage gives Shard::none's weights across ranks (LeNet and MLP, 1 and 2 devices each)" *
           doctest::timeout(600)) {
   const std::vector<Batch> mlp = mlp_batches(3, 13);
   const std::vector<Batch> lenet = lenet_batches(2, 12);
@@ -51,7 +51,7 @@ TEST_CASE("distributed zero: every stage gives Shard::none's weights across rank
   });
 }
 
-TEST_CASE("distributed zero: an Inf in one rank's rows skips the step everywhere; clipping spans every rank" *
+TEST_CASE("distributed zero: an Inf in one rank's rows skips the step everywhere, and clipping spans every rank" *
           doctest::timeout(300)) {
   std::vector<Batch> batches = mlp_batches(3, 12, 41);
   batches[1].x[0] = std::numeric_limits<float>::infinity();  // process 0's first row
