@@ -11,10 +11,19 @@
 // gradients sent in half precision (half_precision_reduction); every row
 // gives the gradient bytes each replica puts into the reductions per step.
 //
+// --shard none,optimizer,gradients,parameters runs ZeRO's stages instead
+// (DataParallel with that Shard, each on an engine of its own so that its
+// allocator's peak is its own), with --optimizer (sgd, momentum, adam,
+// adamw; default sgd): each row adds the largest member's allocator peak
+// during a pass of --steps steps, the bytes in use between steps, and its
+// state_bytes() (parameters, gradients and optimizer state held between
+// steps).
+//
 // Every configuration trains its own replicas from the same initial weights
 // on the same synthetic batches, so after the first steps their weights must
-// agree with the one-device peer's up to float rounding: the exit status is 1
-// when they do not (the bench doubles as a correctness check).
+// agree with the one-device peer's (with --shard: the unsharded one's) up to
+// float rounding: the exit status is 1 when they do not (the bench doubles
+// as a correctness check).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -33,6 +42,7 @@
 #include "weft/engine.h"
 #include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/optim.h"
 #include "weft/parallel/data_parallel.h"
 #include "weft/parallel/metrics.h"
 #include "weft/tensor.h"
@@ -51,13 +61,16 @@ struct Options {
   int reps = 7;
   float lr = 0.05f;
   std::optional<weft::DType> reduce_dtype;  // --reduce-dtype: an extra half-precision configuration
+  std::vector<par::Shard> shards;            // --shard: ZeRO's stages instead of the reduction variants
+  std::string optimizer = "sgd";
 };
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-data-parallel [--json] [--model lenet|mlp] [--devices D,...] [--batch N]\n"
                "                                [--bucket-kb N] [--steps N] [--reps N] [--quick]\n"
-               "                                [--reduce-dtype bf16|fp16]\n"
+               "                                [--reduce-dtype bf16|fp16] [--shard S,...]\n"
+               "                                [--optimizer sgd|momentum|adam|adamw]\n"
                "  Seconds per SGD step (split_and_load, forward, softmax cross-entropy, backward with the\n"
                "  gradient reductions, step) of data-parallel training on --devices (default cpu:0,cpu:1;\n"
                "  gpu:0,gpu:1 with real or simulated GPUs), batch --batch (default 256) split over them,\n"
@@ -69,6 +82,12 @@ int usage(std::FILE* out, int rc) {
                "    no_overlap   --bucket-kb buckets, reduced only after the whole backward\n"
                "    bucketed_bf16  (or _fp16, with --reduce-dtype) as bucketed, the gradients sent in that dtype\n"
                "  grad_bytes: the gradient bytes each replica puts into the reductions per step.\n"
+               "  --shard none,optimizer,gradients,parameters: instead, one configuration per ZeRO stage\n"
+               "  (bucketed, each on an engine of its own), with peak_bytes (the largest member's allocator\n"
+               "  peak over a pass) and state_bytes (its parameters, gradients and optimizer state between\n"
+               "  steps); held_bytes: the allocator's bytes in use between steps (state and buffers);\n"
+               "  max_weight_diff is from the unsharded one, the peer. --optimizer (default sgd) for all\n"
+               "  (adam, adamw: the weights must match to 1e-3, their update being ~lr * sign(g)).\n"
                "  Per configuration the median over --reps (default 7) of --steps steps (default 10) each,\n"
                "  after a warm-up rep; then one profiled pass for comm_overlap. --model mlp: 784-512-512-10\n"
                "  (more gradient per flop than LeNet). --quick: 3 reps of 4 steps. Exit status 1 when a\n"
@@ -83,9 +102,13 @@ struct Config {
   std::size_t bucket_bytes;
   bool overlap;
   weft::DType reduce_dtype = weft::DType::float32;
+  par::Shard shard = par::Shard::none;
+  std::unique_ptr<weft::Engine> own_engine;  // --shard: each configuration's own
+  weft::Engine* engine = nullptr;
   std::unique_ptr<par::DataParallel> dp;
   std::vector<double> sec_per_step;
   par::CommOverlap overlap_figure;
+  std::size_t peak_bytes = 0, held_bytes = 0, state_bytes = 0;
 };
 
 struct Batch {
@@ -122,10 +145,12 @@ void train_step(par::DataParallel& dp, const Batch& batch, float lr) {
   dp.step(lr);
 }
 
-// Largest |difference| between two models' parameters, relative to the
-// largest |value|.
-double weight_difference(weft::nn::Sequential& a, weft::nn::Sequential& b) {
-  const std::vector<weft::nn::Parameter*> pa = a.parameters(), pb = b.parameters();
+// Largest |difference| between two configurations' parameters (replica 0),
+// relative to the largest |value|.
+double weight_difference(par::DataParallel& dp_a, par::DataParallel& dp_b) {
+  auto full_a = dp_a.full_parameters();  // gathered under Shard::parameters
+  auto full_b = dp_b.full_parameters();
+  const std::vector<weft::nn::Parameter*> pa = dp_a.replica(0).parameters(), pb = dp_b.replica(0).parameters();
   double diff = 0, scale = 0;
   for (std::size_t i = 0; i < pa.size(); ++i) {
     const std::vector<float> va = pa[i]->value.to_host(), vb = pb[i]->value.to_host();
@@ -156,7 +181,20 @@ int main(int argc, char** argv) {
     else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
     else if (a == "--reduce-dtype" && (text = args.value()) && (*text == "bf16" || *text == "fp16"))
       o.reduce_dtype = *text == "bf16" ? weft::DType::bfloat16 : weft::DType::float16;
-    else {
+    else if (a == "--shard" && (text = args.value()) && !text->empty()) {
+      try {
+        for (std::size_t at = 0; at <= text->size();) {
+          const std::size_t comma = std::min(text->find(',', at), text->size());
+          o.shards.push_back(par::parse_shard(std::string_view(*text).substr(at, comma - at), "--shard"));
+          at = comma + 1;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "weft-bench-data-parallel: %s\n", e.what());
+        return 2;
+      }
+    } else if (a == "--optimizer" && (text = args.value()) && !text->empty()) {
+      o.optimizer = *text;
+    } else {
       std::fprintf(stderr, "weft-bench-data-parallel: bad argument '%s'\n", a.c_str());
       return usage(stderr, 2);
     }
@@ -166,6 +204,13 @@ int main(int argc, char** argv) {
     devices = weft::examples::parse_device_list(o.devices);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-bench-data-parallel: bad --devices: %s\n", e.what());
+    return 2;
+  }
+  weft::optim::OptimizerOptions optimizer;
+  try {
+    optimizer = weft::optim::OptimizerOptions::parse(o.optimizer, o.lr, "--optimizer");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "weft-bench-data-parallel: %s\n", e.what());
     return 2;
   }
   if (devices.size() < 2) {
@@ -180,32 +225,58 @@ int main(int argc, char** argv) {
     for (weft::Device d : devices)
       if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
     auto engine = weft::Engine::create(config);
-    auto make = [&](weft::Device d) {
-      return o.model == "lenet" ? weft::nn::lenet(*engine, d, 0) : weft::nn::mlp(*engine, {784, 512, 512, 10}, d, 0);
-    };
 
     std::vector<Config> configs;
-    configs.push_back({"one_device", {devices[0]}, o.bucket_bytes, true, weft::DType::float32, nullptr, {}, {}});
-    configs.push_back({"bucketed", devices, o.bucket_bytes, true, weft::DType::float32, nullptr, {}, {}});
-    configs.push_back({"one_bucket", devices, std::size_t{25} << 20, true, weft::DType::float32, nullptr, {}, {}});
-    configs.push_back({"per_param", devices, 0, true, weft::DType::float32, nullptr, {}, {}});
-    configs.push_back({"no_overlap", devices, o.bucket_bytes, false, weft::DType::float32, nullptr, {}, {}});
-    if (o.reduce_dtype)
-      configs.push_back({*o.reduce_dtype == weft::DType::bfloat16 ? "bucketed_bf16" : "bucketed_fp16", devices,
-                         o.bucket_bytes, true, *o.reduce_dtype, nullptr, {}, {}});
+    auto add = [&](std::string name, std::vector<weft::Device> on, std::size_t bucket, bool overlap,
+                   weft::DType reduce_dtype = weft::DType::float32, par::Shard shard = par::Shard::none) {
+      Config c;
+      c.name = std::move(name);
+      c.devices = std::move(on);
+      c.bucket_bytes = bucket;
+      c.overlap = overlap;
+      c.reduce_dtype = reduce_dtype;
+      c.shard = shard;
+      c.engine = engine.get();
+      configs.push_back(std::move(c));
+    };
+    if (o.shards.empty()) {
+      add("one_device", {devices[0]}, o.bucket_bytes, true);
+      add("bucketed", devices, o.bucket_bytes, true);
+      add("one_bucket", devices, std::size_t{25} << 20, true);
+      add("per_param", devices, 0, true);
+      add("no_overlap", devices, o.bucket_bytes, false);
+      if (o.reduce_dtype)
+        add(*o.reduce_dtype == weft::DType::bfloat16 ? "bucketed_bf16" : "bucketed_fp16", devices, o.bucket_bytes,
+            true, *o.reduce_dtype);
+    } else {
+      // The unsharded configuration first: the others' weights are compared with its.
+      if (std::find(o.shards.begin(), o.shards.end(), par::Shard::none) == o.shards.end())
+        o.shards.insert(o.shards.begin(), par::Shard::none);
+      std::stable_partition(o.shards.begin(), o.shards.end(), [](par::Shard s) { return s == par::Shard::none; });
+      for (par::Shard s : o.shards) {
+        add("shard_" + std::string(par::to_string(s)), devices, o.bucket_bytes, true, weft::DType::float32, s);
+        configs.back().own_engine = weft::Engine::create(config);
+        configs.back().engine = configs.back().own_engine.get();
+      }
+    }
     for (Config& c : configs) {
-      c.dp = std::make_unique<par::DataParallel>(
-          *engine, c.devices, make,
-          par::DataParallelOptions{.bucket_bytes = c.bucket_bytes, .overlap = c.overlap, .name = c.name});
+      auto make_on = [&](weft::Device d) {
+        return o.model == "lenet" ? weft::nn::lenet(*c.engine, d, 0)
+                                  : weft::nn::mlp(*c.engine, {784, 512, 512, 10}, d, 0);
+      };
+      par::DataParallelOptions options{.bucket_bytes = c.bucket_bytes, .overlap = c.overlap, .name = c.name};
+      options.optimizer = optimizer;
+      options.shard = c.shard;
+      c.dp = std::make_unique<par::DataParallel>(*c.engine, c.devices, make_on, std::move(options));
       if (c.reduce_dtype != weft::DType::float32)
         c.dp->set_reduction(par::half_precision_reduction(*c.dp, {.dtype = c.reduce_dtype}));
     }
-    engine->wait_all();
+    for (Config& c : configs) c.engine->wait_all();
 
     const std::vector<Batch> batches = synthetic_batches(o, o.steps);
     auto run = [&](Config& c, std::size_t steps) {
       for (std::size_t b = 0; b < steps; ++b) train_step(*c.dp, batches[b], o.lr);
-      engine->wait_all();
+      c.engine->wait_all();
     };
 
     std::fprintf(o.json ? stderr : stdout,
@@ -214,7 +285,7 @@ int main(int argc, char** argv) {
                  o.model.c_str(), static_cast<long long>(o.batch), o.devices.c_str(), o.bucket_bytes >> 10,
                  std::string(engine->kind()).c_str(), engine->workers(devices[0]), devices[0].str().c_str(),
                  std::thread::hardware_concurrency(), rtt);
-    if (!o.json) std::printf("bucketed plan:\n%s", configs[1].dp->describe_buckets().c_str());
+    if (!o.json && configs.size() > 1) std::printf("bucketed plan:\n%s", configs[1].dp->describe_buckets().c_str());
 
     // The check: the first few steps from the common initial weights. Same
     // batches, same steps: equal up to the order of float sums (a missing or
@@ -226,8 +297,11 @@ int main(int argc, char** argv) {
     std::vector<double> weight_diff;
     bool agree = true;
     for (Config& c : configs) {
-      weight_diff.push_back(weight_difference(c.dp->replica(0), configs[0].dp->replica(0)));
-      agree = agree && weight_diff.back() < (c.reduce_dtype == weft::DType::float32 ? 1e-5 : 2e-2);
+      weight_diff.push_back(weight_difference(*c.dp, *configs[0].dp));
+      // Adam's update is about lr * sign(g) where |g| is small: a gradient
+      // near zero summed in another order moves it by up to lr.
+      const bool adam = optimizer.algorithm != weft::optim::Algorithm::sgd;
+      agree = agree && weight_diff.back() < (c.reduce_dtype != weft::DType::float32 ? 2e-2 : adam ? 1e-3 : 1e-5);
     }
     for (Config& c : configs) run(c, batches.size());  // warm-up: first touch, the allocator's pools
     for (int r = 0; r < o.reps; ++r)
@@ -236,19 +310,33 @@ int main(int argc, char** argv) {
         run(c, batches.size());
         c.sec_per_step.push_back(sw.seconds() / o.steps);
       }
-    weft::Profiler& profiler = engine->profiler();
     for (Config& c : configs) {
+      weft::Profiler& profiler = c.engine->profiler();
       profiler.clear();
       profiler.start();
       run(c, batches.size());
       profiler.stop();
       c.overlap_figure = par::comm_overlap(profiler.spans(), c.dp->comm_marker());
+      profiler.clear();
     }
-    profiler.clear();
+    // Memory: the allocators' peak over one more pass (with --shard each
+    // configuration's engine is its own: its peak is its own), and the
+    // state held between steps.
+    for (Config& c : configs) {
+      for (weft::Device d : c.devices) c.engine->allocator(d).reset_peak();
+      run(c, batches.size());
+      for (weft::Device d : c.devices) {
+        const weft::MemoryStats m = weft::memory_stats(*c.engine, d);
+        c.peak_bytes = std::max(c.peak_bytes, m.peak_in_use);
+        c.held_bytes = std::max(c.held_bytes, m.in_use);
+      }
+      for (std::size_t b : c.dp->state_bytes()) c.state_bytes = std::max(c.state_bytes, b);
+    }
 
     if (!o.json)
-      std::printf("%-14s %8s %7s %12s %12s %12s %10s %10s %10s %12s\n", "config", "replicas", "buckets", "ms_per_step",
-                  "min_ms", "max_ms", "vs_peer", "overlap", "weight_diff", "grad_bytes");
+      std::printf("%-16s %8s %7s %12s %12s %12s %10s %10s %10s %12s %10s %10s\n", "config", "replicas", "buckets",
+                  "ms_per_step", "min_ms", "max_ms", "vs_peer", "overlap", "weight_diff", "grad_bytes", "peak_MiB",
+                  "state_MiB");
     const double peer = weft_bench::summarize(configs[0].sec_per_step).median;
     for (std::size_t i = 0; i < configs.size(); ++i) {
       Config& c = configs[i];
@@ -267,18 +355,21 @@ int main(int argc, char** argv) {
             "\"bucket_bytes\":%zu,\"buckets\":%zu,\"overlap\":%s,\"sec_per_step\":%.6f,\"min_sec\":%.6f,"
             "\"max_sec\":%.6f,\"peer_sec_per_step\":%.6f,\"ratio_vs_one_device\":%.4f,\"comm_overlap\":%s,"
             "\"comm_ms_per_step\":%.4f,\"weight_diff\":%.3g,\"reduce_dtype\":\"%s\",\"grad_bytes_per_step\":%lld,"
-            "\"steps\":%d,\"reps\":%d,\"core_round_trip_ns\":%.1f}\n",
+            "\"steps\":%d,\"reps\":%d,\"core_round_trip_ns\":%.1f,\"shard\":\"%s\",\"members\":%d,\"optimizer\":\"%s\","
+            "\"step_ms\":%.4f,\"peak_bytes\":%zu,\"held_bytes\":%zu,\"state_bytes\":%zu,\"max_weight_diff\":%.3g}\n",
             c.name.c_str(), o.model.c_str(), o.devices.c_str(), c.dp->world_size(), static_cast<long long>(o.batch),
             c.bucket_bytes, reduces ? c.dp->buckets().size() : std::size_t{0}, c.overlap ? "true" : "false",
             s.median, s.min, s.max, peer, s.median / peer, overlap, c.overlap_figure.comm_ms / o.steps, diff,
             std::string(weft::to_string(c.reduce_dtype)).c_str(), static_cast<long long>(grad_bytes), o.steps, o.reps,
-            rtt);
+            rtt, std::string(par::to_string(c.shard)).c_str(), c.dp->world_size(), o.optimizer.c_str(), s.median * 1e3,
+            c.peak_bytes, c.held_bytes, c.state_bytes, diff);
       } else {
         char overlap[32] = "-";
         if (reduces) std::snprintf(overlap, sizeof overlap, "%.2f", c.overlap_figure.fraction);
-        std::printf("%-14s %8d %7zu %12.2f %12.2f %12.2f %10.3f %10s %10.2g %12lld\n", c.name.c_str(),
+        std::printf("%-16s %8d %7zu %12.2f %12.2f %12.2f %10.3f %10s %10.2g %12lld %10.2f %10.2f\n", c.name.c_str(),
                     c.dp->world_size(), reduces ? c.dp->buckets().size() : std::size_t{0}, s.median * 1e3, s.min * 1e3,
-                    s.max * 1e3, s.median / peer, overlap, diff, static_cast<long long>(grad_bytes));
+                    s.max * 1e3, s.median / peer, overlap, diff, static_cast<long long>(grad_bytes),
+                    static_cast<double>(c.peak_bytes) / (1 << 20), static_cast<double>(c.state_bytes) / (1 << 20));
       }
       std::fflush(stdout);
     }

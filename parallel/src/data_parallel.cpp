@@ -2,8 +2,11 @@
 // interleaved backward that pushes each bucket's reduction as soon as its
 // last gradient is pushed, and the reductions (one communicator over the
 // replicas' devices, or through the host for a mix of CPU devices and GPUs).
-// Design notes: docs/design/data-parallel.md.
+// The optimizer step and ZeRO's stages: data_parallel_shard.cpp; checkpoints:
+// data_parallel_checkpoint.cpp. Design notes: docs/design/data-parallel.md.
 #include "weft/parallel/data_parallel.h"
+
+#include "data_parallel_impl.h"
 
 #include <algorithm>
 #include <cmath>
@@ -55,57 +58,6 @@ std::vector<std::int64_t> split_rows(std::int64_t rows, int parts) {
   return out;
 }
 
-struct DataParallel::Impl {
-  Engine* engine = nullptr;
-  std::vector<Device> devices;
-  DataParallelOptions options;
-  std::size_t bucket_bytes = 0;
-  std::vector<std::unique_ptr<nn::Sequential>> replicas;
-  // leaves[r]: replica r's layers in forward order; params[r][l]: leaf l's
-  // parameters sorted by name (the plan's order within a layer).
-  std::vector<std::vector<nn::Layer*>> leaves;
-  std::vector<std::vector<std::vector<nn::Parameter*>>> params;
-  // The plan: (leaf, index in leaf) in reduction order, and where each bucket
-  // ends in it.
-  std::vector<std::pair<std::size_t, std::size_t>> order;
-  std::vector<std::size_t> bucket_end;
-  std::vector<GradientBucket> buckets;
-
-  // Reduction: one communicator over the replicas' devices (all CPU devices
-  // or all GPUs), or, for a mix, sums on the host and `host_comm` across
-  // processes.
-  std::optional<Communicator> comm, host_comm;
-  bool mixed = false;
-  int processes = 1, process_rank = 0;
-  BucketReduction reduction;
-
-  // The step in progress.
-  std::vector<double> weight;                   // per replica, from forward()
-  std::vector<std::int64_t> split;              // split_and_load's local parts; empty: none pending
-  std::int64_t split_total = 0;                 // ... and the whole batch's rows
-  int no_sync_depth = 0;
-  int accumulated = 0;  // backward()s packed into the buckets since the last reduction
-  std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
-  // Loss scaling's state per replica ([1] float32 on its device; LossScaling).
-  std::vector<Tensor> scale, growth_tracker, skipped;
-
-  int world() const { return processes * static_cast<int>(devices.size()); }
-  std::string label() const { return "DataParallel"; }
-
-  nn::Parameter& param(std::size_t r, std::size_t pos) const {
-    const auto [leaf, j] = order[pos];
-    return *params[r][leaf][j];
-  }
-
-  void build_plan();
-  void check_replica(std::size_t r) const;
-  void broadcast_parameters();
-  void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused);
-  void reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root);
-  // Each replica's flag becomes the largest over every replica and process.
-  void agree_max(std::vector<Tensor>& flags, const std::string& name);
-};
-
 void DataParallel::Impl::agree_max(std::vector<Tensor>& flags, const std::string& name) {
   if (!mixed) {
     if (comm) allreduce(*comm, flags, ReduceOp::max, {.name = name});
@@ -126,18 +78,27 @@ void DataParallel::Impl::build_plan() {
   for (std::size_t l = n_leaves; l-- > 0;)
     for (std::size_t j = 0; j < params[0][l].size(); ++j) order.emplace_back(l, j);
   if (order.empty()) throw InvalidArgument(label() + ": the model has no parameters");
+  // Stage 3: a bucket per leaf with parameters (a layer's parameters are
+  // gathered and freed together); otherwise by capacity.
+  const bool per_leaf = options.shard == Shard::parameters;
   std::int64_t in_bucket = 0;
   for (std::size_t pos = 0; pos < order.size(); ++pos) {
     const nn::Parameter& p = param(0, pos);
     if (p.value.dtype() != DType::float32)
       throw InvalidArgument(label() + ": parameter '" + p.name + "' is " + std::string(to_string(p.value.dtype())) +
                             "; data-parallel gradients are float32");
+    shapes.push_back(p.value.shape());
     in_bucket += p.value.numel();
-    if (static_cast<std::size_t>(in_bucket) * sizeof(float) >= bucket_bytes || pos + 1 == order.size()) {
+    const bool leaf_ends = pos + 1 == order.size() || order[pos + 1].first != order[pos].first;
+    if (per_leaf ? leaf_ends
+                 : static_cast<std::size_t>(in_bucket) * sizeof(float) >= bucket_bytes || pos + 1 == order.size()) {
       bucket_end.push_back(pos + 1);
       in_bucket = 0;
     }
   }
+  leaf_bucket.assign(n_leaves, -1);
+  if (per_leaf)
+    for (std::size_t b = 0; b < bucket_end.size(); ++b) leaf_bucket[order[bucket_end[b] - 1].first] = static_cast<int>(b);
   std::size_t begin = 0;
   for (std::size_t b = 0; b < bucket_end.size(); ++b) {
     GradientBucket bucket;
@@ -236,12 +197,21 @@ void DataParallel::Impl::broadcast_parameters() {
   }
 }
 
+std::vector<Tensor> DataParallel::Impl::bucket_values(std::size_t b, std::size_t r) const {
+  std::vector<Tensor> values;
+  for (std::size_t pos = bucket_begin(b); pos < bucket_end[b]; ++pos) values.push_back(param(r, pos).value);
+  return values;
+}
+
 void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused) {
-  const GradientBucket& bucket = buckets[b];
-  const std::size_t begin = b == 0 ? 0 : bucket_end[b - 1];
+  GradientBucket& bucket = buckets[b];
+  const std::size_t begin = bucket_begin(b);
   const std::size_t end = bucket_end[b];
+  // Stages 2 and 3: the flat bucket exists from the first pack to the
+  // reduce-scatter, and the full gradients only until they are packed.
+  const bool sharded_grads = shard() >= Shard::gradients;
   // One replica in all and nothing accumulated: the grads are final already.
-  const bool direct = world() == 1 && accumulated == 0 && sync;
+  const bool direct = shard() == Shard::none && world() == 1 && accumulated == 0 && sync;
   for (std::size_t r = 0; r < devices.size(); ++r) {
     std::vector<Tensor> grads;
     for (std::size_t pos = begin; pos < end; ++pos) {
@@ -251,15 +221,24 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
         continue;
       }
       Tensor& z = zeros[r][pos];
-      if (!z.defined()) z = Tensor::zeros(*engine, p.value.shape(), devices[r]);
+      if (!z.defined()) z = Tensor::zeros(*engine, shapes[pos], devices[r]);
       if (direct) p.grad = z;  // (never written: a new grad tensor comes with every reduction)
       grads.push_back(z);
     }
     if (direct) continue;
-    Tensor flat = bucket.flat[r];
+    Tensor& flat = bucket.flat[r];
+    if (!flat.defined())
+      flat = Tensor::empty(*engine, Shape{bucket.elements}, devices[r])
+                 .set_name(options.name + " bucket " + std::to_string(b) + " on " + devices[r].str());
     ops::pack(grads, flat, static_cast<float>(weight[r]), /*accumulate=*/accumulated > 0);
+    if (sharded_grads)
+      for (std::size_t pos = begin; pos < end; ++pos) param(r, pos).grad = Tensor();
   }
   if (direct || !sync) return;
+  if (sharded_grads) {
+    reduce_scatter_bucket(b);
+    return;
+  }
   if (world() > 1) {
     if (reduction)
       reduction(bucket);
@@ -271,10 +250,15 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
     for (std::size_t pos = begin; pos < end; ++pos) {
       nn::Parameter& p = param(r, pos);
       // Unused: a fresh tensor (the zeros stay zeros).
-      if (unused[r][pos]) p.grad = Tensor::empty(*engine, p.value.shape(), devices[r]).set_name(p.name + ".grad");
+      if (unused[r][pos]) p.grad = Tensor::empty(*engine, shapes[pos], devices[r]).set_name(p.name + ".grad");
       grads.push_back(p.grad);
     }
     ops::unpack(bucket.flat[r], grads);
+    // Stage 1: this member's chunk of the reduced gradient, for the step.
+    if (shard() == Shard::optimizer) {
+      ShardSlot& slot = *slots[b][r];
+      slot.param.grad = ops::slice_rows(bucket.flat[r], slot.range.begin, slot.range.end).set_name(slot.param.name + ".grad");
+    }
   }
 }
 
@@ -343,9 +327,14 @@ DataParallel::DataParallel(Engine& engine, std::vector<Device> devices, const Re
     m.comm = Communicator::local(engine, m.devices);
   }
 
+  if (m.mixed && m.options.shard != Shard::none)
+    throw InvalidArgument("DataParallel: Shard::" + std::string(to_string(m.options.shard)) +
+                          " needs replicas on CPU devices only or GPUs only (a collective group); got a mix (" +
+                          m.devices.front().str() + ", ...)");
   m.build_plan();
   m.zeros.assign(m.devices.size(), std::vector<Tensor>(m.order.size()));
   m.broadcast_parameters();
+  m.setup_optimizer();
   if (const auto& ls = m.options.loss_scaling) {
     if (!(ls->init_scale > 0.0f) || !std::isfinite(ls->init_scale))
       throw InvalidArgument("DataParallel: LossScaling::init_scale " + std::to_string(ls->init_scale) +
@@ -446,8 +435,9 @@ std::vector<Tensor> DataParallel::forward(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> out;
   for (std::size_t r = 0; r < inputs.size(); ++r) {
     m.weight[r] = static_cast<double>(inputs[r].shape()[0]) / total;
-    out.push_back(m.replicas[r]->forward(inputs[r]));
+    if (m.shard() != Shard::parameters) out.push_back(m.replicas[r]->forward(inputs[r]));
   }
+  if (m.shard() == Shard::parameters) return m.forward_sharded(inputs);
   return out;
 }
 
@@ -468,6 +458,17 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
   std::vector<Tensor> before;
   for (std::size_t l = m.leaves[0].size(); l-- > 0;) {
     const std::size_t n = m.params[0][l].size();
+    // Stage 3: the layer's parameters gathered again, the next layer's
+    // gather pushed ahead.
+    const int gathered = m.leaf_bucket[l];
+    if (gathered >= 0) {
+      m.materialize(static_cast<std::size_t>(gathered));
+      for (std::size_t k = l; k-- > 0;)
+        if (m.leaf_bucket[k] >= 0) {
+          m.prefetch(static_cast<std::size_t>(m.leaf_bucket[k]), d);
+          break;
+        }
+    }
     // Interleave the replicas layer by layer, so each bucket's gradients are
     // pushed on every replica before the next layer's backward.
     for (std::size_t r = 0; r < m.devices.size(); ++r) {
@@ -490,6 +491,7 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
         unused[r][ready + j] = true;
       }
     }
+    if (gathered >= 0) m.release(static_cast<std::size_t>(gathered));
     ready += n;
     if (!m.options.overlap) continue;
     while (next_bucket < m.bucket_end.size() && m.bucket_end[next_bucket] <= ready) m.finish_bucket(next_bucket++, sync, unused);
@@ -503,37 +505,19 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
     for (std::size_t r = 0; r < m.devices.size(); ++r) {
       for (std::size_t pos = 0; pos < m.order.size(); ++pos)
         if (!unused[r][pos]) grads.push_back(m.param(r, pos).grad.var());
-      for (const GradientBucket& bucket : m.buckets) flats.push_back(bucket.flat[r].var());
+      for (GradientBucket& bucket : m.buckets) {
+        Tensor& flat = bucket.flat[r];
+        if (!flat.defined())  // stages 2 and 3: packed into from here
+          flat = Tensor::zeros(*m.engine, Shape{bucket.elements}, m.devices[r])
+                     .set_name(m.options.name + " bucket " + std::to_string(bucket.index) + " on " + m.devices[r].str());
+        flats.push_back(flat.var());
+      }
     }
     m.engine->push([] {}, Device::cpu(0), grads, flats, {.name = m.options.name + " backward done"});
   }
   while (next_bucket < m.bucket_end.size()) m.finish_bucket(next_bucket++, sync, unused);
   m.weight.clear();
   m.accumulated = sync ? 0 : m.accumulated + 1;
-}
-
-void DataParallel::step(float lr, float weight_decay) {
-  Impl& m = *impl_;
-  if (m.accumulated > 0)
-    throw InvalidArgument("DataParallel::step: the last " + std::to_string(m.accumulated) +
-                          " backward()s ran inside no_sync and are not reduced yet; run one backward() outside "
-                          "no_sync first");
-  if (m.scale.empty()) {
-    for (auto& replica : m.replicas) nn::sgd_step(replica->parameters(), lr, weight_decay);
-    return;
-  }
-  std::vector<Tensor> found;
-  for (std::size_t r = 0; r < m.replicas.size(); ++r) {
-    std::vector<Tensor> grads;
-    for (nn::Parameter* p : m.replicas[r]->parameters())
-      if (p->grad.defined()) grads.push_back(p->grad);
-    found.push_back(ops::unscale_and_check(grads, m.scale[r]));
-  }
-  m.agree_max(found, m.options.name + " found inf");
-  for (std::size_t r = 0; r < m.replicas.size(); ++r) {
-    nn::sgd_step(m.replicas[r]->parameters(), lr, weight_decay, found[r]);
-    ops::update_loss_scale(m.scale[r], m.growth_tracker[r], m.skipped[r], found[r], m.options.loss_scaling->rule);
-  }
 }
 
 float DataParallel::loss_scale() const {
@@ -573,7 +557,13 @@ std::int64_t DataParallel::agree_steps(std::int64_t local_steps) {
   return -static_cast<std::int64_t>(t[0].item());
 }
 
-void DataParallel::set_reduction(BucketReduction reduction) { impl_->reduction = std::move(reduction); }
+void DataParallel::set_reduction(BucketReduction reduction) {
+  if (reduction && impl_->shard() >= Shard::gradients)
+    throw InvalidArgument("DataParallel::set_reduction: with Shard::" + std::string(to_string(impl_->shard())) +
+                          " the buckets are reduce-scattered (each member keeps its chunk), not reduced by a "
+                          "replaceable allreduce; use Shard::none or Shard::optimizer");
+  impl_->reduction = std::move(reduction);
+}
 
 void DataParallel::reduce_bucket(const GradientBucket& bucket) {
   impl_->reduce(bucket, impl_->options.name + " bucket " + std::to_string(bucket.index), false);

@@ -142,6 +142,15 @@ Tensor as_dtype(const Tensor& t, DType dtype) {
   return !t.defined() || t.dtype() == dtype ? t : ops::cast(t, dtype);
 }
 
+// What forward keeps of the weight it computed with: only a half copy. The
+// float32 weight itself is read again at backward (weight_for_backward),
+// so the layer holds no handle on it in between and a data-parallel
+// trainer may free it and gather it again (ZeRO stage 3).
+Tensor half_copy(const Tensor& computed_with, const Tensor& weight) {
+  return computed_with.storage() == weight.storage() ? Tensor() : computed_with;
+}
+Tensor weight_for_backward(const Tensor& kept, const Tensor& weight) { return kept.defined() ? kept : weight; }
+
 // A gradient for a float32 master parameter.
 Tensor master_grad(Tensor g, const std::string& name) {
   g = as_dtype(g, DType::float32);
@@ -181,7 +190,7 @@ Tensor Dense::forward(const Tensor& x) {
   Tensor xc = as_dtype(x, dtype), wc = as_dtype(weight_.value, dtype);
   Tensor y = ops::dense(xc, wc, as_dtype(bias_.value, dtype));
   x_ = training_ ? xc : Tensor();
-  w_ = training_ ? wc : Tensor();
+  w_ = training_ ? half_copy(wc, weight_.value) : Tensor();
   return y;
 }
 
@@ -189,7 +198,7 @@ Tensor Dense::backward(const Tensor& dy) {
   if (!x_.defined()) no_forward("Dense");
   check_dy("Dense", dy, output_shape(x_.shape()));
   MathScope math(precision_);
-  ops::DenseGrads g = ops::dense_backward(x_, w_, as_dtype(dy, x_.dtype()));
+  ops::DenseGrads g = ops::dense_backward(x_, weight_for_backward(w_, weight_.value), as_dtype(dy, x_.dtype()));
   x_ = w_ = Tensor();
   weight_.grad = master_grad(std::move(g.dw), weight_.name);
   bias_.grad = master_grad(std::move(g.db), bias_.name);
@@ -201,7 +210,7 @@ Tensor Dense::backward_input(const Tensor& dy) {
   check_dy("Dense", dy, output_shape(x_.shape()));
   MathScope math(precision_);
   dy_ = as_dtype(dy, x_.dtype());
-  return ops::dense_backward_data(dy_, w_);
+  return ops::dense_backward_data(dy_, weight_for_backward(w_, weight_.value));
 }
 
 void Dense::backward_weight() {
@@ -257,7 +266,7 @@ Tensor Conv2d::forward(const Tensor& x) {
   Tensor xc = as_dtype(x, dtype), wc = as_dtype(weight_.value, dtype);
   Tensor y = ops::conv2d(xc, wc, as_dtype(bias_.value, dtype), params_);
   x_ = training_ ? xc : Tensor();
-  w_ = training_ ? wc : Tensor();
+  w_ = training_ ? half_copy(wc, weight_.value) : Tensor();
   return y;
 }
 
@@ -266,8 +275,8 @@ Tensor Conv2d::backward(const Tensor& dy) {
   check_dy("Conv2d", dy, output_shape(x_.shape()));
   MathScope math(precision_);
   const Tensor dyc = as_dtype(dy, x_.dtype());
-  Tensor dx = ops::conv2d_backward_data(dyc, w_, x_.shape(), params_);
-  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dyc, w_.shape(), params_);
+  Tensor dx = ops::conv2d_backward_data(dyc, weight_for_backward(w_, weight_.value), x_.shape(), params_);
+  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dyc, Shape{out_, in_, kernel_, kernel_}, params_);
   x_ = w_ = Tensor();
   weight_.grad = master_grad(std::move(g.dw), weight_.name);
   bias_.grad = master_grad(std::move(g.db), bias_.name);
@@ -279,13 +288,13 @@ Tensor Conv2d::backward_input(const Tensor& dy) {
   check_dy("Conv2d", dy, output_shape(x_.shape()));
   MathScope math(precision_);
   dy_ = as_dtype(dy, x_.dtype());
-  return ops::conv2d_backward_data(dy_, w_, x_.shape(), params_);
+  return ops::conv2d_backward_data(dy_, weight_for_backward(w_, weight_.value), x_.shape(), params_);
 }
 
 void Conv2d::backward_weight() {
   if (!dy_.defined()) no_backward_input("Conv2d");
   MathScope math(precision_);
-  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy_, w_.shape(), params_);
+  ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy_, Shape{out_, in_, kernel_, kernel_}, params_);
   x_ = w_ = dy_ = Tensor();
   weight_.grad = master_grad(std::move(g.dw), weight_.name);
   bias_.grad = master_grad(std::move(g.db), bias_.name);

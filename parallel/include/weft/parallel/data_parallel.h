@@ -53,7 +53,9 @@ struct GradientBucket {
   std::int64_t elements = 0;
   // One per replica of this process ([elements] float32 on its device): what
   // the reduction reads (the weighted gradients) and must leave (their sum
-  // over every replica of every process).
+  // over every replica of every process). Under Shard::gradients and
+  // Shard::parameters they exist only from a backward's pack to the
+  // bucket's reduce-scatter (undefined between steps).
   std::vector<Tensor> flat;
 };
 
@@ -107,10 +109,15 @@ struct LossScaling {
 //               layer's full parameters are all-gathered just before its
 //               forward and again before its backward (the next layer's
 //               gather pushed one layer ahead, so it overlaps compute) and
-//               freed after use; buckets follow layers.
+//               freed after use; buckets follow layers. Between steps the
+//               replicas' parameter values are undefined (FullParameters
+//               gathers them), and after backward() so are their grads
+//               (stages 2 and 3).
 // All of it is engine ops over the collectives: in-process, across MPI
 // ranks and hierarchically alike; the same optimizer gives the same weights
-// as `none` (bitwise where the summation order is the same).
+// as `none` (bitwise where the summation order is the same). Sharding needs
+// replicas on CPU devices only or GPUs only; stages 2 and 3 take no
+// set_reduction (theirs is the reduce-scatter).
 enum class Shard : std::uint8_t { none, optimizer, gradients, parameters };
 std::string_view to_string(Shard shard) noexcept;
 // "none", "optimizer", "gradients", "parameters" (also "0".."3"); throws

@@ -1,0 +1,126 @@
+// DataParallel's state, shared by its sources: data_parallel.cpp (the bucket
+// plan, backward and the reductions), data_parallel_shard.cpp (the optimizer
+// step and ZeRO's stages) and data_parallel_checkpoint.cpp (save and load).
+// Design notes: docs/design/data-parallel.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weft/parallel/data_parallel.h"
+
+namespace weft::parallel {
+
+// One member's chunk of one bucket under sharding: the optimizer's
+// parameter. value: the chunk of the bucket's flat parameters (stage 3: kept
+// between steps, the master copy; stages 1 and 2: cut from the replica's
+// parameters for the step only); grad: the chunk of the reduced gradient.
+struct ShardSlot {
+  Chunk range;  // of the bucket's flat layout
+  nn::Parameter param;
+  std::unique_ptr<optim::Optimizer> optimizer;  // null for an empty chunk
+};
+
+// Where a member's chunk of a bucket meets one parameter: the parameter's
+// plan position and its elements [begin, end), starting `at` in the chunk.
+struct ChunkPiece {
+  std::size_t pos;
+  std::int64_t begin, end, at;
+};
+
+struct DataParallel::Impl {
+  Engine* engine = nullptr;
+  std::vector<Device> devices;
+  DataParallelOptions options;
+  std::size_t bucket_bytes = 0;
+  std::vector<std::unique_ptr<nn::Sequential>> replicas;
+  // leaves[r]: replica r's layers in forward order; params[r][l]: leaf l's
+  // parameters sorted by name (the plan's order within a layer).
+  std::vector<std::vector<nn::Layer*>> leaves;
+  std::vector<std::vector<std::vector<nn::Parameter*>>> params;
+  // The plan: (leaf, index in leaf) in reduction order, and where each bucket
+  // ends in it; shapes[pos]: the parameter's shape (stage 3 frees the values).
+  std::vector<std::pair<std::size_t, std::size_t>> order;
+  std::vector<std::size_t> bucket_end;
+  std::vector<Shape> shapes;
+  std::vector<GradientBucket> buckets;
+  // Stage 3: the bucket of each leaf (-1: a leaf without parameters).
+  std::vector<int> leaf_bucket;
+
+  // Reduction: one communicator over the replicas' devices (all CPU devices
+  // or all GPUs), or, for a mix, sums on the host and `host_comm` across
+  // processes.
+  std::optional<Communicator> comm, host_comm;
+  bool mixed = false;
+  int processes = 1, process_rank = 0;
+  BucketReduction reduction;
+
+  // The step in progress.
+  std::vector<double> weight;                   // per replica, from forward()
+  std::vector<std::int64_t> split;              // split_and_load's local parts; empty: none pending
+  std::int64_t split_total = 0;                 // ... and the whole batch's rows
+  int no_sync_depth = 0;
+  int accumulated = 0;  // backward()s packed into the buckets since the last reduction
+  std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
+  // Loss scaling's state per replica ([1] float32 on its device; LossScaling).
+  std::vector<Tensor> scale, growth_tracker, skipped;
+
+  // The optimizer: one per replica (Shard::none), or one per (bucket,
+  // member) over that member's chunk (slots[bucket][replica]).
+  std::int64_t steps = 0;
+  std::vector<std::unique_ptr<optim::Optimizer>> optimizers;
+  std::vector<std::vector<std::unique_ptr<ShardSlot>>> slots;
+  // Stage 3: gathered flat parameters in flight ([bucket][replica]; empty:
+  // none), and how many FullParameters are alive.
+  std::vector<std::vector<Tensor>> gathered;
+  int full_depth = 0;
+
+  int world() const { return processes * static_cast<int>(devices.size()); }
+  // The communicator rank of replica r (its member index under sharding).
+  int member(std::size_t r) const { return comm ? comm->local_ranks()[r] : static_cast<int>(r); }
+  std::string label() const { return "DataParallel"; }
+  Shard shard() const { return options.shard; }
+
+  nn::Parameter& param(std::size_t r, std::size_t pos) const {
+    const auto [leaf, j] = order[pos];
+    return *params[r][leaf][j];
+  }
+  std::size_t bucket_begin(std::size_t b) const { return b == 0 ? 0 : bucket_end[b - 1]; }
+  // Replica r's parameters of bucket b, in the flat layout's order.
+  std::vector<Tensor> bucket_values(std::size_t b, std::size_t r) const;
+
+  void build_plan();
+  void check_replica(std::size_t r) const;
+  void broadcast_parameters();
+  void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused);
+  void reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root);
+  // Each replica's flag becomes the largest over every replica and process.
+  void agree_max(std::vector<Tensor>& flags, const std::string& name);
+
+  // ---- data_parallel_shard.cpp ----
+  void setup_optimizer();  // after broadcast_parameters
+  void step(float lr);
+  // Stages 2 and 3: bucket b's reduce-scatter into each member's chunk.
+  void reduce_scatter_bucket(std::size_t b);
+  // all_gather of each member's chunk into `out` (one [elements] tensor per replica).
+  void gather(std::size_t b, const std::vector<Tensor>& chunks, const std::vector<Tensor>& out,
+              const std::string& what);
+  // Stage 3: push the gather of bucket b's parameters (if not in flight;
+  // with `after`, one tensor per replica, not before they are written),
+  // unpack it into every replica's parameter tensors, and free them again.
+  void prefetch(std::size_t b, const std::vector<Tensor>& after = {});
+  void materialize(std::size_t b);
+  void release(std::size_t b);
+  std::vector<Tensor> forward_sharded(const std::vector<Tensor>& inputs);
+
+  // ---- data_parallel_checkpoint.cpp ----
+  // The parameters bucket b's `range` covers, in order.
+  std::vector<ChunkPiece> chunk_pieces(std::size_t b, const Chunk& range) const;
+};
+
+}  // namespace weft::parallel
