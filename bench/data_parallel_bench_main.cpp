@@ -19,6 +19,13 @@
 // state_bytes() (parameters, gradients and optimizer state held between
 // steps).
 //
+// --checkpoint-every N adds a copy of one configuration (bucketed; with
+// --shard, the last stage listed) that saves a checkpoint every N steps
+// (DataParallel::save_checkpoint into a temporary directory): its
+// save_overhead is its step time over the copied configuration's, the cost
+// of a save overlapping the steps (snapshots, and the background writer's
+// share of the cores).
+//
 // Every configuration trains its own replicas from the same initial weights
 // on the same synthetic batches, so after the first steps their weights must
 // agree with the one-device peer's (with --shard: the unsharded one's) up to
@@ -28,13 +35,17 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include "arg_cursor.h"
 #include "device_list.h"
@@ -63,6 +74,7 @@ struct Options {
   std::optional<weft::DType> reduce_dtype;  // --reduce-dtype: an extra half-precision configuration
   std::vector<par::Shard> shards;            // --shard: ZeRO's stages instead of the reduction variants
   std::string optimizer = "sgd";
+  int checkpoint_every = 0;  // --checkpoint-every: an extra configuration that saves
 };
 
 int usage(std::FILE* out, int rc) {
@@ -70,7 +82,7 @@ int usage(std::FILE* out, int rc) {
                "usage: weft-bench-data-parallel [--json] [--model lenet|mlp] [--devices D,...] [--batch N]\n"
                "                                [--bucket-kb N] [--steps N] [--reps N] [--quick]\n"
                "                                [--reduce-dtype bf16|fp16] [--shard S,...]\n"
-               "                                [--optimizer sgd|momentum|adam|adamw]\n"
+               "                                [--optimizer sgd|momentum|adam|adamw] [--checkpoint-every N]\n"
                "  Seconds per SGD step (split_and_load, forward, softmax cross-entropy, backward with the\n"
                "  gradient reductions, step) of data-parallel training on --devices (default cpu:0,cpu:1;\n"
                "  gpu:0,gpu:1 with real or simulated GPUs), batch --batch (default 256) split over them,\n"
@@ -88,6 +100,9 @@ int usage(std::FILE* out, int rc) {
                "  steps); held_bytes: the allocator's bytes in use between steps (state and buffers);\n"
                "  max_weight_diff is from the unsharded one, the peer. --optimizer (default sgd) for all\n"
                "  (adam, adamw: the weights must match to 1e-3, their update being ~lr * sign(g)).\n"
+               "  --checkpoint-every N: also a copy of bucketed (with --shard, of the last stage listed)\n"
+               "  that saves a checkpoint every N steps into a temporary directory; save_overhead is its\n"
+               "  step time over the copied configuration's.\n"
                "  Per configuration the median over --reps (default 7) of --steps steps (default 10) each,\n"
                "  after a warm-up rep; then one profiled pass for comm_overlap. --model mlp: 784-512-512-10\n"
                "  (more gradient per flop than LeNet). --quick: 3 reps of 4 steps. Exit status 1 when a\n"
@@ -109,6 +124,13 @@ struct Config {
   std::vector<double> sec_per_step;
   par::CommOverlap overlap_figure;
   std::size_t peak_bytes = 0, held_bytes = 0, state_bytes = 0;
+  // --checkpoint-every: saves every `checkpoint_every` steps into
+  // checkpoint_dir; `base` is the configuration it copies.
+  int checkpoint_every = 0;
+  std::filesystem::path checkpoint_dir;
+  std::int64_t steps_run = 0;
+  std::deque<weft::checkpoint::PendingSave> saves;
+  int base = -1;
 };
 
 struct Batch {
@@ -192,6 +214,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "weft-bench-data-parallel: %s\n", e.what());
         return 2;
       }
+    } else if (a == "--checkpoint-every" && (n = args.int_value(1, 1 << 20))) {
+      o.checkpoint_every = static_cast<int>(*n);
     } else if (a == "--optimizer" && (text = args.value()) && !text->empty()) {
       o.optimizer = *text;
     } else {
@@ -259,6 +283,21 @@ int main(int argc, char** argv) {
         configs.back().engine = configs.back().own_engine.get();
       }
     }
+    const std::filesystem::path checkpoint_root =
+        std::filesystem::temp_directory_path() / ("weft-bench-checkpoints-" + std::to_string(::getpid()));
+    if (o.checkpoint_every > 0) {
+      const int base = o.shards.empty() ? 1 : static_cast<int>(configs.size()) - 1;
+      const Config& b = configs[static_cast<std::size_t>(base)];
+      add(b.name + "_checkpointed", b.devices, b.bucket_bytes, b.overlap, b.reduce_dtype, b.shard);
+      Config& c = configs.back();
+      if (!o.shards.empty()) {
+        c.own_engine = weft::Engine::create(config);
+        c.engine = c.own_engine.get();
+      }
+      c.checkpoint_every = o.checkpoint_every;
+      c.checkpoint_dir = checkpoint_root;
+      c.base = base;
+    }
     for (Config& c : configs) {
       auto make_on = [&](weft::Device d) {
         return o.model == "lenet" ? weft::nn::lenet(*c.engine, d, 0)
@@ -275,7 +314,17 @@ int main(int argc, char** argv) {
 
     const std::vector<Batch> batches = synthetic_batches(o, o.steps);
     auto run = [&](Config& c, std::size_t steps) {
-      for (std::size_t b = 0; b < steps; ++b) train_step(*c.dp, batches[b], o.lr);
+      for (std::size_t b = 0; b < steps; ++b) {
+        train_step(*c.dp, batches[b], o.lr);
+        if (c.checkpoint_every > 0 && ++c.steps_run % c.checkpoint_every == 0) {
+          // Two directories in turn: the disk holds at most two checkpoints.
+          if (c.saves.size() >= 2) {
+            c.saves.front().wait();
+            c.saves.pop_front();
+          }
+          c.saves.push_back(c.dp->save_checkpoint(c.checkpoint_dir / ("step-" + std::to_string(c.steps_run % 2))));
+        }
+      }
       c.engine->wait_all();
     };
 
@@ -347,6 +396,13 @@ int main(int argc, char** argv) {
       if (reduces)
         for (const par::GradientBucket& b : c.dp->buckets())
           grad_bytes += b.elements * static_cast<std::int64_t>(weft::dtype_size(c.reduce_dtype));
+      std::string save_overhead = "null";
+      if (c.base >= 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.4f",
+                      s.median / weft_bench::summarize(configs[static_cast<std::size_t>(c.base)].sec_per_step).median);
+        save_overhead = buf;
+      }
       if (o.json) {
         char overlap[32] = "null";
         if (reduces) std::snprintf(overlap, sizeof overlap, "%.4f", c.overlap_figure.fraction);
@@ -356,13 +412,14 @@ int main(int argc, char** argv) {
             "\"max_sec\":%.6f,\"peer_sec_per_step\":%.6f,\"ratio_vs_one_device\":%.4f,\"comm_overlap\":%s,"
             "\"comm_ms_per_step\":%.4f,\"weight_diff\":%.3g,\"reduce_dtype\":\"%s\",\"grad_bytes_per_step\":%lld,"
             "\"steps\":%d,\"reps\":%d,\"core_round_trip_ns\":%.1f,\"shard\":\"%s\",\"members\":%d,\"optimizer\":\"%s\","
-            "\"step_ms\":%.4f,\"peak_bytes\":%zu,\"held_bytes\":%zu,\"state_bytes\":%zu,\"max_weight_diff\":%.3g}\n",
+            "\"step_ms\":%.4f,\"peak_bytes\":%zu,\"held_bytes\":%zu,\"state_bytes\":%zu,\"max_weight_diff\":%.3g,"
+            "\"checkpoint_every\":%d,\"save_overhead\":%s}\n",
             c.name.c_str(), o.model.c_str(), o.devices.c_str(), c.dp->world_size(), static_cast<long long>(o.batch),
             c.bucket_bytes, reduces ? c.dp->buckets().size() : std::size_t{0}, c.overlap ? "true" : "false",
             s.median, s.min, s.max, peer, s.median / peer, overlap, c.overlap_figure.comm_ms / o.steps, diff,
             std::string(weft::to_string(c.reduce_dtype)).c_str(), static_cast<long long>(grad_bytes), o.steps, o.reps,
             rtt, std::string(par::to_string(c.shard)).c_str(), c.dp->world_size(), o.optimizer.c_str(), s.median * 1e3,
-            c.peak_bytes, c.held_bytes, c.state_bytes, diff);
+            c.peak_bytes, c.held_bytes, c.state_bytes, diff, c.checkpoint_every, save_overhead.c_str());
       } else {
         char overlap[32] = "-";
         if (reduces) std::snprintf(overlap, sizeof overlap, "%.2f", c.overlap_figure.fraction);
@@ -373,6 +430,10 @@ int main(int argc, char** argv) {
       }
       std::fflush(stdout);
     }
+    for (Config& c : configs)
+      for (weft::checkpoint::PendingSave& save : c.saves) save.wait();
+    std::error_code ec;
+    std::filesystem::remove_all(checkpoint_root, ec);
     if (!agree) {
       std::fprintf(stderr, "weft-bench-data-parallel: a configuration's weights differ from one_device's\n");
       return 1;

@@ -19,6 +19,10 @@
 #                           convolutions, channels-last (PyTorch) and --hybridize
 #                           --gpu-graphs (Weft), and benchmark mode's first-step cost
 #               accuracy    ResNet-18 10 full epochs in bf16, fp16 and fp32 (Weft)
+#               state       optimizers, checkpoints and ZeRO's GPU tests on CUDA; ResNet-18
+#                           with AdamW stopped after an epoch and resumed (the same weights
+#                           as unbroken); the AdamW step as one op vs one per parameter
+#                           (weft-bench-ops); about 4 minutes
 #               Mixed precision on one GPU in one 10-minute call: env tests gemm
 #               precision (about 7 minutes on an H200); accuracy (about 4) in a second.
 #               On the machine's CPUs with no GPU involved:
@@ -41,7 +45,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,33p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
@@ -150,6 +154,15 @@ for s in "${steps[@]}"; do
       for p in bf16 fp16 fp32; do
         run 200 "$(find_bin weft-train-resnet)" --device gpu:0 --precision "$p" --epochs 10 --json
       done
+      ;;
+    state)
+      step "training state on CUDA: optimizers (bitwise the CPU's), checkpoints of GPU tensors, ZeRO (2-GPU cases skip on one)"
+      run 300 "$tests" -tc='gpu optim*,gpu checkpoint*,gpu zero*' --no-version --no-colors
+      step "ResNet-18 with AdamW: one epoch, a checkpoint, a new process resumes; the weights equal an unbroken run's"
+      run 300 python3 "$here/tests/scripts/check_resume.py" --exact "$(find_bin weft-train-resnet)" --devices gpu:0 \
+        --limit 2048 --batch-size 128 --optimizer adamw
+      step "the AdamW step over LeNet's and ResNet-18's parameters: one foreach op vs one op per parameter"
+      run 120 "$(find_bin weft-bench-ops)" --json
       ;;
     mpi)
       step "NCCL bootstrapped over MPI (one rank: NCCL refuses two ranks on one GPU)"

@@ -529,7 +529,11 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     say("data: %s: %lld training, %lld test examples of %lldx%lldx%lld (%.2f s to load)\n", dir.c_str(),
         static_cast<long long>(train.size), static_cast<long long>(test.size), static_cast<long long>(train.channels),
         static_cast<long long>(train.height), static_cast<long long>(train.width), load_secs);
-    say("model: %s\n", dp.replica(0).describe().c_str());
+    {
+      // (sharded parameters: gathered for the description, on every rank)
+      const weft::parallel::DataParallel::FullParameters full = dp.full_parameters();
+      say("model: %s\n", dp.replica(0).describe().c_str());
+    }
     std::string where = device_list_str(devices);
     if (dp.processes() > 1) where.append(" in each of ").append(std::to_string(dp.processes())).append(" processes");
     std::string split;

@@ -83,8 +83,10 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32)
     else run_widened(ctx, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
     return;
   }
+  // The kernel is copied, not moved: a replayed op (Engine::replay) runs
+  // this body again with the same kernel and its captured sizes.
   gpu::launch_host_kernel(
-      ctx.gpu->stream, [io = std::move(io), kernel = std::move(kernel), device = ctx.device, worker = ctx.worker,
+      ctx.gpu->stream, [io = std::move(io), kernel, device = ctx.device, worker = ctx.worker,
                         name = std::string(ctx.op_name), engine = ctx.engine, body, tf32]() mutable {
         CheckContextGuard check(name, device);
         RunContext host{device, worker, name, engine};  // gpu == null: the CPU branch
