@@ -28,7 +28,7 @@ std::string num(float v) {
   return std::string(buf, ec == std::errc() ? end : buf);
 }
 
-std::string quoted(std::string_view s) { return "'" + std::string(s) + "'"; }
+std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
 std::string parameter_name(const nn::Parameter& p, std::size_t index) {
   if (!p.name.empty()) return p.name;
@@ -91,7 +91,7 @@ OptimizerOptions OptimizerOptions::parse(std::string_view name, float lr, std::s
   else if (name == "adam") o = adam(lr);
   else if (name == "adamw") o = adamw(lr, 0.01f);
   else
-    throw InvalidArgument(std::string(what) + ": unknown optimizer " + quoted(name) +
+    throw InvalidArgument(std::string(what) + ": unknown optimizer " + in_quotes(name) +
                           " (choices: sgd, momentum, adam, adamw)");
   o.validate(what);
   return o;
@@ -241,13 +241,13 @@ Optimizer::Optimizer(std::vector<nn::Parameter*> params, OptimizerOptions option
     if (p == nullptr) throw InvalidArgument("Optimizer: parameter " + std::to_string(k) + " is null");
     const std::string name = parameter_name(*p, k);
     if (!p->value.defined())
-      throw InvalidArgument("Optimizer: parameter " + quoted(name) + " has no value (an undefined Tensor)");
+      throw InvalidArgument("Optimizer: parameter " + in_quotes(name) + " has no value (an undefined Tensor)");
     if (p->value.dtype() != DType::float32)
-      throw InvalidArgument("Optimizer: parameter " + quoted(name) + " " + detail::describe_on(p->value) +
+      throw InvalidArgument("Optimizer: parameter " + in_quotes(name) + " " + detail::describe_on(p->value) +
                             " is not float32 (optimizers update float32 parameters; keep float32 master weights)");
     for (std::size_t j = 0; j < k; ++j)
       if (params[j] == p || params[j]->value.storage() == p->value.storage())
-        throw InvalidArgument("Optimizer: parameter " + quoted(name) + " is listed twice (positions " +
+        throw InvalidArgument("Optimizer: parameter " + in_quotes(name) + " is listed twice (positions " +
                               std::to_string(j) + " and " + std::to_string(k) + ")");
     m.names.push_back(name);
   }
@@ -283,21 +283,21 @@ void Optimizer::step(float lr, const StepInputs& inputs) {
     const nn::Parameter& p = *m.params[k];
     const std::string& name = m.names[k];
     if (!p.value.defined() || p.value.dtype() != DType::float32)
-      throw InvalidArgument(std::string(op) + ": parameter " + quoted(name) + " " + detail::describe_on(p.value) +
+      throw InvalidArgument(std::string(op) + ": parameter " + in_quotes(name) + " " + detail::describe_on(p.value) +
                             " is not a float32 tensor");
     if (!p.grad.defined())
-      throw InvalidArgument(std::string(op) + ": parameter " + quoted(name) + " has no gradient (run backward first)");
+      throw InvalidArgument(std::string(op) + ": parameter " + in_quotes(name) + " has no gradient (run backward first)");
     if (p.grad.dtype() != DType::float32 || p.grad.shape() != p.value.shape() || p.grad.device() != p.value.device() ||
         &p.grad.engine() != &p.value.engine())
       throw InvalidArgument(std::string(op) + ": the gradient " + detail::describe_on(p.grad) + " of parameter " +
-                            quoted(name) + " " + detail::describe_on(p.value) +
+                            in_quotes(name) + " " + detail::describe_on(p.value) +
                             " differs from it in shape, dtype or device");
     for (std::size_t s = 0; s < m.state_names.size(); ++s) {
       const Tensor& t = m.state(k, s).value;
       const Shape want = m.state_names[s] == "step" ? Shape{1} : p.value.shape();
       if (!t.defined() || t.dtype() != DType::float32 || t.shape() != want || t.device() != p.value.device())
-        throw InvalidArgument(std::string(op) + ": state " + quoted(m.state(k, s).name) + " " +
-                              detail::describe_on(t) + " does not fit parameter " + quoted(name) + " " +
+        throw InvalidArgument(std::string(op) + ": state " + in_quotes(m.state(k, s).name) + " " +
+                              detail::describe_on(t) + " does not fit parameter " + in_quotes(name) + " " +
                               detail::describe_on(p.value) + " (want float32 " + want.str() + " on its device)");
     }
     const Device d = p.value.device();
@@ -305,8 +305,8 @@ void Optimizer::step(float lr, const StepInputs& inputs) {
     while (g < devices.size() && devices[g] != d) ++g;
     if (g == devices.size()) {
       if (!devices.empty() && &p.value.engine() != &m.params[groups[0][0]]->value.engine())
-        throw InvalidArgument(std::string(op) + ": parameter " + quoted(name) + " is on another engine than " +
-                              quoted(m.names[groups[0][0]]));
+        throw InvalidArgument(std::string(op) + ": parameter " + in_quotes(name) + " is on another engine than " +
+                              in_quotes(m.names[groups[0][0]]));
       devices.push_back(d);
       groups.emplace_back();
     }
@@ -441,13 +441,13 @@ std::string LrSchedule::str() const {
 LrSchedule LrSchedule::parse(std::string_view text, std::string_view what) {
   const std::string forms = " (want constant, step:SIZE[:GAMMA] or cosine:TOTAL, each optionally followed by ,warmup:N)";
   auto fail = [&](const std::string& why) -> LrSchedule {
-    throw InvalidArgument(std::string(what) + ": " + quoted(text) + ": " + why + forms);
+    throw InvalidArgument(std::string(what) + ": " + in_quotes(text) + ": " + why + forms);
   };
   auto integer = [&](std::string_view s, const char* field) {
     std::int64_t v = 0;
     auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
     if (s.empty() || ec != std::errc() || end != s.data() + s.size())
-      fail(std::string(field) + " " + quoted(s) + " is not an integer");
+      fail(std::string(field) + " " + in_quotes(s) + " is not an integer");
     return v;
   };
   std::string_view body = text;
@@ -472,7 +472,7 @@ LrSchedule LrSchedule::parse(std::string_view text, std::string_view what) {
       if (parts.size() == 3) {
         auto [end, ec] = std::from_chars(parts[2].data(), parts[2].data() + parts[2].size(), gamma);
         if (parts[2].empty() || ec != std::errc() || end != parts[2].data() + parts[2].size())
-          return fail("gamma " + quoted(parts[2]) + " is not a number");
+          return fail("gamma " + in_quotes(parts[2]) + " is not a number");
       }
       return step(integer(parts[1], "step size"), gamma, warmup);
     }
