@@ -25,6 +25,13 @@
 //     when that is slower; the rest of the time it sleeps, holding no core.
 //   * Kernels are host functions (ops/src/launch.h runs the CPU kernels
 //     there): they take their CPU time.
+//   * Modeled mode (weft/gpu_sim.h, sim_model.h): kernels take the time
+//     the cost model gives them, sleeping; copies take the time of the links
+//     they cross (each link a modeled clock that copies reserve in turn).
+//     Each stream keeps a modeled clock: an item starts when the previous
+//     one ended in the model or when it was enqueued, whichever is later,
+//     however late the host woke the stream; event recordings carry that
+//     time, and stream waits pass it on.
 //   * Jitter (WEFT_SIM_JITTER=<seed>): before each item a stream sleeps a
 //     random 0-WEFT_SIM_JITTER_US microseconds (default 200) with
 //     probability 1/2, from a generator seeded by (seed, device, stream), so
@@ -54,6 +61,7 @@
 #endif
 
 #include "backend.h"
+#include "sim_model.h"
 #include "weft/check_context.h"
 #include "weft/env.h"
 #include "weft/error.h"
@@ -90,13 +98,19 @@ std::uint64_t splitmix(std::uint64_t& state) {
   return z ^ (z >> 31);
 }
 
+// Whether the modeled mode is on, and its dilation (set_sim_model).
+std::atomic<bool> g_sim_modeled{false};
+std::atomic<double> g_sim_dilation{1.0};
+
 // One recording of an event: complete once its stream reached it.
 struct Recording {
   std::atomic<bool> done{false};
-  Clock::time_point at{};       // when the stream reached it (written before done)
+  // When the stream reached it (written before done): the host's clock, or
+  // in the modeled mode the stream's modeled clock.
+  Clock::time_point at{};
   std::exception_ptr error;     // what failed on the stream before it (written before done)
-  void complete(std::exception_ptr failure) {
-    at = Clock::now();
+  void complete(std::exception_ptr failure, Clock::time_point when = Clock::now()) {
+    at = when;
     error = std::move(failure);
     done.store(true, std::memory_order_release);
     done.notify_all();
@@ -177,10 +191,20 @@ struct SimStream final : Stream {
     }
     {
       std::lock_guard lock(mutex);
-      queue.push_back(std::move(item));
+      queue.push_back(Queued{std::move(item), Clock::now()});
       ++enqueued;
     }
     work_cv.notify_one();
+  }
+
+  // Modeled mode, on the stream thread: when the current item may start in
+  // the model (the previous item's modeled end, or its own enqueueing).
+  Clock::time_point ready() const { return std::max(model_clock, item_enqueued); }
+  // Runs a modeled duration: the item ends `d` after it may start; the
+  // thread sleeps until then, holding no core.
+  void sleep_modeled(Clock::duration d) {
+    model_clock = ready() + d;
+    std::this_thread::sleep_until(model_clock);
   }
 
   // Host wait for everything enqueued so far, leaving any error for the
@@ -224,9 +248,17 @@ struct SimStream final : Stream {
   const int jitter_us;
   std::uint64_t rng;
 
+  // Modeled mode (stream thread only): the modeled end of the last modeled
+  // item, and when the running item was enqueued.
+  Clock::time_point model_clock{}, item_enqueued{};
+
+  struct Queued {
+    Item item;
+    Clock::time_point at;  // when it was enqueued
+  };
   std::mutex mutex;
   std::condition_variable work_cv, done_cv;
-  std::deque<Item> queue;
+  std::deque<Queued> queue;
   // While captured (gpu::begin_stream_capture): what enqueue records instead.
   std::unique_ptr<std::vector<Item>> capture;
   std::uint64_t enqueued = 0, finished = 0;
@@ -247,7 +279,8 @@ struct SimStream final : Stream {
     while (true) {
       work_cv.wait(lock, [&] { return stopping || !queue.empty(); });
       if (queue.empty()) return;  // stopping, and drained
-      Item item = std::move(queue.front());
+      Item item = std::move(queue.front().item);
+      item_enqueued = queue.front().at;
       queue.pop_front();
       lock.unlock();
       const Clock::duration delay = jitter_delay();
@@ -298,7 +331,15 @@ class SimBackend final : public BackendImpl {
                   "simulated GPU (Weft sim backend), %s, copies %.0f GB/s host<->device and %.0f GB/s peer, %s",
                   human_bytes(dev(device).capacity).c_str(), config_.pcie_gbps, config_.nvlink_gbps,
                   config_.jitter ? ("jitter seed " + std::to_string(config_.seed)).c_str() : "no jitter");
-    return text;
+    std::string out = text;
+    if (std::shared_ptr<SimModel> m = model()) {
+      std::snprintf(text, sizeof text, "; kernels modeled by %s (%s), %d GPU(s) per node, dilation %g",
+                    m->options.model.c_str(), m->table ? ("cost table, fallback " + m->profile.name).c_str()
+                                                       : ("profile " + m->profile.name).c_str(),
+                    m->options.gpus_per_node > 0 ? m->options.gpus_per_node : config_.gpus, m->options.dilation);
+      out += text;
+    }
+    return out;
   }
 
   void set_device(int device) override {
@@ -360,6 +401,15 @@ class SimBackend final : public BackendImpl {
       std::lock_guard lock(e.mutex);
       e.latest = rec;
     }
+    if (g_sim_modeled.load(std::memory_order_relaxed)) {
+      s.enqueue(
+          [rec](SimStream& self) {
+            self.model_clock = self.ready();
+            rec->complete(self.take_error(), self.model_clock);
+          },
+          "gpu event record");
+      return;
+    }
     s.enqueue([rec](SimStream& self) { rec->complete(self.take_error()); }, "gpu event record");
   }
 
@@ -367,9 +417,10 @@ class SimBackend final : public BackendImpl {
     std::shared_ptr<Recording> rec = ev(event).current();
     if (!rec) return;  // never recorded: nothing to wait for
     sim(stream).enqueue(
-        [rec = std::move(rec)](SimStream& self) {
+        [rec = std::move(rec), modeled = g_sim_modeled.load(std::memory_order_relaxed)](SimStream& self) {
           rec->wait();
           if (rec->error) self.hold_error(rec->error);  // what it waited for failed: so does what follows
+          if (modeled) self.model_clock = std::max(self.ready(), rec->at);
         },
         "gpu stream wait");
   }
@@ -436,6 +487,26 @@ class SimBackend final : public BackendImpl {
 
   void memcpy_async(void* dst, const void* src, std::size_t bytes, CopyKind kind, Stream* stream) override {
     SimStream& s = sim(stream);
+    if (std::shared_ptr<SimModel> m = modeled()) {
+      switch (kind) {
+        case CopyKind::host_to_device:
+          require_device_memory(dst, bytes, s.device, "host_to_device", "destination");
+          require_host_memory(src, bytes, "host_to_device", "source");
+          enqueue_linked_copy(s, dst, src, bytes, std::move(m), LinkPath::h2d, s.device, s.device);
+          break;
+        case CopyKind::device_to_host:
+          require_device_memory(src, bytes, s.device, "device_to_host", "source");
+          require_host_memory(dst, bytes, "device_to_host", "destination");
+          enqueue_linked_copy(s, dst, src, bytes, std::move(m), LinkPath::d2h, s.device, s.device);
+          break;
+        case CopyKind::device_to_device:
+          require_device_memory(src, bytes, s.device, "device_to_device", "source");
+          require_device_memory(dst, bytes, s.device, "device_to_device", "destination");
+          enqueue_linked_copy(s, dst, src, bytes, std::move(m), LinkPath::local, s.device, s.device);
+          break;
+      }
+      return;
+    }
     switch (kind) {
       case CopyKind::host_to_device:
         require_device_memory(dst, bytes, s.device, "host_to_device", "destination");
@@ -460,6 +531,13 @@ class SimBackend final : public BackendImpl {
     SimStream& s = sim(stream);
     require_device_memory(dst, bytes, dst_device, "peer", "destination");
     require_device_memory(src, bytes, src_device, "peer", "source");
+    if (std::shared_ptr<SimModel> m = modeled()) {
+      const LinkPath path = src_device == dst_device                       ? LinkPath::local
+                            : m->node_of(src_device) == m->node_of(dst_device) ? LinkPath::nvlink
+                                                                                : LinkPath::network;
+      enqueue_linked_copy(s, dst, src, bytes, std::move(m), path, src_device, dst_device);
+      return;
+    }
     enqueue_copy(s, dst, src, bytes, &dev(dst_device).peer_in,
                  src_device == dst_device ? config_.device_gbps : config_.nvlink_gbps);
   }
@@ -621,6 +699,86 @@ class SimBackend final : public BackendImpl {
     });
   }
 
+  // Modeled mode: which links a copy crosses.
+  enum class LinkPath : unsigned char { h2d, d2h, local, nvlink, network };
+
+  // A copy in the modeled mode: it starts when it is ready on its stream
+  // (sleep_modeled's rule) and every link it crosses is free, holds those
+  // links for bytes / bandwidth, and ends a latency later. Copies on one
+  // link thus follow one another at its bandwidth, whichever streams they
+  // come from; a copy within one GPU moves its bytes at memory bandwidth
+  // (read and written) after a launch latency, on its stream alone.
+  void enqueue_linked_copy(SimStream& s, void* dst, const void* src, std::size_t bytes, std::shared_ptr<SimModel> m,
+                           LinkPath path, int from, int to) {
+    const SimProfile& p = m->profile;
+    SimLink *a = nullptr, *b = nullptr;
+    double gbps = 0, latency_us = 0;
+    const auto i = static_cast<std::size_t>(from), j = static_cast<std::size_t>(to);
+    switch (path) {
+      case LinkPath::h2d: a = &m->h2d[j], gbps = p.pcie_gbps, latency_us = p.pcie_latency_us; break;
+      case LinkPath::d2h: a = &m->d2h[i], gbps = p.pcie_gbps, latency_us = p.pcie_latency_us; break;
+      case LinkPath::local: gbps = p.memory_gbps / 2, latency_us = p.launch_us; break;
+      case LinkPath::nvlink:
+        a = &m->nvlink_out[i], b = &m->nvlink_in[j], gbps = p.nvlink_gbps, latency_us = p.nvlink_latency_us;
+        break;
+      case LinkPath::network:
+        a = &m->nic_out[static_cast<std::size_t>(m->node_of(from))];
+        b = &m->nic_in[static_cast<std::size_t>(m->node_of(to))];
+        gbps = p.nic_gbps, latency_us = p.nic_latency_us;
+        break;
+    }
+    const Clock::duration occupy = m->host(static_cast<double>(bytes) / (gbps * 1e9));
+    const Clock::duration latency = m->host(latency_us * 1e-6);
+    s.enqueue([=, m = std::move(m)](SimStream& self) {
+      Clock::time_point start = self.ready();
+      if (a) {
+        std::unique_lock<std::mutex> la(a->mutex, std::defer_lock), lb;
+        if (b) {
+          lb = std::unique_lock<std::mutex>(b->mutex, std::defer_lock);
+          std::lock(la, lb);
+        } else {
+          la.lock();
+        }
+        start = std::max(start, a->free_at);
+        if (b) start = std::max(start, b->free_at);
+        a->free_at = start + occupy;
+        if (b) b->free_at = start + occupy;
+      }
+      self.model_clock = start + occupy + latency;
+      std::memcpy(dst, src, bytes);  // undefined bytes too: the copy moves whatever the memory holds
+      std::this_thread::sleep_until(self.model_clock);
+    });
+  }
+
+ public:
+  std::shared_ptr<SimModel> model() {
+    std::lock_guard lock(model_mutex_);
+    return model_;
+  }
+  // The model when the mode is on (cheap when it is off).
+  std::shared_ptr<SimModel> modeled() {
+    if (!g_sim_modeled.load(std::memory_order_relaxed)) return nullptr;
+    return model();
+  }
+  void install_model(std::shared_ptr<SimModel> m) {
+    std::lock_guard lock(model_mutex_);
+    g_sim_dilation.store(m ? m->options.dilation : 1.0, std::memory_order_relaxed);
+    g_sim_modeled.store(m != nullptr, std::memory_order_relaxed);
+    model_ = std::move(m);
+  }
+  void launch_modeled(Stream* stream, const KernelCost& cost) {
+    std::shared_ptr<SimModel> m = model();
+    if (!m)
+      throw InvalidArgument("sim: a modeled kernel (op '" + std::string(cost.op) +
+                            "') while the sim model is off (WEFT_SIM_MODEL)" + weft::detail::current_op_suffix());
+    const Clock::duration d = m->host(m->kernel_seconds(cost));
+    sim(stream).enqueue([d](SimStream& self) { self.sleep_modeled(d); });
+  }
+
+ private:
+  std::mutex model_mutex_;
+  std::shared_ptr<SimModel> model_;  // null: kernels compute
+
   const SimConfig config_;
   std::vector<SimDevice> devices_;
   std::shared_mutex streams_life_;  // drain_all (shared) vs destroy_stream (exclusive)
@@ -639,8 +797,82 @@ std::unique_ptr<BackendImpl> make_sim_backend(int gpus) {
     c.seed = static_cast<std::uint64_t>(env::number_or("WEFT_SIM_JITTER", 0, 0, (1LL << 62)));
     c.jitter_us = static_cast<int>(env::number_or("WEFT_SIM_JITTER_US", c.jitter_us, 1, 1000000));
   }
-  return std::make_unique<SimBackend>(c);
+  const SimModelOptions model = sim_model_from_env();
+  auto backend = std::make_unique<SimBackend>(c);
+  if (!model.model.empty()) backend->install_model(make_sim_model(model, gpus));
+  return backend;
 }
 
+namespace {
+SimBackend& active_sim(const char* call) {
+  BackendImpl& b = active_backend();
+  if (b.kind() != Backend::sim)
+    throw InvalidArgument(std::string("weft::gpu::") + call + ": the sim backend is not active (this process uses '" +
+                          std::string(to_string(b.kind())) + "')");
+  return static_cast<SimBackend&>(b);
+}
+}  // namespace
+
 }  // namespace detail
+
+SimModelOptions sim_model_from_env() {
+  SimModelOptions o;
+  o.model = env::text_or("WEFT_SIM_MODEL", "");
+  o.gpus_per_node = static_cast<int>(env::number_or("WEFT_SIM_GPUS_PER_NODE", 0, 1, 64));
+  o.dilation = env::real_or("WEFT_SIM_DILATION", 1, 0.01, 1e6);
+  return o;
+}
+
+void set_sim_model(const SimModelOptions& options) {
+  detail::SimBackend& b = detail::active_sim("set_sim_model");
+  b.install_model(options.model.empty() ? nullptr : detail::make_sim_model(options, b.device_count()));
+}
+
+SimModelOptions sim_model() {
+  if (backend() != Backend::sim) return {};
+  std::shared_ptr<detail::SimModel> m = detail::active_sim("sim_model").model();
+  return m ? m->options : SimModelOptions{};
+}
+
+bool kernels_modeled() noexcept { return detail::g_sim_modeled.load(std::memory_order_relaxed); }
+
+double sim_dilation() noexcept { return detail::g_sim_dilation.load(std::memory_order_relaxed); }
+
+void launch_modeled_kernel(Stream* stream, const KernelCost& cost) {
+  detail::active_sim("launch_modeled_kernel").launch_modeled(stream, cost);
+}
+
+double modeled_kernel_seconds(const KernelCost& cost) {
+  std::shared_ptr<detail::SimModel> m = detail::active_sim("modeled_kernel_seconds").model();
+  if (!m) throw InvalidArgument("weft::gpu::modeled_kernel_seconds: the sim model is off (WEFT_SIM_MODEL)");
+  return m->kernel_seconds(cost);
+}
+
+SimModelStats sim_model_stats() {
+  if (backend() != Backend::sim) return {};
+  std::shared_ptr<detail::SimModel> m = detail::active_sim("sim_model_stats").model();
+  if (!m) return {};
+  std::lock_guard lock(m->stats_mutex);
+  return m->stats;
+}
+
+std::string sim_model_report() {
+  if (backend() != Backend::sim) return "sim model off (the sim backend is not active)";
+  std::shared_ptr<detail::SimModel> m = detail::active_sim("sim_model_report").model();
+  if (!m) return "sim model off";
+  const SimModelStats st = sim_model_stats();
+  std::string out = m->options.model + ": " + std::to_string(st.kernels) + " kernel(s) modeled";
+  if (m->table) {
+    out += ", " + std::to_string(st.from_table) + " from the cost table " + m->table->file + ", " +
+           std::to_string(st.fallbacks) + " fell back to the profile " + m->profile.name;
+    std::string missing;
+    for (const auto& [key, count] : st.missing)
+      missing += (missing.empty() ? "" : "; ") + key + " x" + std::to_string(count);
+    if (!missing.empty()) out += " (" + missing + ")";
+  } else {
+    out += " by the profile " + m->profile.name;
+  }
+  return out;
+}
+
 }  // namespace weft::gpu

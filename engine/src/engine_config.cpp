@@ -7,6 +7,7 @@
 #include "weft/env.h"
 #include "weft/error.h"
 #include "weft/gpu.h"
+#include "weft/gpu_sim.h"
 
 namespace weft::detail {
 
@@ -53,6 +54,16 @@ ResolvedConfig resolve(const EngineConfig& config) {
   } else {
     // A bad value is an error here, not zero GPUs (device_count() cannot throw).
     static_cast<void>(env::choice_or("WEFT_GPU_BACKEND", "", {"cuda", "sim", "none"}));
+  }
+  if (!config.sim_model.empty()) {
+    if (gpu::backend() != gpu::Backend::sim)
+      throw InvalidArgument("weft::EngineConfig::sim_model = '" + config.sim_model +
+                            "' without the sim backend (gpu_backend = \"sim\" or WEFT_GPU_BACKEND=sim)");
+    gpu::SimModelOptions wanted = gpu::sim_model_from_env();
+    wanted.model = config.sim_model;
+    const gpu::SimModelOptions now = gpu::sim_model();
+    if (now.model != wanted.model || now.gpus_per_node != wanted.gpus_per_node || now.dilation != wanted.dilation)
+      gpu::set_sim_model(wanted);
   }
   const int available = gpu::device_count();
   if (config.gpu_devices < -1)

@@ -187,6 +187,10 @@ struct EngineConfig {
   // another one is a weft::InvalidArgument. See weft/gpu.h.
   std::string gpu_backend;
   int sim_gpus = 0;                  // simulated GPUs ("sim" only); 0: $WEFT_SIM_GPUS, else 2
+  // The simulator's modeled mode ("sim" only; weft/gpu_sim.h): "h100", a
+  // profile file or a cost-table file. Empty: $WEFT_SIM_MODEL (unset: off).
+  // Set for the process, for GPU work enqueued from then on.
+  std::string sim_model;
   int gpu_devices = -1;              // -1: $WEFT_GPU_DEVICES, else every GPU that answers (0 on CPU machines)
   int compute_streams_per_gpu = 0;   // 0: $WEFT_GPU_STREAMS, else 2
   std::size_t gpu_workspace_bytes = std::size_t{64} << 20;  // per compute stream, for cuDNN/cuBLAS
