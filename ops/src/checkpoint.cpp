@@ -301,6 +301,7 @@ class Writer {
       std::vector<detail::TensorView> views;
       views.reserve(job.items.size());
       for (const SaveJob::Item& item : job.items) {
+        weft::detail::require_values(*item.snapshot, "checkpoint save", "'" + item.key + "'");
         views.push_back({item.key, item.dtype, item.shape, item.snapshot->data(), item.snapshot->bytes});
       }
       detail::write_safetensors_views(job.dir / shard_file_name(job.options.rank, job.options.ranks), views,

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "storage.h"
 #include "weft/check_context.h"
 #include "weft/error.h"
+#include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"
 #include "weft/tensor.h"
 
@@ -55,6 +57,41 @@ void run_widened(RunContext& ctx, OpIO& io, bool tf32, const std::function<void(
 // Throws when `s` should hold data but has no memory.
 void require_memory(const Storage& s, std::string_view op);
 
+// What an op tells the simulator's cost model beyond its tensors' bytes
+// (weft/gpu_sim.h): the arithmetic of compute-bound ops (GEMMs,
+// convolutions), and the bytes it moves where they differ from its inputs'
+// and outputs' sizes. Elementwise ops give nothing: bandwidth-bound.
+struct OpCost {
+  double flops = 0;
+  double bytes = 0;  // 0: every input read and every output written once
+};
+
+// An op whose kernel is modeled on a simulated GPU: what the cost model and
+// a cost table see (the op's name without its scope label; its operands'
+// dtypes and shapes, as "float32[64,784];float32[784,10]->float32[64,10]",
+// with "@tf32" for a GEMM or convolution under ops::AllowTf32).
+struct ModeledOp {
+  std::string op, shape;
+  double flops = 0, bytes = 0;
+  gpu::Math math = gpu::Math::fp32;
+  gpu::KernelCost cost() const { return gpu::KernelCost{op, shape, flops, bytes, math}; }
+};
+ModeledOp modeled_op(std::string op, const std::vector<const Tensor*>& inputs, const std::vector<const Tensor*>& outputs,
+                     bool tf32, OpCost cost);
+
+// The modeled mode's bookkeeping of values (Storage::no_values), on the
+// worker before the op's kernel: a modeled op's outputs hold no values; a
+// GPU op that computes or copies passes its inputs' mark on to its outputs
+// (copies and collectives move undefined bytes, and what is computed from
+// them is undefined too); a host op reading host memory that holds no
+// values throws, naming the tensor and the mode, and clears its host
+// outputs' mark (GPU tensors it holds for a collective's GPU work hold no
+// values under the mode). Nothing is marked while the mode is off.
+void track_values(const std::vector<StoragePtr>& in, const std::vector<StoragePtr>& out, const RunContext& ctx,
+                  std::string_view op, bool modeled);
+// Throws, for a host read `op` of `what` (a tensor's description), when `s` holds no values.
+void require_values(const Storage& s, std::string_view op, const std::string& what);
+
 // How an op body meets a GPU.
 enum class Body {
   // kernel(ctx, io) has a CPU branch (taken when ctx.gpu is null) and a GPU
@@ -71,9 +108,15 @@ enum class Body {
   bytes,
 };
 
-// The one dispatch point between CPU kernels, CUDA kernels and simulated GPUs.
+// The one dispatch point between CPU kernels, CUDA kernels and simulated
+// GPUs. `modeled`: on a simulated GPU in the modeled mode, the kernel takes
+// that op's modeled time instead of running.
 template <class Kernel>
-void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32) {
+void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32, const ModeledOp* modeled = nullptr) {
+  if (ctx.gpu && modeled && body != Body::stream_calls) {
+    gpu::launch_modeled_kernel(ctx.gpu->stream, modeled->cost());
+    return;
+  }
   if (ctx.gpu && (body == Body::stream_calls || gpu::backend() != gpu::Backend::sim)) {
     kernel(ctx, io);
     return;
@@ -102,11 +145,16 @@ inline OpOptions scoped_options(std::string name, OpProperty property, std::uint
 }
 
 // `tf32`: the op is a GEMM or convolution pushed under ops::AllowTf32 (its
-// CPU branch then reads float32 inputs rounded to TF32).
+// CPU branch then reads float32 inputs rounded to TF32). `cost`: for the
+// simulator's modeled mode (OpCost).
 template <class Kernel>
 void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, std::vector<const Tensor*> outputs,
             Kernel kernel, OpProperty property = OpProperty::normal, std::uint64_t bytes = 0,
-            Body body = Body::kernels, bool tf32 = false) {
+            Body body = Body::kernels, bool tf32 = false, OpCost cost = {}) {
+  // Whether the kernel is modeled is fixed at push time, with what the cost model needs.
+  std::unique_ptr<ModeledOp> modeled;
+  if (exec.is_gpu() && body != Body::stream_calls && gpu::kernels_modeled())
+    modeled = std::make_unique<ModeledOp>(modeled_op(name, inputs, outputs, tf32, cost));
   std::vector<StoragePtr> in, out;
   std::vector<Var> reads, writes;
   for (const Tensor* t : inputs) {
@@ -122,7 +170,8 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
   }
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
   engine.push(
-      [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body, tf32](RunContext& ctx) mutable {
+      [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body, tf32,
+       modeled = std::shared_ptr<const ModeledOp>(std::move(modeled))](RunContext& ctx) mutable {
         gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
         for (std::size_t k = 0; k < out.size(); ++k) {
           if (creates[k])
@@ -134,6 +183,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
         // memory: once that failure has been reported, ops reading it are no
         // longer skipped, and must not touch a null pointer.
         for (const StoragePtr& s : in) require_memory(*s, ctx.op_name);
+        track_values(in, out, ctx, ctx.op_name, modeled != nullptr);
         OpIO io;
         io.in.reserve(in.size());
         io.out.reserve(out.size());
@@ -151,7 +201,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
           for (const StoragePtr& s : in) s->allocator->record_use(s->block, stream);
           for (const StoragePtr& s : out) s->allocator->record_use(s->block, stream);
         }
-        run_kernel(ctx, io, kernel, body, tf32);
+        run_kernel(ctx, io, kernel, body, tf32, modeled.get());
       },
       exec, reads, writes, scoped_options(std::move(name), property, bytes));
 }

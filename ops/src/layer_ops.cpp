@@ -64,6 +64,13 @@ kernels::ConvGeometry with_math(kernels::ConvGeometry g, const Tensor& data) {
   return g;
 }
 
+// A convolution's multiply-adds, counted twice (forward, and each backward pass alike).
+double conv_flops(const kernels::ConvGeometry& g) {
+  return 2.0 * static_cast<double>(g.n) * static_cast<double>(g.o) * static_cast<double>(g.out_h()) *
+         static_cast<double>(g.out_w()) * static_cast<double>(g.c) * static_cast<double>(g.kh) *
+         static_cast<double>(g.kw);
+}
+
 kernels::ConvGeometry conv_geometry(const char* op, const Operand& input, const Operand& filter, Conv2dParams p) {
   const Shape &x = input.shape, &w = filter.shape;
   if (x.rank() != 4 || w.rank() != 4)
@@ -132,7 +139,8 @@ Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b) {
                                              has_b ? io.in[2] : nullptr, batch, in, out));
     else
       cpu::dense_forward(io.o(0), io.i(0), io.i(1), has_b ? io.i(2) : nullptr, batch, in, out);
-  }, OpProperty::normal, 0, detail::Body::kernels, tf32);
+  }, OpProperty::normal, 0, detail::Body::kernels, tf32,
+         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
   return y;
 }
 
@@ -153,7 +161,8 @@ DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy) {
                                                               io.in[0], io.in[1], io.in[2], batch, in, out));
            else
              cpu::dense_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), batch, in, out);
-         }, OpProperty::normal, 0, detail::Body::kernels, tf32);
+         }, OpProperty::normal, 0, detail::Body::kernels, tf32,
+         detail::OpCost{4.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
   return g;
 }
 
@@ -174,7 +183,8 @@ Tensor dense_backward_data(const Tensor& dy, const Tensor& w) {
                                                             io.in[1], io.in[0], batch, in, out));
     else
       cpu::dense_backward(io.o(0), nullptr, nullptr, nullptr, io.i(1), io.i(0), batch, in, out);
-  }, OpProperty::normal, 0, detail::Body::kernels, tf32);
+  }, OpProperty::normal, 0, detail::Body::kernels, tf32,
+         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
   return dx;
 }
 
@@ -196,7 +206,8 @@ DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
                                                                      io.in[0], nullptr, io.in[1], batch, in, out));
            else
              cpu::dense_backward(nullptr, io.o(0), io.o(1), io.i(0), nullptr, io.i(1), batch, in, out);
-         }, OpProperty::normal, 0, detail::Body::kernels, tf32);
+         }, OpProperty::normal, 0, detail::Body::kernels, tf32,
+         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
   return g;
 }
 
@@ -212,7 +223,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p)
       WEFT_GPU_KERNEL("conv2d", conv2d_forward(*ctx.gpu, io.out[0], io.in[0], io.in[1], has_b ? io.in[2] : nullptr, g));
     else
       cpu::conv2d_forward(io.o(0), io.i(0), io.i(1), has_b ? io.i(2) : nullptr, g);
-  }, OpProperty::normal, 0, detail::Body::kernels, g.tf32);
+  }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
+         detail::OpCost{conv_flops(g)});
   return y;
 }
 
@@ -228,7 +240,8 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
       WEFT_GPU_KERNEL("conv2d_backward_data", conv2d_backward_data(*ctx.gpu, io.out[0], io.in[0], io.in[1], g));
     else
       cpu::conv2d_backward_data(io.o(0), io.i(0), io.i(1), g);
-  }, OpProperty::normal, 0, detail::Body::kernels, g.tf32);
+  }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
+         detail::OpCost{conv_flops(g)});
   return dx;
 }
 
@@ -246,7 +259,8 @@ ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const 
                              conv2d_backward_filter(*ctx.gpu, io.out[0], io.out[1], io.in[0], io.in[1], g));
            else
              cpu::conv2d_backward_filter(io.o(0), io.o(1), io.i(0), io.i(1), g);
-         }, OpProperty::normal, 0, detail::Body::kernels, g.tf32);
+         }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
+         detail::OpCost{conv_flops(g)});
   return out;
 }
 

@@ -40,6 +40,12 @@ struct Storage {
   // True until the op that creates the tensor is pushed (frontend only): that
   // op allocates; later writers work in place and find the memory there.
   bool creator_pending = true;
+  // Under the simulator's modeled mode (weft/gpu_sim.h): which op's modeled
+  // kernel should have produced the values ("'matmul' on gpu(0)"), when the
+  // memory holds none; null when it holds real values. Set by the ops that
+  // write the storage, read by the ops and host reads after them (the
+  // engine orders both): launch.h's track_values.
+  std::shared_ptr<const std::string> no_values;
 };
 
 using StoragePtr = std::shared_ptr<Storage>;

@@ -40,6 +40,99 @@ void require_memory(const Storage& s, std::string_view op) {
                 " bytes) has no memory: the op that should have created it failed");
 }
 
+namespace {
+void append_operand(std::string& key, const Tensor& t) {
+  key += to_string(t.dtype());
+  key += '[';
+  const std::vector<std::int64_t>& dims = t.shape().dims();
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (i) key += ',';
+    key += std::to_string(dims[i]);
+  }
+  key += ']';
+}
+}  // namespace
+
+ModeledOp modeled_op(std::string op, const std::vector<const Tensor*>& inputs, const std::vector<const Tensor*>& outputs,
+                     bool tf32, OpCost cost) {
+  ModeledOp m;
+  m.op = std::move(op);
+  m.flops = cost.flops;
+  double bytes = 0;
+  bool first = true, bf16 = false, fp16 = false;
+  for (const Tensor* t : inputs) {
+    if (!t->defined()) continue;
+    if (!first) m.shape += ';';
+    first = false;
+    append_operand(m.shape, *t);
+    bytes += static_cast<double>(t->nbytes());
+    bf16 |= t->dtype() == DType::bfloat16;
+    fp16 |= t->dtype() == DType::float16;
+  }
+  m.shape += "->";
+  first = true;
+  for (const Tensor* t : outputs) {
+    if (!first) m.shape += ';';
+    first = false;
+    append_operand(m.shape, *t);
+    bytes += static_cast<double>(t->nbytes());
+    if (inputs.empty()) {
+      bf16 |= t->dtype() == DType::bfloat16;
+      fp16 |= t->dtype() == DType::float16;
+    }
+  }
+  if (tf32) m.shape += "@tf32";
+  m.bytes = cost.bytes > 0 ? cost.bytes : bytes;
+  m.math = bf16 ? gpu::Math::bf16 : fp16 ? gpu::Math::fp16 : tf32 ? gpu::Math::tf32 : gpu::Math::fp32;
+  return m;
+}
+
+void require_values(const Storage& s, std::string_view op, const std::string& what) {
+  if (!s.no_values) return;
+  const std::string model = gpu::kernels_modeled() ? "WEFT_SIM_MODEL=" + gpu::sim_model().model : "WEFT_SIM_MODEL";
+  throw Error("op '" + std::string(op) + "': tensor " + what + " holds no values: they come from " + *s.no_values +
+              ", a kernel the simulated GPUs modeled without computing it (" + model +
+              ": modeled kernels take time, not values)");
+}
+
+void track_values(const std::vector<StoragePtr>& in, const std::vector<StoragePtr>& out, const RunContext& ctx,
+                  std::string_view op, bool modeled) {
+  if (modeled) {
+    auto origin = std::make_shared<const std::string>("'" + std::string(op) + "' on " + ctx.device.str());
+    for (const StoragePtr& s : out) s->no_values = origin;
+    return;
+  }
+  if (ctx.gpu) {
+    std::shared_ptr<const std::string> mark;
+    for (const StoragePtr& s : in)
+      if (s->no_values) {
+        mark = s->no_values;
+        break;
+      }
+    for (const StoragePtr& s : out) s->no_values = mark;
+    return;
+  }
+  for (const StoragePtr& s : in) {
+    if (s->no_values && !s->device.is_gpu()) {
+      const std::string what = (s->name.empty() ? std::string() : "'" + s->name + "' ") + "on " + s->device.str() +
+                               " (" + std::to_string(s->bytes) + " bytes)";
+      require_values(*s, op, what);
+    }
+  }
+  // A host op holding GPU tensors (a collective's hold op) hands them to GPU
+  // work that may run modeled kernels: under the mode they hold no values.
+  std::shared_ptr<const std::string> held;
+  if (gpu::kernels_modeled()) {
+    for (const StoragePtr& s : in)
+      if (s->no_values) held = s->no_values;
+    if (!held) held = std::make_shared<const std::string>("'" + std::string(op) + "' (GPU tensors it holds)");
+  }
+  for (const StoragePtr& s : out) {
+    if (!s->device.is_gpu()) s->no_values = nullptr;
+    else if (held) s->no_values = held;
+  }
+}
+
 std::string describe(const Tensor& t) {
   if (!t.defined()) return "(none)";
   const std::string& name = t.storage()->name;
@@ -303,9 +396,15 @@ void Tensor::wait_to_read() const { engine().wait_to_read(var()); }
 
 std::vector<float> Tensor::to_host() const {
   detail::check_floating("to_host", *this, "tensor");
-  if (device().is_gpu()) return copy_to(Device::cpu_pinned(0)).to_host();
+  if (device().is_gpu()) {
+    const Tensor staged = copy_to(Device::cpu_pinned(0));
+    staged.wait_to_read();
+    detail::require_values(*staged.storage_, "to_host", detail::describe_on(*this));
+    return staged.to_host();
+  }
   wait_to_read();
   detail::require_memory(*storage_, "to_host");
+  detail::require_values(*storage_, "to_host", detail::describe_on(*this));
   std::vector<float> out(static_cast<std::size_t>(numel()));
   if (!out.empty()) kernels::cpu::cast(out.data(), DType::float32, storage_->data(), dtype(), numel());
   return out;

@@ -78,6 +78,9 @@ TensorData materialize(const Bound& b, RunContext& ctx) {
     else detail::require_memory(*b.out[k], ctx.op_name);
   }
   for (const StoragePtr& s : b.in) detail::require_memory(*s, ctx.op_name);
+  // A GPU op of its own under the modeled mode may run modeled kernels
+  // (accumulate, scale): its outputs are taken to hold no values.
+  detail::track_values(b.in, b.out, ctx, ctx.op_name, ctx.gpu && gpu::kernels_modeled());
   for (const StoragePtr& s : b.in) d.inputs.push_back(s->data());
   for (const StoragePtr& s : b.out) d.outputs.push_back(s->data());
   if (stream) {
@@ -151,8 +154,21 @@ void push_tensor_op_async(Device device, const std::vector<Tensor>& inputs, cons
 
 // ---- element work for op bodies -------------------------------------------
 
+namespace {
+// accumulate and scale on a simulated GPU in the modeled mode: `bytes` moved.
+bool modeled_element_work(RunContext& ctx, const char* op, std::int64_t n, double bytes) {
+  if (!ctx.gpu || !gpu::kernels_modeled()) return false;
+  const std::string shape = "float32[" + std::to_string(n) + "]";
+  gpu::launch_modeled_kernel(ctx.gpu->stream, gpu::KernelCost{op, shape, 0, bytes, gpu::Math::fp32});
+  return true;
+}
+}  // namespace
+
 void accumulate(RunContext& ctx, float* y, const float* x, std::int64_t n, Accumulate how) {
   if (n <= 0) return;
+  if (modeled_element_work(ctx, how == Accumulate::max ? "accumulate max" : "accumulate", n,
+                           12.0 * static_cast<double>(n)))
+    return;
   detail::OpIO io;
   auto kernel = [y, x, n, how](RunContext& c, detail::OpIO&) {
     if (!c.gpu) {
@@ -169,6 +185,7 @@ void accumulate(RunContext& ctx, float* y, const float* x, std::int64_t n, Accum
 
 void scale(RunContext& ctx, float* y, float factor, std::int64_t n) {
   if (n <= 0) return;
+  if (modeled_element_work(ctx, "scale", n, 8.0 * static_cast<double>(n))) return;
   detail::OpIO io;
   auto kernel = [y, factor, n](RunContext& c, detail::OpIO&) {
     if (!c.gpu) kernels::cpu::mul_scalar(y, y, factor, n);
