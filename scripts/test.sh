@@ -31,12 +31,13 @@ if [[ "${1:-}" != "--fast" ]]; then
   # Numerical and data checks with little concurrency of their own stay out of this run (ops.resnet's
   # layer catalogue and split backward, GPU ops and ResNet steps against the CPU, GPU copies that
   # round-trip data, the simulator's copy timing, reading Fashion-MNIST, a pipeline's batch-norm
-  # statistics): they run under ASan (and most in Release), and cost TSan about two minutes of test
+  # statistics, a checkpoint read back by a Python script): they run under ASan (and most in Release),
+  # and cost TSan about two minutes of test
   # time. So do the reruns of GPU cases under other simulator settings (the stresses under jitter
   # seeds 2 and 3, the collectives on four simulated GPUs): the same cases run here under the
   # default settings, and the reruns cost TSan about another minute.
   ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops|gpu|parallel|parallel_mpi)\.' \
-    -E '^(ops\.resnet (resnet18 has|backward_input then)|gpu\.gpu resnet|gpu\.gpu ops - (elementwise|reductions)|gpu\.gpu copies - (cpu cpu gpu pinned|peer copies)|gpu\.gpu backend - simulated copies take|ops\.MNIST real Fashion-MNIST|parallel\.pipeline with batch norm|gpu\.stress\.jitter_seed_|gpu\.collectives\.sim4)'
+    -E '^(ops\.resnet (resnet18 has|backward_input then)|gpu\.gpu resnet|gpu\.gpu ops - (elementwise|reductions)|gpu\.gpu copies - (cpu cpu gpu pinned|peer copies)|gpu\.gpu backend - simulated copies take|ops\.MNIST real Fashion-MNIST|ops\.checkpoint_python|parallel\.pipeline with batch norm|gpu\.stress\.jitter_seed_|gpu\.collectives\.sim4)'
 fi
 
 echo "== Release =="

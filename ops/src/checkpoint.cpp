@@ -384,8 +384,23 @@ class Writer {
 // ---- PendingSave ------------------------------------------------------------
 
 struct PendingSave::State {
+  // A plain Var deleted here, not a SharedVar: a SharedVar's release holds
+  // the engine's life lock while the naive engine deletes the variable under
+  // its run lock, the order opposite to an op body dropping a SharedVar
+  // (collectives' phase variables) under that run lock.
   Engine* engine = nullptr;
-  SharedVar var;
+  Var var;
+  State() = default;
+  State(const State&) = delete;
+  State& operator=(const State&) = delete;
+  ~State() {
+    if (engine == nullptr || var.is_null()) return;
+    try {
+      engine->delete_var(var);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "weft: %s: deleting its variable: %s\n", what.c_str(), e.what());
+    }
+  }
   std::string what;
   std::shared_ptr<std::exception_ptr> outcome = std::make_shared<std::exception_ptr>();
   bool waited = false;
@@ -432,7 +447,7 @@ bool PendingSave::done() const {
   return !state_ || state_->waited || state_->engine->version(state_->var) > 0;
 }
 
-Var PendingSave::var() const { return state_ ? state_->var.var() : Var(); }
+Var PendingSave::var() const { return state_ ? state_->var : Var(); }
 
 // ---- save ----------------------------------------------------------------------
 
@@ -534,7 +549,7 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
   pending.state_ = std::make_shared<PendingSave::State>();
   PendingSave::State& state = *pending.state_;
   state.engine = &engine;
-  state.var = SharedVar(engine, what);
+  state.var = engine.new_var(what);
   state.what = what;
   job->outcome = state.outcome;
   // Duplicated reads (one tensor saved twice) are fine: the engine ignores them.
@@ -543,9 +558,9 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
         for (const SaveJob::Item& item : job->items) weft::detail::require_memory(*item.snapshot, ctx.op_name);
         Writer::instance().submit(Task{std::move(job), std::move(done)});
       },
-      Device::cpu(0), reads, {state.var.var()}, {.name = what, .run_inline = true});
+      Device::cpu(0), reads, {state.var}, {.name = what, .run_inline = true});
   // The snapshots are freed by this op, once the files are written.
-  engine.push([keep = std::move(keep)] {}, Device::cpu(0), {state.var.var()}, {},
+  engine.push([keep = std::move(keep)] {}, Device::cpu(0), {state.var}, {},
               {.name = what + ": free the snapshots"});
   return pending;
 }
