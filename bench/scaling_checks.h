@@ -1,0 +1,37 @@
+// Validation checks of the simulated-GPU mode against what is known in
+// closed form, run by weft-bench-scaling: each check runs real engine work on
+// simulated GPUs under the modeled mode and compares its predicted time (or
+// bubble fraction) with the formula's. The caller has set the mode
+// (gpu::set_sim_model) with enough simulated GPUs for the largest check; each
+// check sets the nodes it needs and restores the caller's options.
+#pragma once
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace weft_bench {
+
+struct ValidationCheck {
+  std::string check;     // e.g. "ring_allreduce gpus=8 nodes=1 bytes=67108864"
+  std::string unit;      // "ms", "fraction"
+  double expected = 0;   // the formula's
+  double measured = 0;   // the simulator's prediction
+  double tolerance = 0;  // the target: relative error (or, for "fraction", absolute difference) allowed
+  double relative_error() const { return expected != 0 ? std::abs(measured - expected) / std::abs(expected) : 0; }
+  bool holds() const {
+    return unit == "fraction" ? std::abs(measured - expected) <= tolerance : relative_error() <= tolerance;
+  }
+};
+
+// A ring allreduce of S bytes over N simulated GPUs against
+// 2(N-1)/N * S / link bandwidth + 2(N-1) * link latency: N = 2, 4, 8 in one
+// node (NVLink) and N = 16, 64 over nodes of 8 (the NIC is the ring's
+// slowest link). Tolerance 0.10.
+std::vector<ValidationCheck> ring_allreduce_checks(double dilation);
+
+// GPipe and 1F1B with K = 4 and 8 balanced stages and M micro-batches
+// against the bubble fraction (K-1)/(M+K-1). Tolerance 0.03 (absolute).
+std::vector<ValidationCheck> pipeline_bubble_checks(double dilation);
+
+}  // namespace weft_bench
