@@ -48,6 +48,13 @@ class ArgCursor {
     if (i_ + 1 >= argc_) return std::nullopt;
     return std::string(argv_[++i_]);
   }
+  // An optional value: the "=value" part, else the next argument when it
+  // does not start with '-' (consumed); nullopt for a bare flag.
+  std::optional<std::string> optional_value() {
+    if (inline_value_) return inline_value_;
+    if (i_ + 1 >= argc_ || argv_[i_ + 1][0] == '-') return std::nullopt;
+    return std::string(argv_[++i_]);
+  }
   // The flag's value as a whole number in [lo, hi]; nullopt when it is
   // missing or not one.
   std::optional<long long> int_value(long long lo, long long hi) {

@@ -10,7 +10,10 @@
 //      (simulated GPUs have a capacity: WEFT_SIM_GPU_MEMORY).
 // Synthetic data (the throughput, bubble and memory do not depend on it).
 // Each configuration: a warm-up step, then --steps timed steps, each
-// flushed (wait_all) so steps do not overlap.
+// flushed (wait_all) so steps do not overlap. --sim-model runs the sweeps on
+// simulated GPUs whose kernels take modeled time (examples/common/sim_mode.h):
+// times are then predictions, with each GPU stream's utilization, the
+// compute/copy overlap and the host's share per configuration.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -25,6 +28,7 @@
 
 #include "arg_cursor.h"
 #include "device_list.h"
+#include "sim_mode.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/nn.h"
@@ -52,6 +56,8 @@ struct Options {
   bool quick = false, json = false;
   std::string trace;
   std::string sweeps = "12345";  // which of the five experiments
+  bool devices_given = false;
+  weft::examples::SimFlags sim;
   bool wants(char sweep) const { return sweeps.find(sweep) != std::string::npos; }
 };
 
@@ -73,12 +79,22 @@ void usage(std::FILE* out) {
                "  --trace PREFIX     write traces of the first model's pipelined step: PREFIX-gpipe.json\n"
                "                     (sweep 1, M = 4K) and PREFIX-1f1b.json (sweep 4, no recomputation)\n"
                "  --json             one JSON line per configuration instead of the tables\n"
+               "%s"
                "  --help             this text\n"
                "\n"
                "JSON keys: sweep, model, schedule, checkpoint, stages, chunks, balance, batch,\n"
                "samples_per_sec, step_ms, bubble_measured (mean over stages), bubble_per_stage,\n"
                "bubble_predicted, peak_bytes (per device), and for the fit sweep max_batch.\n"
-               "Exit status: 0 done, 2 bad arguments, 1 failure.\n");
+               "\n"
+               "With --sim-model (simulated GPUs only, --devices gpu:0,gpu:1 by default; WEFT_GPU_BACKEND=sim\n"
+               "unless set so already) step_ms and samples_per_sec are predictions (step_ms: the median\n"
+               "step, host time / dilation), and each line adds sim_model, dilation, sim_gpus, nodes,\n"
+               "predicted_step_ms, utilization (GPU stream -> busy fraction), comm_overlap (compute vs\n"
+               "copies), host_share (the process's CPU time over wall time times the hardware threads:\n"
+               "near 1 means the host, not the model, set the pace), kernels_modeled, table_hits and\n"
+               "fallbacks.\n"
+               "Exit status: 0 done, 2 bad arguments, 1 failure.\n",
+               weft::examples::sim_flags_help(21).c_str());
 }
 
 struct UsageError {
@@ -111,6 +127,7 @@ bool parse(int argc, char** argv, Options& o) {
         throw UsageError{"--models wants lenet, resnet18 or all, got '" + o.models + "'"};
     } else if (arg == "--devices") {
       o.devices = text();
+      o.devices_given = true;
     } else if (arg == "--batch-size") {
       o.lenet_batch = number(1, 1 << 20);
     } else if (arg == "--resnet-batch-size") {
@@ -132,9 +149,21 @@ bool parse(int argc, char** argv, Options& o) {
       if (o.sweeps.find_first_not_of("12345") != std::string::npos)
         throw UsageError{"--sweeps wants digits 1 to 5, got '" + o.sweeps + "'"};
     } else {
-      throw UsageError{"unknown argument '" + arg + "'"};
+      bool taken = false;
+      try {
+        taken = o.sim.parse(args);
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+      if (!taken) throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
+  try {
+    o.sim.check();
+  } catch (const weft::Error& e) {
+    throw UsageError{e.what()};
+  }
+  if (o.sim.on && !o.devices_given) o.devices = "gpu:0,gpu:1";
   return true;
 }
 
@@ -179,6 +208,7 @@ struct Result {
   double samples_per_sec = 0, step_ms = 0;
   std::vector<double> bubble;
   std::vector<std::size_t> peak;
+  std::optional<weft::examples::SimPrediction> sim;  // under --sim-model
 };
 
 double mean(const std::vector<double>& v) {
@@ -201,16 +231,26 @@ Result run(Engine& e, const Model& m, const std::vector<Device>& devices, const 
   };
   one_step();  // warm-up: caches, allocators, cuDNN plans
   for (Device d : devices) e.allocator(d).reset_peak();
-  e.profiler().clear();
-  e.profiler().start();
-  const auto t0 = Clock::now();
-  for (int s = 0; s < steps; ++s) one_step();
-  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
-  e.profiler().stop();
-  if (!trace.empty()) e.profiler().dump(trace);
   Result r;
-  r.step_ms = secs * 1e3 / steps;
-  r.samples_per_sec = static_cast<double>(c.batch) * steps / secs;
+  if (weft::gpu::kernels_modeled()) {
+    // Each step timed on its own: the median, on the modeled timeline.
+    weft::examples::SimMeasure measure(e);
+    measure.begin();
+    for (int s = 0; s < steps; ++s) measure.step(one_step);
+    r.sim = measure.end();
+    r.step_ms = r.sim->predicted_step_ms;
+    r.samples_per_sec = r.step_ms > 0 ? static_cast<double>(c.batch) * 1e3 / r.step_ms : 0.0;
+  } else {
+    e.profiler().clear();
+    e.profiler().start();
+    const auto t0 = Clock::now();
+    for (int s = 0; s < steps; ++s) one_step();
+    const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+    e.profiler().stop();
+    r.step_ms = secs * 1e3 / steps;
+    r.samples_per_sec = static_cast<double>(c.batch) * steps / secs;
+  }
+  if (!trace.empty()) e.profiler().dump(trace);
   r.bubble = par::measured_bubble(e.profiler().spans(), pipe.stages());
   // The bubble per step: the measurement spans all timed steps, and the
   // flush between steps is idle time of every stage, as within a step.
@@ -267,7 +307,19 @@ class Report {
     std::fflush(stdout);
   }
   void json(const Model& m, const Config& c, const Result& r, const std::string& extra = "") {
-    if (!json_) return;
+    if (!json_) {
+      if (r.sim) {
+        // The busiest GPU stream stands for the utilization in the table.
+        const auto busiest = std::max_element(r.sim->utilization.begin(), r.sim->utilization.end(),
+                                              [](const auto& a, const auto& b) { return a.second < b.second; });
+        std::printf("           modeled: compute/copy overlap %.2f, host share %.2f%s%s\n", r.sim->comm_overlap,
+                    r.sim->host_share,
+                    busiest == r.sim->utilization.end() ? "" : (", busiest " + busiest->first).c_str(),
+                    busiest == r.sim->utilization.end() ? "" : (" " + fixed(busiest->second, "%.2f")).c_str());
+        std::fflush(stdout);
+      }
+      return;
+    }
     std::string bubbles = "[", peaks = "{";
     bubbles += joined(r.bubble, ",", [](std::size_t, double v) { return num(v); });
     peaks += joined(r.peak, ",", [&](std::size_t i, std::size_t v) {
@@ -280,13 +332,13 @@ class Report {
     std::printf(
         "{\"sweep\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"checkpoint\":\"%s\",\"stages\":%zu,\"chunks\":%d,"
         "\"balance\":%s,\"balance_by\":\"%s\",\"batch\":%lld,\"samples_per_sec\":%s,\"step_ms\":%s,"
-        "\"bubble_measured\":%s,\"bubble_per_stage\":%s],\"bubble_predicted\":%s,\"peak_bytes\":%s}%s}\n",
+        "\"bubble_measured\":%s,\"bubble_per_stage\":%s],\"bubble_predicted\":%s,\"peak_bytes\":%s}%s%s}\n",
         c.sweep.c_str(), m.name.c_str(), c.schedule.c_str(), std::string(par::to_string(c.checkpoint)).c_str(),
         c.balance.size(), c.chunks, balance_str(c.balance).c_str(), c.balance_by.c_str(),
         static_cast<long long>(c.batch), num(r.samples_per_sec).c_str(), num(r.step_ms).c_str(),
         num(mean(r.bubble)).c_str(), bubbles.c_str(),
         num(par::predicted_bubble(static_cast<int>(c.balance.size()), c.chunks)).c_str(), peaks.c_str(),
-        extra.c_str());
+        r.sim ? r.sim->json().c_str() : "", extra.c_str());
     std::fflush(stdout);
   }
   std::string peaks(const Result& r) const {
@@ -491,7 +543,15 @@ int main(int argc, char** argv) {
     for (Device d : devices)
       if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
     config.workers_per_cpu_device = 1;  // a stage on a CPU device: one worker, like a GPU's stream
-    auto engine = Engine::create(config);
+    std::unique_ptr<Engine> engine;
+    try {
+      if (o.sim.on) weft::examples::sim_prepare(devices, config, "--devices");
+      engine = Engine::create(config);
+    } catch (const weft::InvalidArgument& e) {
+      if (!o.sim.on) throw;
+      std::fprintf(stderr, "weft-pipeline: %s\n", e.what());
+      return 2;
+    }
     const auto known = engine->devices();
     for (Device d : devices)
       if (std::find(known.begin(), known.end(), d) == known.end()) {
@@ -499,6 +559,19 @@ int main(int argc, char** argv) {
                      weft::examples::device_list_str(known).c_str());
         return 2;
       }
+    if (o.sim.on) {
+      try {
+        const weft::gpu::SimModelOptions model = weft::examples::sim_install(o.sim);
+        if (!o.json)
+          std::printf("modeled: %s, dilation %g, %d simulated GPU(s)%s: times are predictions\n", model.model.c_str(),
+                      model.dilation, weft::gpu::device_count(),
+                      model.gpus_per_node > 0 ? (", " + std::to_string(model.gpus_per_node) + " per node").c_str()
+                                              : " in one node");
+      } catch (const weft::InvalidArgument& e) {
+        std::fprintf(stderr, "weft-pipeline: bad --sim-model: %s\n", e.what());
+        return 2;
+      }
+    }
     weft::ops::set_cpu_kernel_threads(o.kernel_threads);
     Report report(o.json, devices);
     std::vector<Model> models;
@@ -511,6 +584,7 @@ int main(int argc, char** argv) {
       std::printf("weft-pipeline: %zu stages on %s, %d timed steps per configuration, %d thread(s) per CPU kernel\n",
                   devices.size(), weft::examples::device_list_str(devices).c_str(), o.steps, o.kernel_threads);
     for (std::size_t i = 0; i < models.size(); ++i) sweep_model(o, *engine, models[i], devices, report, i == 0);
+    if (o.sim.on && !o.json) std::printf("\ncost model: %s\n", weft::gpu::sim_model_report().c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "weft-pipeline: %s\n", e.what());

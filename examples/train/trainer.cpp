@@ -44,6 +44,7 @@
 
 #include "arg_cursor.h"
 #include "device_list.h"
+#include "sim_mode.h"
 #include "weft/checkpoint.h"
 #include "weft/dataset.h"
 #include "weft/engine.h"
@@ -92,6 +93,9 @@ struct Options {
   std::string checkpoint;             // run directory; empty: none
   std::int64_t checkpoint_every = 0;  // steps; 0: at epoch ends only
   std::string resume;                 // run or checkpoint directory; empty: a fresh start
+  bool devices_given = false;
+  weft::examples::SimFlags sim;  // --sim-model: predict steps instead of training
+  std::int64_t steps = 0;        // --steps: measured steps under --sim-model; 0: not given (3)
 };
 
 void usage(std::FILE* out, const ModelSpec& m) {
@@ -148,6 +152,9 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "                   (0: all; the default)\n"
                "  --seed N         seed of the initial weights and the shuffling (default 0)\n"
                "  --json           end the output with one JSON line of the results\n"
+               "%s"
+               "  --steps N        with --sim-model: the measured steps, after one warm-up step (default 3;\n"
+               "                   --epochs is then unused, --limit still bounds the data loaded)\n"
                "  --help           this text\n"
                "\n"
                "Prints the model, the gradient buckets, a progress line every ~20%% of an epoch's batches,\n"
@@ -156,9 +163,20 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "test pass) and, on several devices, the comm overlap: the fraction of the gradient\n"
                "reduction's time during which other ops ran, from the engine's profiler. The summary\n"
                "gives each device's peak of allocated memory.%s\n"
+               "\n"
+               "With --sim-model (on simulated GPUs only, --devices gpu:0 by default; WEFT_GPU_BACKEND=sim\n"
+               "unless set so already) it prints the prediction instead: the predicted step time, each\n"
+               "GPU stream's utilization, the compute/copy overlap and, on several devices, the fraction\n"
+               "of the gradient reduction hidden, the host share (the process's CPU time over wall time\n"
+               "times the hardware threads during the measured steps: near 1 means the host, not the\n"
+               "model, set the pace) and the cost model's report. Loss, accuracy and weights are n/a:\n"
+               "modeled kernels compute nothing; --checkpoint, --resume, --dist and --hybridize are\n"
+               "refused. --json's line then has sim_model, dilation, predicted_step_ms, utilization,\n"
+               "comm_overlap, reduction_overlap, host_share, kernels_modeled, table_hits and fallbacks.\n"
                "Exit status: 0 done, 2 bad arguments or data, 1 failure while training.\n",
                p, m.model, p, p, static_cast<long long>(m.default_batch_size), static_cast<double>(m.default_lr),
-               m.lr_note, m.bucket_note, weft::default_fashion_mnist_dir().c_str(), m.usage_note);
+               m.lr_note, m.bucket_note, weft::default_fashion_mnist_dir().c_str(), weft::examples::sim_flags_help(19).c_str(),
+               m.usage_note);
 }
 
 struct UsageError {
@@ -247,6 +265,7 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       if (o.resume.empty()) throw UsageError{"--resume needs a directory"};
     } else if (arg == "--devices" || arg == "--device") {
       o.devices = take();
+      o.devices_given = true;
       if (o.devices.empty()) throw UsageError{arg + " needs a device"};
     } else if (arg == "--dist") {
       if (args.has_inline_value()) throw UsageError{"--dist takes no value"};
@@ -287,11 +306,35 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       } catch (const weft::Error& e) {
         throw UsageError{e.what()};
       }
+    } else if (arg == "--steps") {
+      o.steps = parse_int<std::int64_t>(arg, take(), 1);
     } else {
-      throw UsageError{"unknown argument '" + arg + "'"};
+      bool taken = false;
+      try {
+        taken = o.sim.parse(args);
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+      if (!taken) throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
   if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError{"--checkpoint-every needs --checkpoint DIR"};
+  try {
+    o.sim.check();
+  } catch (const weft::Error& e) {
+    throw UsageError{e.what()};
+  }
+  if (o.steps > 0 && !o.sim.on) throw UsageError{"--steps counts the steps --sim-model measures (training runs --epochs)"};
+  if (o.sim.on) {
+    // Modeled kernels compute nothing: no values to save, resume or read
+    // across processes; a captured step is not what is predicted.
+    if (!o.checkpoint.empty()) throw UsageError{"--sim-model computes no values to save: it takes no --checkpoint"};
+    if (!o.resume.empty()) throw UsageError{"--sim-model computes no values: it takes no --resume"};
+    if (o.dist) throw UsageError{"--sim-model predicts one process's simulated GPUs: it takes no --dist"};
+    if (o.hybridize) throw UsageError{"--sim-model predicts plain steps: it takes no --hybridize"};
+    if (!o.devices_given) o.devices = "gpu:0";
+    if (o.steps == 0) o.steps = 3;
+  }
   return true;
 }
 
@@ -367,6 +410,89 @@ std::string bytes_str(std::size_t bytes) {
   return buf;
 }
 
+// --sim-model: one warm-up step, then o.steps steps timed one by one on
+// simulated GPUs whose kernels take modeled time; prints the prediction.
+// Nothing is read back (the values were never computed).
+template <class LossOf>
+int predict_steps(const Options& o, const ModelSpec& m, weft::Engine& engine, weft::parallel::DataParallel& dp,
+                  const weft::Dataset& train, const std::vector<weft::Device>& devices,
+                  const weft::optim::OptimizerOptions& optimizer, const weft::optim::LrSchedule& schedule,
+                  weft::Precision precision, const LossOf& loss_of) {
+  const std::int64_t world = dp.world_size();
+  const bool several = world > 1;
+  weft::MinibatchIterator it(train, o.batch_size, /*shuffle=*/true, o.seed);
+  int epoch = 0;
+  it.start_epoch(epoch);
+  std::vector<float> images, labels;
+  std::int64_t n = 0;
+  auto next_batch = [&] {
+    bool restarted = false;
+    for (;;) {
+      if (it.next(images, labels, n)) {
+        if (n >= world) return;
+        continue;  // (a last batch smaller than the replicas)
+      }
+      if (restarted)
+        throw weft::InvalidArgument(std::to_string(train.size) + " training examples give no batch of at least " +
+                                    std::to_string(world) + " examples (one per replica)");
+      restarted = true;
+      it.start_epoch(++epoch);
+    }
+  };
+  auto push_step = [&] {
+    next_batch();
+    std::optional<weft::BulkScope> bulk;
+    if (o.bulk > 1) bulk.emplace(engine, o.bulk);
+    const std::vector<weft::Tensor> x =
+        dp.split_and_load(weft::Shape{n, train.channels, train.height, train.width}, images);
+    const std::vector<weft::Tensor> y = dp.split_and_load(weft::Shape{n}, labels);
+    const std::vector<weft::Tensor> logits = dp.forward(x);
+    std::vector<weft::Tensor> dlogits;
+    for (std::size_t r = 0; r < logits.size(); ++r) dlogits.push_back(loss_of(logits[r], y[r]).dlogits);
+    dp.backward(dlogits);
+    dp.step(schedule.lr(optimizer.lr, dp.steps()));
+  };
+  const weft::gpu::SimModelOptions model = weft::gpu::sim_model();
+  std::printf("modeled: %s, dilation %g, %d simulated GPU(s)%s; one warm-up step, %lld measured steps of batch %lld\n",
+              model.model.c_str(), model.dilation, weft::gpu::device_count(),
+              model.gpus_per_node > 0 ? (", " + std::to_string(model.gpus_per_node) + " per node").c_str() : " in one node",
+              static_cast<long long>(o.steps), static_cast<long long>(o.batch_size));
+  std::fflush(stdout);
+  for (weft::Device d : devices) engine.allocator(d).reset_peak();
+  push_step();  // warm-up: caches, allocators, the buckets' first reduction
+  engine.wait_all();
+  weft::examples::SimMeasure measure(engine);
+  measure.begin();
+  for (std::int64_t s = 0; s < o.steps; ++s) measure.step(push_step);
+  const weft::examples::SimPrediction p = measure.end();
+  for (std::size_t s = 0; s < p.step_ms.size(); ++s) std::printf("  step %zu: %.3f ms predicted\n", s + 1, p.step_ms[s]);
+  std::optional<double> reduction;
+  if (several) reduction = weft::parallel::comm_overlap(engine.profiler().spans(), dp.comm_marker()).fraction;
+  if (!o.trace.empty()) engine.profiler().dump(o.trace);
+  std::printf("%s", p.text().c_str());
+  if (reduction) std::printf("gradient reduction hidden behind other ops: %.2f\n", *reduction);
+  std::printf("loss, accuracy, test accuracy, weights: n/a (modeled)\n");
+  std::string peaks, peaks_json;
+  for (weft::Device d : devices) {
+    const std::size_t peak = weft::memory_stats(engine, d).peak_in_use;
+    peaks += (peaks.empty() ? "" : ", ") + d.str() + " " + bytes_str(peak);
+    peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(peak);
+  }
+  std::printf("peak memory allocated: %s\n", peaks.c_str());
+  if (o.json)
+    std::printf("{\"model\":\"%s\",\"device\":\"%s\",\"devices\":\"%s\",\"replicas\":%lld,\"buckets\":%zu,"
+                "\"batch_size\":%lld,\"precision\":\"%s\",\"optimizer\":\"%s\",\"shard\":\"%s\",\"bulk\":%zu,"
+                "\"steps\":%lld%s,\"reduction_overlap\":%s,\"peak_bytes\":{%s}}\n",
+                m.json_name, devices[0].str().c_str(), device_list_str(devices).c_str(), static_cast<long long>(world),
+                dp.buckets().size(), static_cast<long long>(o.batch_size),
+                std::string(weft::to_string(precision)).c_str(), o.optimizer.c_str(),
+                std::string(weft::parallel::to_string(o.shard)).c_str(), o.bulk > 1 ? o.bulk : std::size_t{0},
+                static_cast<long long>(o.steps), p.json().c_str(),
+                reduction ? json_number(*reduction).c_str() : "null", peaks_json.c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
 }  // namespace
 
 int run_trainer(int argc, char** argv, const ModelSpec& m) {
@@ -424,7 +550,15 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     config.conv_algo = o.conv_algo;
     const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](weft::Device d) { return d.is_gpu(); });
     const weft::Precision precision = o.precision.value_or(any_gpu ? weft::Precision::tf32 : weft::Precision::fp32);
-    auto engine = weft::Engine::create(config);
+    std::unique_ptr<weft::Engine> engine;
+    try {
+      if (o.sim.on) weft::examples::sim_prepare(devices, config, "--devices");
+      engine = weft::Engine::create(config);
+    } catch (const weft::InvalidArgument& e) {
+      if (!o.sim.on) throw;
+      std::fprintf(stderr, "%s: %s\n", prog, e.what());
+      return 2;
+    }
     const auto known = engine->devices();
     for (weft::Device d : devices)
       if (std::find(known.begin(), known.end(), d) == known.end()) {
@@ -432,6 +566,14 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
                      device_list_str(known).c_str());
         return 2;
       }
+    if (o.sim.on) {
+      try {
+        (void)weft::examples::sim_install(o.sim);
+      } catch (const weft::InvalidArgument& e) {
+        std::fprintf(stderr, "%s: bad --sim-model: %s\n", prog, e.what());
+        return 2;
+      }
+    }
 
     // The optimizer: adam and adamw start from lr 0.001 unless --lr says.
     const bool adaptive = o.optimizer == "adam" || o.optimizer == "adamw";
@@ -538,9 +680,11 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     if (dp.processes() > 1) where.append(" in each of ").append(std::to_string(dp.processes())).append(" processes");
     std::string split;
     if (several) split.append(" split over ").append(std::to_string(dp.world_size())).append(" replicas");
-    say("training on %s (%s engine, %d workers per device): %d epochs, batch %lld%s, lr %g, seed %llu, "
+    const std::string length = o.sim.on ? std::to_string(o.steps) + " measured steps" : std::to_string(o.epochs) + " epochs";
+    say("%s on %s (%s engine, %d workers per device): %s, batch %lld%s, lr %g, seed %llu, "
         "precision %s%s, conv algorithms %s\n",
-        where.c_str(), std::string(engine->kind()).c_str(), engine->workers(devices[0]), o.epochs,
+        o.sim.on ? "predicting" : "training", where.c_str(), std::string(engine->kind()).c_str(),
+        engine->workers(devices[0]), length.c_str(),
         static_cast<long long>(o.batch_size), split.c_str(), static_cast<double>(optimizer.lr),
         static_cast<unsigned long long>(seed), std::string(weft::to_string(precision)).c_str(),
         weft::needs_loss_scaling(precision) ? " (dynamic loss scaling)" : "", engine->conv_algo().str().c_str());
@@ -551,6 +695,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     say("optimizer: %s, lr schedule %s%s, shard %s\n", optimizer.str().c_str(), schedule.str().c_str(),
         o.max_grad_norm ? (", gradient norm clipped to " + std::to_string(*o.max_grad_norm)).c_str() : "",
         std::string(weft::parallel::to_string(o.shard)).c_str());
+    if (o.sim.on) return predict_steps(o, m, *engine, dp, train, devices, optimizer, schedule, precision, loss_of);
     if (resume) {
       try {
         dp.load_checkpoint(*resume);

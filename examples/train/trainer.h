@@ -2,10 +2,14 @@
 // one set of flags (--devices, --dist, --batch-size, --lr, --epochs, --limit,
 // --precision, --conv-algo, --optimizer, --weight-decay, --lr-schedule,
 // --max-grad-norm, --shard, --checkpoint, --checkpoint-every, --resume,
-// --bucket-kb, --no-overlap, --trace, --data, --seed, --json), one training
-// loop (data-parallel through weft::parallel::DataParallel, on one device
-// or several, across mpirun processes with --dist), one report. A program
-// gives its model and its defaults.
+// --bucket-kb, --no-overlap, --hybridize, --gpu-graphs, --bulk, --trace,
+// --data, --seed, --json; --sim-model [PROFILE|COST_TABLE], --sim-dilation,
+// --sim-gpus-per-node, --steps), one training loop (data-parallel through
+// weft::parallel::DataParallel, on one device or several, across mpirun
+// processes with --dist), one report. With --sim-model it trains nothing:
+// it times --steps steps on simulated GPUs with modeled kernels and prints
+// the prediction (examples/common/sim_mode.h). A program gives its model
+// and its defaults.
 #pragma once
 
 #include <cstdint>
