@@ -149,6 +149,21 @@ inline std::unique_ptr<par::DataParallel> data_parallel_run(Engine& e, const Mod
   return dp;
 }
 
+// One optimizer step per batch through `dp` (its own optimizer and learning
+// rate): forward, softmax cross-entropy, backward, step.
+inline void train_steps(par::DataParallel& dp, const std::vector<Batch>& batches) {
+  for (const Batch& b : batches) {
+    std::vector<Tensor> x = dp.split_and_load(b.x_shape, b.x);
+    std::vector<Tensor> y = dp.split_and_load(Shape{b.x_shape[0]}, b.y);
+    std::vector<Tensor> logits = dp.forward(x);
+    std::vector<Tensor> dlogits;
+    for (std::size_t r = 0; r < logits.size(); ++r)
+      dlogits.push_back(weft::ops::softmax_cross_entropy(logits[r], y[r]).dlogits);
+    dp.backward(dlogits);
+    dp.step();
+  }
+}
+
 // Every value within tol * max(1, |want|).
 inline void expect_close(const std::vector<std::vector<float>>& got, const std::vector<std::vector<float>>& want,
                          double tol, const std::string& what) {

@@ -40,19 +40,6 @@ struct DpCkptDir {
   }
 };
 
-// `batches` through `dp` (one step each).
-void dp_ckpt_train(par::DataParallel& dp, const std::vector<Batch>& batches) {
-  for (const Batch& b : batches) {
-    std::vector<Tensor> x = dp.split_and_load(b.x_shape, b.x);
-    std::vector<Tensor> y = dp.split_and_load(Shape{b.x_shape[0]}, b.y);
-    std::vector<Tensor> logits = dp.forward(x);
-    std::vector<Tensor> d;
-    for (std::size_t r = 0; r < logits.size(); ++r) d.push_back(weft::ops::softmax_cross_entropy(logits[r], y[r]).dlogits);
-    dp.backward(d);
-    dp.step();
-  }
-}
-
 std::unique_ptr<par::DataParallel> dp_ckpt_make(Engine& e, int members, par::DataParallelOptions options) {
   return std::make_unique<par::DataParallel>(
       e, cpus(members), [&e](Device d) { return nn::mlp(e, {20, 32, 16, 5}, d, 7 + static_cast<std::uint64_t>(d.index())); },
@@ -83,7 +70,7 @@ TEST_CASE("dp checkpoint: saved on N members under one shard setting, resumed on
   };
   weft_test::with_each_engine(3, [&](Engine& e) {
     auto whole = dp_ckpt_make(e, 2, zero_options(par::Shard::none, opt, base));
-    dp_ckpt_train(*whole, batches);
+    train_steps(*whole, batches);
     const auto want = zero_weights(*whole);
     for (const Case& c : cases) {
       const std::string what = std::to_string(c.save_members) + " members, Shard::" +
@@ -93,7 +80,7 @@ TEST_CASE("dp checkpoint: saved on N members under one shard setting, resumed on
       DpCkptDir dir("resume");
       {
         auto a = dp_ckpt_make(e, c.save_members, zero_options(c.save_shard, opt, base));
-        dp_ckpt_train(*a, first);
+        train_steps(*a, first);
         a->save_checkpoint(dir.path / "step-2", {{"note", "two steps"}}).wait();
       }
       const ckpt::Reader reader = ckpt::Reader::open(dir.path / "step-2");
@@ -108,7 +95,7 @@ TEST_CASE("dp checkpoint: saved on N members under one shard setting, resumed on
       auto b = dp_ckpt_make(e, c.load_members, zero_options(c.load_shard, opt, base));
       b->load_checkpoint(reader);
       CHECK(b->steps() == 2);
-      dp_ckpt_train(*b, rest);
+      train_steps(*b, rest);
       CHECK(b->steps() == 4);
       CHECK(b->loss_scale() == whole->loss_scale());
       for (int r = 0; r < b->replicas(); ++r) {
@@ -131,16 +118,16 @@ TEST_CASE("dp checkpoint: a checkpoint of another model or optimizer is refused,
       // Another model: fc2 has 8 outputs instead of 16.
       par::DataParallel other(e, cpus(2), [&](Device d) { return nn::mlp(e, {20, 32, 8, 5}, d, 1); },
                               zero_options(par::Shard::none, opt));
-      dp_ckpt_train(other, batches);
+      train_steps(other, batches);
       other.save_checkpoint(dir.path / "other").wait();
       // The same model with plain SGD: no optimizer state.
       auto sgd = dp_ckpt_make(e, 2, zero_options(par::Shard::none, optim::OptimizerOptions::sgd(0.1f)));
-      dp_ckpt_train(*sgd, batches);
+      train_steps(*sgd, batches);
       sgd->save_checkpoint(dir.path / "sgd").wait();
     }
     for (par::Shard shard : {par::Shard::none, par::Shard::parameters}) {
       auto dp = dp_ckpt_make(e, 2, zero_options(shard, opt));
-      dp_ckpt_train(*dp, batches);
+      train_steps(*dp, batches);
       const auto before = zero_weights(*dp);
       const std::vector<std::size_t> state_before = dp->state_bytes();
       const std::string shape_error = error_of([&] { dp->load_checkpoint(ckpt::Reader::open(dir.path / "other")); });

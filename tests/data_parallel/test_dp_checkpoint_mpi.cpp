@@ -34,18 +34,6 @@ fs::path dp_ckpt_mpi_dir(Engine& e) {
          ("weft-dp-ckpt-mpi-" + std::to_string(static_cast<long long>(id.item())) + "-" + std::to_string(comm.size()));
 }
 
-void dp_ckpt_mpi_train(par::DataParallel& dp, const std::vector<Batch>& batches) {
-  for (const Batch& b : batches) {
-    std::vector<Tensor> x = dp.split_and_load(b.x_shape, b.x);
-    std::vector<Tensor> y = dp.split_and_load(Shape{b.x_shape[0]}, b.y);
-    std::vector<Tensor> logits = dp.forward(x);
-    std::vector<Tensor> d;
-    for (std::size_t r = 0; r < logits.size(); ++r) d.push_back(weft::ops::softmax_cross_entropy(logits[r], y[r]).dlogits);
-    dp.backward(d);
-    dp.step();
-  }
-}
-
 }  // namespace
 
 TEST_CASE("distributed dp checkpoint: each rank's shard and the index reload on another member count and shard "
@@ -61,11 +49,11 @@ TEST_CASE("distributed dp checkpoint: each rank's shard and the index reload on 
     const fs::path dir = dp_ckpt_mpi_dir(e);
     const par::DataParallelOptions base{.bucket_bytes = 700, .distributed = true};
     par::DataParallel whole(e, {Device::cpu(0)}, model(e), zero_options(par::Shard::none, opt, base));
-    dp_ckpt_mpi_train(whole, batches);
+    train_steps(whole, batches);
     const auto want = zero_weights(whole);
     {
       par::DataParallel a(e, {Device::cpu(0)}, model(e), zero_options(par::Shard::parameters, opt, base));
-      dp_ckpt_mpi_train(a, first);
+      train_steps(a, first);
       a.save_checkpoint(dir / "step-2").wait();
     }
     mpi_test::sync_ranks(e);  // rank 0's index is written
@@ -74,7 +62,7 @@ TEST_CASE("distributed dp checkpoint: each rank's shard and the index reload on 
     {
       par::DataParallel b(e, {Device::cpu(0), Device::cpu(1)}, model(e), zero_options(par::Shard::gradients, opt, base));
       b.load_checkpoint(reader);
-      dp_ckpt_mpi_train(b, rest);
+      train_steps(b, rest);
       for (int r = 0; r < 2; ++r) expect_close(zero_weights(b, r), want, 1e-5, "2 devices per process, Shard::gradients");
     }
     {
@@ -82,7 +70,7 @@ TEST_CASE("distributed dp checkpoint: each rank's shard and the index reload on 
       par::DataParallel c(e, {Device::cpu(0)}, model(e), zero_options(par::Shard::none, opt, {.bucket_bytes = 700}));
       c.load_checkpoint(reader);
       CHECK(c.steps() == 2);
-      dp_ckpt_mpi_train(c, rest);
+      train_steps(c, rest);
       expect_close(zero_weights(c), want, 1e-5, "one process, Shard::none");
     }
     mpi_test::sync_ranks(e);

@@ -185,15 +185,7 @@ TEST_CASE("zero: FullParameters across a step shows the updated weights" * docte
     par::DataParallel dp(e, cpus(2), [&](Device d) { return nn::mlp(e, {20, 32, 16, 5}, d, 0); },
                          zero_options(par::Shard::parameters, opt));
     auto full = dp.full_parameters();
-    for (const Batch& b : batches) {
-      std::vector<Tensor> x = dp.split_and_load(b.x_shape, b.x);
-      std::vector<Tensor> y = dp.split_and_load(Shape{b.x_shape[0]}, b.y);
-      std::vector<Tensor> logits = dp.forward(x);
-      std::vector<Tensor> d;
-      for (std::size_t r = 0; r < 2; ++r) d.push_back(weft::ops::softmax_cross_entropy(logits[r], y[r]).dlogits);
-      dp.backward(d);
-      dp.step();
-    }
+    train_steps(dp, batches);
     for (int r = 0; r < 2; ++r) zero_expect_bitwise(values_of(dp.replica(r)), zero_weights(*ref), "replica " + std::to_string(r));
   });
 }
