@@ -19,6 +19,10 @@
 #                           convolutions, channels-last (PyTorch) and --hybridize
 #                           --gpu-graphs (Weft), and benchmark mode's first-step cost
 #               accuracy    ResNet-18 10 full epochs in bf16, fp16 and fp32 (Weft)
+#               costtable   ResNet-18 (batch 256) traced on the GPU, its cost table
+#                           (scripts/cost-table-from-trace), the step predicted on
+#                           simulated GPUs from the table and from the h100 profile
+#                           beside the measured one; about 2 minutes
 #               state       optimizers, checkpoints and ZeRO's GPU tests on CUDA; ResNet-18
 #                           with AdamW stopped after an epoch and resumed (the same weights
 #                           as unbroken); the AdamW step as one op vs one per parameter
@@ -45,7 +49,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,40p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac
@@ -163,6 +167,16 @@ for s in "${steps[@]}"; do
         --limit 2048 --batch-size 128 --optimizer adamw
       step "the AdamW step over LeNet's and ResNet-18's parameters: one foreach op vs one op per parameter"
       run 120 "$(find_bin weft-bench-ops)" --json
+      ;;
+    costtable)
+      step "ResNet-18's step measured on the GPU beside simulated GPUs' prediction: from a cost table of its trace, and from the h100 profile alone"
+      resnet=$(find_bin weft-train-resnet)
+      run 180 "$resnet" --device gpu:0 --batch-size 256 --limit 5120 --epochs 1 --trace /tmp/weft-resnet-trace.json --json
+      run 60 python3 "$here/scripts/cost-table-from-trace" /tmp/weft-resnet-trace.json -o /tmp/weft-resnet-costs.txt
+      for model in /tmp/weft-resnet-costs.txt h100; do
+        run 120 env WEFT_GPU_BACKEND=sim "$resnet" --sim-model "$model" --sim-dilation 4 --batch-size 256 --limit 1536 \
+          --steps 5 --json
+      done
       ;;
     mpi)
       step "NCCL bootstrapped over MPI (one rank: NCCL refuses two ranks on one GPU)"

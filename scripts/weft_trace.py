@@ -47,6 +47,7 @@ class Span:
     bytes: int = 0
     op_id: int | None = None
     op_property: str | None = None  # args.property
+    shape: str | None = None  # args.shape: the op's cost-table key (GPU kernels pushed while profiling)
 
     @property
     def is_copy(self) -> bool:
@@ -201,6 +202,7 @@ def parse(doc: Any, name: str) -> Trace:
             bytes=int(nbytes),
             op_id=args.get("op_id") if isinstance(args.get("op_id"), int) else None,
             op_property=prop,
+            shape=args.get("shape") if isinstance(args.get("shape"), str) else None,
         )
         track = by_key.get(key)
         if track is None:

@@ -145,6 +145,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   }
   sort_accesses(*op);
   op->name = std::move(options.name);
+  if (!options.shape.empty() && profiler_->running()) op->shape = std::move(options.shape);
   op->priority = options.priority;
   op->property = options.property;
   // On a CPU device a prioritized op goes ahead of every ordinary ready op.
@@ -211,7 +212,8 @@ void EngineBase::sort_accesses(OpBlock& op) noexcept {
 void EngineBase::record_push(OpBlock& op) {
   op.push_ns = Profiler::now_ns();
   if (op.kind != OpKind::user) return;  // barriers and deletions are not ops of the graph
-  PushRecord push{op.id, recorder_.intern(op.name), op.device, {}};
+  PushRecord push{op.id, recorder_.intern(op.name), op.device, {}, {}};
+  if (!op.shape.empty()) push.shape = recorder_.intern(op.shape);
   push.vars.reserve(op.entry_count);
   for (const VarEntry* e = op.begin_entries(); e != op.end_entries(); ++e) {
     const std::uint64_t key = (std::uint64_t{e->var_id} << 32) | e->generation;

@@ -41,6 +41,7 @@ struct OpBlock {
   OpFunction fn;
   AsyncOpFunction async_fn;
   std::string name;
+  std::string shape;  // OpOptions::shape, kept only while profiling
   Device device;
   int priority = 0;
   OpKind kind = OpKind::user;
@@ -127,6 +128,7 @@ struct OpBlock {
     fn.reset();
     async_fn.reset();
     name.clear();
+    shape.clear();
     error.reset();
     inherited.reset();
     run_on_failed_input = false;

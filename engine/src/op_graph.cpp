@@ -344,6 +344,7 @@ OpBlock* EngineBase::instantiate(const std::shared_ptr<GraphImpl>& graph, std::u
   OpBlock* op = ops_.acquire();
   op->copy_accesses_and_options(node);
   op->name = node.name;
+  op->shape = node.shape;
   // The body stays the graph's: the copy calls it, and keeps the graph alive.
   if (node.async) {
     op->async_fn = AsyncOpFunction([graph, i](RunContext& ctx, Completion done) {

@@ -54,6 +54,7 @@ struct PushRecord {
   std::string_view name;  // interned
   Device device;
   std::vector<VarUse> vars;
+  std::string_view shape;  // interned; OpOptions::shape, empty when not given
 };
 
 class ProfilerRecorder {

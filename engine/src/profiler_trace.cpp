@@ -240,6 +240,10 @@ void Profiler::write_trace(std::ostream& os) const {
       if (auto p = push_of.find(r.op_id); p != push_of.end()) {
         append_vars(*p->second, false);
         append_vars(*p->second, true);
+        if (!p->second->shape.empty()) {
+          buf += R"(,"shape":)";
+          buf += esc(p->second->shape);
+        }
       }
       if (r.bytes > 0) {
         buf += R"(,"bytes":)";

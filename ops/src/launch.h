@@ -169,6 +169,11 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
     writes.push_back(t->var());
   }
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
+  OpOptions options = scoped_options(name, property, bytes);
+  // While profiling, a GPU kernel's span carries its cost-table key, from
+  // which a trace of a real run makes a cost table (docs/design/simulated-gpus.md).
+  if (exec.is_gpu() && body != Body::stream_calls && engine.profiler().running())
+    options.shape = modeled ? modeled->shape : modeled_op(name, inputs, outputs, tf32, cost).shape;
   engine.push(
       [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body, tf32,
        modeled = std::shared_ptr<const ModeledOp>(std::move(modeled))](RunContext& ctx) mutable {
@@ -203,7 +208,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
         }
         run_kernel(ctx, io, kernel, body, tf32, modeled.get());
       },
-      exec, reads, writes, scoped_options(std::move(name), property, bytes));
+      exec, reads, writes, std::move(options));
 }
 
 // Argument checks shared by the ops; each throws weft::InvalidArgument naming

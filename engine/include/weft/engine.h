@@ -115,6 +115,10 @@ struct OpOptions {
   OpProperty property = OpProperty::normal;
   // Payload a copy op moves: traces show it, and the bandwidth, on its span.
   std::uint64_t bytes = 0;
+  // The op's operands as a cost table keys them ("float32[64,784];...->...",
+  // weft/gpu_sim.h): traces show it as the span's "shape" argument. Recorded
+  // only while the engine's profiler runs (ops fill it only then).
+  std::string shape;
   // Run even when a variable the op reads carries a failure (normally such an
   // op is skipped and passes the failure on): the body finds the failure in
   // ctx.failed_input and decides. Completing (or throwing) with that same
