@@ -26,8 +26,9 @@ struct ValidationCheck {
 
 // A ring allreduce of S bytes over N simulated GPUs against
 // 2(N-1)/N * S / link bandwidth + 2(N-1) * link latency: N = 2, 4, 8 in one
-// node (NVLink) and N = 16, 64 over nodes of 8 (the NIC is the ring's
-// slowest link). Tolerance 0.10.
+// node (NVLink; plus the N-1 reduce-scatter adds on the ring's path) and
+// N = 16, 64 over nodes of 8 (the NIC is the ring's slowest link).
+// Tolerance 0.10.
 std::vector<ValidationCheck> ring_allreduce_checks(double dilation);
 
 // GPipe and 1F1B with K = 4 and 8 balanced stages and M micro-batches

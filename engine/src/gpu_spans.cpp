@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include "weft/gpu_sim.h"
+
 namespace weft::detail {
 
 std::unique_ptr<gpu::TimingEvent> GpuSpanRecorder::take_event() {
@@ -94,7 +96,10 @@ void GpuSpanRecorder::resolve(gpu::Stream* stream) {
   reference.record(stream);
   reference.synchronize();
   const std::int64_t host_ns = Profiler::now_ns();
-  auto ns = [](float ms) { return static_cast<std::int64_t>(std::llround(static_cast<double>(ms) * 1e6)); };
+  // Under the simulator's modeled mode, event times are dilated modeled
+  // time and the profiler's clock is modeled time: divide by the dilation.
+  const double per_ms = 1e6 / gpu::sim_dilation();
+  auto ns = [per_ms](float ms) { return static_cast<std::int64_t>(std::llround(static_cast<double>(ms) * per_ms)); };
   if (anchor_) {
     const std::int64_t anchor_ns = host_ns - ns(reference.ms_since(*anchor_));
     for (const Completed& c : completed_) {

@@ -6,6 +6,8 @@
 #include <map>
 #include <deque>
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cassert>
 #include <cerrno>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include <unordered_map>
 
 #include "weft/error.h"
+#include "weft/gpu_sim.h"
 
 namespace weft {
 
@@ -84,10 +87,50 @@ void Profiler::clear() {
   impl_->var_names.clear();
 }
 
+namespace {
+
+// The profiler's clock under the simulator's modeled mode: host time divided
+// by the dilation in force, piecewise, so that it stays continuous and
+// monotonic when the dilation changes. A segment starts at host time `host`
+// (ns since the epoch) at profiler time `at`; segments are published once
+// and never freed (one per change of the dilation).
+struct ClockSegment {
+  std::int64_t host;
+  std::int64_t at;
+  double dilation;
+};
+
+std::atomic<const ClockSegment*> g_clock_segment{nullptr};
+std::mutex g_clock_segment_mu;
+std::deque<ClockSegment> g_clock_segments;  // guarded by g_clock_segment_mu
+
+std::int64_t on_segment(const ClockSegment& s, std::int64_t host) noexcept {
+  return s.at + static_cast<std::int64_t>(static_cast<double>(host - s.host) / s.dilation);
+}
+
+}  // namespace
+
 std::int64_t Profiler::now_ns() noexcept {
   using clock = std::chrono::steady_clock;
   static const clock::time_point epoch = clock::now();
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - epoch).count();
+  const std::int64_t host = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - epoch).count();
+  const double dilation = gpu::sim_dilation();
+  const ClockSegment* s = g_clock_segment.load(std::memory_order_acquire);
+  if (s == nullptr && dilation == 1.0) return host;  // never dilated: the host clock itself
+  if (s == nullptr || s->dilation != dilation) {
+    try {
+      std::lock_guard lock(g_clock_segment_mu);
+      s = g_clock_segment.load(std::memory_order_relaxed);
+      if (s == nullptr || s->dilation != dilation) {
+        const std::int64_t at = s == nullptr ? host : on_segment(*s, host);
+        s = &g_clock_segments.emplace_back(ClockSegment{host, at, dilation});
+        g_clock_segment.store(s, std::memory_order_release);
+      }
+    } catch (...) {
+      if (s == nullptr) return host;  // no memory for a segment: stay on the host clock
+    }
+  }
+  return on_segment(*s, host);
 }
 
 namespace detail {

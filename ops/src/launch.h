@@ -106,6 +106,9 @@ enum class Body {
   // As kernels, but the CPU branch moves bytes of any dtype itself (host
   // copies): nothing is widened.
   bytes,
+  // As bytes, for an op that runs no kernel on a GPU (Tensor::empty: an
+  // allocation): the modeled mode gives it no time.
+  allocation,
 };
 
 // The one dispatch point between CPU kernels, CUDA kernels and simulated
@@ -122,7 +125,7 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32,
     return;
   }
   if (!ctx.gpu) {
-    if (body == Body::bytes) kernel(ctx, io);
+    if (body == Body::bytes || body == Body::allocation) kernel(ctx, io);
     else run_widened(ctx, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
     return;
   }
@@ -133,7 +136,7 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32,
                         name = std::string(ctx.op_name), engine = ctx.engine, body, tf32]() mutable {
         CheckContextGuard check(name, device);
         RunContext host{device, worker, name, engine};  // gpu == null: the CPU branch
-        if (body == Body::bytes) kernel(host, io);
+        if (body == Body::bytes || body == Body::allocation) kernel(host, io);
         else run_widened(host, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
       });
 }
@@ -153,7 +156,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
             Body body = Body::kernels, bool tf32 = false, OpCost cost = {}) {
   // Whether the kernel is modeled is fixed at push time, with what the cost model needs.
   std::unique_ptr<ModeledOp> modeled;
-  if (exec.is_gpu() && body != Body::stream_calls && gpu::kernels_modeled())
+  if (exec.is_gpu() && body != Body::stream_calls && body != Body::allocation && gpu::kernels_modeled())
     modeled = std::make_unique<ModeledOp>(modeled_op(name, inputs, outputs, tf32, cost));
   std::vector<StoragePtr> in, out;
   std::vector<Var> reads, writes;

@@ -301,7 +301,7 @@ Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape) {
 
 Tensor Tensor::empty(Engine& engine, Shape shape, Device device, DType dtype) {
   return create(engine, std::move(shape), device, dtype, "empty", [](float*, std::int64_t) {},
-                [](const gpu::WorkerHandles&, DType, void*, std::int64_t) {}, detail::Body::bytes);
+                [](const gpu::WorkerHandles&, DType, void*, std::int64_t) {}, detail::Body::allocation);
 }
 
 Tensor Tensor::full(Engine& engine, Shape shape, float value, Device device, DType dtype) {

@@ -181,9 +181,21 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
     for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, count));
   push_gpu_hold(call, tensors, writes,
                 [devices = devices_, n, count, op, priority](Engine& e, const std::shared_ptr<Phase>& phase) {
-    // v: member r's chunk c; s: scratch r's chunk c.
+    // v: member r's chunk c; s: scratch r's chunk c; order: member r's
+    // copies (0) and adds (1) in step order (see below).
     auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
     auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, n);
+    auto order = std::make_shared<PhaseVars>(e, phase->what + " order", n, 2);
+    // A GPU's copies share its peer stream, and its adds its compute
+    // streams, which run them in the order they were enqueued; the engine
+    // enqueues an op when its inputs' producers were enqueued, so steps
+    // whose producers are on other GPUs become ready in whatever order the
+    // host gets to them, and a later step's copy, enqueued first, would hold
+    // an earlier one (and the whole ring behind it) until its own input is
+    // reduced, a step later. Each step also writes its GPU's order
+    // variable, which keeps the enqueue order the step order.
+    auto copy_order = [&](int r) { return order->at(r, 0); };
+    auto add_order = [&](int r) { return order->at(r, 1); };
     auto name = [&](const char* what, int step, int c) {
       return phase->what + " " + what + " " + std::to_string(step) + " chunk " + std::to_string(c);
     };
@@ -196,14 +208,14 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
         const Chunk k = chunk(count, n, c);
         const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
         const Device from = at(devices, i);
-        step(e, phase, at(devices, dst), {v->at(i, c)}, {s->at(dst, c)}, OpProperty::copy_peer, priority,
-             name("reduce-scatter copy", t, c),
+        step(e, phase, at(devices, dst), {v->at(i, c)}, {s->at(dst, c), copy_order(dst)}, OpProperty::copy_peer,
+             priority, name("reduce-scatter copy", t, c),
              [phase, i, dst, n, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(n + dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
         const bool last = t + 2 == n;
-        step(e, phase, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c)}, OpProperty::normal, priority,
-             name("reduce-scatter add", t, c),
+        step(e, phase, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c), add_order(dst)}, OpProperty::normal,
+             priority, name("reduce-scatter add", t, c),
              [phase, dst, n, k, op, last](RunContext& ctx) {
                float* d = phase->out_f(dst) + k.begin;
                accumulate(ctx, d, phase->out_f(n + dst) + k.begin, k.size(), accumulate_of(op));
@@ -218,13 +230,13 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
         const Chunk k = chunk(count, n, c);
         const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
         const Device from = at(devices, i);
-        step(e, phase, at(devices, dst), {v->at(i, c)}, {v->at(dst, c)}, OpProperty::copy_peer, priority,
-             name("all-gather copy", t, c),
+        step(e, phase, at(devices, dst), {v->at(i, c)}, {v->at(dst, c), copy_order(dst)}, OpProperty::copy_peer,
+             priority, name("all-gather copy", t, c),
              [phase, i, dst, k, bytes, from](RunContext& ctx) {
                copy_in(ctx, phase->out_f(dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
       }
-    push_gpu_done(e, phase, {v, s}, devices.front(), priority);
+    push_gpu_done(e, phase, {v, s, order}, devices.front(), priority);
   });
 }
 

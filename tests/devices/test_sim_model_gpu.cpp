@@ -6,9 +6,10 @@
 // modeled kernel wrote is an error naming the mode, while real copies keep
 // real values; copies on one link follow one another, the other direction
 // runs beside them, a copy across the node boundary takes the network's
-// time and latency; a ring allreduce of S bytes over N GPUs takes
-// 2(N-1)/N * S / B within 10%; malformed profiles and tables name the file
-// and the line.
+// time and latency; a ring allreduce of S bytes over N GPUs (2, 4, 8 in a
+// node, 16 over two nodes) takes 2(N-1)/N * S / B plus its latencies within
+// 10%; the profiler's GPU spans are in modeled time; malformed profiles and
+// tables name the file and the line.
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "weft/allocator.h"
 #include "weft/gpu_sim.h"
 #include "weft/gpu_timing.h"
+#include "weft/profiler.h"
 #include "weft/tensor_op.h"
 #include "weft/parallel/collectives.h"
 
@@ -137,6 +139,37 @@ TEST_CASE("gpu sim model - a GEMM takes its modeled time, with and without dilat
   }
   CHECK(!gpu::kernels_modeled());
   CHECK(gpu::sim_dilation() == 1);
+}
+
+// The engine's profiler under the mode: GPU stream spans are in modeled
+// time (not dilated), and so is the summary's busy time of the stream.
+TEST_CASE("gpu sim model - the profiler's GPU spans take the modeled time under dilation" * doctest::timeout(120)) {
+  WEFT_REQUIRE_SIM();
+  const std::int64_t n = 4096;
+  const double dilation = 20;
+  ModelScope model({.model = "h100", .dilation = dilation});
+  auto e = make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 1});
+  Tensor a = Tensor::zeros(*e, Shape{n, n}, Device::gpu(0));
+  const Tensor b = Tensor::zeros(*e, Shape{n, n}, Device::gpu(0));
+  e->wait_all();
+  weft::Profiler& profiler = e->profiler();
+  profiler.start();
+  const int count = 5;
+  for (int i = 0; i < count; ++i) a = ops::matmul(a, b);
+  e->wait_all();
+  profiler.stop();
+  const double expected = gemm_seconds(n, 51);  // 2.7 ms at 51 TFLOP/s (fp32)
+  int spans = 0;
+  for (const weft::Span& span : profiler.spans()) {
+    if (span.kind != weft::TrackKind::stream || std::string(span.name).find("matmul") == std::string::npos) continue;
+    ++spans;
+    expect_near(static_cast<double>(span.end_ns - span.start_ns) * 1e-9, expected, 0.05, "a GEMM's stream span");
+  }
+  CHECK(spans == count);
+  double busy_ms = 0;
+  for (const weft::ResourceUsage& r : profiler.summarize().resources)
+    if (r.kind == weft::TrackKind::stream && r.device == Device::gpu(0)) busy_ms += r.busy_ms;
+  expect_near(busy_ms * 1e-3, count * expected, 0.05, "the GPU streams' busy time in the summary");
 }
 
 TEST_CASE("gpu sim model - modeled kernels of two streams overlap on a busy host (they hold no core)" *
@@ -297,38 +330,98 @@ TEST_CASE("gpu sim model - copies share a link's bandwidth; across nodes they ta
   }
 }
 
-// Two GPUs: with more, the engine enqueues the ring's copies into a GPU on
-// its one peer stream in an order that sometimes makes a copy wait behind
-// a later step's (whole steps are added in some runs; NOTES: to look into).
-TEST_CASE("gpu sim model - a ring allreduce takes 2(N-1)/N * S / B plus latencies" * doctest::timeout(300)) {
-  WEFT_REQUIRE_SIM();
-  if (gpu::device_count() < 2) return;
-  const int n = 2;
-  const TempFile profile("ring.txt", kSlowLinks);
-  // The host's pushes and memcpys (tens of ms on a loaded 2-core machine)
-  // weigh a hundredth as much against the modeled time.
-  const double dilation = 100;
-  ModelScope model({.model = profile.path, .dilation = dilation});
-  auto e = make_engine({.cpu_devices = 1, .gpu_devices = n});
+namespace {
+
+// Links for the ring: NVLink at 10 GB/s, 2 us; the network at 5 GB/s, 20 us.
+const char* kRingLinks =
+    "base h100\n"
+    "nvlink_gbps 10\n"
+    "nvlink_latency_us 2\n"
+    "nic_gbps 5\n"
+    "nic_latency_us 20\n";
+
+// From the profiler's spans (modeled time under the mode): the first start
+// to the last end of the GPU stream spans whose name contains `marker`.
+double ring_seconds(const weft::Profiler& profiler, const std::string& marker) {
+  std::int64_t first = 0, last = 0;
+  bool any = false;
+  for (const weft::Span& span : profiler.spans()) {
+    if (span.kind != weft::TrackKind::stream || std::string(span.name).find(marker) == std::string::npos) continue;
+    if (!any) first = span.start_ns, last = span.end_ns, any = true;
+    first = std::min(first, span.start_ns);
+    last = std::max(last, span.end_ns);
+  }
+  REQUIRE(any);
+  return static_cast<double>(last - first) * 1e-9;
+}
+
+// The predicted seconds of a ring allreduce of `count` floats over gpu(0..n-1)
+// of `e` under `model` (after a warm-up one at dilation 1 that allocates the
+// scratch buffers).
+double ring_allreduce_seconds(Engine& e, int n, std::int64_t count, gpu::SimModelOptions model) {
   std::vector<Device> members;
   for (int r = 0; r < n; ++r) members.push_back(Device::gpu(r));
-  const par::Communicator comm = par::Communicator::local(*e, members);
-  const std::int64_t count = std::int64_t{4} << 20;  // S = 16 MiB
-  const double s = static_cast<double>(count) * 4;
+  const par::Communicator comm = par::Communicator::local(e, members);
   std::vector<Tensor> t;
-  for (int r = 0; r < n; ++r) t.push_back(Tensor::zeros(*e, Shape{count}, Device::gpu(r)));
+  for (int r = 0; r < n; ++r) t.push_back(Tensor::zeros(e, Shape{count}, Device::gpu(r)));
+  const double dilation = model.dilation;
+  model.dilation = 1;
+  gpu::set_sim_model(model);
   par::allreduce(comm, t, par::ReduceOp::sum, {.name = "warm-up"});  // scratch buffers and first touches
-  e->wait_all();
-  const auto t0 = Clock::now();
+  e.wait_all();
+  model.dilation = dilation;
+  gpu::set_sim_model(model);
+  weft::Profiler& profiler = e.profiler();
+  profiler.clear();
+  profiler.start();
   par::allreduce(comm, t, par::ReduceOp::sum, {.name = "timed"});
-  for (const Tensor& x : t) x.wait_to_read();
-  const double predicted = gpu::predicted_seconds(host_seconds_since(t0));
-  // Each of the 2(N-1) steps: a latency, S/N bytes at B; the reduce-scatter
-  // steps add an accumulate (launch + 3 S/N bytes at memory bandwidth).
-  const double steps = 2.0 * (n - 1);
-  const double expected = steps / n * s / 10e9 + steps * 2e-6 + (n - 1) * (4e-6 + 3 * s / n / 3000e9);
-  INFO(n << " GPUs, S = " << s << " bytes");
-  expect_near(predicted, expected, 0.1, "ring allreduce");
+  e.wait_all();
+  profiler.stop();
+  return ring_seconds(profiler, "'timed'");
+}
+
+}  // namespace
+
+// Within a node every link is alike and each reduce-scatter step's add
+// lies on the ring's path; over nodes the NIC is the slowest link, busy
+// from the first step to the last, and the adds (and NVLink copies) of the
+// GPUs between two NIC crossings hide behind it. A ring whose copies into one GPU were
+// enqueued out of step order (a later step's copy ahead of an earlier
+// one on the GPU's peer stream) takes whole steps longer.
+TEST_CASE("gpu sim model - a ring allreduce takes 2(N-1)/N * S / B plus latencies" * doctest::timeout(300)) {
+  WEFT_REQUIRE_SIM();
+  const TempFile profile("ring.txt", kRingLinks);
+  struct Config {
+    int gpus, per_node;
+    double dilation;
+  };
+  // S = 4 MiB. 2, 4 and 8 GPUs in one node; 16 in two nodes of 8 (needs
+  // WEFT_SIM_GPUS=16). The time is read from the profiler's GPU spans,
+  // whose modeled clock a late host thread does not move (a copy starts at
+  // its modeled readiness, not when its thread wakes); only ops enqueued
+  // later than the model needs them would, which the dilation prevents.
+  const std::int64_t count = std::int64_t{1} << 20;
+  for (const Config c : {Config{2, 0, 500}, Config{4, 0, 500}, Config{8, 0, 500}, Config{16, 8, 1000}}) {
+    if (gpu::device_count() < c.gpus) {
+      std::printf("ring allreduce over %d GPUs: only %d simulated GPUs (WEFT_SIM_GPUS)\n", c.gpus,
+                  gpu::device_count());
+      continue;
+    }
+    const int n = c.gpus;
+    const gpu::SimModelOptions options{.model = profile.path, .gpus_per_node = c.per_node, .dilation = c.dilation};
+    ModelScope model(options);
+    auto e = make_engine({.cpu_devices = 1, .gpu_devices = n});
+    const double s = static_cast<double>(count) * 4;
+    const double steps = 2.0 * (n - 1);
+    const bool nodes = c.per_node > 0 && c.per_node < n;
+    const double bandwidth = nodes ? 5e9 : 10e9, latency = nodes ? 20e-6 : 2e-6;
+    // An add: launch + 3 S/N bytes at memory bandwidth.
+    const double add = 4e-6 + 3 * s / n / 3000e9;
+    const double expected = steps / n * s / bandwidth + steps * latency + (nodes ? 0 : (n - 1) * add);
+    const double predicted = ring_allreduce_seconds(*e, n, count, options);
+    INFO(n << " GPUs" << (nodes ? " over nodes of 8" : " in one node") << ", S = " << s << " bytes");
+    expect_near(predicted, expected, 0.1, "ring allreduce");
+  }
 }
 
 TEST_CASE("gpu sim model - malformed profiles and cost tables name the file and the line" * doctest::timeout(60)) {
