@@ -367,32 +367,46 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
       layer->train(true);
       (void)layer->take_saved();  // nothing left over from an earlier forward
     }
-  // The lists merged into one push order, round-robin: each pass gives each
-  // stage its next action if that action's inputs have been pushed
-  // (validate() ruled out deadlocks). One action per stage per pass keeps
-  // the push order close to the order the actions run in: draining one
-  // stage's list first would fill the engine's in-flight bound with that
-  // stage's ops and leave the next stage nothing to run meanwhile.
+  // The lists merged into one push order: the order in which the actions
+  // would run with unit costs (a forward, an input gradient and a weight
+  // gradient one unit each, a send none, a receive not before its send),
+  // ties to the lower stage. A GPU runs each stream's work in push order, so
+  // any other order can hold a copy behind a later one on the receiver's
+  // peer stream (a gradient behind the next activations in 1F1B); draining
+  // one stage's list first would also fill the engine's in-flight bound with
+  // that stage's ops. validate() ruled out deadlocks.
   const Schedule& sched = m.schedule;
-  std::vector<std::size_t> next(static_cast<std::size_t>(k_count), 0);
-  std::vector<std::vector<std::vector<bool>>> sent(
-      static_cast<std::size_t>(k_count), std::vector<std::vector<bool>>(2, std::vector<bool>(static_cast<std::size_t>(chunks))));
-  for (bool moved = true; moved;) {
-    moved = false;
-    for (int k = 0; k < k_count; ++k) {
-      const std::vector<Action>& list = sched.stages[static_cast<std::size_t>(k)];
-      std::size_t& i = next[static_cast<std::size_t>(k)];
-      if (i == list.size()) continue;
-      const Action& a = list[i];
+  const auto kc = static_cast<std::size_t>(k_count), mc = static_cast<std::size_t>(chunks);
+  std::vector<std::size_t> next(kc, 0);
+  std::vector<double> clock(kc, 0.0);
+  // sent_at[k][0 activation | 1 gradient][micro-batch]: when stage k sent it (-1: not yet).
+  std::vector<std::vector<std::vector<double>>> sent_at(kc, std::vector<std::vector<double>>(2, std::vector<double>(mc, -1.0)));
+  for (;;) {
+    std::size_t best = kc;
+    double best_start = 0;
+    for (std::size_t k = 0; k < kc; ++k) {
+      const std::vector<Action>& list = sched.stages[k];
+      if (next[k] == list.size()) continue;
+      const Action& a = list[next[k]];
       const auto mb = static_cast<std::size_t>(a.micro_batch);
-      if (a.kind == ActionKind::recv_activation && !sent[static_cast<std::size_t>(k) - 1][0][mb]) continue;
-      if (a.kind == ActionKind::recv_grad && !sent[static_cast<std::size_t>(k) + 1][1][mb]) continue;
-      m.run(k, a);
-      if (a.kind == ActionKind::send_activation) sent[static_cast<std::size_t>(k)][0][mb] = true;
-      if (a.kind == ActionKind::send_grad) sent[static_cast<std::size_t>(k)][1][mb] = true;
-      ++i;
-      moved = true;
+      double start = clock[k];
+      if (a.kind == ActionKind::recv_activation || a.kind == ActionKind::recv_grad) {
+        const double at = a.kind == ActionKind::recv_activation ? sent_at[k - 1][0][mb] : sent_at[k + 1][1][mb];
+        if (at < 0) continue;
+        start = std::max(start, at);
+      }
+      if (best == kc || start < best_start) best = k, best_start = start;
     }
+    if (best == kc) break;
+    const Action& a = sched.stages[best][next[best]];
+    m.run(static_cast<int>(best), a);
+    const bool computes = a.kind == ActionKind::forward || a.kind == ActionKind::backward_input ||
+                          a.kind == ActionKind::backward_weight;
+    clock[best] = best_start + (computes ? 1.0 : 0.0);
+    const auto mb = static_cast<std::size_t>(a.micro_batch);
+    if (a.kind == ActionKind::send_activation) sent_at[best][0][mb] = clock[best];
+    if (a.kind == ActionKind::send_grad) sent_at[best][1][mb] = clock[best];
+    ++next[best];
   }
   m.last_peaks.clear();
   for (Stage& s : m.stages) {
