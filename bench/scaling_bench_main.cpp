@@ -87,12 +87,13 @@ int usage(std::FILE* out, int rc) {
       "  (one count per --gpus entry; default one node per 8 GPUs), each twice:\n"
       "    bucketed     25-MiB buckets (DataParallel's default), each reduced as soon as it is complete\n"
       "    no_overlap   the same buckets reduced only after the whole backward (the trainers' --no-overlap)\n"
-      "  One JSON line per configuration: step_ms (median of --steps measured steps, default 3, 2 above\n"
-      "  16 GPUs, after --warmup, default 1: host time / dilation), scaling_efficiency (step_ms on 1 GPU /\n"
-      "  step_ms on N, same setting), comm_overlap (the profile's compute/copy overlap efficiency over the\n"
-      "  measured steps), reduction_overlap (the trainers' figure: the share of the gradient reductions'\n"
-      "  time during which other ops ran), host_share (process CPU seconds / (wall seconds x hardware\n"
-      "  threads) over the measured steps), dilation, seconds (the configuration's wall time).\n"
+      "  One JSON line per configuration: step_ms (median of --steps measured steps, default 9 on one GPU,\n"
+      "  5 up to 8, 3 on 16, 2 above, after --warmup, default 1: host time / dilation),\n"
+      "  scaling_efficiency (step_ms on 1 GPU / step_ms on N, same setting), comm_overlap (the profile's\n"
+      "  compute/copy overlap efficiency over the measured steps), reduction_overlap (the trainers'\n"
+      "  figure: the share of the gradient reductions' time during which other ops ran), host_share\n"
+      "  (process CPU seconds / (wall seconds x hardware threads) over the measured steps), dilation,\n"
+      "  seconds (the configuration's wall time).\n"
       "  --precision: default bf16 (mixed precision, as PyTorch's autocast for throughput); tf32, fp32.\n"
       "  --dilation D: every configuration's; default --dilation-per-gpu times the GPU count, the factor\n"
       "  300 for several GPUs in one node (the host's memcpy of the ring's copies must keep up with\n"
@@ -333,6 +334,11 @@ double default_dilation(const Options& o, int gpus, int nodes) {
   return per_gpu * gpus;
 }
 
+// As many steps as the two-minute budget of a configuration allows: a
+// dilated step takes about 0.2 s of host time on one GPU, 8 s on 8 and 25 s
+// on 64. One GPU, every efficiency's baseline, gets the most.
+int default_steps(int gpus) { return gpus == 1 ? 9 : gpus <= 8 ? 5 : gpus <= 16 ? 3 : 2; }
+
 void set_default_env(const char* name, const char* value) {
   if (!std::getenv(name)) ::setenv(name, value, 0);
 }
@@ -418,7 +424,7 @@ int main(int argc, char** argv) {
         run.batch = o.batch;
         run.dilation = o.dilation.value_or(default_dilation(o, run.gpus, run.nodes));
         run.warmup = o.warmup;
-        run.steps = o.steps_given.value_or(run.gpus > 16 ? 2 : 3);
+        run.steps = o.steps_given.value_or(default_steps(run.gpus));
         run.sim_model = o.sim_model;
         run.phases = o.phases;
         Result r = run_configuration(run);
@@ -444,7 +450,7 @@ int main(int argc, char** argv) {
         run.batch = 256;
         run.dilation = o.dilation.value_or(default_dilation(o, 1, 1));
         run.warmup = o.warmup;
-        run.steps = o.steps_given.value_or(3);
+        run.steps = o.steps_given.value_or(default_steps(1));
         run.sim_model = o.sim_model;
         const Result r = run_configuration(run);
         weft_bench::ValidationCheck c;
