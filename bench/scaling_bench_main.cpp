@@ -1,0 +1,496 @@
+// weft-bench-scaling: data-parallel ResNet-18 (nn::resnet18, the trainer's
+// model; batch 256 per GPU) on simulated GPUs under the modeled mode
+// (weft/gpu_sim.h), over 1, 2, 4, 8 GPUs in one node and 16, 32, 64 GPUs
+// over nodes of 8, each with bucketed gradients reduced while backward runs
+// and without overlap (every bucket after backward). One JSON line per
+// configuration: the predicted step time (median of the measured steps'
+// host time / dilation), the scaling efficiency against one GPU, the
+// compute/copy overlap of the engine's profile, the host's share of the
+// cores and the dilation used; then one line per validation check (the ring
+// allreduce and pipeline bubbles against their formulas, the single-GPU step
+// against the step measured on a real GPU, the issue's efficiency targets).
+// How the figures are taken and what they mean: bench/README.md.
+#include <malloc.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "arg_cursor.h"
+#include "measure.h"
+#include "scaling_checks.h"
+#include "weft/engine.h"
+#include "weft/gpu_sim.h"
+#include "weft/nn.h"
+#include "weft/ops.h"
+#include "weft/parallel/data_parallel.h"
+#include "weft/parallel/metrics.h"
+#include "weft/precision.h"
+#include "weft/profiler.h"
+#include "weft/tensor.h"
+
+namespace {
+
+namespace par = weft::parallel;
+
+constexpr const char* kProgram = "weft-bench-scaling";
+constexpr int kGpusPerNode = 8;
+constexpr int kMaxSimGpus = 64;
+
+// The single-GPU step measured on a real GPU (docs/performance.md, "Training
+// on GPU": weft-train-resnet --device gpu:0, batch 256, float32 convolutions).
+constexpr double kMeasuredResnetStepMs = 40.7;
+constexpr const char* kMeasuredResnetSource =
+    "docs/performance.md Training on GPU: weft-train-resnet batch 256 fp32 on one H200, commit ab57f09";
+
+struct Options {
+  bool json = false;
+  bool checks = true;
+  bool phases = false;
+  std::vector<int> gpus{1, 2, 4, 8, 16, 32, 64};
+  std::vector<int> nodes;  // empty: ceil(gpus / 8) each
+  std::string precision;   // empty: bf16
+  std::string sim_model = "h100";
+  std::int64_t batch = 256;
+  int warmup = 1;
+  std::optional<double> dilation;
+  std::optional<double> dilation_per_gpu;
+  std::optional<int> steps_given;
+  double check_dilation = 1000;
+  std::vector<bool> settings{true, false};  // bucketed, then no overlap
+};
+
+int usage(std::FILE* out, int rc) {
+  std::fprintf(
+      out,
+      "usage: weft-bench-scaling [--gpus N,...] [--nodes N,...] [--precision fp32|tf32|bf16] [--batch N]\n"
+      "                          [--steps N] [--warmup N] [--dilation D] [--dilation-per-gpu D]\n"
+      "                          [--check-dilation D]\n"
+      "                          [--sim-model PROFILE|COST_TABLE] [--only bucketed|no_overlap]\n"
+      "                          [--no-checks] [--json] [--phases]\n"
+      "  Predicted step time of data-parallel ResNet-18 (the small-stem ResNet-18 of weft-train-resnet,\n"
+      "  1x28x28 inputs, SGD) on simulated GPUs whose kernels and links take modeled time\n"
+      "  (WEFT_SIM_MODEL; docs/design/simulated-gpus.md), --batch (default 256) rows per GPU, generated\n"
+      "  on each GPU. Configurations: each --gpus count (default 1,2,4,8,16,32,64) on --nodes nodes\n"
+      "  (one count per --gpus entry; default one node per 8 GPUs), each twice:\n"
+      "    bucketed     25-MiB buckets (DataParallel's default), each reduced as soon as it is complete\n"
+      "    no_overlap   the same buckets reduced only after the whole backward (the trainers' --no-overlap)\n"
+      "  One JSON line per configuration: step_ms (median of --steps measured steps, default 9 on one GPU,\n"
+      "  5 up to 8, 3 on 16, 2 above, after --warmup, default 1: host time / dilation),\n"
+      "  scaling_efficiency (step_ms on 1 GPU / step_ms on N, same setting), comm_overlap (the profile's\n"
+      "  compute/copy overlap efficiency over the measured steps), reduction_overlap (the trainers'\n"
+      "  figure: the share of the gradient reductions' time during which other ops ran), host_share\n"
+      "  (process CPU seconds / (wall seconds x hardware threads) over the measured steps), dilation,\n"
+      "  seconds (the configuration's wall time).\n"
+      "  --precision: default bf16 (mixed precision, as PyTorch's autocast for throughput); tf32, fp32.\n"
+      "  --dilation D: every configuration's; default --dilation-per-gpu times the GPU count, the factor\n"
+      "  300 for several GPUs in one node (the host's memcpy of the ring's copies must keep up with\n"
+      "  NVLink's modeled rate), else 60 (the host's ops): check that host_share stays well below 1.\n"
+      "  --check-dilation D: the dilation of the ring and pipeline checks (default 1000).\n"
+      "  --sim-model: h100 (default; the datasheet profile), a profile file or a cost table\n"
+      "  (docs/design/simulated-gpus.md has both formats). WEFT_SIM_MODEL is not read: this flag is.\n"
+      "  Then one JSON line per check (check, expected, measured, relative_error, unit, tolerance,\n"
+      "  holds), unless --no-checks:\n"
+      "    ring_allreduce ... and pipeline_bubble ...: the simulator against the formulas (when built\n"
+      "      with the checks);\n"
+      "    resnet18_step ...: the single-GPU step (batch 256, fp32) predicted by --sim-model against\n"
+      "      40.7 ms measured on an H200 (docs/performance.md), within 0.25 for a profile; a cost\n"
+      "      table is held to 0.10, which means something only for a table measured on a real GPU\n"
+      "      running the same step (its op times carry the library's kernels, which no profile does);\n"
+      "    scaling_target ...: the issue's targets, efficiency >= 0.9 at 8 GPUs and >= 0.8 at 64.\n"
+      "  --phases: per configuration, each phase's wall time (engine, replicas built, warm-up, measured\n"
+      "  steps, teardown) with the process's CPU seconds, minor page faults and peak RSS, on stderr.\n"
+      "  --json: only the JSON lines (else a table follows them). Sets WEFT_GPU_BACKEND=sim,\n"
+      "  WEFT_SIM_GPUS=64 and WEFT_SIM_GPU_MEMORY=80G unless set (simulated memory is host memory\n"
+      "  touched only by copies: modeled kernels write nothing).\n");
+  return rc;
+}
+
+std::optional<std::vector<int>> parse_list(const std::string& text, int lo, int hi) {
+  std::vector<int> out;
+  for (std::size_t at = 0; at <= text.size();) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const auto n = weft::examples::ArgCursor::parse_int(std::string_view(text).substr(at, comma - at), lo, hi);
+    if (!n) return std::nullopt;
+    out.push_back(static_cast<int>(*n));
+    at = comma + 1;
+  }
+  return out;
+}
+
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+long resident_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * (sysconf(_SC_PAGESIZE) >> 10) >> 10;
+}
+
+bool is_cost_table(const std::string& model) {
+  std::ifstream in(model);
+  std::string first;
+  return in && (in >> first) && first == "weft-cost-table";
+}
+
+struct Result {
+  int gpus = 0, nodes = 0;
+  bool bucketed = true;
+  std::string precision;
+  double step_ms = 0, min_ms = 0, max_ms = 0;
+  double efficiency = -1;  // <0: no 1-GPU baseline
+  double comm_overlap = 0, reduction_overlap = 0;
+  bool reduces = false;
+  double host_share = 0, dilation = 1, seconds = 0;
+  std::size_t buckets = 0;
+};
+
+struct Run {
+  int gpus = 1, nodes = 1;
+  bool bucketed = true;
+  weft::Precision precision = weft::Precision::bf16;
+  std::int64_t batch = 256;
+  double dilation = 1;
+  int warmup = 1, steps = 3;
+  std::string sim_model;
+  bool phases = false;  // --phases: each phase's time, CPU time, minor faults and RSS on stderr
+};
+
+// One configuration: an engine of its own (its allocators' memory goes with
+// it), the replicas, the per-GPU inputs made on each GPU, the steps.
+Result run_configuration(const Run& run) {
+  weft_bench::Stopwatch whole;
+  double last = 0;
+  auto phase = [&](const char* what) {
+    if (!run.phases) return;
+    const double now = whole.seconds();
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    std::fprintf(stderr, "  %d gpus: %s %.1f s (cpu %.1f s, minflt %ld, rss %ld MiB, peak %ld MiB)\n", run.gpus, what,
+                 now - last, process_cpu_seconds(), u.ru_minflt, resident_mib(), u.ru_maxrss >> 10);
+    last = now;
+  };
+  weft::EngineConfig config;
+  config.gpu_backend = "sim";
+  config.sim_gpus = kMaxSimGpus;
+  // The host pushes a whole step of every replica ahead of the GPUs (tens
+  // of thousands of ops at 64 GPUs); the default bound would hold it to a
+  // few hundred ops ahead, putting its push latency on the timeline.
+  config.max_inflight = std::size_t{1} << 22;
+  auto engine = weft::Engine::create(config);
+  phase("engine");
+  // Building the replicas and broadcasting replica 0's parameters (a
+  // collective per parameter) are not measured: undilated, they take
+  // seconds rather than minutes at 64 GPUs.
+  weft::gpu::set_sim_model({.model = run.sim_model, .gpus_per_node = run.gpus / run.nodes, .dilation = 1});
+
+  std::vector<weft::Device> devices;
+  for (int g = 0; g < run.gpus; ++g) devices.push_back(weft::Device::gpu(g));
+  Result r;
+  r.gpus = run.gpus;
+  r.nodes = run.nodes;
+  r.bucketed = run.bucketed;
+  r.precision = std::string(weft::to_string(run.precision));
+  r.dilation = run.dilation;
+  {
+    par::DataParallelOptions options{.bucket_bytes = std::size_t{25} << 20, .overlap = run.bucketed,
+                                     .name = run.bucketed ? "bucketed" : "no_overlap"};
+    par::DataParallel dp(
+        *engine, devices,
+        [&](weft::Device d) {
+          auto net = weft::nn::resnet18(*engine, d, 0);
+          net->set_precision(run.precision);
+          return net;
+        },
+        std::move(options));
+    phase("data_parallel");
+    std::vector<weft::Tensor> x, y;
+    for (int g = 0; g < run.gpus; ++g) {
+      x.push_back(weft::Tensor::uniform(*engine, weft::Shape{run.batch, 1, 28, 28}, 0.0f, 1.0f,
+                                        static_cast<std::uint64_t>(g) + 1, devices[static_cast<std::size_t>(g)]));
+      y.push_back(weft::Tensor::zeros(*engine, weft::Shape{run.batch}, devices[static_cast<std::size_t>(g)]));
+    }
+    auto step = [&] {
+      const std::vector<weft::Tensor> logits = dp.forward(x);
+      std::vector<weft::Tensor> dlogits;
+      for (std::size_t i = 0; i < logits.size(); ++i) {
+        // The loss in float32 whatever the model computes in (autocast's rule), as the trainer.
+        const weft::Tensor l =
+            logits[i].dtype() == weft::DType::float32 ? logits[i] : weft::ops::cast(logits[i], weft::DType::float32);
+        dlogits.push_back(weft::ops::softmax_cross_entropy(l, y[i]).dlogits);
+      }
+      dp.backward(dlogits);
+      dp.step(0.1f);
+    };
+    engine->wait_all();
+    weft::gpu::set_sim_model({.model = run.sim_model, .gpus_per_node = run.gpus / run.nodes, .dilation = run.dilation});
+    phase("built");
+    for (int s = 0; s < run.warmup; ++s) step();
+    engine->wait_all();
+    phase("warmup");
+
+    weft::Profiler& profiler = engine->profiler();
+    profiler.clear();
+    profiler.start();
+    std::vector<double> step_seconds;
+    const double cpu0 = process_cpu_seconds();
+    weft_bench::Stopwatch measured;
+    for (int s = 0; s < run.steps; ++s) {
+      weft_bench::Stopwatch sw;
+      step();
+      engine->wait_all();
+      step_seconds.push_back(sw.seconds());
+    }
+    const double wall = measured.seconds();
+    const double cpu = process_cpu_seconds() - cpu0;
+    profiler.stop();
+    const weft_bench::Summary s = weft_bench::summarize(step_seconds);
+    const double to_ms = 1e3 / run.dilation;
+    r.step_ms = s.median * to_ms;
+    r.min_ms = s.min * to_ms;
+    r.max_ms = s.max * to_ms;
+    r.host_share = cpu / (wall * std::max(1u, std::thread::hardware_concurrency()));
+    r.reduces = dp.world_size() > 1;
+    r.buckets = r.reduces ? dp.buckets().size() : 0;
+    const weft::ProfileSummary summary = profiler.summarize();
+    r.comm_overlap = summary.compute_copy.efficiency;
+    r.reduction_overlap = par::comm_overlap(profiler.spans(), dp.comm_marker()).fraction;
+    profiler.clear();
+    phase("measured");
+  }
+  engine->wait_all();
+  phase("replicas_freed");
+  engine.reset();
+#ifdef __GLIBC__
+  // The simulated GPUs' freed blocks go back to the system: glibc keeps
+  // freed blocks below its (growing) mmap threshold in its heaps, and the
+  // configurations' touched pages would add up over the sweep.
+  malloc_trim(0);
+#endif
+  phase("engine_freed");
+  r.seconds = whole.seconds();
+  return r;
+}
+
+std::string json_number(double v, const char* format = "%.4f") {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+void print_result(const Result& r, std::int64_t batch, const std::string& sim_model) {
+  std::printf(
+      "{\"model\":\"resnet18\",\"gpus\":%d,\"nodes\":%d,\"bucketed\":%s,\"precision\":\"%s\","
+      "\"batch_per_gpu\":%lld,\"step_ms\":%s,\"min_ms\":%s,\"max_ms\":%s,\"scaling_efficiency\":%s,"
+      "\"comm_overlap\":%s,\"reduction_overlap\":%s,\"buckets\":%zu,\"host_share\":%s,\"dilation\":%s,"
+      "\"seconds\":%s,\"sim_model\":\"%s\"}\n",
+      r.gpus, r.nodes, r.bucketed ? "true" : "false", r.precision.c_str(), static_cast<long long>(batch),
+      json_number(r.step_ms).c_str(), json_number(r.min_ms).c_str(), json_number(r.max_ms).c_str(),
+      r.efficiency >= 0 ? json_number(r.efficiency).c_str() : "null",
+      r.reduces ? json_number(r.comm_overlap).c_str() : "null",
+      r.reduces ? json_number(r.reduction_overlap).c_str() : "null", r.buckets, json_number(r.host_share).c_str(),
+      json_number(r.dilation, "%g").c_str(), json_number(r.seconds, "%.1f").c_str(), sim_model.c_str());
+  std::fflush(stdout);
+}
+
+// A check line: `at_least` checks (targets) hold when measured >= expected.
+void print_check(const weft_bench::ValidationCheck& c, bool at_least = false) {
+  const bool holds = at_least ? c.measured >= c.expected : c.holds();
+  std::printf(
+      "{\"check\":\"%s\",\"expected\":%s,\"measured\":%s,\"relative_error\":%s,\"unit\":\"%s\","
+      "\"tolerance\":%s,\"holds\":%s}\n",
+      c.check.c_str(), json_number(c.expected, "%.6g").c_str(), json_number(c.measured, "%.6g").c_str(),
+      json_number(c.relative_error()).c_str(), c.unit.c_str(),
+      at_least ? "null" : json_number(c.tolerance, "%g").c_str(), holds ? "true" : "false");
+  std::fflush(stdout);
+}
+
+// The host's work grows with the replicas (their ops, and the memcpy of
+// every ring copy: simulated copies move their bytes), the modeled step
+// hardly: the dilation grows with the GPU count. Per GPU, 60 covers the
+// ops (about 10 ms of host time per replica and step against a modeled step
+// of about 3 ms); within one node the ring's copies are modeled at NVLink's
+// 450 GB/s, which the host's memcpy on two cores matches only at about 300
+// times the GPU count (across nodes the NIC's 50 GB/s sets the ring's pace).
+double default_dilation(const Options& o, int gpus, int nodes) {
+  const double per_gpu = o.dilation_per_gpu.value_or(gpus > 1 && nodes == 1 ? 300 : 60);
+  return per_gpu * gpus;
+}
+
+// As many steps as the two-minute budget of a configuration allows: a
+// dilated step takes about 0.2 s of host time on one GPU, 8 s on 8 and 25 s
+// on 64. One GPU, every efficiency's baseline, gets the most.
+int default_steps(int gpus) { return gpus == 1 ? 9 : gpus <= 8 ? 5 : gpus <= 16 ? 3 : 2; }
+
+void set_default_env(const char* name, const char* value) {
+  if (!std::getenv(name)) ::setenv(name, value, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (weft::examples::ArgCursor args(argc, argv); args.next();) {
+    const std::string& a = args.flag();
+    std::optional<long long> n;
+    std::optional<std::string> text;
+    std::optional<std::vector<int>> list;
+    if (a == "--help" || a == "-h") return usage(stdout, 0);
+    if (a == "--json") o.json = true;
+    else if (a == "--no-checks") o.checks = false;
+    else if (a == "--phases") o.phases = true;
+    else if (a == "--gpus" && (text = args.value()) && (list = parse_list(*text, 1, kMaxSimGpus))) o.gpus = *list;
+    else if (a == "--nodes" && (text = args.value()) && (list = parse_list(*text, 1, kMaxSimGpus))) o.nodes = *list;
+    else if (a == "--precision" && (text = args.value()) && (*text == "fp32" || *text == "tf32" || *text == "bf16"))
+      o.precision = *text;
+    else if (a == "--batch" && (n = args.int_value(1, 1 << 16))) o.batch = *n;
+    else if (a == "--steps" && (n = args.int_value(1, 1000))) o.steps_given = static_cast<int>(*n);
+    else if (a == "--warmup" && (n = args.int_value(0, 1000))) o.warmup = static_cast<int>(*n);
+    else if (a == "--dilation" && (n = args.int_value(1, 1000000))) o.dilation = static_cast<double>(*n);
+    else if (a == "--dilation-per-gpu" && (n = args.int_value(1, 100000)))
+      o.dilation_per_gpu = static_cast<double>(*n);
+    else if (a == "--check-dilation" && (n = args.int_value(1, 1000000))) o.check_dilation = static_cast<double>(*n);
+    else if (a == "--sim-model" && (text = args.value()) && !text->empty()) o.sim_model = *text;
+    else if (a == "--only" && (text = args.value()) && (*text == "bucketed" || *text == "no_overlap"))
+      o.settings = {*text == "bucketed"};
+    else {
+      std::fprintf(stderr, "%s: bad argument '%s'\n", kProgram, a.c_str());
+      return usage(stderr, 2);
+    }
+  }
+  if (!o.nodes.empty() && o.nodes.size() != o.gpus.size()) {
+    std::fprintf(stderr, "%s: --nodes gives %zu counts for %zu --gpus counts\n", kProgram, o.nodes.size(),
+                 o.gpus.size());
+    return 2;
+  }
+  if (o.nodes.empty())
+    for (int g : o.gpus) o.nodes.push_back((g + kGpusPerNode - 1) / kGpusPerNode);
+  for (std::size_t i = 0; i < o.gpus.size(); ++i)
+    if (o.gpus[i] % o.nodes[i] != 0) {
+      std::fprintf(stderr, "%s: %d GPUs do not split evenly over %d nodes\n", kProgram, o.gpus[i], o.nodes[i]);
+      return 2;
+    }
+
+  // The backend and its GPUs, before anything starts it.
+  if (const char* backend = std::getenv("WEFT_GPU_BACKEND"); backend && std::string(backend) != "sim") {
+    std::fprintf(stderr, "%s: runs on simulated GPUs, but WEFT_GPU_BACKEND=%s\n", kProgram, backend);
+    return 2;
+  }
+  set_default_env("WEFT_GPU_BACKEND", "sim");
+  set_default_env("WEFT_SIM_GPUS", "64");
+  set_default_env("WEFT_SIM_GPU_MEMORY", "80G");
+  if (std::atoi(std::getenv("WEFT_SIM_GPUS")) != kMaxSimGpus) {
+    std::fprintf(stderr, "%s: needs %d simulated GPUs, but WEFT_SIM_GPUS=%s\n", kProgram, kMaxSimGpus,
+                 std::getenv("WEFT_SIM_GPUS"));
+    return 2;
+  }
+
+  const weft::Precision precision = o.precision.empty() ? weft::Precision::bf16 : weft::parse_precision(o.precision);
+  const bool table = is_cost_table(o.sim_model);
+  std::vector<Result> results;
+  try {
+    if (!o.json)
+      std::fprintf(stderr, "%s: ResNet-18, batch %lld per GPU, %s, sim model %s, %u hardware threads\n", kProgram,
+                   static_cast<long long>(o.batch), std::string(weft::to_string(precision)).c_str(),
+                   o.sim_model.c_str(), std::thread::hardware_concurrency());
+    // One GPU first: the baseline of every setting's efficiency.
+    std::vector<std::size_t> order(o.gpus.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return o.gpus[a] < o.gpus[b]; });
+    for (std::size_t i : order)
+      for (bool bucketed : o.settings) {
+        Run run;
+        run.gpus = o.gpus[i];
+        run.nodes = o.nodes[i];
+        run.bucketed = bucketed;
+        run.precision = precision;
+        run.batch = o.batch;
+        run.dilation = o.dilation.value_or(default_dilation(o, run.gpus, run.nodes));
+        run.warmup = o.warmup;
+        run.steps = o.steps_given.value_or(default_steps(run.gpus));
+        run.sim_model = o.sim_model;
+        run.phases = o.phases;
+        Result r = run_configuration(run);
+        for (const Result& base : results)
+          if (base.gpus == 1 && base.bucketed == r.bucketed) r.efficiency = base.step_ms / r.step_ms;
+        print_result(r, o.batch, o.sim_model);
+        results.push_back(r);
+      }
+
+    if (o.checks) {
+#ifdef WEFT_BENCH_SCALING_CHECKS
+      const double check_dilation = o.check_dilation;
+      weft::gpu::set_sim_model({.model = o.sim_model, .gpus_per_node = kGpusPerNode, .dilation = check_dilation});
+      for (const weft_bench::ValidationCheck& c : weft_bench::ring_allreduce_checks(check_dilation)) print_check(c);
+      for (const weft_bench::ValidationCheck& c : weft_bench::pipeline_bubble_checks(check_dilation)) print_check(c);
+#else
+      std::fprintf(stderr, "%s: built without the ring allreduce and pipeline bubble checks\n", kProgram);
+#endif
+      {
+        // The single-GPU step at the recorded figure's batch and precision.
+        Run run;
+        run.precision = weft::Precision::fp32;
+        run.batch = 256;
+        run.dilation = o.dilation.value_or(default_dilation(o, 1, 1));
+        run.warmup = o.warmup;
+        run.steps = o.steps_given.value_or(default_steps(1));
+        run.sim_model = o.sim_model;
+        const Result r = run_configuration(run);
+        weft_bench::ValidationCheck c;
+        c.check = "resnet18_step gpus=1 batch=256 precision=fp32 sim_model=" + o.sim_model + (table ? " (cost table)" : " (profile)") +
+                  " vs " + kMeasuredResnetSource;
+        c.unit = "ms";
+        c.expected = kMeasuredResnetStepMs;
+        c.measured = r.step_ms;
+        c.tolerance = table ? 0.10 : 0.25;
+        print_check(c);
+      }
+      for (const Result& r : results) {
+        const double target = r.gpus == 8 ? 0.9 : r.gpus == 64 ? 0.8 : 0;
+        if (target == 0 || r.efficiency < 0) continue;
+        weft_bench::ValidationCheck c;
+        c.check = "scaling_target gpus=" + std::to_string(r.gpus) + " nodes=" + std::to_string(r.nodes) +
+                  (r.bucketed ? " bucketed" : " no_overlap") + " efficiency >= target";
+        c.unit = "fraction";
+        c.expected = target;
+        c.measured = r.efficiency;
+        print_check(c, /*at_least=*/true);
+      }
+    }
+    if (table && !o.json) std::fprintf(stderr, "%s: %s\n", kProgram, weft::gpu::sim_model_report().c_str());
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: %s\n", kProgram, e.what());
+    return 1;
+  }
+
+  if (!o.json) {
+    std::printf("\n%5s %5s %-10s %9s %10s %8s %9s %10s %8s %8s\n", "gpus", "nodes", "setting", "step_ms",
+                "efficiency", "overlap", "red_ovl", "host_share", "dilation", "seconds");
+    for (const Result& r : results)
+      std::printf("%5d %5d %-10s %9.3f %10s %8s %9s %10.3f %8g %8.1f\n", r.gpus, r.nodes,
+                  r.bucketed ? "bucketed" : "no_overlap", r.step_ms,
+                  r.efficiency >= 0 ? json_number(r.efficiency, "%.3f").c_str() : "-",
+                  r.reduces ? json_number(r.comm_overlap, "%.2f").c_str() : "-",
+                  r.reduces ? json_number(r.reduction_overlap, "%.2f").c_str() : "-", r.host_share, r.dilation,
+                  r.seconds);
+  }
+  return 0;
+}
