@@ -27,7 +27,9 @@
 //     there): they take their CPU time.
 //   * Modeled mode (weft/gpu_sim.h, sim_model.h): kernels take the time
 //     the cost model gives them, sleeping; copies take the time of the links
-//     they cross (each link a modeled clock that copies reserve in turn).
+//     they cross (each link a modeled clock that copies reserve in turn);
+//     a device or peer copy enqueued under gpu::ScopedUndefinedBytes takes
+//     that time and moves nothing (its bytes are undefined).
 //     Each stream keeps a modeled clock: an item starts when the previous
 //     one ended in the model or when it was enqueued, whichever is later,
 //     however late the host woke the stream; event recordings carry that
@@ -42,6 +44,7 @@
 //     recorded on it; a host wait on that event rethrows it. Later work on
 //     the stream runs normally.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -54,6 +57,7 @@
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #ifdef __linux__
@@ -101,6 +105,8 @@ std::uint64_t splitmix(std::uint64_t& state) {
 // Whether the modeled mode is on, and its dilation (set_sim_model).
 std::atomic<bool> g_sim_modeled{false};
 std::atomic<double> g_sim_dilation{1.0};
+// gpu::ScopedUndefinedBytes: this thread's copies move undefined bytes.
+thread_local bool tls_undefined_bytes = false;
 
 // One recording of an event: complete once its stream reached it.
 struct Recording {
@@ -502,7 +508,8 @@ class SimBackend final : public BackendImpl {
         case CopyKind::device_to_device:
           require_device_memory(src, bytes, s.device, "device_to_device", "source");
           require_device_memory(dst, bytes, s.device, "device_to_device", "destination");
-          enqueue_linked_copy(s, dst, src, bytes, std::move(m), LinkPath::local, s.device, s.device);
+          enqueue_linked_copy(s, dst, src, bytes, std::move(m), LinkPath::local, s.device, s.device,
+                              tls_undefined_bytes);
           break;
       }
       return;
@@ -535,7 +542,7 @@ class SimBackend final : public BackendImpl {
       const LinkPath path = src_device == dst_device                       ? LinkPath::local
                             : m->node_of(src_device) == m->node_of(dst_device) ? LinkPath::nvlink
                                                                                 : LinkPath::network;
-      enqueue_linked_copy(s, dst, src, bytes, std::move(m), path, src_device, dst_device);
+      enqueue_linked_copy(s, dst, src, bytes, std::move(m), path, src_device, dst_device, tls_undefined_bytes);
       return;
     }
     enqueue_copy(s, dst, src, bytes, &dev(dst_device).peer_in,
@@ -708,8 +715,10 @@ class SimBackend final : public BackendImpl {
   // link thus follow one another at its bandwidth, whichever streams they
   // come from; a copy within one GPU moves its bytes at memory bandwidth
   // (read and written) after a launch latency, on its stream alone.
+  // `undefined`: the bytes are undefined (gpu::ScopedUndefinedBytes); the
+  // copy takes its time and moves nothing.
   void enqueue_linked_copy(SimStream& s, void* dst, const void* src, std::size_t bytes, std::shared_ptr<SimModel> m,
-                           LinkPath path, int from, int to) {
+                           LinkPath path, int from, int to, bool undefined = false) {
     const SimProfile& p = m->profile;
     SimLink *a = nullptr, *b = nullptr;
     double gbps = 0, latency_us = 0;
@@ -745,7 +754,11 @@ class SimBackend final : public BackendImpl {
         if (b) b->free_at = start + occupy;
       }
       self.model_clock = start + occupy + latency;
-      std::memcpy(dst, src, bytes);  // undefined bytes too: the copy moves whatever the memory holds
+      if (!undefined) std::memcpy(dst, src, bytes);
+      {
+        std::lock_guard lock(m->stats_mutex);
+        (undefined ? m->stats.bytes_skipped : m->stats.bytes_moved) += bytes;
+      }
       std::this_thread::sleep_until(self.model_clock);
     });
   }
@@ -835,6 +848,12 @@ SimModelOptions sim_model() {
 }
 
 bool kernels_modeled() noexcept { return detail::g_sim_modeled.load(std::memory_order_relaxed); }
+
+ScopedUndefinedBytes::ScopedUndefinedBytes(bool undefined) noexcept
+    : saved_(std::exchange(detail::tls_undefined_bytes, undefined)) {}
+ScopedUndefinedBytes::~ScopedUndefinedBytes() { detail::tls_undefined_bytes = saved_; }
+
+bool copies_move_undefined_bytes() noexcept { return detail::tls_undefined_bytes; }
 
 double sim_dilation() noexcept { return detail::g_sim_dilation.load(std::memory_order_relaxed); }
 

@@ -91,6 +91,12 @@ void track_values(const std::vector<StoragePtr>& in, const std::vector<StoragePt
                   std::string_view op, bool modeled);
 // Throws, for a host read `op` of `what` (a tensor's description), when `s` holds no values.
 void require_values(const Storage& s, std::string_view op, const std::string& what);
+// Whether one of `in` holds no values (track_values marks them).
+inline bool reads_no_values(const std::vector<StoragePtr>& in) noexcept {
+  for (const StoragePtr& s : in)
+    if (s->no_values) return true;
+  return false;
+}
 
 // How an op body meets a GPU.
 enum class Body {
@@ -209,6 +215,9 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
           for (const StoragePtr& s : in) s->allocator->record_use(s->block, stream);
           for (const StoragePtr& s : out) s->allocator->record_use(s->block, stream);
         }
+        // A copy reading memory that holds no values writes none (its
+        // outputs are marked above): the simulator times it and moves nothing.
+        gpu::ScopedUndefinedBytes undefined_bytes(body == Body::stream_calls && stream && reads_no_values(in));
         run_kernel(ctx, io, kernel, body, tf32, modeled.get());
       },
       exec, reads, writes, std::move(options));

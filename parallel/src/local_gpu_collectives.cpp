@@ -35,6 +35,7 @@
 #include "local_phase.h"
 #include "through_float32.h"
 #include "weft/error.h"
+#include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor_op.h"
@@ -43,9 +44,12 @@ namespace weft::parallel::detail {
 namespace {
 
 // Enqueues on the op's stream a copy from `src` (on GPU `from`) to `dst`
-// (on the op's GPU).
+// (on the op's GPU). Under the simulator's modeled mode a collective's GPU
+// tensors hold no values (the hold op marks them): the copy takes its
+// modeled time and moves nothing.
 void copy_in(RunContext& ctx, void* dst, const void* src, Device from, std::size_t bytes) {
   if (bytes == 0) return;
+  gpu::ScopedUndefinedBytes undefined_bytes(gpu::kernels_modeled());
   if (from == ctx.device)
     gpu::memcpy_async(dst, src, bytes, gpu::CopyKind::device_to_device, ctx.gpu->stream);
   else

@@ -4,9 +4,10 @@
 // the host's cores are busy (they hold none); a cost table's entry overrides
 // the profile and a missing op falls back and is counted; reading a tensor a
 // modeled kernel wrote is an error naming the mode, while real copies keep
-// real values; copies on one link follow one another, the other direction
-// runs beside them, a copy across the node boundary takes the network's
-// time and latency; a ring allreduce of S bytes over N GPUs (2, 4, 8 in a
+// real values; copies of uncomputed values (and the ring's under the mode)
+// move no bytes but take their modeled time; copies on one link follow
+// one another, the other direction runs beside them, a copy across the
+// node boundary takes the network's time and latency; a ring allreduce of S bytes over N GPUs (2, 4, 8 in a
 // node, 16 over two nodes) takes 2(N-1)/N * S / B plus its latencies within
 // 10%; the profiler's GPU spans are in modeled time; malformed profiles and
 // tables name the file and the line.
@@ -270,6 +271,64 @@ TEST_CASE("gpu sim model - reading a tensor a modeled kernel wrote is an error n
 
 namespace {
 
+// What the sim backend's modeled copies moved and skipped since `before`.
+struct CopiedBytes {
+  std::uint64_t moved = 0, skipped = 0;
+};
+CopiedBytes copied_since(const gpu::SimModelStats& before) {
+  const gpu::SimModelStats now = gpu::sim_model_stats();
+  return {now.bytes_moved - before.bytes_moved, now.bytes_skipped - before.bytes_skipped};
+}
+
+}  // namespace
+
+TEST_CASE("gpu sim model - copies of uncomputed values move no bytes; copies of host data stay exact" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_SIM();
+  ModelScope model({.model = "h100"});
+  const int gpus = std::min(gpu::device_count(), 2);
+  auto e = make_engine({.cpu_devices = 1, .gpu_devices = gpus});
+  std::vector<float> host(64 * 64);
+  for (std::size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.25f;
+  const std::uint64_t bytes = host.size() * sizeof(float);
+  const Tensor x = Tensor::from_host(*e, Shape{64, 64}, host, Device::gpu(0));  // real values
+  const Tensor y = ops::matmul(x, x);                                            // none
+  e->wait_all();
+  std::vector<Device> targets = {Device::gpu(0)};  // a device copy, then a peer copy
+  if (gpus == 2) targets.push_back(Device::gpu(1));
+  for (const Device to : targets) {
+    INFO("copy gpu(0) -> " << to.str());
+    gpu::SimModelStats before = gpu::sim_model_stats();
+    const Tensor uncomputed = y.copy_to(to);
+    e->wait_all();
+    CopiedBytes c = copied_since(before);
+    CHECK(c.skipped == bytes);
+    CHECK(c.moved == 0);
+    before = gpu::sim_model_stats();
+    const Tensor real = x.copy_to(to);
+    e->wait_all();
+    c = copied_since(before);
+    CHECK(c.moved == bytes);
+    CHECK(c.skipped == 0);
+    CHECK(real.to_host() == host);
+    CHECK_THROWS_AS((void)uncomputed.to_host(), weft::Error);
+  }
+  if (gpus == 2) {  // an in-process ring's tensors hold no values under the mode
+    const par::Communicator comm = par::Communicator::local(*e, {Device::gpu(0), Device::gpu(1)});
+    std::vector<Tensor> t = {Tensor::zeros(*e, Shape{1024}, Device::gpu(0)),
+                             Tensor::zeros(*e, Shape{1024}, Device::gpu(1))};
+    e->wait_all();
+    const gpu::SimModelStats before = gpu::sim_model_stats();
+    par::allreduce(comm, t, par::ReduceOp::sum);
+    e->wait_all();
+    const CopiedBytes c = copied_since(before);
+    CHECK(c.skipped >= 2 * 1024 * sizeof(float));  // reduce-scatter and all-gather: S each over 2 GPUs
+    CHECK(c.moved == 0);
+  }
+}
+
+namespace {
+
 // A profile with slow links, so that copies of a few MiB take milliseconds.
 const char* kSlowLinks =
     "base h100\n"
@@ -328,6 +387,40 @@ TEST_CASE("gpu sim model - copies share a link's bandwidth; across nodes they ta
     expect_near(concurrent_copies(*e, {{0, 1}}, bytes), static_cast<double>(bytes) / 5e9 + 1e-3, 0.15,
                 "one copy 0->1 across the node boundary");
   }
+}
+
+// A copy under gpu::ScopedUndefinedBytes (what ops/ and the GPU ring set
+// for values no kernel computed) holds its link as long as any copy.
+TEST_CASE("gpu sim model - a copy of undefined bytes takes its modeled time and moves nothing" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_SIM();
+  CHECK_FALSE(gpu::copies_move_undefined_bytes());
+  {
+    gpu::ScopedUndefinedBytes outer;
+    CHECK(gpu::copies_move_undefined_bytes());
+    {
+      gpu::ScopedUndefinedBytes inner(false);
+      CHECK_FALSE(gpu::copies_move_undefined_bytes());
+    }
+    CHECK(gpu::copies_move_undefined_bytes());
+  }
+  CHECK_FALSE(gpu::copies_move_undefined_bytes());
+  if (gpu::device_count() < 2) return;
+  const TempFile profile("links.txt", kSlowLinks);
+  const std::size_t bytes = std::size_t{8} << 20;  // 0.84 ms at 10 GB/s
+  const double one = static_cast<double>(bytes) / 10e9 + 2e-6;
+  ModelScope model({.model = profile.path, .dilation = 20});
+  auto e = make_engine({.gpu_devices = 2});
+  const gpu::SimModelStats before = gpu::sim_model_stats();
+  double seconds = 0;
+  {
+    gpu::ScopedUndefinedBytes undefined;
+    seconds = concurrent_copies(*e, {{0, 1}, {0, 1}}, bytes);
+  }
+  expect_near(seconds, 2 * one, 0.15, "two copies of undefined bytes 0->1 at once");
+  const CopiedBytes c = copied_since(before);
+  CHECK(c.skipped == 4 * bytes);  // two copies, twice
+  CHECK(c.moved == 0);
 }
 
 namespace {

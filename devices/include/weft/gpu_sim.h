@@ -5,7 +5,8 @@
 // nodes, PCIe to the host). The engine, its workers, stream waits, events,
 // the allocator and every collective run for real; tensors written by a
 // modeled kernel hold no values, and reading them on the host is an error
-// naming the mode (ops/). Every modeled duration is `dilation` times longer
+// naming the mode (ops/); copies of such values take their time and move
+// nothing (ScopedUndefinedBytes). Every modeled duration is `dilation` times longer
 // on the host clock, so that the host's own costs weigh less against it;
 // predicted_seconds() converts measured host time back.
 // Set from WEFT_SIM_MODEL (h100 | a profile file | a cost-table file),
@@ -57,10 +58,31 @@ void launch_modeled_kernel(Stream* stream, const KernelCost& cost);
 // The predicted (undilated) time of a kernel, in seconds; counts it in the stats.
 double modeled_kernel_seconds(const KernelCost& cost);
 
+// While one lives, the copies this thread enqueues on simulated GPUs move
+// undefined bytes: in the modeled mode the sim backend gives each device or
+// peer copy its modeled time (links, bandwidth, latency, as any copy) and
+// moves nothing. Copies to or from the host always move their bytes. Set by
+// ops/ around a copy whose source holds no values, and by the in-process
+// GPU collectives under the mode; nested scopes restore the outer setting.
+class ScopedUndefinedBytes {
+ public:
+  explicit ScopedUndefinedBytes(bool undefined = true) noexcept;
+  ~ScopedUndefinedBytes();
+  ScopedUndefinedBytes(const ScopedUndefinedBytes&) = delete;
+  ScopedUndefinedBytes& operator=(const ScopedUndefinedBytes&) = delete;
+
+ private:
+  bool saved_;
+};
+// Whether this thread's copies move undefined bytes (ScopedUndefinedBytes).
+bool copies_move_undefined_bytes() noexcept;
+
 struct SimModelStats {
   std::uint64_t kernels = 0;     // modeled kernels
   std::uint64_t from_table = 0;  // of which a cost table gave the time
   std::uint64_t fallbacks = 0;   // of which a cost table lacked the op: the profile gave it
+  std::uint64_t bytes_moved = 0;    // bytes the modeled copies moved (memcpy)
+  std::uint64_t bytes_skipped = 0;  // bytes of modeled copies of undefined bytes: timed, not moved
   std::map<std::string, std::uint64_t> missing;  // "op shape" the table lacked -> count
 };
 SimModelStats sim_model_stats();  // since the mode was last set
