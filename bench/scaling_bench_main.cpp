@@ -109,11 +109,12 @@ int usage(std::FILE* out, int rc) {
       "    ring_allreduce ... and pipeline_bubble ...: the simulator against the formulas (when built\n"
       "      with the checks);\n"
       "    resnet18_step ...: the single-GPU step (batch 256, fp32) predicted by --sim-model against\n"
-      "      40.7 ms measured on an H200 (docs/performance.md), within 0.25 for a profile; a cost\n"
+      "      the step measured on an H200 (docs/performance.md, Training on GPU; the H200 shares the\n"
+      "      H100's compute peaks), within 0.25 for a profile; a cost\n"
       "      table is held to 0.10, which means something only for a table measured on a real GPU\n"
       "      running the same step (its op times carry the library's kernels, which no profile does);\n"
       "    scaling_target ...: efficiency >= 0.9 at 8 GPUs and >= 0.8 at 64 (the goals set by\n"
-      "      Horovod's published ~90%% at 128 GPUs).\n"
+      "      Horovod's published ~90%% at 128 and 512 GPUs).\n"
       "  --phases: per configuration, each phase's wall time (engine, replicas built, warm-up, measured\n"
       "  steps, teardown) with the process's CPU seconds, minor page faults and peak RSS, on stderr.\n"
       "  --json: only the JSON lines (else a table follows them). Sets WEFT_GPU_BACKEND=sim,\n"
@@ -327,20 +328,20 @@ void print_check(const weft_bench::ValidationCheck& c, bool at_least = false) {
 }
 
 // The host's work grows with the replicas (their ops), the modeled step
-// hardly: the dilation grows with the GPU count. Across nodes 30 per GPU
-// keeps the predicted step where twice the dilation puts it (64 GPUs: 5.93
-// ms at 1920, 5.97 at 3840); within one node the ring's steps are short
-// (NVLink's 450 GB/s) and its ops many, and 120 per GPU leaves them room.
-// Copies of uncomputed bytes move nothing under the mode, so the host's
-// memcpy no longer sets the pace.
+// hardly: the dilation grows with the GPU count, 30 per GPU across nodes
+// and 120 within one node (the ring's NVLink steps are short and its ops
+// many). A prediction has converged when it holds as the dilation doubles
+// (docs/performance.md shows it does at these factors). Copies of
+// uncomputed bytes move nothing under the mode, so no host memcpy sets
+// the pace.
 double default_dilation(const Options& o, int gpus, int nodes) {
   const double per_gpu = o.dilation_per_gpu.value_or(gpus > 1 && nodes == 1 ? 120 : 30);
   return per_gpu * gpus;
 }
 
 // As many steps as the two-minute budget of a configuration allows: a
-// dilated step takes about 0.2 s of host time on one GPU, 8 s on 8 and 25 s
-// on 64. One GPU, every efficiency's baseline, gets the most.
+// dilated step's host time grows with the GPU count. One GPU, every
+// efficiency's baseline, gets the most.
 int default_steps(int gpus) { return gpus == 1 ? 9 : gpus <= 8 ? 5 : gpus <= 16 ? 3 : 2; }
 
 std::string join_precisions(const std::vector<std::string>& names) {

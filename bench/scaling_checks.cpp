@@ -130,10 +130,10 @@ ValidationCheck ring_check(int n, std::int64_t bytes, double dilation) {
   return c;
 }
 
-// K identical stages of two Dense(2048, 2048) layers on gpu(0..K-1), M
-// micro-batches of 512 rows: per layer and micro-batch a forward GEMM of
-// 2 * 512 * 2048^2 FLOP (84 us at the fp32 rate) and two in the backward,
-// against 11 us for the 4 MiB activation between stages over NVLink.
+// K identical stages of two Dense(4096, 4096) layers on gpu(0..K-1), M
+// micro-batches of 512 rows: per layer and micro-batch one forward GEMM and
+// two in the backward (the input's and the weight's gradient), long against
+// the activation's copy between stages over NVLink.
 // The bubble: per stage, 1 - (the union of its compute spans on its GPU's
 // stream) / (the step: first to last compute span of any stage), averaged
 // over the stages.

@@ -102,10 +102,13 @@ struct ClockSegment {
 
 std::atomic<const ClockSegment*> g_clock_segment{nullptr};
 std::mutex g_clock_segment_mu;
-std::deque<ClockSegment> g_clock_segments;  // guarded by g_clock_segment_mu
+// Never destroyed: a thread may read the clock during static destruction.
+std::deque<ClockSegment>& g_clock_segments = *new std::deque<ClockSegment>;  // guarded by g_clock_segment_mu
 
+// Not before the segment's start: a reading taken just before another
+// thread published the segment stays on it (the clock never goes back).
 std::int64_t on_segment(const ClockSegment& s, std::int64_t host) noexcept {
-  return s.at + static_cast<std::int64_t>(static_cast<double>(host - s.host) / s.dilation);
+  return s.at + static_cast<std::int64_t>(static_cast<double>(std::max(host - s.host, std::int64_t{0})) / s.dilation);
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "communicator_state.h"
 #include "through_float32.h"
 #include "weft/error.h"
+#include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor_op.h"
@@ -274,10 +275,13 @@ class HierarchicalTransport final : public Transport {
   // the op's stream on a GPU.
   static void copy_bytes(RunContext& ctx, void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
-    if (ctx.gpu)
+    if (ctx.gpu) {
+      // A collective's GPU tensors hold no values under the modeled mode.
+      gpu::ScopedUndefinedBytes undefined_bytes(gpu::kernels_modeled());
       gpu::memcpy_async(dst, src, bytes, gpu::CopyKind::device_to_device, ctx.gpu->stream);
-    else
+    } else {
       std::memcpy(dst, src, bytes);
+    }
   }
 
   // A new tensor on t's device with t's values.

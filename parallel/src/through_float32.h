@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"
 #include "weft/ops.h"
 #include "weft/tensor.h"
@@ -36,10 +37,13 @@ inline void narrow_into(const std::vector<Tensor>& dst, const std::vector<Tensor
         dst[k].device(), {rounded}, {dst[k]},
         [bytes = dst[k].nbytes()](RunContext& ctx, const TensorData& d) {
           if (bytes == 0) return;
-          if (ctx.gpu)
+          if (ctx.gpu) {
+            // A collective's GPU tensors hold no values under the modeled mode.
+            gpu::ScopedUndefinedBytes undefined_bytes(gpu::kernels_modeled());
             gpu::memcpy_async(d.outputs[0], d.inputs[0], bytes, gpu::CopyKind::device_to_device, ctx.gpu->stream);
-          else
+          } else {
             std::memcpy(d.outputs[0], d.inputs[0], bytes);
+          }
         },
         {.priority = priority, .name = name + " rounded"});
   }
