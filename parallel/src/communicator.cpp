@@ -63,6 +63,8 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
   auto state = std::make_shared<detail::CommunicatorState>();
   state->engine = &engine;
   state->devices = {device};
+  state->across_processes = true;
+  state->options = options;
   if (device.is_gpu()) {
     // NCCL where built and wanted, else through host memory; either way
     // over a communicator of cpu(0).
@@ -87,9 +89,66 @@ Communicator Communicator::mpi(Engine& engine, std::vector<Device> devices, Comm
   auto state = std::make_shared<detail::CommunicatorState>();
   state->engine = &engine;
   state->devices = std::move(devices);
+  state->across_processes = true;
+  state->options = options;
   state->transport = detail::make_hierarchical_transport(*state, std::move(local), options);  // sets size, local_ranks
   return Communicator(std::move(state));
 }
+
+namespace {
+
+std::string colors_text(const std::vector<int>& colors) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < colors.size(); ++i) text += (i ? ", " : "") + std::to_string(colors[i]);
+  return text + "}";
+}
+
+}  // namespace
+
+Communicator Communicator::split(const std::vector<int>& colors) const {
+  const std::string what = "weft::parallel::Communicator::split (" + str() + ")";
+  if (colors.size() != static_cast<std::size_t>(size()))
+    throw InvalidArgument(what + ": " + std::to_string(colors.size()) + " colors for " + std::to_string(size()) +
+                          " members; give one colour per member");
+  for (std::size_t r = 0; r < colors.size(); ++r)
+    if (colors[r] < 0)
+      throw InvalidArgument(what + ": member " + std::to_string(r) + "'s colour is " + std::to_string(colors[r]) +
+                            "; colours are 0 or more (every member belongs to one group)");
+  // Members p * per .. p * per + per - 1 are one process's (in-process:
+  // all of them; hierarchical: every process's, checked on every process
+  // alike, so that all of them refuse the same colors).
+  const auto per = state_->local_ranks.size();
+  for (std::size_t r = 0; r < colors.size(); ++r) {
+    const std::size_t first = r - r % per;
+    if (colors[r] != colors[first])
+      throw InvalidArgument(what + ": members " + std::to_string(first) + " and " + std::to_string(r) +
+                            (state_->across_processes ? ", of one process," : "") + " have colours " +
+                            std::to_string(colors[first]) + " and " + std::to_string(colors[r]) + " (colors " +
+                            colors_text(colors) + "); " +
+                            (state_->across_processes
+                                 ? "a process's members share one colour"
+                                 : "an in-process communicator's members share one colour: make a "
+                                   "Communicator::local over each subset instead"));
+  }
+  if (!state_->across_processes) return Communicator::local(*state_->engine, state_->devices);  // its own sequence
+  auto state = std::make_shared<detail::CommunicatorState>();
+  state->engine = state_->engine;
+  state->devices = state_->devices;
+  state->across_processes = true;
+  state->options = state_->options;
+  state->transport = state_->transport->split(*state, colors);  // sets size and local_ranks
+  return Communicator(std::move(state));
+}
+
+namespace detail {
+
+std::unique_ptr<Transport> Transport::split(CommunicatorState& into, const std::vector<int>& colors) const {
+  (void)into;
+  (void)colors;
+  throw InvalidArgument("weft::parallel::Communicator::split: " + str() + " cannot be split");
+}
+
+}  // namespace detail
 
 int Communicator::size() const noexcept { return state_->size; }
 const std::vector<int>& Communicator::local_ranks() const noexcept { return state_->local_ranks; }

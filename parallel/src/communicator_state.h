@@ -19,6 +19,7 @@ namespace weft::parallel {
 namespace detail {
 
 class Call;
+struct CommunicatorState;
 
 // One transport per communicator: it pushes a collective whose arguments the
 // public entry points (collectives.cpp) have checked. Tensors come in
@@ -44,6 +45,12 @@ class Transport {
   // numbers the call with call.commit_message.
   virtual void send(Call& call, const Tensor& tensor, int from, int to) = 0;
   virtual void recv(Call& call, const Tensor& tensor, int from, int to) = 0;
+  // Communicator::split across processes (collective over this
+  // communicator's processes): the transport of the members whose colour is
+  // this process's, over `into` (its engine, devices and options set; sets
+  // its size and local_ranks). colors has one entry per member, each >= 0,
+  // and this process's members share one.
+  virtual std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const;
 };
 
 struct CommunicatorState {
@@ -51,6 +58,8 @@ struct CommunicatorState {
   int size = 0;                    // members in the group
   std::vector<int> local_ranks;    // the members this process drives
   std::vector<Device> devices;     // devices[k]: local_ranks[k]'s device
+  bool across_processes = false;   // an MPI communicator (Communicator::mpi or a split of one)
+  CommunicatorOptions options;     // MPI: as given (a split keeps its parent's)
   std::atomic<std::uint64_t> sequence{0};  // collectives pushed so far (names them: "#3")
   std::unique_ptr<Transport> transport;
 };

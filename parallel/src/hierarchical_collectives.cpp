@@ -234,6 +234,23 @@ class HierarchicalTransport final : public Transport {
     number(call, received_, from, to, from);
   }
 
+  // Each process's members share a colour (Communicator::split checked it):
+  // every per-device MPI communicator is split by the processes' colours,
+  // and this process's devices stay together, in a group of their own.
+  std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const override {
+    const int per = static_cast<int>(across_.size());
+    std::vector<int> by_process;
+    for (int p = 0; p < processes_; ++p) by_process.push_back(colors[static_cast<std::size_t>(p * per)]);
+    std::vector<Communicator> across;
+    for (const Communicator& c : across_) across.push_back(c.split(by_process));
+    const int processes = across.front().size(), rank = across.front().local_ranks().front();
+    into.size = processes * per;
+    into.local_ranks.clear();
+    for (int k = 0; k < per; ++k) into.local_ranks.push_back(rank * per + k);
+    return std::make_unique<HierarchicalTransport>(into, Communicator::local(*into.engine, into.devices),
+                                                   std::move(across), processes);
+  }
+
  private:
   int rank() const { return across_.front().local_ranks().front(); }
   const CommunicatorState& state_of_this() const { return *state_; }

@@ -143,10 +143,12 @@ struct Job;
 // settings are fixed at creation; the rest is touched by fibers only.
 struct MpiGroup {
   int rank = 0, size = 1;
+  int world_rank = -1;  // a split's: this process's rank in MPI_COMM_WORLD (-1: the group is the world)
   Device device;
   std::chrono::milliseconds timeout{};
   bool fingerprints = true;
-  MPI_Comm check = MPI_COMM_NULL;  // fingerprints (a duplicate of MPI_COMM_WORLD)
+  // Duplicates of MPI_COMM_WORLD, or of a split's communicator.
+  MPI_Comm check = MPI_COMM_NULL;  // fingerprints; splits of this group
   MPI_Comm data = MPI_COMM_NULL;   // the collectives themselves (another)
   MPI_Comm p2p = MPI_COMM_NULL;    // send and recv (a third)
   MPI_Comm blocking = MPI_COMM_NULL;  // the blocking lane's calls (a fourth)
@@ -183,7 +185,8 @@ struct MpiGroup {
 
   std::string str() const {
     return "MPI communicator of " + std::to_string(size) + " rank" + (size == 1 ? "" : "s") + " (rank " +
-           std::to_string(rank) + " on " + device.str() + " here)";
+           std::to_string(rank) + " on " + device.str() + " here" +
+           (world_rank >= 0 ? "; world rank " + std::to_string(world_rank) : std::string()) + ")";
   }
 
   ~MpiGroup() {

@@ -50,6 +50,56 @@ void run(Job& job, CommThread& thread) {
   run_collective(job, thread);
 }
 
+// On the communication thread: g's four communicators, duplicated from
+// `parent` one at a time with g's deadline (a rank that never creates its
+// communicator must not hang the others: MPI_Comm_idup is collective and
+// non-blocking), and the blocking lane where every rank can use it. Returns
+// why not, or "".
+std::string duplicate_into(MpiGroup& g, MPI_Comm parent, CommThread& thread, bool lane_wanted) {
+  // On the heap: MPI writes the new communicators when the requests
+  // complete, which a rank arriving after the deadline makes happen after
+  // this fiber has given up (the block is then left to MPI).
+  struct Pending {
+    MPI_Comm comms[4] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
+    MPI_Request requests[5] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
+                               MPI_REQUEST_NULL};
+    int lane_level = 0;  // this rank's thread level (0 with WEFT_MPI_LANE=0), then every rank's least
+  };
+  auto pending = std::make_unique<Pending>();
+  // One at a time: Open MPI 4.1 has hung with several MPI_Comm_idup of one
+  // communicator outstanding at once (under ASan, one rank's duplicate
+  // never completing; Open MPI's issue tracker discusses it).
+  // The fifth step agrees on the blocking lane: every rank must use it for
+  // the same collectives, so it runs only where all ranks can.
+  const Clock::time_point deadline = Clock::now() + g.timeout;
+  pending->lane_level = lane_wanted ? MpiProcess::get().thread_level() : 0;
+  for (int i = 0; i < 5; ++i) {
+    const int posted = i < 4 ? MPI_Comm_idup(parent, &pending->comms[i], &pending->requests[i])
+                             : MPI_Iallreduce(MPI_IN_PLACE, &pending->lane_level, 1, MPI_INT, MPI_MIN,
+                                              pending->comms[3], &pending->requests[i]);
+    if (posted != MPI_SUCCESS) return WEFT_MPI_FAILURE(i < 4 ? "MPI_Comm_idup" : "MPI_Iallreduce", posted);
+    int rc = MPI_SUCCESS;
+    const auto waited = thread.poll_until([&] { return test_all({&pending->requests[i]}, rc); }, deadline);
+    if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
+      static_cast<void>(pending.release());
+      return rc != MPI_SUCCESS ? "creating the communicator: " + WEFT_MPI_FAILURE("MPI_Test", rc)
+             : waited == CommThread::Wait::stopping
+                 ? std::string("the process is exiting")
+                 : "not every rank created its communicator within " + seconds_text(g.timeout) +
+                       " (communicators are created collectively, in the same order on every rank)";
+    }
+  }
+  for (MPI_Comm c : pending->comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  g.check = pending->comms[0];
+  g.data = pending->comms[1];
+  g.p2p = pending->comms[2];
+  g.blocking = pending->comms[3];
+  if (pending->lane_level == MPI_THREAD_MULTIPLE) g.lane = std::make_unique<BlockingLane>(thread);
+  return "";
+}
+
+std::shared_ptr<MpiGroup> split_group(const std::shared_ptr<MpiGroup>& parent, const std::vector<int>& colors);
+
 // ---- the transport ------------------------------------------------------------------
 
 class MpiTransport final : public Transport {
@@ -148,6 +198,13 @@ class MpiTransport final : public Transport {
       job->check_only = true;
       push(call, std::move(job), reads, {token}, [](Job&, const TensorData&) {});
     });
+  }
+
+  std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const override {
+    std::shared_ptr<MpiGroup> group = split_group(group_, colors);
+    into.size = group->size;
+    into.local_ranks = {group->rank};
+    return std::make_unique<MpiTransport>(std::move(group));
   }
 
   void barrier(const Call& call) override {
@@ -294,6 +351,145 @@ class MpiTransport final : public Transport {
   std::shared_ptr<MpiGroup> group_;
 };
 
+// ---- sub-communicators ------------------------------------------------------------
+
+// What ranks compare before a split: FNV-1a over the colors and their count.
+std::uint64_t colors_hash(const std::vector<int>& colors) {
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(colors.size());
+  for (const int c : colors) mix(static_cast<std::uint32_t>(c));
+  return h;
+}
+
+std::string split_colors_text(const std::vector<int>& colors) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < colors.size(); ++i) text += (i ? ", " : "") + std::to_string(colors[i]);
+  return text + "}";
+}
+
+// The split's messages on the parent's check communicator (the fingerprints
+// use tags 0 and 1 there: mpi_collectives.cpp).
+constexpr int kSplitTag = 2;
+
+// The group of the parent's ranks that share this rank's colour (collective
+// over the parent), on the communication thread: every rank sends the hash
+// of its colors to every other, polled with the parent's deadline (a rank
+// that never calls is named); all equal, MPI_Comm_split of the parent's
+// check communicator (blocking, but every rank has arrived), ranked as in
+// the parent, and the group's four communicators duplicated from it.
+std::shared_ptr<MpiGroup> split_group(const std::shared_ptr<MpiGroup>& parent, const std::vector<int>& colors) {
+  MpiProcess& process = MpiProcess::get();
+  const std::string what = "weft::parallel::Communicator::split (" + parent->str() + ")";
+  if (parent->is_broken.load(std::memory_order_acquire))
+    throw CommunicationError(what + ": the communicator is broken (an earlier collective on it failed)", parent->rank);
+  auto group = std::make_shared<MpiGroup>();
+  group->device = parent->device;
+  group->timeout = parent->timeout;
+  group->fingerprints = parent->fingerprints;
+  group->world_rank = process.rank();
+  struct Outcome {
+    std::string error;
+    int peer = CommunicationError::kNoPeer;
+  };
+  std::promise<Outcome> created;
+  std::future<Outcome> result = created.get_future();
+  CommThread& thread = process.thread();
+  const bool lane_wanted = mpi_lane_wanted();
+  const std::uint64_t hash = colors_hash(colors);
+  const int color = colors[static_cast<std::size_t>(parent->rank)];
+  const std::string mine = split_colors_text(colors);
+  const bool spawned = thread.spawn([&created, &thread, lane_wanted, hash, color, &mine, p = parent.get(),
+                                     g = group.get()] {
+    const int n = p->size, me = p->rank;
+    // On the heap: a peer that never calls leaves its requests to MPI.
+    struct Pending {
+      std::uint64_t mine = 0;
+      std::vector<std::uint64_t> theirs;
+      std::vector<MPI_Request> recvs, sends;
+    };
+    auto pending = std::make_unique<Pending>();
+    pending->mine = hash;
+    pending->theirs.assign(static_cast<std::size_t>(n), 0);
+    pending->theirs[static_cast<std::size_t>(me)] = hash;
+    pending->recvs.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+    pending->sends.assign(static_cast<std::size_t>(n), MPI_REQUEST_NULL);
+    for (int r = 0; r < n; ++r) {
+      if (r == me) continue;
+      const auto k = static_cast<std::size_t>(r);
+      int rc = MPI_Irecv(&pending->theirs[k], 1, MPI_UINT64_T, r, kSplitTag, p->check, &pending->recvs[k]);
+      if (rc == MPI_SUCCESS)
+        rc = MPI_Isend(&pending->mine, 1, MPI_UINT64_T, r, kSplitTag, p->check, &pending->sends[k]);
+      if (rc != MPI_SUCCESS) {
+        static_cast<void>(pending.release());
+        created.set_value({WEFT_MPI_FAILURE("MPI_Isend", rc), r});
+        return;
+      }
+    }
+    int rc = MPI_SUCCESS;
+    const auto waited = thread.poll_until(
+        [&] {
+          bool all = true;
+          for (auto* requests : {&pending->recvs, &pending->sends})
+            for (MPI_Request& q : *requests) {
+              if (q == MPI_REQUEST_NULL) continue;
+              int flag = 0;
+              if ((rc = MPI_Test(&q, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS) return true;
+              if (!flag) all = false;
+            }
+          return all;
+        },
+        Clock::now() + p->timeout);
+    if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
+      std::string missing;
+      int first = CommunicationError::kNoPeer, count = 0;
+      for (int r = 0; r < n; ++r)
+        if (pending->recvs[static_cast<std::size_t>(r)] != MPI_REQUEST_NULL) {
+          missing += (count++ ? ", " : "") + std::to_string(r);
+          if (first < 0) first = r;
+        }
+      static_cast<void>(pending.release());
+      created.set_value(
+          {rc != MPI_SUCCESS ? "comparing the colors: " + WEFT_MPI_FAILURE("MPI_Test", rc)
+           : waited == CommThread::Wait::stopping
+               ? std::string("the process is exiting")
+               : std::string(count == 1 ? "rank " : "ranks ") + missing + " did not split this communicator within " +
+                     seconds_text(p->timeout) +
+                     " (a split is collective: every rank splits, in the same order as it makes its other "
+                     "communicators and collectives)",
+           first});
+      return;
+    }
+    for (int r = 1; r < n; ++r)
+      if (pending->theirs[static_cast<std::size_t>(r)] != pending->theirs[0]) {
+        created.set_value({"ranks 0 and " + std::to_string(r) +
+                               " passed different colors (every rank passes the same colors, one per member; this "
+                               "rank passed " + mine + ")",
+                           me == r ? 0 : r});
+        return;
+      }
+    MPI_Comm sub = MPI_COMM_NULL;
+    if ((rc = MPI_Comm_split(p->check, color, me, &sub)) != MPI_SUCCESS) {
+      created.set_value({WEFT_MPI_FAILURE("MPI_Comm_split", rc)});
+      return;
+    }
+    MPI_Comm_rank(sub, &g->rank);
+    MPI_Comm_size(sub, &g->size);
+    std::string error = duplicate_into(*g, sub, thread, lane_wanted);
+    if (error.empty()) MPI_Comm_free(&sub);  // else left to MPI: a duplicate may still be under way
+    created.set_value({std::move(error)});
+  });
+  if (!spawned) created.set_value({"the process is exiting (Weft's MPI communication thread has stopped)"});
+  const Outcome outcome = result.get();
+  if (!outcome.error.empty()) throw CommunicationError(what + ": " + outcome.error, parent->rank, outcome.peer);
+  return group;
+}
+
 }  // namespace
 
 void check_across(const Communicator& comm, Kind kind, const Tensor& described, const std::vector<Tensor>& reads,
@@ -313,59 +509,12 @@ std::unique_ptr<Transport> make_mpi_transport(CommunicatorState& state, const Co
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();
   group->size = process.size();
-  // Duplicate MPI_COMM_WORLD four times on the communication thread, with the
-  // deadline (a rank that never creates its communicator must not hang the
-  // others): MPI_Comm_idup is collective and non-blocking.
   std::promise<std::string> created;
   std::future<std::string> result = created.get_future();
   CommThread& thread = process.thread();
   const bool lane_wanted = mpi_lane_wanted();
   const bool spawned = thread.spawn([&created, &thread, lane_wanted, g = group.get()] {
-    // On the heap: MPI writes the new communicators when the requests
-    // complete, which a rank arriving after the deadline makes happen after
-    // this fiber has given up (the block is then left to MPI).
-    struct Pending {
-      MPI_Comm comms[4] = {MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL, MPI_COMM_NULL};
-      MPI_Request requests[5] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
-                                 MPI_REQUEST_NULL};
-      int lane_level = 0;  // this rank's thread level (0 with WEFT_MPI_LANE=0), then every rank's least
-    };
-    auto pending = std::make_unique<Pending>();
-    // One at a time: Open MPI 4.1 has hung with several MPI_Comm_idup of one
-    // communicator outstanding at once (under ASan, one rank's duplicate
-    // never completing; Open MPI's issue tracker discusses it).
-    // The fifth step agrees on the blocking lane: every rank must use it for
-    // the same collectives, so it runs only where all ranks can.
-    const Clock::time_point deadline = Clock::now() + g->timeout;
-    pending->lane_level = lane_wanted ? MpiProcess::get().thread_level() : 0;
-    for (int i = 0; i < 5; ++i) {
-      const int posted = i < 4 ? MPI_Comm_idup(MPI_COMM_WORLD, &pending->comms[i], &pending->requests[i])
-                               : MPI_Iallreduce(MPI_IN_PLACE, &pending->lane_level, 1, MPI_INT, MPI_MIN,
-                                                pending->comms[3], &pending->requests[i]);
-      // A fiber: a failure goes back through `created` (the caller throws).
-      if (posted != MPI_SUCCESS) {
-        created.set_value(WEFT_MPI_FAILURE(i < 4 ? "MPI_Comm_idup" : "MPI_Iallreduce", posted));
-        return;
-      }
-      int rc = MPI_SUCCESS;
-      const auto waited = thread.poll_until([&] { return test_all({&pending->requests[i]}, rc); }, deadline);
-      if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
-        static_cast<void>(pending.release());
-        created.set_value(rc != MPI_SUCCESS ? "creating the communicator: " + WEFT_MPI_FAILURE("MPI_Test", rc)
-                          : waited == CommThread::Wait::stopping
-                              ? std::string("the process is exiting")
-                              : "not every rank created its communicator within " + seconds_text(g->timeout) +
-                                    " (communicators are created collectively, in the same order on every rank)");
-        return;
-      }
-    }
-    for (MPI_Comm c : pending->comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
-    g->check = pending->comms[0];
-    g->data = pending->comms[1];
-    g->p2p = pending->comms[2];
-    g->blocking = pending->comms[3];
-    if (pending->lane_level == MPI_THREAD_MULTIPLE) g->lane = std::make_unique<BlockingLane>(thread);
-    created.set_value("");
+    created.set_value(duplicate_into(*g, MPI_COMM_WORLD, thread, lane_wanted));
   });
   if (!spawned) created.set_value("the process is exiting (Weft's MPI communication thread has stopped)");
   if (const std::string error = result.get(); !error.empty())

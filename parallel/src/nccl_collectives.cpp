@@ -485,6 +485,10 @@ class NcclAcrossTransport final : public Transport {
   }
   void send(Call& call, const Tensor& tensor, int from, int to) override { staged_->send(call, tensor, from, to); }
   void recv(Call& call, const Tensor& tensor, int from, int to) override { staged_->recv(call, tensor, from, to); }
+  // The host communicator split, and a clique bootstrapped over its part.
+  std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const override {
+    return make_nccl_mpi_transport(into, host_.split(colors), into.options);
+  }
 
  private:
   int rank() const { return host_.local_ranks().front(); }

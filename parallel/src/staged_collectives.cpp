@@ -75,6 +75,11 @@ class StagedTransport final : public Transport {
 
   void barrier(const Call& call) override { parallel::barrier(host_, call.options()); }
 
+  // The host communicator split, and a staged transport over its part.
+  std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const override {
+    return make_staged_transport(into, host_.split(colors));
+  }
+
   void send(Call& call, const Tensor& tensor, int, int to) override {
     Tensor h = staged(tensor);
     send_on(host_, h, to, call.channel(), call.options());

@@ -316,3 +316,30 @@ TEST_CASE("send and recv refuse what cannot meet: no send before the recv, sizes
   CHECK(c.to_host() == std::vector<float>(4, 0.0f));
   e->wait_all();
 }
+
+TEST_CASE("split in one process: one colour gives a communicator over the same members, and other colours are refused") {
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = 3, .workers_per_cpu_device = 1});
+  const par::Communicator comm = par::Communicator::local(*e, devices(3));
+  const std::vector<Tensor> before = member_tensors(*e, 3, 7);
+  par::allreduce(comm, before, par::ReduceOp::sum, {.name = "before"});
+  const par::Communicator same = comm.split({4, 4, 4});
+  CHECK(same.size() == 3);
+  CHECK(same.local_ranks() == comm.local_ranks());
+  CHECK(same.str() == comm.str());
+  for (int r = 0; r < 3; ++r) CHECK(same.device(r) == Device::cpu(r));
+  std::vector<Tensor> t = member_tensors(*e, 3, 13);
+  par::allreduce(same, t, par::ReduceOp::sum, {.name = "grad"});
+  const std::vector<float> want = reduced(3, 13, par::ReduceOp::sum);
+  for (int r = 0; r < 3; ++r) CHECK(t[static_cast<std::size_t>(r)].to_host() == want);
+  for (const Tensor& b : before) CHECK(b.to_host() == reduced(3, 7, par::ReduceOp::sum));
+
+  CHECK_THROWS_WITH_AS((void)comm.split({0, 1, 0}),
+                       doctest::Contains("members 0 and 1 have colours 0 and 1 (colors {0, 1, 0}); an in-process "
+                                         "communicator's members share one colour: make a Communicator::local over "
+                                         "each subset instead"),
+                       weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS((void)comm.split({0, 0}), doctest::Contains("2 colors for 3 members"), weft::InvalidArgument);
+  CHECK_THROWS_WITH_AS((void)comm.split({0, -2, 0}), doctest::Contains("member 1's colour is -2"),
+                       weft::InvalidArgument);
+  e->wait_all();
+}

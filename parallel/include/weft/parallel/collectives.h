@@ -82,6 +82,20 @@ class Communicator {
   // send/recv push order. A single device is the form above.
   static Communicator mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options = {});
 
+  // Sub-communicators (MPI_Comm_split; process groups), for process grids
+  // such as pipeline stages x data-parallel replicas: the members r whose
+  // colors[r] equals the colour of this process's member, in rank order
+  // (member i of the result is the i-th of them). colors has one entry per
+  // member. Collective over every process of this communicator, in the same
+  // order as its other communicators and collectives are made; every
+  // process passes the same colors (compared across processes: a
+  // difference throws weft::CommunicationError naming both ranks; a process
+  // that never calls fails the others at the timeout). In one process, all
+  // members must share a colour (or use Communicator::local over a subset);
+  // with several devices per process, each process's members must share
+  // one. The result has this communicator's options.
+  Communicator split(const std::vector<int>& colors) const;
+
   int size() const noexcept;                           // members in the group
   const std::vector<int>& local_ranks() const noexcept;  // the members this process drives
   Device device(int rank) const;                       // a local member's device
