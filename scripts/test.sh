@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs the whole test suite:
 #   1. AddressSanitizer + UBSan build, all tests but the heaviest end-to-end runs (ResNet-18
-#      training, the pipeline sweeps, LeNet trained plain against hybridized and bulked;
-#      tests/CMakeLists.txt) and the GPU reruns under other simulator settings (Release runs
-#      those);
+#      training, the pipeline sweeps, LeNet trained plain against hybridized and bulked, two of
+#      LeNet's four resumes; tests/CMakeLists.txt), the GPU reruns under other simulator settings and the scripts'
+#      tests, which build nothing (Release runs those);
 #   2. ThreadSanitizer build against a TSan-built oneTBB: engine, devices, ops, GPU and parallel
 #      tests (the GPU tests on simulated GPUs; the multi-process ones under mpirun), but a few
 #      numerical and data checks and the reruns under other simulator settings (below);
@@ -21,7 +21,8 @@ if [[ "${1:-}" != "--fast" ]]; then
   echo "== ASan + UBSan =="
   cmake --preset asan > /dev/null
   cmake --build --preset asan -j "$jobs"
-  ctest --preset asan -j "$jobs" -E '^gpu\.(stress\.jitter_seed_|collectives\.sim4)'
+  # The scripts.* tests drive Python and shell scripts on fixtures (no built code): Release runs them.
+  ctest --preset asan -j "$jobs" -E '^(scripts\.|gpu\.(stress\.jitter_seed_|collectives\.sim4))'
 
   echo "== TSan =="
   bash scripts/build-tsan-tbb.sh
@@ -31,8 +32,9 @@ if [[ "${1:-}" != "--fast" ]]; then
   # Numerical and data checks with little concurrency of their own stay out of this run (ops.resnet's
   # layer catalogue and split backward, GPU ops and ResNet steps against the CPU, GPU copies that
   # round-trip data, the simulator's copy timing, reading Fashion-MNIST, a pipeline's batch-norm
-  # statistics, a checkpoint read back by a Python script): they run under ASan (and most in Release),
-  # and cost TSan about two minutes of test
+  # statistics, a checkpoint read back by a Python script, the optimizers against float64 formulas
+  # on CPU and GPU devices, precisions' bitwise repeatability and LeNet's gradients per precision on
+  # a GPU): they run under ASan (and most in Release), and cost TSan about three minutes of test
   # time. So do the reruns of GPU cases under other simulator settings (the stresses under jitter
   # seeds 2 and 3, the collectives on four simulated GPUs): the same cases run here under the
   # default settings, and the reruns cost TSan about another minute. The simulator's modeled-time
@@ -40,7 +42,7 @@ if [[ "${1:-}" != "--fast" ]]; then
   # host slowed down many times over can push past their bounds: ASan and Release run them; TSan
   # runs the modeled mode's other cases.
   ctest --preset tsan -j "$jobs" -R '^(engine|devices|ops|gpu|parallel|parallel_mpi)\.' \
-    -E '^(ops\.resnet (resnet18 has|backward_input then)|gpu\.gpu resnet|gpu\.gpu ops - (elementwise|reductions)|gpu\.gpu copies - (cpu cpu gpu pinned|peer copies)|gpu\.gpu backend - simulated copies take|ops\.MNIST real Fashion-MNIST|ops\.checkpoint_python|parallel\.pipeline with batch norm|gpu\.stress\.jitter_seed_|gpu\.collectives\.sim4|gpu\.sim_model\.ring16|gpu\.gpu sim model - (a GEMM takes|a cost table overrides|the profiler.s GPU spans|modeled kernels of two streams|copies share a link|a copy of undefined bytes takes|a ring allreduce))'
+    -E '^(ops\.resnet (resnet18 has|backward_input then)|gpu\.gpu resnet|gpu\.gpu ops - (elementwise|reductions)|gpu\.gpu copies - (cpu cpu gpu pinned|peer copies)|gpu\.gpu backend - simulated copies take|ops\.MNIST real Fashion-MNIST|ops\.optim - every (algorithm matches a float64|step.s update is the float64)|ops\.precision - deterministic runs|gpu\.gpu optim - each algorithm.s step|gpu\.gpu precision - (LeNet.s gradients|deterministic convolution)|ops\.checkpoint_python|parallel\.pipeline with batch norm|gpu\.stress\.jitter_seed_|gpu\.collectives\.sim4|gpu\.sim_model\.ring16|gpu\.gpu sim model - (a GEMM takes|a cost table overrides|the profiler.s GPU spans|modeled kernels of two streams|copies share a link|a copy of undefined bytes takes|a ring allreduce))'
 fi
 
 echo "== Release =="
