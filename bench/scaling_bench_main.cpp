@@ -101,7 +101,7 @@ int usage(std::FILE* out, int rc) {
       "  120 for several GPUs in one node (the ring's short NVLink steps), else 30 (the host's ops):\n"
       "  a converged prediction holds when the dilation doubles.\n"
       "  --check-dilation D: the dilation of the ring checks (default 1000); the pipeline checks take\n"
-      "  D / 20. --checks: which checks run (default all); --no-sweep: the checks alone.\n"
+      "  D / 5. --checks: which checks run (default all); --no-sweep: the checks alone.\n"
       "  --sim-model: h100 (default; the datasheet profile), a profile file or a cost table\n"
       "  (docs/design/simulated-gpus.md has both formats). WEFT_SIM_MODEL is not read: this flag is.\n"
       "  Then one JSON line per check (check, expected, measured, relative_error, unit, tolerance,\n"
@@ -475,10 +475,11 @@ int main(int argc, char** argv) {
       weft::gpu::set_sim_model({.model = o.sim_model, .gpus_per_node = kGpusPerNode, .dilation = check_dilation});
       if (o.check_ring)
         for (const weft_bench::ValidationCheck& c : weft_bench::ring_allreduce_checks(check_dilation)) print_check(c);
-      // A pipeline's host work is a few ops per micro-batch and stage: a
-      // twentieth of the ring's dilation keeps it off the modeled timeline.
+      // A pipeline's host work is several ops per action and micro-batch,
+      // each action's launched only once the one before it is: a fifth of the
+      // ring's dilation keeps that off the modeled timeline.
       if (o.check_pipeline)
-        for (const weft_bench::ValidationCheck& c : weft_bench::pipeline_bubble_checks(std::max(1.0, check_dilation / 20)))
+        for (const weft_bench::ValidationCheck& c : weft_bench::pipeline_bubble_checks(std::max(1.0, check_dilation / 5)))
           print_check(c);
 #else
       std::fprintf(stderr, "%s: built without the ring allreduce and pipeline bubble checks\n", kProgram);

@@ -33,13 +33,12 @@ struct ValidationCheck {
 // Tolerance 0.10.
 std::vector<ValidationCheck> ring_allreduce_checks(double dilation);
 
-// GPipe and 1F1B with K = 4 and 8 balanced stages and M = 8 and 32
-// micro-batches. Weft splits a stage's backward into the input gradient
-// (sent at once) and the weight gradient, so its bubble is
-// (K-1)(F+B) / (M(F+B+W) + (K-1)(F+B)), 2(K-1)/(3M+2K-2) when forward, input
-// gradient and weight gradient cost alike (Dense stages): one check against
-// that (tolerance 0.03, absolute), and one that the bubble is at most the
-// unsplit schedule's (K-1)/(M+K-1) (+ 0.03).
+// GPipe, 1F1B, ZB-H1 and interleaved 1F1B (v = 2) with K = 4 and 8
+// balanced stages of Dense layers (forward, input gradient and weight
+// gradient cost alike) and M = 2K and 32 micro-batches: each bubble against
+// its theory (weft/parallel/metrics.h, predicted_bubble; tolerance 0.03,
+// absolute), and at M = 2K ZB-H1's bubble over 1F1B's at most the theory's
+// (3K-1)/(7K-1) (+ 0.05).
 std::vector<ValidationCheck> pipeline_bubble_checks(double dilation);
 
 }  // namespace weft_bench

@@ -7,7 +7,11 @@
 //   3. the balance: naive even split vs by time vs by memory;
 //   4. GPipe vs 1F1B, with and without recomputation: peak memory per device;
 //   5. on GPUs, the largest batch that fits, with and without recomputation
-//      (simulated GPUs have a capacity: WEFT_SIM_GPU_MEMORY).
+//      (simulated GPUs have a capacity: WEFT_SIM_GPU_MEMORY);
+//   6. the schedules (GPipe, 1F1B, ZB-H1, interleaved 1F1B, or files) at
+//      M = K, 2K and 4K: bubble measured vs theory, peak memory, throughput.
+// --dist runs one pipeline rank per MPI process instead (pipeline_dist.h),
+// with --replicas for pipeline x data parallelism.
 // Synthetic data (the throughput, bubble and memory do not depend on it).
 // Each configuration: a warm-up step, then --steps timed steps, each
 // flushed (wait_all) so steps do not overlap. --sim-model runs the sweeps on
@@ -19,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -28,6 +33,7 @@
 
 #include "arg_cursor.h"
 #include "device_list.h"
+#include "pipeline_dist.h"
 #include "sim_mode.h"
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -48,14 +54,21 @@ using weft::Tensor;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
-  std::string models = "all";  // lenet, resnet18, all
+  std::string models = "all";  // lenet, resnet18, all (both), dense
+  std::int64_t width = 1024;    // dense: features per layer
+  std::vector<int> stage_counts;  // sweep 6: stage counts (default: the devices)
   std::string devices = "cpu:0,cpu:1";
   std::int64_t lenet_batch = 256, resnet_batch = 64;
   int steps = 3;
   int kernel_threads = 1;
   bool quick = false, json = false;
   std::string trace;
-  std::string sweeps = "12345";  // which of the five experiments
+  std::string sweeps = "123456";  // which of the six experiments
+  std::vector<std::string> schedules = {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"};  // sweep 6
+  int virtual_stages = 2;  // interleaved-1f1b
+  int chunks = 0;          // --dist: micro-batches (0: 2 x stages)
+  int stages = 0, replicas = 1;  // --dist
+  bool dist = false, check = false;
   bool devices_given = false;
   weft::examples::SimFlags sim;
   bool wants(char sweep) const { return sweeps.find(sweep) != std::string::npos; }
@@ -66,7 +79,9 @@ void usage(std::FILE* out) {
                "weft-pipeline: pipeline parallelism (GPipe, 1F1B) on LeNet and ResNet-18 over a device list\n"
                "\n"
                "usage: weft-pipeline [options]\n"
-               "  --models M         lenet, resnet18 or all (default all)\n"
+               "  --models M         lenet, resnet18, all (the two; default) or dense: 16 Dense(W, W) layers,\n"
+               "                     whose forward, input and weight gradients cost the same (--width W,\n"
+               "                     default 1024; its batch is --batch-size)\n"
                "  --devices D,...    one device per stage (default cpu:0,cpu:1; gpu:0,gpu:1 with\n"
                "                     WEFT_GPU_BACKEND=sim for simulated GPUs)\n"
                "  --batch-size N     LeNet's batch (default 256); ResNet-18's is --resnet-batch-size (default 64)\n"
@@ -75,16 +90,26 @@ void usage(std::FILE* out) {
                "  --kernel-threads N threads each CPU kernel may use (default 1: a stage on a CPU device\n"
                "                     is one core, so K stages need K cores to overlap)\n"
                "  --quick            a reduced sweep (under a minute on two cores)\n"
-               "  --sweeps LIST      which experiments, e.g. 24 (default 12345: all five above)\n"
+               "  --sweeps LIST      which experiments, e.g. 24 (default 123456: all six above)\n"
+               "  --schedules L,...  sweep 6's schedules: gpipe, 1f1b, zb-h1, interleaved-1f1b or a schedule\n"
+               "                     file (default all four names); with --dist, the first is run\n"
+               "  --virtual-stages V model chunks per device for interleaved-1f1b (default 2)\n"
+               "  --stage-counts K,...  sweep 6 over the first K devices for each K (default: all of them)\n"
+               "  --dist             one pipeline rank per MPI process (under mpirun): --stages S (default:\n"
+               "                     the processes / replicas), --replicas R (pipeline x data parallel:\n"
+               "                     S x R processes), --chunks M (default 2S), --batch-size per replica,\n"
+               "                     --models lenet or resnet18, --check (compare with one device)\n"
                "  --trace PREFIX     write traces of the first model's pipelined step: PREFIX-gpipe.json\n"
-               "                     (sweep 1, M = 4K) and PREFIX-1f1b.json (sweep 4, no recomputation)\n"
+               "                     (sweep 1, M = 4K) and PREFIX-1f1b.json (sweep 4, no recomputation), and\n"
+               "                     PREFIX-<schedule>-k<K>-m<M>.json for each configuration of sweep 6\n"
                "  --json             one JSON line per configuration instead of the tables\n"
                "%s"
                "  --help             this text\n"
                "\n"
-               "JSON keys: sweep, model, schedule, checkpoint, stages, chunks, balance, batch,\n"
-               "samples_per_sec, step_ms, bubble_measured (mean over stages), bubble_per_stage,\n"
-               "bubble_predicted, peak_bytes (per device), and for the fit sweep max_batch.\n"
+               "JSON keys: sweep, model, schedule, checkpoint, stages, virtual_stages, chunks, ranks,\n"
+               "balance, batch, samples_per_sec, step_ms, bubble_measured (mean over stages),\n"
+               "bubble_per_stage, bubble_predicted (the schedule's theory), peak_bytes (per device), for\n"
+               "the fit sweep max_batch; --dist adds replicas and, with --check, max_diff.\n"
                "\n"
                "With --sim-model (simulated GPUs only, --devices gpu:0,gpu:1 by default; WEFT_GPU_BACKEND=sim\n"
                "unless set so already) step_ms and samples_per_sec are predictions (step_ms: the median\n"
@@ -123,8 +148,20 @@ bool parse(int argc, char** argv, Options& o) {
       return false;
     } else if (arg == "--models") {
       o.models = text();
-      if (o.models != "lenet" && o.models != "resnet18" && o.models != "all")
-        throw UsageError{"--models wants lenet, resnet18 or all, got '" + o.models + "'"};
+      if (o.models != "lenet" && o.models != "resnet18" && o.models != "all" && o.models != "dense")
+        throw UsageError{"--models wants lenet, resnet18, all or dense, got '" + o.models + "'"};
+    } else if (arg == "--width") {
+      o.width = number(1, 1 << 16);
+    } else if (arg == "--stage-counts") {
+      const std::string list = text();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        const std::optional<long long> k =
+            weft::examples::ArgCursor::parse_int(std::string_view(list).substr(at, comma - at), 1, 4096);
+        if (!k) throw UsageError{"--stage-counts wants whole numbers separated by commas, got '" + list + "'"};
+        o.stage_counts.push_back(static_cast<int>(*k));
+        at = comma + 1;
+      }
     } else if (arg == "--devices") {
       o.devices = text();
       o.devices_given = true;
@@ -146,8 +183,31 @@ bool parse(int argc, char** argv, Options& o) {
       o.trace = text();
     } else if (arg == "--sweeps") {
       o.sweeps = text();
-      if (o.sweeps.find_first_not_of("12345") != std::string::npos)
-        throw UsageError{"--sweeps wants digits 1 to 5, got '" + o.sweeps + "'"};
+      if (o.sweeps.find_first_not_of("123456") != std::string::npos)
+        throw UsageError{"--sweeps wants digits 1 to 6, got '" + o.sweeps + "'"};
+    } else if (arg == "--schedules") {
+      o.schedules.clear();
+      const std::string list = text();
+      for (std::size_t at = 0; at <= list.size();) {
+        const std::size_t comma = std::min(list.find(',', at), list.size());
+        if (comma > at) o.schedules.push_back(list.substr(at, comma - at));
+        at = comma + 1;
+      }
+      if (o.schedules.empty()) throw UsageError{"--schedules needs at least one schedule"};
+    } else if (arg == "--virtual-stages") {
+      o.virtual_stages = static_cast<int>(number(1, 64));
+    } else if (arg == "--chunks") {
+      o.chunks = static_cast<int>(number(1, 1 << 16));
+    } else if (arg == "--stages") {
+      o.stages = static_cast<int>(number(1, 4096));
+    } else if (arg == "--replicas") {
+      o.replicas = static_cast<int>(number(1, 4096));
+    } else if (arg == "--dist") {
+      flag();
+      o.dist = true;
+    } else if (arg == "--check") {
+      flag();
+      o.check = true;
     } else {
       bool taken = false;
       try {
@@ -164,6 +224,10 @@ bool parse(int argc, char** argv, Options& o) {
     throw UsageError{e.what()};
   }
   if (o.sim.on && !o.devices_given) o.devices = "gpu:0,gpu:1";
+  if (!o.dist && (o.stages || o.replicas != 1 || o.chunks || o.check))
+    throw UsageError{"--stages, --replicas, --chunks and --check go with --dist"};
+  if (o.dist && o.sim.on) throw UsageError{"--dist runs on real devices (CPU or a GPU per process), not --sim-model"};
+  if (o.dist && o.models != "lenet" && o.models != "resnet18") o.models = "lenet";
   return true;
 }
 
@@ -202,7 +266,21 @@ struct Config {
   std::string schedule = "gpipe";
   par::Checkpoint checkpoint = par::Checkpoint::never;
   std::int64_t batch = 0;
+  int virtual_stages = 1;
 };
+
+// A schedule name, or else a file (Schedule::from_file).
+bool is_schedule_file(const std::string& schedule) {
+  return schedule != "gpipe" && schedule != "1f1b" && schedule != "zb-h1" && schedule != "interleaved-1f1b" &&
+         schedule != "one_f_one_b";
+}
+
+// The theory of the configuration's schedule with equal forward, input and
+// weight gradient times; a file's lists simulated at those times.
+double theory(const Config& c, int stages) {
+  if (is_schedule_file(c.schedule)) return par::Schedule::from_file(c.schedule).bubble();
+  return par::predicted_bubble(c.schedule, stages, c.chunks, c.virtual_stages);
+}
 
 struct Result {
   double samples_per_sec = 0, step_ms = 0;
@@ -220,9 +298,14 @@ double mean(const std::vector<double>& v) {
 Result run(Engine& e, const Model& m, const std::vector<Device>& devices, const Config& c, int steps,
            const std::string& trace = "") {
   auto net = m.make(e, devices[0]);
-  par::Pipeline pipe(e, *net,
-                     {.balance = c.balance, .devices = devices, .chunks = c.chunks, .checkpoint = c.checkpoint,
-                      .schedule = c.schedule});
+  par::PipelineOptions options{.balance = c.balance, .devices = devices, .chunks = c.chunks,
+                               .virtual_stages = c.virtual_stages, .checkpoint = c.checkpoint, .schedule = c.schedule};
+  if (is_schedule_file(c.schedule)) {
+    const par::Schedule file = par::Schedule::from_file(c.schedule);
+    options.custom = [file](int, int) { return file; };
+    options.virtual_stages = file.virtual_stages;
+  }
+  par::Pipeline pipe(e, *net, options);
   const Batch b = synthetic(e, m, c.batch);
   auto one_step = [&] {
     pipe.train_step(b.x, b.y).wait_to_read();
@@ -251,7 +334,7 @@ Result run(Engine& e, const Model& m, const std::vector<Device>& devices, const 
     r.samples_per_sec = static_cast<double>(c.batch) * steps / secs;
   }
   if (!trace.empty()) e.profiler().dump(trace);
-  r.bubble = par::measured_bubble(e.profiler().spans(), pipe.stages());
+  r.bubble = par::measured_bubble(e.profiler().spans(), pipe.ranks());
   // The bubble per step: the measurement spans all timed steps, and the
   // flush between steps is idle time of every stage, as within a step.
   for (Device d : devices) r.peak.push_back(weft::memory_stats(e, d).peak_in_use);
@@ -284,6 +367,11 @@ std::string fixed(double v, const char* format = "%.3f") {
 
 std::string bubbles_str(const std::vector<double>& b) {
   return joined(b, " ", [](std::size_t, double v) { return fixed(v); });
+}
+
+// A schedule's name in tables: a file's name without directory and extension.
+std::string schedule_label(const std::string& schedule) {
+  return is_schedule_file(schedule) ? std::filesystem::path(schedule).stem().string() : schedule;
 }
 
 std::string mib(std::size_t bytes) {
@@ -330,17 +418,19 @@ class Report {
       return entry;
     });
     std::printf(
-        "{\"sweep\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"checkpoint\":\"%s\",\"stages\":%zu,\"chunks\":%d,"
-        "\"balance\":%s,\"balance_by\":\"%s\",\"batch\":%lld,\"samples_per_sec\":%s,\"step_ms\":%s,"
+        "{\"sweep\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"checkpoint\":\"%s\",\"stages\":%zu,"
+        "\"virtual_stages\":%d,\"chunks\":%d,\"ranks\":1,\"balance\":%s,\"balance_by\":\"%s\",\"batch\":%lld,\"samples_per_sec\":%s,\"step_ms\":%s,"
         "\"bubble_measured\":%s,\"bubble_per_stage\":%s],\"bubble_predicted\":%s,\"peak_bytes\":%s}%s%s}\n",
-        c.sweep.c_str(), m.name.c_str(), c.schedule.c_str(), std::string(par::to_string(c.checkpoint)).c_str(),
-        c.balance.size(), c.chunks, balance_str(c.balance).c_str(), c.balance_by.c_str(),
+        c.sweep.c_str(), m.name.c_str(), schedule_label(c.schedule).c_str(),
+        std::string(par::to_string(c.checkpoint)).c_str(), devices_.size(), c.virtual_stages, c.chunks,
+        balance_str(c.balance).c_str(), c.balance_by.c_str(),
         static_cast<long long>(c.batch), num(r.samples_per_sec).c_str(), num(r.step_ms).c_str(),
         num(mean(r.bubble)).c_str(), bubbles.c_str(),
-        num(par::predicted_bubble(static_cast<int>(c.balance.size()), c.chunks)).c_str(), peaks.c_str(),
+        num(theory(c, static_cast<int>(devices_.size()))).c_str(), peaks.c_str(),
         r.sim ? r.sim->json().c_str() : "", extra.c_str());
     std::fflush(stdout);
   }
+  void set_devices(std::vector<Device> devices) { devices_ = std::move(devices); }
   std::string peaks(const Result& r) const {
     return joined(r.peak, " / ", [](std::size_t, std::size_t v) { return mib(v); });
   }
@@ -517,6 +607,68 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   }
 }
 
+// 6. The schedules at M = K, 2K and 4K (quick: 2K), balanced by time over
+// every model stage (K x v with interleaving).
+void sweep_schedules(const Options& o, Engine& e, const Model& m, const std::vector<Device>& all_devices,
+                     Report& rep) {
+  if (!o.wants('6') || (o.quick && m.name == "resnet18")) return;
+  std::vector<int> stage_counts = o.stage_counts;
+  if (stage_counts.empty()) stage_counts = {static_cast<int>(all_devices.size())};
+  for (int k_count : stage_counts) {
+    if (k_count > static_cast<int>(all_devices.size()))
+      throw weft::InvalidArgument("--stage-counts " + std::to_string(k_count) + ": only " +
+                                  std::to_string(all_devices.size()) + " devices in --devices");
+    const std::vector<Device> devices(all_devices.begin(), all_devices.begin() + k_count);
+    rep.set_devices(devices);
+    auto probe = m.make(e, devices[0]);
+    const int layers = static_cast<int>(probe->size());
+    const Batch sample = synthetic(e, m, std::min<std::int64_t>(m.batch, 32), devices[0]);
+    const std::vector<double> times = par::layer_times(*probe, sample.x, o.quick ? 1 : 3);
+    probe.reset();
+    e.wait_all();
+    const int steps = o.quick ? std::max(1, o.steps - 1) : o.steps;
+    rep.title("6. schedules on " + std::to_string(k_count) +
+              " stages: bubble measured / theory, peak allocated MiB per device, samples/s (balance by time)");
+    rep.header("   schedule           v  chunks  samples/s   ms/step  bubble / theory  peak MiB per device");
+    std::vector<int> counts = {k_count, 2 * k_count, 4 * k_count};
+    if (o.quick) counts = {2 * k_count};
+    for (const std::string& schedule : o.schedules) {
+      const bool file = is_schedule_file(schedule);
+      std::optional<par::Schedule> from_file;
+      if (file) from_file = par::Schedule::from_file(schedule);
+      const int v = file ? from_file->virtual_stages : schedule == "interleaved-1f1b" ? o.virtual_stages : 1;
+      if (layers < k_count * v) {
+        rep.row("   " + schedule + ": skipped, " + m.name + " has fewer layers than " + std::to_string(k_count * v) +
+                " model stages");
+        continue;
+      }
+      const std::vector<int> balance = par::partition(times, k_count * v);
+      for (int chunks : counts) {
+        if (file) {
+          // A file's lists fix the micro-batch count: the most it names.
+          int most = 0;
+          for (const auto& list : from_file->stages)
+            for (const par::Action& a : list) most = std::max(most, a.micro_batch + 1);
+          if (chunks != counts.front()) break;
+          chunks = most;
+        }
+        if (chunks > m.batch) break;
+        Config c{"schedules", balance, "time", chunks, schedule, par::Checkpoint::never, m.batch, v};
+        const std::string trace = o.trace.empty() ? "" : o.trace + "-" + schedule_label(schedule) + "-k" +
+                                                             std::to_string(k_count) + "-m" + std::to_string(chunks) + ".json";
+        const Result r = run(e, m, devices, c, steps, trace);
+        char line[240];
+        std::snprintf(line, sizeof line, "   %-17s %2d  %6d  %9.1f  %8.1f  %.3f / %.3f    %s",
+                      schedule_label(schedule).c_str(), v, chunks, r.samples_per_sec, r.step_ms, mean(r.bubble),
+                      theory(c, k_count), rep.peaks(r).c_str());
+        rep.row(line);
+        rep.json(m, c, r);
+      }
+    }
+  }
+  rep.set_devices(all_devices);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -533,6 +685,24 @@ int main(int argc, char** argv) {
   } catch (const weft::Error& e) {
     std::fprintf(stderr, "weft-pipeline: bad --devices: %s\n", e.what());
     return 2;
+  }
+  if (o.dist) {
+    if (o.devices_given && devices.size() != 1) {
+      std::fprintf(stderr, "weft-pipeline: --dist takes one device per process (--devices cpu:0 or gpu:N)\n");
+      return 2;
+    }
+    weft::examples::DistRun run{.model = o.models, .schedule = o.schedules.front(), .stages = o.stages,
+                                .replicas = o.replicas, .virtual_stages = o.virtual_stages, .chunks = o.chunks,
+                                .batch = o.lenet_batch, .steps = o.steps, .check = o.check, .json = o.json,
+                                .device = devices.front()};
+    if (!o.devices_given) run.device = Device::cpu(0);
+    try {
+      return weft::examples::run_distributed(run);
+    } catch (const std::exception& e) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "weft-pipeline: %s\n", e.what());
+      return 1;
+    }
   }
   if (o.quick) {
     o.lenet_batch = std::min<std::int64_t>(o.lenet_batch, 64);
@@ -575,15 +745,29 @@ int main(int argc, char** argv) {
     weft::ops::set_cpu_kernel_threads(o.kernel_threads);
     Report report(o.json, devices);
     std::vector<Model> models;
-    if (o.models != "resnet18")
+    if (o.models == "dense") {
+      const std::int64_t w = o.width;
+      models.push_back({"dense",
+                        [w](Engine& e, Device d) {
+                          auto net = std::make_unique<nn::Sequential>();
+                          for (int l = 0; l < 16; ++l) net->emplace<nn::Dense>(e, w, w, d, static_cast<std::uint64_t>(l + 1));
+                          return net;
+                        },
+                        {w},
+                        o.lenet_batch});
+    }
+    if (o.models == "lenet" || o.models == "all")
       models.push_back({"lenet", [](Engine& e, Device d) { return nn::lenet(e, d, 0); }, {1, 28, 28}, o.lenet_batch});
-    if (o.models != "lenet")
+    if (o.models == "resnet18" || o.models == "all")
       models.push_back({"resnet18", [](Engine& e, Device d) { return nn::resnet18(e, d, 0); }, {1, 28, 28},
                         o.resnet_batch});
     if (!o.json)
       std::printf("weft-pipeline: %zu stages on %s, %d timed steps per configuration, %d thread(s) per CPU kernel\n",
                   devices.size(), weft::examples::device_list_str(devices).c_str(), o.steps, o.kernel_threads);
-    for (std::size_t i = 0; i < models.size(); ++i) sweep_model(o, *engine, models[i], devices, report, i == 0);
+    for (std::size_t i = 0; i < models.size(); ++i) {
+      sweep_model(o, *engine, models[i], devices, report, i == 0);
+      sweep_schedules(o, *engine, models[i], devices, report);
+    }
     if (o.sim.on && !o.json) std::printf("\ncost model: %s\n", weft::gpu::sim_model_report().c_str());
   } catch (const std::exception& e) {
     std::fflush(stdout);

@@ -26,6 +26,8 @@ struct PushScopeState {
   int priority = 0;
   std::string label;
   bool tf32 = false;  // ops::AllowTf32
+  Var after;          // read by every op as well (null: none)
+  Var chain;          // written by every op as well (null: none)
 };
 const PushScopeState& current_push_scope() noexcept;
 
@@ -171,12 +173,14 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
     in.push_back(t->storage());
     reads.push_back(t->var());
   }
+  if (const Var after = current_push_scope().after; !after.is_null()) reads.push_back(after);
   std::vector<bool> creates;  // [k]: this op creates output k (any number of outputs)
   for (const Tensor* t : outputs) {
     creates.push_back(std::exchange(t->storage()->creator_pending, false));
     out.push_back(t->storage());
     writes.push_back(t->var());
   }
+  if (const Var chain = current_push_scope().chain; !chain.is_null()) writes.push_back(chain);
   Engine& engine = outputs.empty() ? inputs.front()->engine() : outputs.front()->engine();
   OpOptions options = scoped_options(name, property, bytes);
   // While profiling, a GPU kernel's span carries its cost-table key, from

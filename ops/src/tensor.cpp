@@ -494,15 +494,22 @@ MemoryStats memory_stats(Engine& engine, Device device) { return engine.allocato
 
 namespace ops {
 
-PushScope::PushScope(int priority, std::string label)
-    : saved_priority_(detail::push_scope.priority), saved_label_(std::move(detail::push_scope.label)) {
+PushScope::PushScope(int priority, std::string label, Var after, Var chain)
+    : saved_priority_(detail::push_scope.priority),
+      saved_label_(std::move(detail::push_scope.label)),
+      saved_after_(detail::push_scope.after),
+      saved_chain_(detail::push_scope.chain) {
   detail::push_scope.priority = priority;
   detail::push_scope.label = std::move(label);
+  detail::push_scope.after = after;
+  detail::push_scope.chain = chain;
 }
 
 PushScope::~PushScope() {
   detail::push_scope.priority = saved_priority_;
   detail::push_scope.label = std::move(saved_label_);
+  detail::push_scope.after = saved_after_;
+  detail::push_scope.chain = saved_chain_;
 }
 
 AllowTf32::AllowTf32(bool on) : saved_(detail::push_scope.tf32) { detail::push_scope.tf32 = on; }

@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <utility>
 
+#include "weft/error.h"
 #include "weft/parallel/pipeline.h"
 
 namespace weft::parallel {
@@ -76,6 +78,25 @@ std::vector<double> measured_bubble(const std::vector<Span>& spans, int stages) 
 double predicted_bubble(int stages, int micro_batches) noexcept {
   return stages < 1 || micro_batches < 1 ? 0.0
                                          : static_cast<double>(stages - 1) / static_cast<double>(micro_batches + stages - 1);
+}
+
+double predicted_bubble(std::string_view schedule, int stages, int micro_batches, int virtual_stages) {
+  const std::string name(schedule);
+  if (stages < 1 || micro_batches < 1 || virtual_stages < 1)
+    throw InvalidArgument("predicted_bubble: '" + name + "' with " + std::to_string(stages) + " stages, " +
+                          std::to_string(micro_batches) + " micro-batches and " + std::to_string(virtual_stages) +
+                          " virtual stages (each must be at least 1)");
+  const bool interleaved = name == "interleaved-1f1b";
+  if (!interleaved && name != "gpipe" && name != "1f1b" && name != "one_f_one_b" && name != "zb-h1")
+    throw InvalidArgument("predicted_bubble: unknown schedule '" + name +
+                          "' (known: gpipe, 1f1b, one_f_one_b, zb-h1, interleaved-1f1b)");
+  if (!interleaved && virtual_stages != 1)
+    throw InvalidArgument("predicted_bubble: '" + name + "' runs one model chunk per stage, not " +
+                          std::to_string(virtual_stages) + " virtual stages");
+  const double k = stages, m = micro_batches, v = virtual_stages;
+  if (name == "zb-h1") return (k - 1) / (3 * m + k - 1);
+  if (interleaved) return (k - 1) / (v * m + k - 1);
+  return (k - 1) / (m + k - 1);  // gpipe, 1f1b
 }
 
 }  // namespace weft::parallel

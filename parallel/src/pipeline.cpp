@@ -1,21 +1,24 @@
 // Pipeline: the runner that pushes a schedule's actions as engine ops.
 //
-// One step: the batch's rows are split into micro-batches; the stages'
-// action lists are merged into one push order in which every action comes
-// after what it needs (a receive after its send); each action pushes its
-// ops under an ops::PushScope naming the stage and action (traces read
-// "conv2d [stage 1 F3]") with backward above forward in priority. Actions of
-// one stage run in list order: each action's ops wait, through an order op
-// on the stage's device, for the stage's previous action's outputs (the
-// "phony" dependencies torchgpipe builds with fork/join), so a CPU device
-// does not run ahead of its schedule, and a schedule's memory bound holds
-// when the ops run, not only when they are pushed.
+// One step: the batch's rows are split into micro-batches; in one process
+// the ranks' lists are merged into one push order in which every action
+// comes after what it needs (a receive after its send); across processes
+// each member pushes its own list, its receives in their senders' order.
+// Each action pushes its ops under an ops::PushScope naming the rank and
+// action (traces read "conv2d [stage 1 F3]"), backward above forward in
+// priority. A rank's actions run in its list's order: every op of a
+// forward, input or weight gradient reads the rank's order variable, which
+// a "done" op writes once they are done, and a send waits for it too (the
+// phony dependencies of torchgpipe's fork and join), so a device neither
+// runs ahead of its schedule nor holds more activations than it says.
 //
 // What a stage's layers keep between a micro-batch's forward and its
 // backward is taken out of them after each action (Layer::take_saved) and
 // put back before the next one of that micro-batch (restore_saved).
 #include <algorithm>
 #include <any>
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,7 +52,7 @@ namespace {
 constexpr int kForwardPriority = 0;
 constexpr int kBackwardPriority = 1;
 
-// One micro-batch on one stage.
+// One micro-batch on one model stage.
 struct Micro {
   Tensor input;     // the stage's input (received, or the batch's rows on stage 0)
   Tensor output;    // the forward's output
@@ -60,22 +63,57 @@ struct Micro {
   bool holding = false;  // its activations are kept (forward or recomputation done, weight gradient not)
 };
 
+// One model stage: chunk `chunk` of rank `rank`.
 struct Stage {
-  Device device;
+  int rank = 0, chunk = 0;
+  bool local = true;  // this process runs it
+  Device device;      // local stages only
   int first = 0, last = 0;  // layer indices [first, last)
   std::vector<nn::Layer*> layers;
-  std::vector<nn::Parameter*> params;
+  std::vector<nn::Parameter*> params;  // local stages only
   std::vector<Tensor> grads;  // accumulated over the step's micro-batches, one per param
   bool have_grads = false;
+  int weights_done = 0;  // weight gradients of this step so far
   std::optional<optim::Optimizer> optimizer;  // over params, on the stage's device
-  Var order;                  // written by each action's last op, read by the next action's order op
   std::vector<Micro> micro;
+};
+
+// One rank of the schedule: its device and the variable that orders its actions.
+struct Rank {
+  bool local = true;
+  Device device;
+  Var order;  // read by every op of an action, written once the action's ops are done
+  Var arrivals;  // in one process: written by each receive's copy (they start in list order)
   int saved_now = 0, saved_peak = 0;
 };
 
-std::string action_label(int stage, const Action& a) {
+// A transfer between model stages, as both ends name it (the name is part
+// of the send's and recv's fingerprint).
+struct Message {
+  bool gradient = false;
+  int to = 0;  // the receiving model stage
+  int micro_batch = 0;
+};
+
+std::string action_label(int rank, const Action& a, int virtual_stages) {
   static constexpr const char* kLetters[] = {"F", "B", "W", "S", "R", "s", "r"};
-  return "stage " + std::to_string(stage) + " " + kLetters[static_cast<int>(a.kind)] + std::to_string(a.micro_batch);
+  std::string label = "stage " + std::to_string(rank) + " " + kLetters[static_cast<int>(a.kind)] + std::to_string(a.micro_batch);
+  if (virtual_stages > 1) label += ":" + std::to_string(a.chunk);
+  return label;
+}
+
+bool is_compute(ActionKind kind) {
+  return kind == ActionKind::forward || kind == ActionKind::backward_input || kind == ActionKind::backward_weight;
+}
+
+// A 64-bit FNV-1a hash, for the plan's fingerprint.
+std::uint64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
 }
 
 }  // namespace
@@ -86,13 +124,27 @@ struct Pipeline::Impl {
   PipelineOptions options;
   LossFunction loss;
   Schedule schedule;
-  std::vector<Stage> stages;
+  std::vector<Stage> stages;  // model stages
+  std::vector<Rank> ranks;
+  int my_rank = -1;  // across processes: this process's member; -1 in one process
   std::vector<Tensor> labels;  // per micro-batch, on the last stage's device
   std::vector<double> weight;  // per micro-batch: its share of the batch's rows
+  std::vector<std::int64_t> rows;  // per micro-batch
+  Shape sample;  // the batch's shape (rows included)
   Tensor total_loss;
   std::vector<int> last_peaks;
+  // Across processes: per peer, the messages it sends this rank in its
+  // list's order, and how many of them have a recv pushed.
+  std::map<int, std::vector<Message>> expected;
+  std::map<int, std::size_t> posted;
 
-  int k_count() const { return static_cast<int>(stages.size()); }
+  int rank_count() const { return static_cast<int>(ranks.size()); }
+  int stage_count() const { return static_cast<int>(stages.size()); }
+  int stage_of(int rank, int chunk) const { return chunk * rank_count() + rank; }
+  Stage& stage(int index) { return stages[static_cast<std::size_t>(index)]; }
+  Rank& rank_of(const Stage& s) { return ranks[static_cast<std::size_t>(s.rank)]; }
+  bool distributed() const { return my_rank >= 0; }
+  const Communicator& comm() const { return *options.ranks; }
 
   void move_layers_to(Stage& s) {
     for (nn::Layer* layer : s.layers) {
@@ -105,26 +157,32 @@ struct Pipeline::Impl {
     }
   }
 
-  // The order op: the stage's next action starts after its previous one.
-  // Its inputs are read and rewritten (a no-op) by an op that also reads the
-  // stage's order variable, so every op reading them waits. Read as well as
-  // written: a failed input (out of memory upstream, say) skips the order op
-  // and stays failed, instead of being cleared by a successful write.
-  void follow_order(Stage& s, const std::vector<Tensor>& inputs) {
-    std::vector<Var> vars;
-    for (const Tensor& t : inputs)
-      if (t.defined()) vars.push_back(t.var());
-    if (vars.empty()) return;
-    std::vector<Var> reads = vars;
-    reads.push_back(s.order);
-    engine->push([] {}, s.device, reads, vars, OpOptions{.name = "in order"});
+  // The shape of model stage `index`'s input for a micro-batch of `n` rows.
+  Shape input_shape(int index, std::int64_t n) const {
+    std::vector<std::int64_t> dims = sample.dims();
+    dims[0] = n;
+    Shape shape(dims);
+    for (int i = 0; i < stages[static_cast<std::size_t>(index)].first; ++i)
+      shape = (*model)[static_cast<std::size_t>(i)].output_shape(shape);
+    return shape;
   }
-  // ...and the action's outputs, once written, mark the stage's order.
-  void mark(Stage& s, const std::vector<Tensor>& outputs) {
-    std::vector<Var> reads;
-    for (const Tensor& t : outputs)
-      if (t.defined()) reads.push_back(t.var());
-    engine->push([] {}, s.device, reads, {s.order}, OpOptions{.name = "done"});
+
+  // A transfer's tensor waits for the rank's previous action (a send runs in
+  // its list's place): an op reading the rank's order variable rewrites it (a
+  // no-op), so the send, which reads it, waits. Read as well as written: a
+  // failed tensor stays failed instead of being cleared by the no-op.
+  //
+  // The order ops do nothing: on a GPU they go to its priority stream, which
+  // holds nothing else of the pipeline, so what they wait for is only what
+  // they depend on, not whatever kernels a compute stream queued before them.
+  void follow_order(Rank& r, const Tensor& t) {
+    if (!t.defined()) return;
+    engine->push([] {}, r.device, {t.var(), r.order}, {t.var()},
+                 OpOptions{.name = "in order", .property = OpProperty::prioritized});
+  }
+  // An action's ops done: the rank's next action may start.
+  void mark(Rank& r) {
+    engine->push([] {}, r.device, {}, {r.order}, OpOptions{.name = "done", .property = OpProperty::prioritized});
   }
 
   // The layers' state for micro-batch m: put back before its action, taken
@@ -138,14 +196,15 @@ struct Pipeline::Impl {
     m.saved.clear();
     for (nn::Layer* layer : s.layers) m.saved.push_back(layer->take_saved());
   }
-  // Micro-batches whose activations the stage keeps: from the forward (or,
+  // Micro-batches whose activations the rank keeps: from the forward (or,
   // checkpointed, the recomputation) to the weight gradient.
   void hold(Stage& s, Micro& m) {
     m.holding = true;
-    s.saved_peak = std::max(s.saved_peak, ++s.saved_now);
+    Rank& r = rank_of(s);
+    r.saved_peak = std::max(r.saved_peak, ++r.saved_now);
   }
   void release(Stage& s, Micro& m) {
-    if (m.holding) --s.saved_now;
+    if (m.holding) --rank_of(s).saved_now;
     m.holding = false;
   }
 
@@ -155,10 +214,9 @@ struct Pipeline::Impl {
     return y;
   }
 
-  void forward(int k, int mb) {
-    Stage& s = stages[static_cast<std::size_t>(k)];
+  void forward(int index, int mb) {
+    Stage& s = stage(index);
     Micro& m = s.micro[static_cast<std::size_t>(mb)];
-    follow_order(s, {m.input});
     m.output = run_forward(s, m.input);
     if (m.checkpointed) {
       // Keep only the input: what the layers kept goes (its memory is freed
@@ -168,23 +226,19 @@ struct Pipeline::Impl {
       take(s, m);
       hold(s, m);
     }
-    std::vector<Tensor> done{m.output};
-    if (k + 1 == k_count()) {
+    if (index + 1 == stage_count()) {
       // The loss of this micro-batch, weighted by its share of the rows.
       MicroBatchLoss l = loss(m.output, labels[static_cast<std::size_t>(mb)]);
       const float w = static_cast<float>(weight[static_cast<std::size_t>(mb)]);
       m.grad_out = ops::mul_scalar(l.dlogits, w);
       const Tensor part = ops::mul_scalar(l.loss, w);
       total_loss = total_loss.defined() ? total_loss + part : part;
-      done.push_back(m.grad_out);
     }
-    mark(s, done);
   }
 
-  void backward_input(int k, int mb) {
-    Stage& s = stages[static_cast<std::size_t>(k)];
+  void backward_input(int index, int mb) {
+    Stage& s = stage(index);
     Micro& m = s.micro[static_cast<std::size_t>(mb)];
-    follow_order(s, {m.grad_out, m.input});
     if (m.checkpointed) {
       // Recompute the forward (same input, same batch statistics; running
       // statistics frozen so they see this micro-batch once).
@@ -200,61 +254,220 @@ struct Pipeline::Impl {
     m.grad_in = d;
     m.output = Tensor();
     take(s, m);
-    mark(s, {m.grad_in});
   }
 
-  void backward_weight(int k, int mb) {
-    Stage& s = stages[static_cast<std::size_t>(k)];
+  void backward_weight(int index, int mb) {
+    Stage& s = stage(index);
     Micro& m = s.micro[static_cast<std::size_t>(mb)];
     restore(s, m);
     for (auto it = s.layers.rbegin(); it != s.layers.rend(); ++it) (*it)->backward_weight();
     release(s, m);
     // The step's gradient: the first micro-batch's becomes the accumulator,
     // later ones are added to it.
-    std::vector<Tensor> written;
     for (std::size_t i = 0; i < s.params.size(); ++i) {
       nn::Parameter& p = *s.params[i];
       if (!p.grad.defined())
-        throw InvalidArgument("Pipeline: parameter '" + p.name + "' on stage " + std::to_string(k) +
+        throw InvalidArgument("Pipeline: parameter '" + p.name + "' on stage " + std::to_string(index) +
                               " got no gradient from its layer");
       if (!s.have_grads) {
         s.grads[i] = p.grad;
       } else {
         ops::axpy(1.0f, p.grad, s.grads[i]);
       }
-      written.push_back(s.grads[i]);
     }
     s.have_grads = true;
     m.input = m.grad_out = Tensor();
-    mark(s, written);
+    ++s.weights_done;
   }
 
-  void send_activation(int k, int mb) {
-    Stage& to = stages[static_cast<std::size_t>(k) + 1];
-    Micro& m = stages[static_cast<std::size_t>(k)].micro[static_cast<std::size_t>(mb)];
-    to.micro[static_cast<std::size_t>(mb)].input = m.output.device() == to.device ? m.output : m.output.copy_to(to.device);
+  // Data parallel: the stage's gradients averaged over its replicas, in
+  // buckets (last parameters first, as a backward produces them).
+  void reduce_over_replicas(int index) {
+    Stage& s = stage(index);
+    if (!options.replicas || s.params.empty()) return;
+    ops::PushScope scope(kBackwardPriority, "stage " + std::to_string(s.rank) + " allreduce");
+    std::vector<Tensor> bucket;
+    std::int64_t elements = 0;
+    int count = 0;
+    auto flush = [&] {
+      if (bucket.empty()) return;
+      Tensor flat = Tensor::empty(*engine, Shape{elements}, s.device)
+                        .set_name("pipeline stage " + std::to_string(index) + " bucket " + std::to_string(count));
+      ops::pack(bucket, flat);
+      allreduce(*options.replicas, {flat}, ReduceOp::average,
+                {.name = "pipeline stage " + std::to_string(index) + " bucket " + std::to_string(count),
+                 .priority = kBackwardPriority});
+      ops::unpack(flat, bucket);
+      bucket.clear();
+      elements = 0;
+      ++count;
+    };
+    for (std::size_t i = s.grads.size(); i-- > 0;) {
+      bucket.push_back(s.grads[i]);
+      elements += s.grads[i].numel();
+      if (static_cast<std::size_t>(elements) * sizeof(float) >= options.bucket_bytes) flush();
+    }
+    flush();
   }
 
-  void send_grad(int k, int mb) {
-    Stage& to = stages[static_cast<std::size_t>(k) - 1];
-    Micro& m = stages[static_cast<std::size_t>(k)].micro[static_cast<std::size_t>(mb)];
-    to.micro[static_cast<std::size_t>(mb)].grad_out =
-        m.grad_in.device() == to.device ? m.grad_in : m.grad_in.copy_to(to.device);
-    m.grad_in = Tensor();
+  std::string message_name(const Message& msg) const {
+    return std::string(msg.gradient ? "pipeline gradient " : "pipeline activation ") +
+           std::to_string(msg.gradient ? msg.to + 1 : msg.to - 1) + "->" + std::to_string(msg.to) + " micro-batch " +
+           std::to_string(msg.micro_batch);
   }
 
-  void run(int k, const Action& a) {
+  // Hands `t` (of model stage `from`) to model stage `to`, once the
+  // sender's earlier actions are done: across processes a send to its
+  // rank's member; in one process the tensor itself, which the receive
+  // copies to its device (arrive()).
+  void transfer(int from, int to, bool gradient, int mb, const Tensor& t) {
+    Stage& src = stage(from);
+    Stage& dst = stage(to);
+    follow_order(rank_of(src), t);
+    if (dst.local) {
+      Micro& m = dst.micro[static_cast<std::size_t>(mb)];
+      (gradient ? m.grad_out : m.input) = t;
+      return;
+    }
+    send(comm(), t, dst.rank, {.name = message_name({gradient, to, mb}), .priority = kForwardPriority});
+  }
+
+  // In one process: the receive copies what its sender handed over to its
+  // device after the rank's previous receive, so each device's incoming
+  // copies take their peer stream in its list's order (a copy queued there
+  // ahead of its turn would hold later ones behind the work it waits for),
+  // while they overlap its compute.
+  void arrive(Stage& dst, Tensor& slot, const std::string& label) {
+    if (!slot.defined() || slot.device() == dst.device) return;
+    Rank& r = rank_of(dst);
+    ops::PushScope chained(kForwardPriority, label, {}, r.arrivals);
+    slot = slot.copy_to(dst.device);
+  }
+
+  // Across processes: the recv of `want` from `peer`, and first those the
+  // peer sends earlier (the k-th send between two members meets the k-th
+  // recv), each into a new tensor of the shape its stage expects.
+  void post_recvs(int peer, const Message& want) {
+    const std::vector<Message>& list = expected[peer];
+    std::size_t& next = posted[peer];
+    for (;;) {
+      if (next == list.size())
+        throw Error("Pipeline: rank " + std::to_string(my_rank) + " waits for " + message_name(want) + " from rank " +
+                    std::to_string(peer) + ", whose list does not send it");
+      const Message msg = list[next++];
+      Stage& dst = stage(msg.to);
+      const Shape shape =
+          input_shape(msg.gradient ? msg.to + 1 : msg.to, rows[static_cast<std::size_t>(msg.micro_batch)]);
+      Tensor t = Tensor::empty(*engine, shape, dst.device).set_name(message_name(msg));
+      recv(comm(), t, peer, {.name = message_name(msg), .priority = kForwardPriority});
+      Micro& m = dst.micro[static_cast<std::size_t>(msg.micro_batch)];
+      (msg.gradient ? m.grad_out : m.input) = t;
+      if (msg.gradient == want.gradient && msg.to == want.to && msg.micro_batch == want.micro_batch) return;
+    }
+  }
+
+  void run(int rank, const Action& a) {
+    const int index = stage_of(rank, a.chunk);
+    Stage& s = stage(index);
+    Rank& r = ranks[static_cast<std::size_t>(rank)];
     const bool backward = a.kind == ActionKind::backward_input || a.kind == ActionKind::backward_weight ||
                           a.kind == ActionKind::send_grad || a.kind == ActionKind::recv_grad;
-    ops::PushScope scope(backward ? kBackwardPriority : kForwardPriority, action_label(k, a));
+    const int priority = backward ? kBackwardPriority : kForwardPriority;
+    const std::string label = action_label(rank, a, schedule.virtual_stages);
+    const int mb = a.micro_batch;
+    if (is_compute(a.kind)) {
+      {
+        ops::PushScope scope(priority, label, r.order);
+        if (a.kind == ActionKind::forward) forward(index, mb);
+        else if (a.kind == ActionKind::backward_input) backward_input(index, mb);
+        else backward_weight(index, mb);
+      }
+      mark(r);
+      if (a.kind == ActionKind::backward_weight && s.weights_done == options.chunks) reduce_over_replicas(index);
+      return;
+    }
+    // Transfers keep one priority: a GPU pool takes ready ops by priority,
+    // then push order, and a copy stream runs them in the order taken.
+    ops::PushScope scope(kForwardPriority, label);
+    Micro& m = s.micro[static_cast<std::size_t>(mb)];
     switch (a.kind) {
-      case ActionKind::forward: return forward(k, a.micro_batch);
-      case ActionKind::backward_input: return backward_input(k, a.micro_batch);
-      case ActionKind::backward_weight: return backward_weight(k, a.micro_batch);
-      case ActionKind::send_activation: return send_activation(k, a.micro_batch);
-      case ActionKind::send_grad: return send_grad(k, a.micro_batch);
+      case ActionKind::send_activation: transfer(index, index + 1, false, mb, m.output); return;
+      case ActionKind::send_grad:
+        transfer(index, index - 1, true, mb, m.grad_in);
+        m.grad_in = Tensor();
+        return;
       case ActionKind::recv_activation:
-      case ActionKind::recv_grad: return;  // the send put it in place
+        if (!stage(index - 1).local) post_recvs(stage(index - 1).rank, {false, index, mb});
+        else arrive(s, m.input, label);
+        return;
+      case ActionKind::recv_grad:
+        if (!stage(index + 1).local) post_recvs(stage(index + 1).rank, {true, index, mb});
+        else arrive(s, m.grad_out, label);
+        return;
+      default: return;
+    }
+  }
+
+  // Across processes: what each peer sends this rank, in its list's order.
+  void plan_messages() {
+    expected.clear();
+    posted.clear();
+    for (int q = 0; q < rank_count(); ++q) {
+      if (q == my_rank) continue;
+      for (const Action& a : schedule.stages[static_cast<std::size_t>(q)]) {
+        const int from = stage_of(q, a.chunk);
+        int to = -1;
+        if (a.kind == ActionKind::send_activation) to = from + 1;
+        if (a.kind == ActionKind::send_grad) to = from - 1;
+        if (to < 0 || stage(to).rank != my_rank) continue;
+        expected[q].push_back({a.kind == ActionKind::send_grad, to, a.micro_batch});
+      }
+    }
+  }
+
+  // Across processes: every member's plan, compared before any data moves.
+  void check_plans() {
+    std::string plan = schedule.describe() + "\nbalance";
+    for (int b : options.balance) plan += " " + std::to_string(b);
+    plan += "\nchunks " + std::to_string(options.chunks) + " checkpoint " + std::string(to_string(options.checkpoint)) +
+            " layers " + std::to_string(model->size());
+    const std::uint64_t hash = fnv1a(plan);
+    // 16-bit pieces and small integers are exact in float32.
+    constexpr int kNameChars = 16, kWords = 4 + 4 + kNameChars;
+    std::vector<float> mine(kWords, 0.0f);
+    for (int i = 0; i < 4; ++i) mine[static_cast<std::size_t>(i)] = static_cast<float>((hash >> (16 * i)) & 0xffff);
+    mine[4] = static_cast<float>(rank_count());
+    mine[5] = static_cast<float>(schedule.virtual_stages);
+    mine[6] = static_cast<float>(options.chunks);
+    mine[7] = static_cast<float>(model->size());
+    for (int i = 0; i < kNameChars && i < static_cast<int>(schedule.name.size()); ++i)
+      mine[static_cast<std::size_t>(8 + i)] = static_cast<float>(static_cast<unsigned char>(schedule.name[static_cast<std::size_t>(i)]));
+    const Device device = ranks[static_cast<std::size_t>(my_rank)].device;
+    const int members = comm().size();
+    Tensor in = Tensor::from_host(*engine, Shape{kWords}, mine, device).set_name("pipeline plan");
+    Tensor out = Tensor::empty(*engine, Shape{static_cast<std::int64_t>(kWords) * members}, device).set_name("pipeline plans");
+    all_gather(comm(), {in}, {out}, {.name = "pipeline plan"});
+    const std::vector<float> all = out.to_host();
+    auto describe_plan = [&](int r) {
+      const float* w = all.data() + static_cast<std::ptrdiff_t>(r) * kWords;
+      std::string name;
+      for (int i = 0; i < kNameChars && w[8 + i] != 0.0f; ++i) name += static_cast<char>(static_cast<int>(w[8 + i]));
+      return "rank " + std::to_string(r) + " has '" + name + "' over " + std::to_string(static_cast<int>(w[4])) +
+             " ranks x " + std::to_string(static_cast<int>(w[5])) + " virtual stages, " +
+             std::to_string(static_cast<int>(w[6])) + " micro-batches, " + std::to_string(static_cast<int>(w[7])) +
+             " layers";
+    };
+    for (int r = 0; r < members; ++r) {
+      if (r == my_rank) continue;
+      const float* w = all.data() + static_cast<std::ptrdiff_t>(r) * kWords;
+      if (!std::equal(w, w + kWords, mine.data())) {
+        const bool same_summary = std::equal(w + 4, w + kWords, mine.data() + 4);
+        throw CommunicationError("Pipeline: the plans of ranks " + std::to_string(my_rank) + " and " + std::to_string(r) +
+                                     " differ: " + describe_plan(my_rank) + ", " + describe_plan(r) +
+                                     (same_summary ? " (the same sizes: the action lists, balance or checkpointing differ)" : "") +
+                                     "; every member must build the same pipeline",
+                                 my_rank, r);
+      }
     }
   }
 };
@@ -281,49 +494,101 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
   if (total != layers)
     throw InvalidArgument("Pipeline: the balance sums to " + std::to_string(total) + " layers but the model has " +
                           std::to_string(layers));
-  if (options.devices.size() < balance.size())
-    throw InvalidArgument("Pipeline: " + std::to_string(balance.size()) + " stages but only " +
-                          std::to_string(options.devices.size()) + " devices");
-  if (options.devices.size() > balance.size())
-    throw InvalidArgument("Pipeline: " + std::to_string(options.devices.size()) + " devices for " +
-                          std::to_string(balance.size()) + " stages (one device per stage)");
-  const std::vector<Device> known = engine.devices();
-  for (Device d : options.devices)
-    if (std::find(known.begin(), known.end(), d) == known.end())
-      throw InvalidArgument("Pipeline: device " + d.str() + " is not one of the engine's");
   if (options.chunks < 1) throw InvalidArgument("Pipeline: chunks must be at least 1, got " + std::to_string(options.chunks));
-  const int k_count = static_cast<int>(balance.size());
-  m.schedule = options.custom ? options.custom(k_count, options.chunks)
-                              : Schedule::named(options.schedule, k_count, options.chunks);
-  if (static_cast<int>(m.schedule.stages.size()) != k_count)
-    throw InvalidArgument("Pipeline: the schedule '" + m.schedule.name + "' has " +
-                          std::to_string(m.schedule.stages.size()) + " stages, the balance " + std::to_string(k_count));
+  if (options.virtual_stages < 1)
+    throw InvalidArgument("Pipeline: virtual_stages must be at least 1, got " + std::to_string(options.virtual_stages));
+  const std::vector<Device> known = engine.devices();
+  // The ranks and their devices.
+  int rank_count = 0;
+  std::vector<Device> rank_devices;
+  if (options.ranks) {
+    const Communicator& comm = *options.ranks;
+    if (&comm.engine() != &engine) throw InvalidArgument("Pipeline: the ranks' communicator belongs to another engine");
+    if (comm.local_ranks().size() != 1)
+      throw InvalidArgument("Pipeline: across processes each process runs one rank, but this one drives " +
+                            std::to_string(comm.local_ranks().size()) + " members of " + comm.str());
+    rank_count = comm.size();
+    m.my_rank = comm.local_ranks().front();
+    const Device mine = comm.device(m.my_rank);
+    if (!options.devices.empty() && (options.devices.size() != 1 || options.devices.front() != mine))
+      throw InvalidArgument("Pipeline: across processes the devices are the communicator's (this member's is " +
+                            mine.str() + "); leave PipelineOptions::devices empty");
+    rank_devices.assign(static_cast<std::size_t>(rank_count), Device{});
+    rank_devices[static_cast<std::size_t>(m.my_rank)] = mine;
+  } else {
+    if (balance.size() % static_cast<std::size_t>(options.virtual_stages) != 0)
+      throw InvalidArgument("Pipeline: " + std::to_string(balance.size()) + " model stages in the balance are not " +
+                            std::to_string(options.virtual_stages) + " virtual stages per rank");
+    const std::size_t wanted = balance.size() / static_cast<std::size_t>(options.virtual_stages);
+    if (options.devices.size() < wanted)
+      throw InvalidArgument("Pipeline: " + std::to_string(wanted) + " stages but only " +
+                            std::to_string(options.devices.size()) + " devices");
+    if (options.devices.size() > wanted)
+      throw InvalidArgument("Pipeline: " + std::to_string(options.devices.size()) + " devices for " +
+                            std::to_string(wanted) + " stages (one device per stage)");
+    for (Device d : options.devices)
+      if (std::find(known.begin(), known.end(), d) == known.end())
+        throw InvalidArgument("Pipeline: device " + d.str() + " is not one of the engine's");
+    rank_count = static_cast<int>(wanted);
+    rank_devices = options.devices;
+  }
+  m.schedule = options.custom ? options.custom(rank_count, options.chunks)
+                              : Schedule::named(options.schedule, rank_count, options.chunks, options.virtual_stages);
+  if (m.schedule.ranks() != rank_count)
+    throw InvalidArgument("Pipeline: the schedule '" + m.schedule.name + "' has " + std::to_string(m.schedule.ranks()) +
+                          " stages, the pipeline " + std::to_string(rank_count) +
+                          (options.ranks ? " ranks (" + options.ranks->str() + ")" : std::string(" devices")));
+  if (m.schedule.model_stages() != static_cast<int>(balance.size()))
+    throw InvalidArgument("Pipeline: the schedule '" + m.schedule.name + "' runs " +
+                          std::to_string(m.schedule.model_stages()) + " model stages (" + std::to_string(rank_count) +
+                          " ranks x " + std::to_string(m.schedule.virtual_stages) + " virtual stages), the balance has " +
+                          std::to_string(balance.size()));
   m.schedule.validate(options.chunks);
+  for (int r = 0; r < rank_count; ++r) {
+    Rank rank;
+    rank.local = !options.ranks || r == m.my_rank;
+    rank.device = rank_devices[static_cast<std::size_t>(r)];
+    if (rank.local) {
+      rank.order = engine.new_var("pipeline stage " + std::to_string(r) + " order");
+      rank.arrivals = engine.new_var("pipeline stage " + std::to_string(r) + " arrivals");
+    }
+    m.ranks.push_back(rank);
+  }
   int first = 0;
-  for (int k = 0; k < k_count; ++k) {
+  for (int k = 0; k < static_cast<int>(balance.size()); ++k) {
     Stage s;
-    s.device = options.devices[static_cast<std::size_t>(k)];
+    s.rank = k % rank_count;
+    s.chunk = k / rank_count;
+    s.local = m.ranks[static_cast<std::size_t>(s.rank)].local;
+    s.device = m.ranks[static_cast<std::size_t>(s.rank)].device;
     s.first = first;
     s.last = first + balance[static_cast<std::size_t>(k)];
     for (int i = s.first; i < s.last; ++i) {
       s.layers.push_back(&model[static_cast<std::size_t>(i)]);
-      for (nn::Parameter* p : model[static_cast<std::size_t>(i)].parameters()) s.params.push_back(p);
+      if (s.local)
+        for (nn::Parameter* p : model[static_cast<std::size_t>(i)].parameters()) s.params.push_back(p);
     }
     s.grads.resize(s.params.size());
-    s.order = engine.new_var("pipeline stage " + std::to_string(k) + " order");
-    m.move_layers_to(s);
-    if (!s.params.empty()) s.optimizer.emplace(s.params, options.optimizer);
+    if (s.local) {
+      m.move_layers_to(s);
+      if (!s.params.empty()) s.optimizer.emplace(s.params, options.optimizer);
+    }
     first = s.last;
     m.stages.push_back(std::move(s));
   }
   m.options = std::move(options);
+  if (m.distributed()) m.check_plans();
 }
 
 Pipeline::~Pipeline() {
   // The order variables go once the ops on them are done; the pipeline
   // holds no tensors between steps (a wait here would also take, and hide,
   // errors of other work on the engine).
-  for (Stage& s : impl_->stages) impl_->engine->delete_var(s.order);
+  for (Rank& r : impl_->ranks)
+    if (r.local) {
+      impl_->engine->delete_var(r.order);
+      impl_->engine->delete_var(r.arrivals);
+    }
 }
 
 Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
@@ -338,79 +603,96 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
   if (labels.shape() != Shape{rows})
     throw InvalidArgument("Pipeline::train_step: labels " + labels.str() + " do not match the input's " +
                           std::to_string(rows) + " rows");
-  const int k_count = m.k_count();
-  const Device first = m.stages.front().device, last = m.stages.back().device;
+  Stage& first_stage = m.stages.front();
+  Stage& last_stage = m.stages.back();
   m.labels.clear();
   m.weight.clear();
+  m.rows.clear();
+  m.sample = x.shape();
   m.total_loss = Tensor();
-  // Micro-batches of rows as even as can be (the first rows % chunks one longer).
   for (Stage& s : m.stages) {
     s.micro.assign(static_cast<std::size_t>(chunks), Micro{});
     s.have_grads = false;
-    s.saved_now = s.saved_peak = 0;
+    s.weights_done = 0;
   }
+  for (Rank& r : m.ranks) r.saved_now = r.saved_peak = 0;
   const Checkpoint cp = m.options.checkpoint;
+  // Micro-batches of rows as even as can be (the first rows % chunks one longer).
   std::int64_t begin = 0;
   for (int c = 0; c < chunks; ++c) {
     const std::int64_t n = rows / chunks + (c < rows % chunks ? 1 : 0);
-    Tensor part = ops::slice_rows(x, begin, begin + n);
-    Tensor lab = ops::slice_rows(labels, begin, begin + n);
+    if (first_stage.local) {
+      Tensor part = ops::slice_rows(x, begin, begin + n);
+      first_stage.micro[static_cast<std::size_t>(c)].input =
+          part.device() == first_stage.device ? part : part.copy_to(first_stage.device);
+    }
+    if (last_stage.local) {
+      Tensor lab = ops::slice_rows(labels, begin, begin + n);
+      m.labels.push_back(lab.device() == last_stage.device ? lab : lab.copy_to(last_stage.device));
+    }
     begin += n;
-    m.stages.front().micro[static_cast<std::size_t>(c)].input = part.device() == first ? part : part.copy_to(first);
-    m.labels.push_back(lab.device() == last ? lab : lab.copy_to(last));
+    m.rows.push_back(n);
     m.weight.push_back(static_cast<double>(n) / static_cast<double>(rows));
     const bool checkpointed = cp == Checkpoint::always || (cp == Checkpoint::except_last && c + 1 < chunks);
     for (Stage& s : m.stages) s.micro[static_cast<std::size_t>(c)].checkpointed = checkpointed;
   }
   for (Stage& s : m.stages)
-    for (nn::Layer* layer : s.layers) {
-      layer->train(true);
-      (void)layer->take_saved();  // nothing left over from an earlier forward
-    }
-  // The lists merged into one push order: the order in which the actions
-  // would run with unit costs (a forward, an input gradient and a weight
-  // gradient one unit each, a send none, a receive not before its send),
-  // ties to the lower stage. A GPU runs each stream's work in push order, so
-  // any other order can hold a copy behind a later one on the receiver's
-  // peer stream (a gradient behind the next activations in 1F1B); draining
-  // one stage's list first would also fill the engine's in-flight bound with
-  // that stage's ops. validate() ruled out deadlocks.
-  const Schedule& sched = m.schedule;
-  const auto kc = static_cast<std::size_t>(k_count), mc = static_cast<std::size_t>(chunks);
-  std::vector<std::size_t> next(kc, 0);
-  std::vector<double> clock(kc, 0.0);
-  // sent_at[k][0 activation | 1 gradient][micro-batch]: when stage k sent it (-1: not yet).
-  std::vector<std::vector<std::vector<double>>> sent_at(kc, std::vector<std::vector<double>>(2, std::vector<double>(mc, -1.0)));
-  for (;;) {
-    std::size_t best = kc;
-    double best_start = 0;
-    for (std::size_t k = 0; k < kc; ++k) {
-      const std::vector<Action>& list = sched.stages[k];
-      if (next[k] == list.size()) continue;
-      const Action& a = list[next[k]];
-      const auto mb = static_cast<std::size_t>(a.micro_batch);
-      double start = clock[k];
-      if (a.kind == ActionKind::recv_activation || a.kind == ActionKind::recv_grad) {
-        const double at = a.kind == ActionKind::recv_activation ? sent_at[k - 1][0][mb] : sent_at[k + 1][1][mb];
-        if (at < 0) continue;
-        start = std::max(start, at);
+    if (s.local)
+      for (nn::Layer* layer : s.layers) {
+        layer->train(true);
+        (void)layer->take_saved();  // nothing left over from an earlier forward
       }
-      if (best == kc || start < best_start) best = k, best_start = start;
+  const Schedule& sched = m.schedule;
+  if (m.distributed()) {
+    // This rank's list in order; receives are pushed in their sender's order.
+    m.plan_messages();
+    for (const Action& a : sched.stages[static_cast<std::size_t>(m.my_rank)]) m.run(m.my_rank, a);
+  } else {
+    // The lists merged into one push order: the order in which the actions
+    // would run with unit costs (a forward, an input gradient and a weight
+    // gradient one unit each, a send none, a receive not before its send),
+    // ties to the lower rank. A GPU runs each stream's work in push order,
+    // so any other order can hold a copy behind a later one on the
+    // receiver's peer stream; draining one rank's list first would also
+    // fill the engine's in-flight bound with that rank's ops. validate()
+    // ruled out deadlocks.
+    const auto kc = static_cast<std::size_t>(m.rank_count());
+    const auto sc = static_cast<std::size_t>(m.stage_count()), mc = static_cast<std::size_t>(chunks);
+    std::vector<std::size_t> next(kc, 0);
+    std::vector<double> clock(kc, 0.0);
+    // sent_at[model stage][0 activation | 1 gradient][micro-batch]: when it was sent (-1: not yet).
+    std::vector<std::vector<std::vector<double>>> sent_at(sc, std::vector<std::vector<double>>(2, std::vector<double>(mc, -1.0)));
+    for (;;) {
+      std::size_t best = kc;
+      double best_start = 0;
+      for (std::size_t k = 0; k < kc; ++k) {
+        const std::vector<Action>& list = sched.stages[k];
+        if (next[k] == list.size()) continue;
+        const Action& a = list[next[k]];
+        const auto mb = static_cast<std::size_t>(a.micro_batch);
+        const auto index = static_cast<std::size_t>(m.stage_of(static_cast<int>(k), a.chunk));
+        double start = clock[k];
+        if (a.kind == ActionKind::recv_activation || a.kind == ActionKind::recv_grad) {
+          const double at = a.kind == ActionKind::recv_activation ? sent_at[index - 1][0][mb] : sent_at[index + 1][1][mb];
+          if (at < 0) continue;
+          start = std::max(start, at);
+        }
+        if (best == kc || start < best_start) best = k, best_start = start;
+      }
+      if (best == kc) break;
+      const Action& a = sched.stages[best][next[best]];
+      m.run(static_cast<int>(best), a);
+      clock[best] = best_start + (is_compute(a.kind) ? 1.0 : 0.0);
+      const auto mb = static_cast<std::size_t>(a.micro_batch);
+      const auto index = static_cast<std::size_t>(m.stage_of(static_cast<int>(best), a.chunk));
+      if (a.kind == ActionKind::send_activation) sent_at[index][0][mb] = clock[best];
+      if (a.kind == ActionKind::send_grad) sent_at[index][1][mb] = clock[best];
+      ++next[best];
     }
-    if (best == kc) break;
-    const Action& a = sched.stages[best][next[best]];
-    m.run(static_cast<int>(best), a);
-    const bool computes = a.kind == ActionKind::forward || a.kind == ActionKind::backward_input ||
-                          a.kind == ActionKind::backward_weight;
-    clock[best] = best_start + (computes ? 1.0 : 0.0);
-    const auto mb = static_cast<std::size_t>(a.micro_batch);
-    if (a.kind == ActionKind::send_activation) sent_at[best][0][mb] = clock[best];
-    if (a.kind == ActionKind::send_grad) sent_at[best][1][mb] = clock[best];
-    ++next[best];
   }
   m.last_peaks.clear();
+  for (Rank& r : m.ranks) m.last_peaks.push_back(r.saved_peak);
   for (Stage& s : m.stages) {
-    m.last_peaks.push_back(s.saved_peak);
     for (std::size_t i = 0; i < s.params.size(); ++i) {
       s.params[i]->grad = s.grads[i];
       s.grads[i] = Tensor();
@@ -424,17 +706,31 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
 Tensor Pipeline::forward(const Tensor& x) {
   Impl& m = *impl_;
   if (!x.defined()) throw InvalidArgument("Pipeline::forward: undefined input");
+  if (x.shape().rank() == 0) throw InvalidArgument("Pipeline::forward: the input " + x.str() + " has no rows");
+  m.sample = x.shape();
   Tensor y = x;
-  for (std::size_t k = 0; k < m.stages.size(); ++k) {
-    Stage& s = m.stages[k];
-    if (y.device() != s.device) y = y.copy_to(s.device);
+  for (int k = 0; k < m.stage_count(); ++k) {
+    Stage& s = m.stage(k);
+    if (!s.local) {
+      y = Tensor();
+      continue;
+    }
+    const std::string name = "pipeline forward " + std::to_string(k - 1) + "->" + std::to_string(k);
+    if (k > 0 && !m.stage(k - 1).local) {
+      y = Tensor::empty(*m.engine, m.input_shape(k, x.shape()[0]), s.device).set_name(name);
+      recv(m.comm(), y, m.stage(k - 1).rank, {.name = name});
+    } else if (y.device() != s.device) {
+      y = y.copy_to(s.device);
+    }
     for (nn::Layer* layer : s.layers) {
       layer->train(false);
       y = layer->forward(y);
       layer->train(true);
     }
+    if (k + 1 < m.stage_count() && !m.stage(k + 1).local)
+      send(m.comm(), y, m.stage(k + 1).rank, {.name = "pipeline forward " + std::to_string(k) + "->" + std::to_string(k + 1)});
   }
-  return y;
+  return m.stages.back().local ? y : Tensor();
 }
 
 void Pipeline::step() { step(impl_->options.optimizer.lr); }
@@ -452,8 +748,16 @@ std::vector<nn::Buffer*> Pipeline::optimizer_state() {
   return out;
 }
 
-int Pipeline::stages() const noexcept { return impl_->k_count(); }
-Device Pipeline::device(int stage) const { return impl_->stages.at(static_cast<std::size_t>(stage)).device; }
+int Pipeline::stages() const noexcept { return impl_->stage_count(); }
+int Pipeline::ranks() const noexcept { return impl_->rank_count(); }
+bool Pipeline::is_local(int stage) const { return impl_->stages.at(static_cast<std::size_t>(stage)).local; }
+Device Pipeline::device(int stage) const {
+  const Stage& s = impl_->stages.at(static_cast<std::size_t>(stage));
+  if (!s.local)
+    throw InvalidArgument("Pipeline::device: stage " + std::to_string(stage) + " runs on rank " + std::to_string(s.rank) +
+                          ", another process");
+  return s.device;
+}
 std::pair<int, int> Pipeline::layers(int stage) const {
   const Stage& s = impl_->stages.at(static_cast<std::size_t>(stage));
   return {s.first, s.last};
@@ -461,6 +765,6 @@ std::pair<int, int> Pipeline::layers(int stage) const {
 const Schedule& Pipeline::schedule() const noexcept { return impl_->schedule; }
 const PipelineOptions& Pipeline::options() const noexcept { return impl_->options; }
 std::vector<int> Pipeline::peak_saved() const { return impl_->last_peaks; }
-std::string Pipeline::span_marker(int stage) { return "[stage " + std::to_string(stage) + " "; }
+std::string Pipeline::span_marker(int rank) { return "[stage " + std::to_string(rank) + " "; }
 
 }  // namespace weft::parallel

@@ -1,11 +1,12 @@
-// Pipelines: schedules as data (GPipe and 1F1B lists, their validation and
-// the micro-batches each stage keeps), the block-partition solver against
-// brute force, and Pipeline on CPU devices — gradients and parameters after
-// steps equal the unpipelined model on one device within 1e-5 for every
-// schedule and checkpoint mode, uneven balances and chunk counts that do not
-// divide the batch; recomputation equal to keeping activations; 1F1B keeping
-// at most K - k micro-batches; batch norm's running statistics counted once
-// under recomputation; bad input named; the stages' ops named in traces.
+// Pipelines on CPU devices: the block-partition solver against brute
+// force, and Pipeline — gradients and parameters after steps equal the
+// unpipelined model on one device within 1e-5 for every schedule (GPipe,
+// 1F1B, ZB-H1, interleaved, one read from text) and checkpoint mode, uneven
+// balances and chunk counts that do not divide the batch; recomputation
+// equal to keeping activations; 1F1B keeping at most K - k micro-batches;
+// weight gradients run where the list puts them; batch norm's running
+// statistics counted once under recomputation; bad input named; the stages'
+// ops named in traces. The schedules themselves: test_pipeline_schedule.cpp.
 // Engines: naive and threaded at 1, 2, 4 and 8 workers.
 #include <doctest/doctest.h>
 
@@ -132,73 +133,6 @@ void check_equal(const RunResult& got, const RunResult& want, const std::string&
 
 }  // namespace
 
-TEST_CASE("pipeline schedules: gpipe and 1f1b lists validate and keep M or K - k micro-batches") {
-  for (int k_count = 1; k_count <= 4; ++k_count)
-    for (int m = 1; m <= 9; ++m) {
-      CAPTURE(k_count);
-      CAPTURE(m);
-      const par::Schedule g = par::Schedule::gpipe(k_count, m);
-      const par::Schedule f = par::Schedule::one_f_one_b(k_count, m);
-      CHECK_NOTHROW(g.validate(m));
-      CHECK_NOTHROW(f.validate(m));
-      const std::vector<int> gp = g.peak_in_flight(), fp = f.peak_in_flight();
-      for (int k = 0; k < k_count; ++k) {
-        CHECK(gp[static_cast<std::size_t>(k)] == m);
-        CHECK(fp[static_cast<std::size_t>(k)] == std::min(k_count - k, m));
-      }
-    }
-  CHECK(par::Schedule::gpipe(2, 2).describe() ==
-        "stage 0: F0 S0 F1 S1 r1 B1 W1 r0 B0 W0\n"
-        "stage 1: R0 F0 R1 F1 B1 s1 W1 B0 s0 W0");
-  CHECK(par::Schedule::one_f_one_b(2, 3).describe() ==
-        "stage 0: F0 S0 F1 S1 r0 B0 W0 F2 S2 r1 B1 W1 r2 B2 W2\n"
-        "stage 1: R0 F0 B0 s0 W0 R1 F1 B1 s1 W1 R2 F2 B2 s2 W2");
-  CHECK(par::Schedule::named("1f1b", 3, 4).name == "1f1b");
-  CHECK_THROWS_WITH_AS(par::Schedule::named("zigzag", 3, 4), doctest::Contains("unknown schedule 'zigzag'"),
-                       weft::InvalidArgument);
-}
-
-TEST_CASE("pipeline schedules: broken lists are named errors, a deadlock too") {
-  using par::Action;
-  using par::ActionKind;
-  par::Schedule s = par::Schedule::gpipe(2, 2);
-  SUBCASE("a missing forward") {
-    auto& l = s.stages[1];
-    l.erase(std::find(l.begin(), l.end(), Action{ActionKind::forward, 1}));
-    CHECK_THROWS_WITH_AS(s.validate(2), doctest::Contains("stage 1 has no forward of micro-batch 1"),
-                         weft::InvalidArgument);
-  }
-  SUBCASE("a backward before its forward") {
-    auto& l = s.stages[0];
-    std::rotate(l.begin(), l.begin() + 6, l.end());  // r1 B1 W1 ... first
-    CHECK_THROWS_WITH_AS(s.validate(2), doctest::Contains("before its forward"), weft::InvalidArgument);
-  }
-  SUBCASE("a repeated action") {
-    s.stages[0].push_back(Action{ActionKind::backward_weight, 0});
-    CHECK_THROWS_WITH_AS(s.validate(2), doctest::Contains("repeats action"), weft::InvalidArgument);
-  }
-  SUBCASE("a deadlock: stage 1 waits for micro-batch 1 before stage 0 sends it") {
-    // Stage 0 keeps micro-batch 1's forward until after micro-batch 0's
-    // backward, whose gradient stage 1 sends only after its own forward of
-    // micro-batch 1: each waits for the other.
-    s.stages[0] = {{ActionKind::forward, 0}, {ActionKind::send_activation, 0}, {ActionKind::recv_grad, 0},
-                   {ActionKind::backward_input, 0}, {ActionKind::backward_weight, 0}, {ActionKind::forward, 1},
-                   {ActionKind::send_activation, 1}, {ActionKind::recv_grad, 1}, {ActionKind::backward_input, 1},
-                   {ActionKind::backward_weight, 1}};
-    s.stages[1] = {{ActionKind::recv_activation, 0}, {ActionKind::forward, 0}, {ActionKind::recv_activation, 1},
-                   {ActionKind::forward, 1}, {ActionKind::backward_input, 0}, {ActionKind::send_grad, 0},
-                   {ActionKind::backward_weight, 0}, {ActionKind::backward_input, 1}, {ActionKind::send_grad, 1},
-                   {ActionKind::backward_weight, 1}};
-    CHECK_THROWS_WITH_AS(s.validate(2), doctest::Contains("deadlocks"), weft::InvalidArgument);
-    CHECK_THROWS_WITH_AS(s.validate(2), doctest::Contains("recv_grad of micro-batch 0) waits forever"),
-                         weft::InvalidArgument);
-  }
-  SUBCASE("a receive on the first stage") {
-    s.stages[0].insert(s.stages[0].begin(), Action{ActionKind::recv_activation, 0});
-    CHECK_THROWS_WITH_AS(s.validate(2), doctest::Contains("the first stage has no neighbour"), weft::InvalidArgument);
-  }
-}
-
 TEST_CASE("pipeline partition is optimal: against brute force on random costs") {
   std::mt19937_64 gen(7);
   for (int trial = 0; trial < 300; ++trial) {
@@ -262,7 +196,7 @@ TEST_CASE("pipeline equals the unpipelined model: every schedule and checkpoint 
   const Config configs[] = {{{5}, 3}, {{2, 3}, 4}, {{1, 3, 1}, 2}, {{1, 1, 1, 2}, 5}, {{4, 1}, 11}};
   with_each_engine(4, [&](Engine& e) {
     for (const Config& c : configs)
-      for (const char* schedule : {"gpipe", "1f1b"})
+      for (const char* schedule : {"gpipe", "1f1b", "zb-h1"})
         for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::except_last, par::Checkpoint::always}) {
           std::ostringstream what;
           what << schedule << ", " << c.balance.size() << " stages, chunks " << c.chunks << ", checkpoint "
@@ -272,6 +206,22 @@ TEST_CASE("pipeline equals the unpipelined model: every schedule and checkpoint 
                                            .chunks = c.chunks, .checkpoint = cp, .schedule = schedule});
           check_equal(got, want, what.str());
         }
+    // Interleaved: two model chunks per device (micro-batches in groups of
+    // the devices), and a schedule read from text.
+    for (int chunks : {2, 4})
+      for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::always}) {
+        const RunResult got = pipelined(e, dp_test::mlp_model(), batches, 0.1f,
+                                        {.balance = {1, 1, 1, 2}, .devices = cpus(2), .chunks = chunks,
+                                         .virtual_stages = 2, .checkpoint = cp, .schedule = "interleaved-1f1b"});
+        check_equal(got, want, "interleaved-1f1b, chunks " + std::to_string(chunks) + ", checkpoint " +
+                                   std::string(par::to_string(cp)));
+      }
+    const RunResult from_text = pipelined(
+        e, dp_test::mlp_model(), batches, 0.1f,
+        {.balance = {2, 3}, .devices = cpus(2), .chunks = 2, .custom = [](int, int) {
+           return par::Schedule::parse("F0 F1 B1 W1 B0 W0\nF0 B0 F1 B1 W1 W0\n", "text");
+         }});
+    check_equal(from_text, want, "a schedule from text");
   });
 }
 
@@ -365,6 +315,32 @@ TEST_CASE("pipeline 1f1b keeps at most K - k micro-batches per stage, gpipe M, r
               &peaks);
     CHECK(peaks == std::vector<int>{1, 1, 1, 1});
   });
+}
+
+TEST_CASE("pipeline weight gradients run where the list puts them: ZB-H1 defers them, 1F1B does not") {
+  // ZB-H1 with 2 stages and 3 micro-batches: stage 1 runs F0 B0 F1 B1 W0 F2
+  // B2 W1 W2, its first weight gradient after the second input gradient.
+  auto e = Engine::create(EngineConfig{.kind = "threaded", .cpu_devices = 2, .workers_per_cpu_device = 2});
+  const Batch b = dp_test::random_batch(12, {20}, 5, 3);
+  for (const char* schedule : {"zb-h1", "1f1b"}) {
+    INFO(schedule);
+    auto net = dp_test::mlp_model()(*e, Device::cpu(0), 0);
+    par::Pipeline pipe(*e, *net, {.balance = {3, 2}, .devices = cpus(2), .chunks = 3, .schedule = schedule});
+    e->profiler().clear();
+    e->profiler().start();
+    (void)pipe.train_step(Tensor::from_host(*e, b.x_shape, b.x), Tensor::from_host(*e, Shape{12}, b.y)).item();
+    e->wait_all();
+    e->profiler().stop();
+    std::int64_t b1_end = 0, w0_start = std::numeric_limits<std::int64_t>::max();
+    for (const weft::Span& s : e->profiler().spans()) {
+      if (s.name.find("[stage 1 B1]") != std::string_view::npos) b1_end = std::max(b1_end, s.end_ns);
+      if (s.name.find("[stage 1 W0]") != std::string_view::npos) w0_start = std::min(w0_start, s.start_ns);
+    }
+    REQUIRE(b1_end > 0);
+    REQUIRE(w0_start < std::numeric_limits<std::int64_t>::max());
+    if (std::string(schedule) == "zb-h1") CHECK(w0_start >= b1_end);
+    else CHECK(w0_start < b1_end);
+  }
 }
 
 TEST_CASE("pipeline with batch norm: one chunk equals the unpipelined ResNet, recomputation counts statistics once") {

@@ -20,10 +20,18 @@ namespace weft::ops {
 // (higher runs first among ready ops of a device) and has " [label]"
 // appended to its name (traces, the profiler's tables, errors). Scopes nest:
 // the innermost one counts. A pipeline marks each stage's actions so
-// ("conv2d [stage 1 F3]"), with backward over forward.
+// ("conv2d [stage 1 F3]"), with backward over forward. `after`, when not
+// null, is read by every such op as well: none starts before the last op
+// pushed earlier that writes it is done, and an op pushed later that writes
+// it waits for all of them (a phony dependency, as torchgpipe's fork and
+// join: a pipeline runs each rank's actions in its list's order so).
+// `chain`, when not null, is written by every such op: each waits for the
+// op pushed before it that wrote `chain`, so ops of scopes on one chain
+// start in push order (a pipeline's incoming copies, on a GPU's one peer
+// stream, in the receiver's list order).
 class PushScope {
  public:
-  PushScope(int priority, std::string label);
+  PushScope(int priority, std::string label, Var after = {}, Var chain = {});
   ~PushScope();
   PushScope(const PushScope&) = delete;
   PushScope& operator=(const PushScope&) = delete;
@@ -31,6 +39,7 @@ class PushScope {
  private:
   int saved_priority_;
   std::string saved_label_;
+  Var saved_after_, saved_chain_;
 };
 
 // While alive, float32 GEMMs and convolutions this thread pushes (matmul,

@@ -36,5 +36,11 @@ std::vector<double> measured_bubble(const std::vector<Span>& spans, int stages);
 // The bubble GPipe and 1F1B leave with uniform stages: (K - 1) / (M + K - 1)
 // for K stages and M micro-batches.
 double predicted_bubble(int stages, int micro_batches) noexcept;
+// The theory of a named schedule with equal forward, input-gradient and
+// weight-gradient times: gpipe and 1f1b as above, zb-h1 (K - 1) / (3M + K - 1),
+// interleaved-1f1b (K - 1) / (vM + K - 1) for v virtual stages. Throws
+// weft::InvalidArgument for another name (Schedule::bubble simulates any
+// schedule's lists).
+double predicted_bubble(std::string_view schedule, int stages, int micro_batches, int virtual_stages = 1);
 
 }  // namespace weft::parallel

@@ -1,0 +1,31 @@
+// weft-pipeline --dist: one pipeline rank per MPI process, optionally
+// replicated (pipeline x data parallel): `stages` ranks per pipeline,
+// `replicas` pipelines, rank = replica * stages + stage.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "weft/device.h"
+
+namespace weft::examples {
+
+struct DistRun {
+  std::string model = "lenet";  // lenet or resnet18
+  std::string schedule = "1f1b";  // a schedule name or a schedule file
+  int stages = 0;                 // 0: the processes / replicas
+  int replicas = 1;
+  int virtual_stages = 2;  // interleaved-1f1b only
+  int chunks = 0;          // 0: 2 x stages
+  std::int64_t batch = 64;  // per replica
+  int steps = 3;
+  bool check = false;  // compare with the unpipelined model on one device (max_diff)
+  bool json = false;
+  Device device = Device::cpu(0);
+};
+
+// Runs the job on this process's rank; prints on rank 0. Returns the exit
+// status (2 for a process grid that does not fit the job).
+int run_distributed(const DistRun& run);
+
+}  // namespace weft::examples
