@@ -285,7 +285,8 @@ struct Pipeline::Impl {
   void reduce_over_replicas(int index) {
     Stage& s = stage(index);
     if (!options.replicas || s.params.empty()) return;
-    ops::PushScope scope(kBackwardPriority, "stage " + std::to_string(s.rank) + " allreduce");
+    // Not named after the rank's actions: the bubble counts those alone.
+    ops::PushScope scope(kBackwardPriority, "pipeline allreduce of model stage " + std::to_string(index));
     std::vector<Tensor> bucket;
     std::int64_t elements = 0;
     int count = 0;
@@ -348,6 +349,9 @@ struct Pipeline::Impl {
   // peer sends earlier (the k-th send between two members meets the k-th
   // recv), each into a new tensor of the shape its stage expects.
   void post_recvs(int peer, const Message& want) {
+    // Posted already, ahead of an earlier receive of this rank's list.
+    Micro& wanted = stage(want.to).micro[static_cast<std::size_t>(want.micro_batch)];
+    if ((want.gradient ? wanted.grad_out : wanted.input).defined()) return;
     const std::vector<Message>& list = expected[peer];
     std::size_t& next = posted[peer];
     for (;;) {
@@ -544,14 +548,25 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
                           " ranks x " + std::to_string(m.schedule.virtual_stages) + " virtual stages), the balance has " +
                           std::to_string(balance.size()));
   m.schedule.validate(options.chunks);
+  if (options.replicas) {
+    const Communicator& replicas = *options.replicas;
+    if (&replicas.engine() != &engine)
+      throw InvalidArgument("Pipeline: the replicas' communicator (" + replicas.str() + ") belongs to another engine");
+    if (replicas.local_ranks().size() != 1)
+      throw InvalidArgument("Pipeline: replicas need one member per process, but this one drives " +
+                            std::to_string(replicas.local_ranks().size()) + " members of " + replicas.str());
+    if (!options.ranks && rank_count > 1)
+      throw InvalidArgument("Pipeline: replicas go with stages on ranks (PipelineOptions::ranks) or a single stage");
+    const Device theirs = replicas.device(replicas.local_ranks().front());
+    const Device mine = options.ranks ? rank_devices[static_cast<std::size_t>(m.my_rank)] : rank_devices.front();
+    if (theirs != mine)
+      throw InvalidArgument("Pipeline: this process's replica member is on " + theirs.str() + " but its stage on " +
+                            mine.str() + " (" + replicas.str() + ")");
+  }
   for (int r = 0; r < rank_count; ++r) {
     Rank rank;
     rank.local = !options.ranks || r == m.my_rank;
     rank.device = rank_devices[static_cast<std::size_t>(r)];
-    if (rank.local) {
-      rank.order = engine.new_var("pipeline stage " + std::to_string(r) + " order");
-      rank.arrivals = engine.new_var("pipeline stage " + std::to_string(r) + " arrivals");
-    }
     m.ranks.push_back(rank);
   }
   int first = 0;
@@ -578,6 +593,13 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
   }
   m.options = std::move(options);
   if (m.distributed()) m.check_plans();
+  // Last: nothing throws after them (a constructor that throws runs no destructor).
+  for (int r = 0; r < rank_count; ++r) {
+    Rank& rank = m.ranks[static_cast<std::size_t>(r)];
+    if (!rank.local) continue;
+    rank.order = engine.new_var("pipeline stage " + std::to_string(r) + " order");
+    rank.arrivals = engine.new_var("pipeline stage " + std::to_string(r) + " arrivals");
+  }
 }
 
 Pipeline::~Pipeline() {

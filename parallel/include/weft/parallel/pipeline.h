@@ -215,8 +215,8 @@ class Pipeline {
   // processes every member passes the same batch (the first stage's member
   // reads x, the last stage's the labels; the others only their shapes),
   // and the loss comes back on the last stage's member (undefined
-  // elsewhere); with `replicas`, each replica its own batch and the
-  // gradients are those of all replicas' rows.
+  // elsewhere); with `replicas`, each replica its own batch (of the same
+  // rows on every replica) and the gradients are those of all their rows.
   Tensor train_step(const Tensor& x, const Tensor& labels);
   // The output for `x` in evaluation mode, stage after stage (no
   // micro-batches); across processes, on the last stage's member only.
