@@ -193,7 +193,7 @@ TEST_CASE("a collective that differs within a sub-communicator is named with the
   MESSAGE("rank " << rank << ": " << message);
   CHECK(contains(message, "rank 0 called allreduce(sum) 'even' [8] float32 as #1; "
                           "rank 1 called allreduce(sum) 'odd' [8] float32 as #1"));
-  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK(std::chrono::steady_clock::now() - start < 25s);  // well before the 30 s timeout
   require_group_sum(*e, sub, all_ranks(n), 5, "after");
   sync_ranks(*e);
 }
@@ -219,7 +219,7 @@ TEST_CASE("colors that differ across ranks fail the split on every rank, naming 
   CHECK(contains(message, "weft::parallel::Communicator::split (MPI communicator of " + std::to_string(n) + " ranks"));
   CHECK(contains(message, "ranks 0 and 1 passed different colors"));
   CHECK(contains(message, rank == 1 ? "this rank passed {1, 0" : "this rank passed {0, 0"));
-  CHECK(std::chrono::steady_clock::now() - start < 10s);
+  CHECK(std::chrono::steady_clock::now() - start < 25s);  // well before the 30 s timeout
   require_group_sum(*e, world, all_ranks(n), 7, "after the refused split");
   // And the next split, with the same colors everywhere, works.
   require_group_sum(*e, world.split(std::vector<int>(static_cast<std::size_t>(n), 3)), all_ranks(n), 7, "next split");
@@ -228,10 +228,11 @@ TEST_CASE("colors that differ across ranks fail the split on every rank, naming 
 
 TEST_CASE("a rank that never splits is named by the others at the communicator's timeout" * doctest::timeout(120)) {
   auto e = Engine::create({.kind = "threaded"});
-  const par::Communicator world = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 400ms});
+  const par::Communicator world = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 2s});
   const int rank = world.local_ranks()[0], n = world.size();
   if (n == 1) return;
   const int absent = n - 1;
+  sync_ranks(*e);  // the others reach the split together, well within the timeout
   if (rank != absent) {
     const auto start = std::chrono::steady_clock::now();
     std::string message = "(no error)";
@@ -242,8 +243,8 @@ TEST_CASE("a rank that never splits is named by the others at the communicator's
       CHECK(err.peer() == absent);
     }
     MESSAGE("rank " << rank << ": " << message);
-    CHECK(contains(message, "rank " + std::to_string(absent) + " did not split this communicator within 400 ms"));
-    CHECK(std::chrono::steady_clock::now() - start < 5s);
+    CHECK(contains(message, "rank " + std::to_string(absent) + " did not split this communicator within 2 s"));
+    CHECK(std::chrono::steady_clock::now() - start < 30s);
   }
   sync_ranks(*e);
 }
