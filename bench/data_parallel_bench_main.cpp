@@ -205,11 +205,8 @@ int main(int argc, char** argv) {
       o.reduce_dtype = *text == "bf16" ? weft::DType::bfloat16 : weft::DType::float16;
     else if (a == "--shard" && (text = args.value()) && !text->empty()) {
       try {
-        for (std::size_t at = 0; at <= text->size();) {
-          const std::size_t comma = std::min(text->find(',', at), text->size());
-          o.shards.push_back(par::parse_shard(std::string_view(*text).substr(at, comma - at), "--shard"));
-          at = comma + 1;
-        }
+        for (const std::string& item : weft::examples::ArgCursor::split_list(*text))
+          o.shards.push_back(par::parse_shard(item, "--shard"));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "weft-bench-data-parallel: %s\n", e.what());
         return 2;

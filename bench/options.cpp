@@ -47,17 +47,6 @@ void usage(std::FILE* out) {
   std::exit(2);
 }
 
-std::vector<std::string> split_commas(std::string_view s) {
-  std::vector<std::string> out;
-  while (!s.empty()) {
-    const std::size_t c = s.find(',');
-    if (c != 0) out.emplace_back(s.substr(0, c));
-    if (c == std::string_view::npos) break;
-    s.remove_prefix(c + 1);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::vector<std::string> available_engines() {
@@ -118,7 +107,8 @@ Options parse_options(int argc, char** argv) {
       if (!k) fail("unknown shape '" + v + "'");
       o.shapes.push_back(*k);
     } else if (a == "--engines") {
-      for (const std::string& e : split_commas(value())) {
+      for (const std::string& e : weft::examples::ArgCursor::split_list(value())) {
+        if (e.empty()) continue;
         if (std::find(known.begin(), known.end(), e) == known.end())
           fail("engine '" + e + "' is not in this build");
         o.engines.push_back(e);

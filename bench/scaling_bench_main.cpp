@@ -125,12 +125,10 @@ int usage(std::FILE* out, int rc) {
 
 std::optional<std::vector<int>> parse_list(const std::string& text, int lo, int hi) {
   std::vector<int> out;
-  for (std::size_t at = 0; at <= text.size();) {
-    const std::size_t comma = std::min(text.find(',', at), text.size());
-    const auto n = weft::examples::ArgCursor::parse_int(std::string_view(text).substr(at, comma - at), lo, hi);
+  for (const std::string& item : weft::examples::ArgCursor::split_list(text)) {
+    const auto n = weft::examples::ArgCursor::parse_int(item, lo, hi);
     if (!n) return std::nullopt;
     out.push_back(static_cast<int>(*n));
-    at = comma + 1;
   }
   return out;
 }
@@ -372,17 +370,12 @@ int main(int argc, char** argv) {
     else if (a == "--nodes" && (text = args.value()) && (list = parse_list(*text, 1, kMaxSimGpus))) o.nodes = *list;
     else if (a == "--precision" && (text = args.value()) && !text->empty()) {
       o.precisions.clear();
-      std::size_t at = 0;
-      for (bool more = true; more;) {
-        const std::size_t comma = text->find(',', at);
-        more = comma != std::string::npos;
-        const std::string p = text->substr(at, more ? comma - at : std::string::npos);
+      for (const std::string& p : weft::examples::ArgCursor::split_list(*text)) {
         if (p != "fp32" && p != "tf32" && p != "bf16") {
           std::fprintf(stderr, "%s: bad value '%s' for %s\n", kProgram, text->c_str(), a.c_str());
           return 2;
         }
         o.precisions.push_back(p);
-        at = comma + 1;
       }
     } else if (a == "--checks" && (text = args.value())) {
       o.check_ring = text->find("ring") != std::string::npos;

@@ -1,15 +1,23 @@
 // How every Weft program reads its command line — the examples, the demos,
 // the trainer and the benchmarks: flags as "--flag value" or "--flag=value",
-// one pass over argv. Each program keeps its own flags and its own usage
-// error; this walks argv and reads whole numbers.
+// one pass over argv. Each program keeps its own flags; this walks argv,
+// reads whole numbers and comma lists, and names a bad command line.
 #pragma once
 
+#include <algorithm>
 #include <charconv>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace weft::examples {
+
+// A bad command line: the program prints the message and its usage and
+// exits with status 2.
+struct UsageError {
+  std::string message;
+};
 
 class ArgCursor {
  public:
@@ -39,6 +47,18 @@ class ArgCursor {
     auto [p, ec] = std::from_chars(text.data(), end, v);
     if (ec != std::errc() || p != end || v < lo || v > hi) return std::nullopt;
     return v;
+  }
+
+  // "a,b,,c" -> {"a", "b", "", "c"} (an empty text is one empty item): the
+  // caller refuses empty items or skips them.
+  static std::vector<std::string> split_list(std::string_view text) {
+    std::vector<std::string> out;
+    for (std::size_t at = 0; at <= text.size();) {
+      const std::size_t comma = std::min(text.find(',', at), text.size());
+      out.emplace_back(text.substr(at, comma - at));
+      at = comma + 1;
+    }
+    return out;
   }
 
   // The flag's value: its "=value" part, else the next argument (consumed);

@@ -2,10 +2,10 @@
 // the --devices flags of the trainer and the benchmarks.
 #pragma once
 
-#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "arg_cursor.h"
 #include "weft/device.h"
 
 namespace weft::examples {
@@ -14,12 +14,7 @@ namespace weft::examples {
 // weft::Error naming a bad one.
 inline std::vector<Device> parse_device_list(const std::string& text) {
   std::vector<Device> out;
-  std::size_t begin = 0;
-  while (begin <= text.size()) {
-    const std::size_t comma = std::min(text.find(',', begin), text.size());
-    out.push_back(Device::parse(text.substr(begin, comma - begin)));
-    begin = comma + 1;
-  }
+  for (const std::string& item : ArgCursor::split_list(text)) out.push_back(Device::parse(item));
   return out;
 }
 

@@ -43,13 +43,13 @@ struct SimFlags {
   std::optional<int> gpus_per_node;
 
   // Takes `args`' current flag when it is one of the three (true), reading
-  // its value; a bad value is a weft::InvalidArgument naming the flag.
+  // its value; a bad value is a UsageError naming the flag.
   bool parse(ArgCursor& args) {
     const std::string& flag = args.flag();
     if (flag == "--sim-model") {
       on = true;
       if (std::optional<std::string> v = args.optional_value()) {
-        if (v->empty()) throw InvalidArgument("--sim-model wants h100, a profile file or a cost-table file");
+        if (v->empty()) throw UsageError{"--sim-model wants h100, a profile file or a cost-table file"};
         model = *v;
       }
       return true;
@@ -59,14 +59,14 @@ struct SimFlags {
       char* end = nullptr;
       const double d = v ? std::strtod(v->c_str(), &end) : 0.0;
       if (!v || v->empty() || end != v->c_str() + v->size() || !std::isfinite(d) || d < 0.01 || d > 1e6)
-        throw InvalidArgument("--sim-dilation wants a number in [0.01, 1e6], got '" + v.value_or("") + "'");
+        throw UsageError{"--sim-dilation wants a number in [0.01, 1e6], got '" + v.value_or("") + "'"};
       dilation = d;
       return true;
     }
     if (flag == "--sim-gpus-per-node") {
       const std::optional<std::string> v = args.value();
       const std::optional<long long> g = v ? ArgCursor::parse_int(*v, 1, 64) : std::nullopt;
-      if (!g) throw InvalidArgument("--sim-gpus-per-node wants a whole number from 1 to 64, got '" + v.value_or("") + "'");
+      if (!g) throw UsageError{"--sim-gpus-per-node wants a whole number from 1 to 64, got '" + v.value_or("") + "'"};
       gpus_per_node = static_cast<int>(*g);
       return true;
     }
@@ -76,7 +76,7 @@ struct SimFlags {
   // The tool's closing checks: the other two flags need --sim-model.
   void check() const {
     if (!on && (dilation || gpus_per_node))
-      throw InvalidArgument(std::string(dilation ? "--sim-dilation" : "--sim-gpus-per-node") + " needs --sim-model");
+      throw UsageError{std::string(dilation ? "--sim-dilation" : "--sim-gpus-per-node") + " needs --sim-model"};
   }
 };
 

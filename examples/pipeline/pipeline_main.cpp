@@ -51,6 +51,8 @@ using weft::Device;
 using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
+using weft::examples::ArgCursor;
+using weft::examples::UsageError;
 using Clock = std::chrono::steady_clock;
 
 struct Options {
@@ -122,12 +124,8 @@ void usage(std::FILE* out) {
                weft::examples::sim_flags_help(21).c_str());
 }
 
-struct UsageError {
-  std::string message;
-};
-
 bool parse(int argc, char** argv, Options& o) {
-  weft::examples::ArgCursor args(argc, argv);
+  ArgCursor args(argc, argv);
   while (args.next()) {
     const std::string arg = args.flag();
     auto number = [&](long long lo, long long hi) {
@@ -154,13 +152,10 @@ bool parse(int argc, char** argv, Options& o) {
       o.width = number(1, 1 << 16);
     } else if (arg == "--stage-counts") {
       const std::string list = text();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        const std::optional<long long> k =
-            weft::examples::ArgCursor::parse_int(std::string_view(list).substr(at, comma - at), 1, 4096);
+      for (const std::string& item : ArgCursor::split_list(list)) {
+        const std::optional<long long> k = ArgCursor::parse_int(item, 1, 4096);
         if (!k) throw UsageError{"--stage-counts wants whole numbers separated by commas, got '" + list + "'"};
         o.stage_counts.push_back(static_cast<int>(*k));
-        at = comma + 1;
       }
     } else if (arg == "--devices") {
       o.devices = text();
@@ -187,12 +182,8 @@ bool parse(int argc, char** argv, Options& o) {
         throw UsageError{"--sweeps wants digits 1 to 6, got '" + o.sweeps + "'"};
     } else if (arg == "--schedules") {
       o.schedules.clear();
-      const std::string list = text();
-      for (std::size_t at = 0; at <= list.size();) {
-        const std::size_t comma = std::min(list.find(',', at), list.size());
-        if (comma > at) o.schedules.push_back(list.substr(at, comma - at));
-        at = comma + 1;
-      }
+      for (std::string& item : ArgCursor::split_list(text()))
+        if (!item.empty()) o.schedules.push_back(std::move(item));
       if (o.schedules.empty()) throw UsageError{"--schedules needs at least one schedule"};
     } else if (arg == "--virtual-stages") {
       o.virtual_stages = static_cast<int>(number(1, 64));
@@ -208,21 +199,11 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (arg == "--check") {
       flag();
       o.check = true;
-    } else {
-      bool taken = false;
-      try {
-        taken = o.sim.parse(args);
-      } catch (const weft::Error& e) {
-        throw UsageError{e.what()};
-      }
-      if (!taken) throw UsageError{"unknown argument '" + arg + "'"};
+    } else if (!o.sim.parse(args)) {
+      throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
-  try {
-    o.sim.check();
-  } catch (const weft::Error& e) {
-    throw UsageError{e.what()};
-  }
+  o.sim.check();
   if (o.sim.on && !o.devices_given) o.devices = "gpu:0,gpu:1";
   if (!o.dist && (o.stages || o.replicas != 1 || o.chunks || o.check))
     throw UsageError{"--stages, --replicas, --chunks and --check go with --dist"};

@@ -179,10 +179,6 @@ void usage(std::FILE* out, const ModelSpec& m) {
                m.usage_note);
 }
 
-struct UsageError {
-  std::string message;
-};
-
 template <class T>
 T parse_int(std::string_view flag, std::string_view text, T min) {
   T v{};
@@ -308,22 +304,12 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       }
     } else if (arg == "--steps") {
       o.steps = parse_int<std::int64_t>(arg, take(), 1);
-    } else {
-      bool taken = false;
-      try {
-        taken = o.sim.parse(args);
-      } catch (const weft::Error& e) {
-        throw UsageError{e.what()};
-      }
-      if (!taken) throw UsageError{"unknown argument '" + arg + "'"};
+    } else if (!o.sim.parse(args)) {
+      throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
   if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError{"--checkpoint-every needs --checkpoint DIR"};
-  try {
-    o.sim.check();
-  } catch (const weft::Error& e) {
-    throw UsageError{e.what()};
-  }
+  o.sim.check();
   if (o.steps > 0 && !o.sim.on) throw UsageError{"--steps counts the steps --sim-model measures (training runs --epochs)"};
   if (o.sim.on) {
     // Modeled kernels compute nothing: no values to save, resume or read
