@@ -20,6 +20,7 @@ namespace detail {
 struct BlockRecord {
   void* ptr = nullptr;
   std::size_t size = 0;              // the size class: what the system gave us
+  MemoryRole role = MemoryRole::activations;  // while handed out
   gpu::Stream* stream = nullptr;     // allocating stream: may reuse at once after free
   std::vector<gpu::Stream*> uses;    // other streams that touched it
   std::vector<gpu::NativeEvent*> pending;  // recorded on `uses` at free time
@@ -34,13 +35,14 @@ using gpu::detail::active_backend;
 
 constexpr std::size_t kAlign = 64;
 
-// Size classes: 512-byte steps below 1 MiB, then four classes per power of
-// two, so a cached block wastes at most a quarter of itself and batches of
-// slightly different sizes (the last minibatch) still hit the cache.
+// Size classes: 512-byte steps below 1 MiB, then 32 classes per power of
+// two, so a block wastes at most a 32nd of itself (what a model's large
+// tensors and flat buckets take is what the accounting sees) and sizes a
+// few percent apart still share a class and hit the cache.
 std::size_t size_class(std::size_t bytes) {
   if (bytes <= (std::size_t{1} << 20)) return (bytes + 511) & ~std::size_t{511};
   std::size_t p = std::size_t{1} << (63 - __builtin_clzll(bytes - 1));  // largest power of two below bytes
-  std::size_t step = p / 4;
+  std::size_t step = p / 32;
   return (bytes + step - 1) / step * step;
 }
 
@@ -142,7 +144,7 @@ class CachingAllocator final : public Allocator {
     // them later, and the engine that owns this allocator is already gone.
   }
 
-  Block allocate(std::size_t bytes, gpu::Stream* stream) override {
+  Block allocate(std::size_t bytes, gpu::Stream* stream, MemoryRole role) override {
     if (bytes == 0) return {};
     // Memory a capture hands out would be a graph's for good, and CUDA
     // refuses cudaMalloc there: what a captured op writes is allocated at
@@ -177,14 +179,31 @@ class CachingAllocator final : public Allocator {
                               " reserved after releasing the cache" + detail::current_op_suffix(),
                           device_, bytes, free);
       }
-      r = new BlockRecord{p, size, stream, {}, {}};
+      r = new BlockRecord{p, size, role, stream, {}, {}};
       stats_.reserved += size;
     }
     r->stream = stream;
+    r->role = role;
     stats_.in_use += size;
-    stats_.peak_in_use = std::max(stats_.peak_in_use, stats_.in_use);
+    by_role(role) += size;
+    if (stats_.in_use >= stats_.peak_in_use) {
+      stats_.peak_in_use = stats_.in_use;
+      stats_.peak_by_role = stats_.in_use_by_role;
+    }
     notify();
     return Block{r->ptr, bytes, r};
+  }
+
+  void set_role(const Block& block, MemoryRole role) noexcept override {
+    BlockRecord* r = block.record;
+    if (!r) return;
+    std::lock_guard lock(mutex_);
+    if (r->role == role) return;
+    by_role(r->role) -= r->size;
+    by_role(role) += r->size;
+    r->role = role;
+    if (stats_.in_use == stats_.peak_in_use) stats_.peak_by_role = stats_.in_use_by_role;
+    notify();
   }
 
   void record_use(const Block& block, gpu::Stream* stream) override {
@@ -199,6 +218,7 @@ class CachingAllocator final : public Allocator {
     if (!r) return;
     std::lock_guard lock(mutex_);
     stats_.in_use -= r->size;
+    by_role(r->role) -= r->size;
     notify();
     if (r->uses.empty()) {
       free_[key(r->size, r->stream)].push_back(r);
@@ -229,6 +249,7 @@ class CachingAllocator final : public Allocator {
   void reset_peak() noexcept override {
     std::lock_guard lock(mutex_);
     stats_.peak_in_use = stats_.in_use;
+    stats_.peak_by_role = stats_.in_use_by_role;
   }
   Device device() const noexcept override { return device_; }
   void set_observer(UsageObserver observer) override {
@@ -306,10 +327,11 @@ class CachingAllocator final : public Allocator {
   void notify() noexcept {
     if (!observer_) return;
     try {
-      observer_(device_, stats_.in_use);
+      observer_(device_, stats_.in_use, stats_.in_use_by_role);
     } catch (...) {
     }
   }
+  std::size_t& by_role(MemoryRole role) noexcept { return stats_.in_use_by_role[static_cast<std::size_t>(role)]; }
 
   mutable std::mutex mutex_;
   UsageObserver observer_;  // guarded by mutex_
@@ -319,6 +341,17 @@ class CachingAllocator final : public Allocator {
 };
 
 }  // namespace
+
+std::string_view to_string(MemoryRole role) noexcept {
+  switch (role) {
+    case MemoryRole::activations: return "activations";
+    case MemoryRole::parameters: return "parameters";
+    case MemoryRole::gradients: return "gradients";
+    case MemoryRole::optimizer_state: return "optimizer_state";
+    case MemoryRole::communication: return "communication";
+  }
+  return "?";
+}
 
 std::unique_ptr<Allocator> make_caching_allocator(Device device) {
   switch (device.kind()) {

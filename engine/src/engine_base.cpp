@@ -22,8 +22,9 @@ EngineBase::EngineBase(ResolvedConfig config)
   for (int i = 0; i < config_.gpu_devices; ++i) gpu_allocators_.push_back(make_caching_allocator(Device::gpu(i)));
   pinned_allocator_ = make_caching_allocator(Device::cpu_pinned(0));
   // Memory in use per device becomes a counter track while profiling.
-  auto observe = [profiler = profiler_.get(), recorder = &recorder_](Device device, std::size_t in_use) {
-    if (profiler->running()) recorder->counter(device, "memory in use", static_cast<std::int64_t>(in_use));
+  auto observe = [profiler = profiler_.get(), recorder = &recorder_](Device device, std::size_t in_use,
+                                                                     const MemoryByRole& by_role) {
+    if (profiler->running()) recorder->memory(device, in_use, by_role);
   };
   for (auto& a : cpu_allocators_) a->set_observer(observe);
   for (auto& a : gpu_allocators_) a->set_observer(observe);

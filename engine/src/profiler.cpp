@@ -187,6 +187,14 @@ void ProfilerRecorder::counter(Device device, std::string_view name, std::int64_
   impl.counters.push_back(CounterSample{device, interned, now, value});
 }
 
+void ProfilerRecorder::memory(Device device, std::size_t in_use, const MemoryByRole& by_role) {
+  const std::string_view name = intern("memory in use");
+  const std::int64_t now = Profiler::now_ns();
+  Profiler::Impl& impl = *profiler_.impl_;
+  std::lock_guard lock(impl.samples_mu);
+  impl.counters.push_back(CounterSample{device, name, now, static_cast<std::int64_t>(in_use), true, by_role});
+}
+
 void ProfilerRecorder::record_push(PushRecord push) {
   Profiler::Impl& impl = *profiler_.impl_;
   std::lock_guard lock(impl.samples_mu);

@@ -47,6 +47,8 @@ struct CounterSample {
   std::string_view name;  // interned
   std::int64_t ts_ns;
   std::int64_t value;
+  bool memory = false;  // an allocator's sample: `value` split by role in `by_role`
+  MemoryByRole by_role{};
 };
 
 // Trace process of a device (one per device) and thread of a track.

@@ -80,6 +80,9 @@ class ProfilerRecorder {
   // A counter sample, e.g. "memory in use" of a device's allocator, shown as
   // a counter track.
   void counter(Device device, std::string_view name, std::int64_t value);
+  // A device allocator's bytes in use, in all and by role: the "memory in
+  // use" and "memory by role" counter tracks and the summary's peaks.
+  void memory(Device device, std::size_t in_use, const MemoryByRole& by_role);
   // An op's accesses at its push.
   void record_push(PushRecord push);
   // A name given to a variable after ops using it were recorded: the trace,

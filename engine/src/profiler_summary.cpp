@@ -48,6 +48,7 @@ std::int64_t common(const std::vector<Interval>& a, const std::vector<Interval>&
 }
 
 double ms(std::int64_t ns) { return static_cast<double>(ns) / 1e6; }
+double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 Overlap overlap(std::string a, std::string b, const std::vector<Interval>& x, const std::vector<Interval>& y) {
   Overlap o{std::move(a), std::move(b)};
@@ -105,6 +106,29 @@ ProfileSummary Profiler::summarize() const {
   for (std::size_t i = 0; i < devices.size(); ++i)
     for (std::size_t j = i + 1; j < devices.size(); ++j)
       out.devices.push_back(overlap(devices[i].first, devices[j].first, devices[i].second, devices[j].second));
+  {
+    std::lock_guard lock(impl_->samples_mu);
+    // Per device (by name, as the overlaps), its peak and when it came.
+    std::map<std::string, std::pair<MemoryPeak, std::int64_t>> peaks;
+    std::int64_t origin = first;  // the window's start; without spans, the first sample's time
+    bool sampled = false;
+    for (const detail::CounterSample& c : impl_->counters) {
+      if (!c.memory) continue;
+      if (!any) origin = sampled ? std::min(origin, c.ts_ns) : c.ts_ns;
+      sampled = true;
+      auto [it, fresh] = peaks.try_emplace(c.device.str());
+      auto& [peak, ts] = it->second;
+      if (!fresh && static_cast<std::size_t>(c.value) < peak.bytes) continue;
+      peak.device = c.device;
+      peak.bytes = static_cast<std::size_t>(c.value);
+      peak.by_role = c.by_role;
+      ts = c.ts_ns;
+    }
+    for (auto& [name, p] : peaks) {
+      p.first.at_ms = ms(std::max<std::int64_t>(0, p.second - origin));
+      out.memory.push_back(p.first);
+    }
+  }
   return out;
 }
 
@@ -134,6 +158,13 @@ std::string ProfileSummary::table() const {
   line(compute_copy);
   if (!devices.empty()) os << "overlap between devices:\n";
   for (const auto& o : devices) line(o);
+  if (!memory.empty()) os << "memory peaks (allocator bytes in use, MiB) and what held them:\n";
+  for (const MemoryPeak& p : memory) {
+    os << "  " << p.device.str() << " " << mib(p.bytes) << " at " << p.at_ms << " ms:";
+    for (std::size_t k = 0; k < kMemoryRoles; ++k)
+      os << (k ? ", " : " ") << to_string(static_cast<MemoryRole>(k)) << " " << mib(p.by_role[k]);
+    os << '\n';
+  }
   return os.str();
 }
 
@@ -157,6 +188,12 @@ std::string ProfileSummary::json() const {
   j["compute_copy"] = overlap_json(compute_copy);
   j["devices"] = nlohmann::json::array();
   for (const auto& o : devices) j["devices"].push_back(overlap_json(o));
+  j["memory"] = nlohmann::json::array();
+  for (const MemoryPeak& p : memory) {
+    nlohmann::json m{{"device", p.device.str()}, {"peak_bytes", p.bytes}, {"at_ms", p.at_ms}};
+    for (std::size_t k = 0; k < kMemoryRoles; ++k) m[std::string(to_string(static_cast<MemoryRole>(k)))] = p.by_role[k];
+    j["memory"].push_back(std::move(m));
+  }
   return j.dump();
 }
 

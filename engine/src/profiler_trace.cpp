@@ -331,6 +331,21 @@ void Profiler::write_trace(std::ostream& os) const {
     buf += R"(,"args":{"bytes":)";
     append_int(buf, c.value);
     buf += "}}";
+    if (c.memory) {  // the same sample split by role: stacked in one track
+      begin_event();
+      buf += R"({"ph":"C","name":"memory by role","pid":)";
+      append_int(buf, process_id(c.device));
+      buf += R"(,"ts":)";
+      append_us(buf, c.ts_ns - base);
+      buf += R"(,"args":{)";
+      for (std::size_t k = 0; k < kMemoryRoles; ++k) {
+        if (k) buf += ',';
+        buf += esc(to_string(static_cast<MemoryRole>(k)));
+        buf += ':';
+        append_int(buf, static_cast<std::int64_t>(c.by_role[k]));
+      }
+      buf += "}}";
+    }
     flush_if_big();
   }
   buf += "\n]}\n";

@@ -246,7 +246,7 @@ void unpack(const Tensor& src, const std::vector<Tensor>& dsts) {
   std::vector<const Tensor*> outputs;
   for (std::size_t k = 0; k < dsts.size(); ++k) {
     for (std::size_t j = 0; j < k; ++j)
-      if (dsts[j].storage() == dsts[k].storage())
+      if (dsts[j].overlaps(dsts[k]))
         throw InvalidArgument("unpack: dsts " + std::to_string(j) + " and " + std::to_string(k) + " are one tensor, " +
                               detail::describe(dsts[k]));
     outputs.push_back(&dsts[k]);

@@ -59,6 +59,17 @@ void run_widened(RunContext& ctx, OpIO& io, bool tf32, const std::function<void(
 // Throws when `s` should hold data but has no memory.
 void require_memory(const Storage& s, std::string_view op);
 
+// Where a tensor lies in its storage (a view lies inside a larger one).
+struct TensorSpan {
+  std::size_t offset = 0, bytes = 0;  // in bytes
+  static TensorSpan of(const Tensor& t) {
+    return {static_cast<std::size_t>(t.storage_offset()) * dtype_size(t.dtype()), t.nbytes()};
+  }
+  void* data(const Storage& s) const noexcept {
+    return s.data() ? static_cast<unsigned char*>(s.data()) + offset : nullptr;
+  }
+};
+
 // What an op tells the simulator's cost model beyond its tensors' bytes
 // (weft/gpu_sim.h): the arithmetic of compute-bound ops (GEMMs,
 // convolutions), and the bytes it moves where they differ from its inputs'
@@ -114,9 +125,6 @@ enum class Body {
   // As kernels, but the CPU branch moves bytes of any dtype itself (host
   // copies): nothing is widened.
   bytes,
-  // As bytes, for an op that runs no kernel on a GPU (Tensor::empty: an
-  // allocation): the modeled mode gives it no time.
-  allocation,
 };
 
 // The one dispatch point between CPU kernels, CUDA kernels and simulated
@@ -133,7 +141,7 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32,
     return;
   }
   if (!ctx.gpu) {
-    if (body == Body::bytes || body == Body::allocation) kernel(ctx, io);
+    if (body == Body::bytes) kernel(ctx, io);
     else run_widened(ctx, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
     return;
   }
@@ -144,7 +152,7 @@ void run_kernel(RunContext& ctx, OpIO& io, Kernel& kernel, Body body, bool tf32,
                         name = std::string(ctx.op_name), engine = ctx.engine, body, tf32]() mutable {
         CheckContextGuard check(name, device);
         RunContext host{device, worker, name, engine};  // gpu == null: the CPU branch
-        if (body == Body::bytes || body == Body::allocation) kernel(host, io);
+        if (body == Body::bytes) kernel(host, io);
         else run_widened(host, io, tf32, [&kernel](RunContext& c, OpIO& o) { kernel(c, o); });
       });
 }
@@ -164,20 +172,24 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
             Body body = Body::kernels, bool tf32 = false, OpCost cost = {}) {
   // Whether the kernel is modeled is fixed at push time, with what the cost model needs.
   std::unique_ptr<ModeledOp> modeled;
-  if (exec.is_gpu() && body != Body::stream_calls && body != Body::allocation && gpu::kernels_modeled())
+  if (exec.is_gpu() && body != Body::stream_calls && gpu::kernels_modeled())
     modeled = std::make_unique<ModeledOp>(modeled_op(name, inputs, outputs, tf32, cost));
   std::vector<StoragePtr> in, out;
+  std::vector<TensorSpan> in_spans, out_spans;  // each tensor's part of its storage (views)
   std::vector<Var> reads, writes;
+  std::vector<bool> reads_unwritten;  // [k]: input k has no creating op yet (it may allocate it)
   for (const Tensor* t : inputs) {
     if (!t->defined()) continue;
     in.push_back(t->storage());
+    in_spans.push_back(TensorSpan::of(*t));
+    reads_unwritten.push_back(t->storage()->creator_pending);
     reads.push_back(t->var());
   }
   if (const Var after = current_push_scope().after; !after.is_null()) reads.push_back(after);
-  std::vector<bool> creates;  // [k]: this op creates output k (any number of outputs)
   for (const Tensor* t : outputs) {
-    creates.push_back(std::exchange(t->storage()->creator_pending, false));
+    t->storage()->creator_pending = false;  // later readers find it written (or failed)
     out.push_back(t->storage());
+    out_spans.push_back(TensorSpan::of(*t));
     writes.push_back(t->var());
   }
   if (const Var chain = current_push_scope().chain; !chain.is_null()) writes.push_back(chain);
@@ -188,32 +200,32 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
   if (exec.is_gpu() && body != Body::stream_calls && engine.profiler().running())
     options.shape = modeled ? modeled->shape : modeled_op(name, inputs, outputs, tf32, cost).shape;
   engine.push(
-      [in = std::move(in), out = std::move(out), creates = std::move(creates), kernel = std::move(kernel), body, tf32,
+      [in = std::move(in), out = std::move(out), in_spans = std::move(in_spans), out_spans = std::move(out_spans),
+       reads_unwritten = std::move(reads_unwritten), kernel = std::move(kernel), body, tf32,
        modeled = std::shared_ptr<const ModeledOp>(std::move(modeled))](RunContext& ctx) mutable {
         gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
-        for (std::size_t k = 0; k < out.size(); ++k) {
-          if (creates[k])
-            out[k]->materialize(stream);
-          else
-            require_memory(*out[k], ctx.op_name);
-        }
+        for (std::size_t k = 0; k < in.size(); ++k)
+          if (reads_unwritten[k]) in[k]->materialize_for_read(stream);
         // A tensor whose creating op failed (out of memory, say) has no
         // memory: once that failure has been reported, ops reading it are no
         // longer skipped, and must not touch a null pointer.
         for (const StoragePtr& s : in) require_memory(*s, ctx.op_name);
+        // The creator allocates its outputs, and so does a later writer of
+        // one whose creator failed (it writes it anew).
+        for (const StoragePtr& s : out) s->materialize(stream);
         track_values(in, out, ctx, ctx.op_name, modeled != nullptr);
         OpIO io;
         io.in.reserve(in.size());
         io.out.reserve(out.size());
-        for (const StoragePtr& s : in) {
-          io.in.push_back(s->data());
-          io.in_types.push_back(s->dtype);
-          io.in_bytes.push_back(s->bytes);
+        for (std::size_t k = 0; k < in.size(); ++k) {
+          io.in.push_back(in_spans[k].data(*in[k]));
+          io.in_types.push_back(in[k]->dtype);
+          io.in_bytes.push_back(in_spans[k].bytes);
         }
-        for (const StoragePtr& s : out) {
-          io.out.push_back(s->data());
-          io.out_types.push_back(s->dtype);
-          io.out_bytes.push_back(s->bytes);
+        for (std::size_t k = 0; k < out.size(); ++k) {
+          io.out.push_back(out_spans[k].data(*out[k]));
+          io.out_types.push_back(out[k]->dtype);
+          io.out_bytes.push_back(out_spans[k].bytes);
         }
         if (stream) {
           for (const StoragePtr& s : in) s->allocator->record_use(s->block, stream);

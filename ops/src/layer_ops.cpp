@@ -482,7 +482,7 @@ Tensor unscale_and_check(const std::vector<Tensor>& grads, const Tensor& scale) 
     const std::string what = "grad " + std::to_string(k);
     check_float32_beside(op, scale, {{&grads[k], what.c_str()}});
     for (std::size_t j = 0; j < k; ++j)
-      if (grads[j].storage() == grads[k].storage())
+      if (grads[j].overlaps(grads[k]))
         throw InvalidArgument(std::string(op) + ": grads " + std::to_string(j) + " and " + std::to_string(k) +
                               " are one tensor, " + describe(grads[k]));
     outputs.push_back(&grads[k]);

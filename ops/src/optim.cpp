@@ -246,7 +246,7 @@ Optimizer::Optimizer(std::vector<nn::Parameter*> params, OptimizerOptions option
       throw InvalidArgument("Optimizer: parameter " + in_quotes(name) + " " + detail::describe_on(p->value) +
                             " is not float32 (optimizers update float32 parameters; keep float32 master weights)");
     for (std::size_t j = 0; j < k; ++j)
-      if (params[j] == p || params[j]->value.storage() == p->value.storage())
+      if (params[j] == p || params[j]->value.overlaps(p->value))
         throw InvalidArgument("Optimizer: parameter " + in_quotes(name) + " is listed twice (positions " +
                               std::to_string(j) + " and " + std::to_string(k) + ")");
     m.names.push_back(name);
@@ -259,7 +259,7 @@ Optimizer::Optimizer(std::vector<nn::Parameter*> params, OptimizerOptions option
       const Shape shape = s == "step" ? Shape{1} : v.shape();
       Tensor t = Tensor::zeros(v.engine(), shape, v.device());
       std::string full = m.names[k] + "." + s;
-      t.set_name(full);
+      t.set_name(full).set_role(MemoryRole::optimizer_state);
       m.states.push_back(nn::Buffer{std::move(full), std::move(t)});
     }
   }

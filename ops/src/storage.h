@@ -2,8 +2,10 @@
 // that orders every op on it.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "weft/allocator.h"
@@ -25,7 +27,24 @@ struct Storage {
   // Allocates on the op's stream; only the op that creates the tensor calls
   // it, holding the write access.
   void materialize(gpu::Stream* stream) {
-    if (!block && bytes) block = allocator->allocate(bytes, stream);
+    if (block || !bytes) return;
+    const MemoryRole as = role.load(std::memory_order_acquire);
+    block = allocator->allocate(bytes, stream, as);
+    allocated.store(true, std::memory_order_release);
+    // A set_role from the frontend meanwhile may have found no block yet.
+    if (const MemoryRole now = role.load(std::memory_order_acquire); now != as) allocator->set_role(block, now);
+  }
+  // For ops that read a tensor no op has written (Tensor::empty): the
+  // first of them to run allocates it (readers may run at once: locked).
+  void materialize_for_read(gpu::Stream* stream) {
+    std::lock_guard lock(read_alloc_mu);
+    materialize(stream);
+  }
+  // Any thread: the role the memory is counted under (before or after it
+  // is allocated).
+  void set_role(MemoryRole r) {
+    role.store(r, std::memory_order_release);
+    if (allocated.load(std::memory_order_acquire)) allocator->set_role(block, r);
   }
   void* data() const noexcept { return block.ptr; }
 
@@ -35,10 +54,15 @@ struct Storage {
   std::size_t bytes;
   Allocator* allocator;
   Var var;
-  Block block;
+  Block block;  // written once, by materialize, before `allocated`
+  std::atomic<bool> allocated{false};
+  std::mutex read_alloc_mu;
+  std::atomic<MemoryRole> role{MemoryRole::activations};
   std::string name;  // for messages (Tensor::set_name)
   // True until the op that creates the tensor is pushed (frontend only): that
   // op allocates; later writers work in place and find the memory there.
+  // Ops that read it before (pushed while it is still true: uninitialized
+  // memory, Tensor::empty) allocate it if they run first.
   bool creator_pending = true;
   // Under the simulator's modeled mode (weft/gpu_sim.h): which op's modeled
   // kernel should have produced the values ("'matmul' on gpu(0)"), when the

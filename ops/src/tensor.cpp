@@ -270,11 +270,9 @@ void check_device(Engine& engine, Device device, const char* op, const Tensor* s
 // A fresh tensor whose creating op is `kernel` (it writes the whole tensor).
 // The CPU branch writes float32 (run_widened rounds it for a half tensor).
 template <class CpuFill, class GpuFill>
-Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const char* op, CpuFill cpu, GpuFill gpu,
-              detail::Body body = detail::Body::kernels) {
+Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const char* op, CpuFill cpu, GpuFill gpu) {
   check_device(engine, device, op);
-  // empty() only allocates: any dtype (ops refuse those they have no kernels for).
-  if (!has_kernels(dtype) && std::string_view(op) != "empty")
+  if (!has_kernels(dtype))
     throw InvalidArgument(std::string(op) + ": dtype " + std::string(to_string(dtype)) +
                           " has no kernels (float32, bfloat16 and float16 do)");
   auto storage = std::make_shared<Storage>(engine, device, dtype,
@@ -286,7 +284,7 @@ Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const cha
       gpu(*ctx.gpu, dtype, io.out[0], n);
     else
       cpu(io.o(0), n);
-  }, OpProperty::normal, 0, body);
+  });
   return t;
 }
 
@@ -300,8 +298,9 @@ Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape) {
 }
 
 Tensor Tensor::empty(Engine& engine, Shape shape, Device device, DType dtype) {
-  return create(engine, std::move(shape), device, dtype, "empty", [](float*, std::int64_t) {},
-                [](const gpu::WorkerHandles&, DType, void*, std::int64_t) {}, detail::Body::allocation);
+  check_device(engine, device, "empty");
+  const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
+  return wrap(std::make_shared<Storage>(engine, device, dtype, bytes, ""), std::move(shape));
 }
 
 Tensor Tensor::full(Engine& engine, Shape shape, float value, Device device, DType dtype) {
@@ -387,6 +386,12 @@ Tensor& Tensor::set_name(std::string name) {
   return *this;
 }
 
+Tensor& Tensor::set_role(MemoryRole role) {
+  checked();
+  storage_->set_role(role);
+  return *this;
+}
+
 std::string Tensor::str() const {
   if (!storage_) return "Tensor (undefined)";
   return "Tensor " + detail::describe_on(*this);
@@ -403,10 +408,14 @@ std::vector<float> Tensor::to_host() const {
     return staged.to_host();
   }
   wait_to_read();
+  if (storage_->creator_pending) storage_->materialize_for_read(nullptr);  // never written: uninitialized
   detail::require_memory(*storage_, "to_host");
   detail::require_values(*storage_, "to_host", detail::describe_on(*this));
   std::vector<float> out(static_cast<std::size_t>(numel()));
-  if (!out.empty()) kernels::cpu::cast(out.data(), DType::float32, storage_->data(), dtype(), numel());
+  if (!out.empty())
+    kernels::cpu::cast(out.data(), DType::float32,
+                       static_cast<const unsigned char*>(storage_->data()) + offset_ * dtype_size(dtype()), dtype(),
+                       numel());
   return out;
 }
 
@@ -420,7 +429,32 @@ Tensor Tensor::reshape(Shape shape) const {
   if (shape.numel() != numel())
     throw Error("reshape: " + detail::describe(*this) + " cannot become " + shape.str() + " (" +
                 std::to_string(numel()) + " vs " + std::to_string(shape.numel()) + " elements)");
-  return wrap(storage_, std::move(shape));
+  Tensor t = wrap(storage_, std::move(shape));
+  t.offset_ = offset_;
+  return t;
+}
+
+Tensor Tensor::view(std::int64_t offset, Shape shape) const {
+  detail::check_defined("view", *this, "tensor");
+  if (offset < 0 || shape.numel() > numel() - offset)
+    throw InvalidArgument("view: elements [" + std::to_string(offset) + ", " + std::to_string(offset + shape.numel()) +
+                          ") as " + shape.str() + " do not lie within " + detail::describe(*this) + " (" +
+                          std::to_string(numel()) + " elements)");
+  Tensor t = wrap(storage_, std::move(shape));
+  t.offset_ = offset_ + offset;
+  return t;
+}
+
+std::int64_t Tensor::storage_offset() const {
+  checked();
+  return offset_;
+}
+
+bool Tensor::overlaps(const Tensor& other) const {
+  if (!defined() || !other.defined() || storage_ != other.storage_) return false;
+  const std::int64_t n = numel(), m = other.numel();
+  if (n == 0 || m == 0) return false;
+  return offset_ < other.offset_ + m && other.offset_ < offset_ + n;
 }
 
 Tensor Tensor::copy_to(Device device) const {
@@ -437,7 +471,10 @@ void Tensor::copy_from(const Tensor& src) {
   detail::check_same_shape("copy_from", *this, src);
   detail::check_same_dtype("copy_from", *this, "destination", src, "source");
   detail::check_same_engine("copy_from", *this, src);
-  if (src.storage_ == storage_) return;  // same memory: nothing to copy
+  if (src.storage_ == storage_ && src.offset_ == offset_) return;  // same memory: nothing to copy
+  if (overlaps(src))
+    throw InvalidArgument("copy_from: source " + detail::describe(src) + " and destination " + detail::describe(*this) +
+                          " are overlapping parts of one storage");
   const Device from = src.device(), to = device();
   const std::size_t bytes = nbytes();
   const bool host_from = !from.is_gpu(), host_to = !to.is_gpu();

@@ -18,10 +18,11 @@ namespace {
 using detail::StoragePtr;
 
 // What the op's closure keeps: the storages (alive until the op is done)
-// and which outputs it creates.
+// and which inputs no op has written yet.
 struct Bound {
   std::vector<StoragePtr> in, out;
-  std::vector<bool> creates;  // [k]: this op allocates output k
+  std::vector<detail::TensorSpan> in_spans, out_spans;  // views: their part of the storage
+  std::vector<bool> reads_unwritten;  // [k]: input k has no creating op yet (it may allocate it)
   std::vector<Var> reads, writes;
   Engine* engine = nullptr;
 };
@@ -51,11 +52,14 @@ Bound bind_tensors(const char* call, Device device, const std::vector<Tensor>& i
   if (!b.engine) throw InvalidArgument(op + ": no tensors (push a plain engine op instead)");
   for (const Tensor& t : inputs) {
     b.in.push_back(t.storage());
+    b.in_spans.push_back(detail::TensorSpan::of(t));
+    b.reads_unwritten.push_back(t.storage()->creator_pending);
     b.reads.push_back(t.var());
   }
   for (std::size_t k = 0; k < outputs.size(); ++k) {
-    b.creates.push_back(std::exchange(outputs[k].storage()->creator_pending, false));
+    outputs[k].storage()->creator_pending = false;  // later readers find it written (or failed)
     b.out.push_back(outputs[k].storage());
+    b.out_spans.push_back(detail::TensorSpan::of(outputs[k]));
     b.writes.push_back(outputs[k].var());
   }
   return b;
@@ -73,16 +77,17 @@ TensorData materialize(const Bound& b, RunContext& ctx) {
   // A CPU op holding GPU tensors allocates them for no stream (nullptr): the
   // GPU work it hands them to is done before it completes.
   gpu::Stream* stream = ctx.gpu ? ctx.gpu->stream : nullptr;
-  for (std::size_t k = 0; k < b.out.size(); ++k) {
-    if (b.creates[k]) b.out[k]->materialize(stream);
-    else detail::require_memory(*b.out[k], ctx.op_name);
-  }
+  for (std::size_t k = 0; k < b.in.size(); ++k)
+    if (b.reads_unwritten[k]) b.in[k]->materialize_for_read(stream);
   for (const StoragePtr& s : b.in) detail::require_memory(*s, ctx.op_name);
+  // The creator allocates its outputs, and so does a later writer of one
+  // whose creator failed (it writes it anew).
+  for (const StoragePtr& s : b.out) s->materialize(stream);
   // A GPU op of its own under the modeled mode may run modeled kernels
   // (accumulate, scale): its outputs are taken to hold no values.
   detail::track_values(b.in, b.out, ctx, ctx.op_name, ctx.gpu && gpu::kernels_modeled());
-  for (const StoragePtr& s : b.in) d.inputs.push_back(s->data());
-  for (const StoragePtr& s : b.out) d.outputs.push_back(s->data());
+  for (std::size_t k = 0; k < b.in.size(); ++k) d.inputs.push_back(b.in_spans[k].data(*b.in[k]));
+  for (std::size_t k = 0; k < b.out.size(); ++k) d.outputs.push_back(b.out_spans[k].data(*b.out[k]));
   if (stream) {
     for (const StoragePtr& s : b.in) s->allocator->record_use(s->block, stream);
     for (const StoragePtr& s : b.out) s->allocator->record_use(s->block, stream);

@@ -184,11 +184,28 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
   call.check_tensors(inputs, "inputs", false);
   call.check_tensors(outputs, "outputs", false);
   call.check_same_size(outputs, "output sizes");
-  call.check_distinct(inputs, outputs);
   call.check_chunks(inputs, "input", outputs[0].numel(), outputs[0].dtype());
-  call.state().transport->check(call, outputs[0].numel());
+  // In place (MPI_IN_PLACE's case): an input that is its output's own chunk
+  // (a view) reaches the transports as a copy, taken in push order.
+  std::vector<Tensor> sources = inputs;
+  const std::int64_t count = outputs[0].numel();
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].var() != outputs[k].var()) continue;
+    const Chunk own = chunk(count, call.state().size, call.state().local_ranks[k]);
+    if (inputs[k].numel() > 0 && inputs[k].storage_offset() != outputs[k].storage_offset() + own.begin)
+      call.refuse(call.member(k) + "'s input " + inputs[k].str() + " overlaps its output " + outputs[k].str() +
+                  " other than as its own chunk (elements [" + std::to_string(own.begin) + ", " +
+                  std::to_string(own.end) + ") of it)");
+  }
+  call.state().transport->check(call, count);
   call.commit();
-  call.state().transport->all_gather(call, inputs, outputs);
+  for (std::size_t k = 0; k < inputs.size(); ++k)
+    if (inputs[k].var() == outputs[k].var()) {
+      sources[k] = Tensor::empty(inputs[k].engine(), inputs[k].shape(), inputs[k].device(), inputs[k].dtype())
+                       .set_role(MemoryRole::communication);
+      sources[k].copy_from(inputs[k]);
+    }
+  call.state().transport->all_gather(call, sources, outputs);
 }
 
 void barrier(const Communicator& comm, CollectiveOptions options) {

@@ -109,9 +109,16 @@ void DataParallel::Impl::build_plan() {
       bucket.offsets.push_back(bucket.elements);
       bucket.elements += p.value.numel();
     }
-    for (std::size_t r = 0; r < devices.size(); ++r)
-      bucket.flat.push_back(Tensor::zeros(*engine, Shape{bucket.elements}, devices[r])
-                                .set_name(options.name + " bucket " + std::to_string(b) + " on " + devices[r].str()));
+    // Stages none and 1 keep the flat gradients (the replicas' grads are
+    // views of them); stages 2 and 3 make them per step. Allocated by their
+    // first pack (Tensor::empty): one device alone never packs.
+    if (shard() <= Shard::optimizer)
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        bucket.flat.push_back(Tensor::empty(*engine, Shape{bucket.elements}, devices[r])
+                                  .set_role(MemoryRole::gradients)
+                                  .set_name(options.name + " bucket " + std::to_string(b) + " on " + devices[r].str()));
+    else
+      bucket.flat.resize(devices.size());
     buckets.push_back(std::move(bucket));
     begin = bucket_end[b];
   }
@@ -143,57 +150,89 @@ void DataParallel::Impl::check_replica(std::size_t r) const {
   }
 }
 
-// Every replica's flat tensor of `bucket` becomes the sum over every replica
-// (or, with broadcast_from_root, replica 0 of process 0's).
-void DataParallel::Impl::reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root) {
+void DataParallel::Impl::reduce(const std::vector<Tensor>& flats, std::int64_t elements, const std::string& name,
+                                bool broadcast_from_root) {
   if (!mixed) {
     if (!comm) return;  // one replica in all
     if (broadcast_from_root)
-      broadcast(*comm, bucket.flat, {.name = name});
+      broadcast(*comm, flats, {.name = name});
     else
-      allreduce(*comm, bucket.flat, ReduceOp::sum, {.name = name});
+      allreduce(*comm, flats, ReduceOp::sum, {.name = name});
     return;
   }
   // A mix of CPU devices and GPUs: through one host tensor.
-  Tensor host = Tensor::empty(*engine, Shape{bucket.elements}, Device::cpu(0)).set_name(name + " on the host");
-  host.copy_from(bucket.flat[0]);
+  Tensor host = Tensor::empty(*engine, Shape{elements}, Device::cpu(0))
+                    .set_role(MemoryRole::communication)
+                    .set_name(name + " on the host");
+  host.copy_from(flats[0]);
   if (!broadcast_from_root)
-    for (std::size_t r = 1; r < bucket.flat.size(); ++r) ops::axpy(1.0f, bucket.flat[r].copy_to(Device::cpu(0)), host);
+    for (std::size_t r = 1; r < flats.size(); ++r) ops::axpy(1.0f, flats[r].copy_to(Device::cpu(0)), host);
   if (host_comm) {
     if (broadcast_from_root)
       broadcast(*host_comm, {host}, {.name = name});
     else
       allreduce(*host_comm, {host}, ReduceOp::sum, {.name = name});
   }
-  for (std::size_t r = broadcast_from_root && !host_comm ? 1 : 0; r < bucket.flat.size(); ++r) {
-    Tensor flat = bucket.flat[r];  // a handle: the same storage
+  for (std::size_t r = broadcast_from_root && !host_comm ? 1 : 0; r < flats.size(); ++r) {
+    Tensor flat = flats[r];  // a handle: the same storage
     flat.copy_from(host);
   }
 }
 
-void DataParallel::Impl::broadcast_parameters() {
-  if (world() == 1) return;
+void DataParallel::Impl::bind_views(std::size_t b, std::size_t r, const Tensor& flat) {
+  const GradientBucket& bucket = buckets[b];
+  for (std::size_t k = 0; k < bucket.parameters.size(); ++k) {
+    const std::size_t pos = bucket_begin(b) + k;
+    param(r, pos).value = flat.view(bucket.offsets[k], shapes[pos]);
+  }
+}
+
+void DataParallel::Impl::flatten_parameters() {
+  // One replica, unsharded: nothing gathers or broadcasts into them.
+  if (shard() == Shard::none && world() == 1) return;
+  param_flats.resize(buckets.size());
   for (const GradientBucket& bucket : buckets) {
+    const auto b = static_cast<std::size_t>(bucket.index);
+    for (std::size_t r = 0; r < devices.size(); ++r) {
+      Tensor flat = Tensor::empty(*engine, Shape{bucket.elements}, devices[r])
+                        .set_role(MemoryRole::parameters)
+                        .set_name(options.name + " parameters " + std::to_string(b) + " on " + devices[r].str());
+      ops::pack(bucket_values(b, r), flat);
+      param_flats[b].push_back(flat);
+    }
     // The collective's name lists the bucket's parameters: across processes
     // the fingerprint check compares it, so ranks with different plans fail
     // here, naming both.
-    std::string name = options.name + " params bucket " + std::to_string(bucket.index) + ":";
-    for (const std::string& p : bucket.parameters) name += " " + p;
-    const std::size_t begin = bucket.index == 0 ? 0 : bucket_end[static_cast<std::size_t>(bucket.index) - 1];
-    for (std::size_t r = 0; r < devices.size(); ++r) {
-      std::vector<Tensor> values;
-      for (std::size_t pos = begin; pos < bucket_end[static_cast<std::size_t>(bucket.index)]; ++pos)
-        values.push_back(param(r, pos).value);
-      Tensor flat = bucket.flat[r];
-      ops::pack(values, flat);
+    if (world() > 1) {
+      std::string name = options.name + " params bucket " + std::to_string(bucket.index) + ":";
+      for (const std::string& p : bucket.parameters) name += " " + p;
+      reduce(param_flats[b], bucket.elements, name, /*broadcast_from_root=*/true);
     }
-    reduce(bucket, name, /*broadcast_from_root=*/true);
-    for (std::size_t r = 0; r < devices.size(); ++r) {
-      std::vector<Tensor> values;
-      for (std::size_t pos = begin; pos < bucket_end[static_cast<std::size_t>(bucket.index)]; ++pos)
-        values.push_back(param(r, pos).value);
-      ops::unpack(bucket.flat[r], values);
-    }
+    // The layers' own tensors go (freed once packed): the views replace them.
+    for (std::size_t r = 0; r < devices.size(); ++r) bind_views(b, r, param_flats[b][r]);
+  }
+}
+
+void DataParallel::Impl::check_options() const {
+  if (options.prefetch_layers < 0 || static_cast<std::size_t>(options.prefetch_layers) > bucket_end.size())
+    throw InvalidArgument(label() + ": prefetch_layers " + std::to_string(options.prefetch_layers) +
+                          " is out of range [0, " + std::to_string(bucket_end.size()) +
+                          "] (the model has that many layers with parameters)");
+  if (const auto& host = options.offload) {
+    if (host->is_gpu())
+      throw InvalidArgument(label() + ": offload to " + host->str() +
+                            ": the optimizer state is offloaded to a host device (cpu_pinned(0) or cpu(i)), not a GPU");
+    const std::vector<Device> known = engine->devices();
+    if (!(host->kind() == DeviceKind::cpu_pinned && host->index() == 0) &&
+        std::find(known.begin(), known.end(), *host) == known.end())
+      throw InvalidArgument(label() + ": offload to " + host->str() + ", which this engine does not have");
+    if (!devices.front().is_gpu())
+      throw InvalidArgument(label() + ": offload to " + host->str() + " with replicas on " + devices.front().str() +
+                            ": the replicas' memory is host memory already (offload moves GPU members' state)");
+    if (shard() == Shard::none)
+      throw InvalidArgument(label() + ": offload to " + host->str() +
+                            " moves each member's chunk of the optimizer state: it needs Shard::optimizer, "
+                            "gradients or parameters, not none");
   }
 }
 
@@ -203,7 +242,8 @@ std::vector<Tensor> DataParallel::Impl::bucket_values(std::size_t b, std::size_t
   return values;
 }
 
-void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused) {
+void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused,
+                                       const std::vector<Tensor>& next) {
   GradientBucket& bucket = buckets[b];
   const std::size_t begin = bucket_begin(b);
   const std::size_t end = bucket_end[b];
@@ -227,10 +267,24 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
     }
     if (direct) continue;
     Tensor& flat = bucket.flat[r];
-    if (!flat.defined())
+    if (!flat.defined()) {  // stages 2 and 3: a communication buffer, from here to the reduce-scatter
       flat = Tensor::empty(*engine, Shape{bucket.elements}, devices[r])
+                 .set_role(MemoryRole::communication)
                  .set_name(options.name + " bucket " + std::to_string(b) + " on " + devices[r].str());
+      // One bucket in flight: its memory is taken once the previous
+      // bucket's reduce-scatter is done with that one's.
+      if (sync && r < in_flight.size() && in_flight[r].defined())
+        engine->push([] {}, devices[r], {in_flight[r].var()}, {flat.var()},
+                     {.name = options.name + " bucket " + std::to_string(b) + " pack gate"});
+    }
     ops::pack(grads, flat, static_cast<float>(weight[r]), /*accumulate=*/accumulated > 0);
+    // ... and the next layers' backward (their new gradients) waits for this
+    // pack, which frees the gradients it packed.
+    if (r < next.size() && next[r].defined())
+      engine->push([] {}, devices[r], {flat.var()}, {next[r].var()},
+                   {.name = options.name + " bucket " + std::to_string(b) + " packed"});
+    // Packed: stages 2 and 3 drop the layer's gradient tensors (stages none
+    // and 1: views of the flat replace them once it is reduced).
     if (sharded_grads)
       for (std::size_t pos = begin; pos < end; ++pos) param(r, pos).grad = Tensor();
   }
@@ -243,21 +297,16 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
     if (reduction)
       reduction(bucket);
     else
-      reduce(bucket, options.name + " bucket " + std::to_string(b), false);
+      reduce(bucket.flat, bucket.elements, options.name + " bucket " + std::to_string(b), false);
   }
   for (std::size_t r = 0; r < devices.size(); ++r) {
-    std::vector<Tensor> grads;
-    for (std::size_t pos = begin; pos < end; ++pos) {
-      nn::Parameter& p = param(r, pos);
-      // Unused: a fresh tensor (the zeros stay zeros).
-      if (unused[r][pos]) p.grad = Tensor::empty(*engine, shapes[pos], devices[r]).set_name(p.name + ".grad");
-      grads.push_back(p.grad);
-    }
-    ops::unpack(bucket.flat[r], grads);
-    // Stage 1: this member's chunk of the reduced gradient, for the step.
-    if (shard() == Shard::optimizer) {
+    for (std::size_t k = 0; k < bucket.parameters.size(); ++k)
+      param(r, begin + k).grad = bucket.flat[r].view(bucket.offsets[k], shapes[begin + k]);
+    // Stage 1 under offload: this member's chunk of the reduced gradient to
+    // the host, where its update runs.
+    if (shard() == Shard::optimizer && offloaded()) {
       ShardSlot& slot = *slots[b][r];
-      slot.param.grad = ops::slice_rows(bucket.flat[r], slot.range.begin, slot.range.end).set_name(slot.param.name + ".grad");
+      slot.param.grad.copy_from(bucket.flat[r].view(slot.range.begin, Shape{slot.range.size()}));
     }
   }
 }
@@ -332,8 +381,9 @@ DataParallel::DataParallel(Engine& engine, std::vector<Device> devices, const Re
                           " needs replicas on CPU devices only or GPUs only (a collective group); got a mix (" +
                           m.devices.front().str() + ", ...)");
   m.build_plan();
+  m.check_options();
   m.zeros.assign(m.devices.size(), std::vector<Tensor>(m.order.size()));
-  m.broadcast_parameters();
+  m.flatten_parameters();
   m.setup_optimizer();
   if (const auto& ls = m.options.loss_scaling) {
     if (!(ls->init_scale > 0.0f) || !std::isfinite(ls->init_scale))
@@ -458,17 +508,10 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
   std::vector<Tensor> before;
   for (std::size_t l = m.leaves[0].size(); l-- > 0;) {
     const std::size_t n = m.params[0][l].size();
-    // Stage 3: the layer's parameters gathered again, the next layer's
-    // gather pushed ahead.
-    const int gathered = m.leaf_bucket[l];
-    if (gathered >= 0) {
-      m.materialize(static_cast<std::size_t>(gathered));
-      for (std::size_t k = l; k-- > 0;)
-        if (m.leaf_bucket[k] >= 0) {
-          m.prefetch(static_cast<std::size_t>(m.leaf_bucket[k]), d);
-          break;
-        }
-    }
+    // Stage 3: the layer's parameters gathered again (and the next layers'
+    // gathers pushed ahead).
+    const int gathered = m.shard() == Shard::parameters ? m.leaf_bucket[l] : -1;
+    if (gathered >= 0) m.begin_use(static_cast<std::size_t>(gathered), d);
     // Interleave the replicas layer by layer, so each bucket's gradients are
     // pushed on every replica before the next layer's backward.
     for (std::size_t r = 0; r < m.devices.size(); ++r) {
@@ -491,10 +534,11 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
         unused[r][ready + j] = true;
       }
     }
-    if (gathered >= 0) m.release(static_cast<std::size_t>(gathered));
+    if (gathered >= 0) m.end_use(static_cast<std::size_t>(gathered));
     ready += n;
     if (!m.options.overlap) continue;
-    while (next_bucket < m.bucket_end.size() && m.bucket_end[next_bucket] <= ready) m.finish_bucket(next_bucket++, sync, unused);
+    while (next_bucket < m.bucket_end.size() && m.bucket_end[next_bucket] <= ready)
+      m.finish_bucket(next_bucket++, sync, unused, d);
   }
   if (!m.options.overlap && m.world() > 1) {
     // The baseline without overlap: the engine would still start each
@@ -508,7 +552,8 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
       for (GradientBucket& bucket : m.buckets) {
         Tensor& flat = bucket.flat[r];
         if (!flat.defined())  // stages 2 and 3: packed into from here
-          flat = Tensor::zeros(*m.engine, Shape{bucket.elements}, m.devices[r])
+          flat = Tensor::empty(*m.engine, Shape{bucket.elements}, m.devices[r])
+                     .set_role(MemoryRole::communication)
                      .set_name(m.options.name + " bucket " + std::to_string(bucket.index) + " on " + m.devices[r].str());
         flats.push_back(flat.var());
       }
@@ -516,6 +561,7 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
     m.engine->push([] {}, Device::cpu(0), grads, flats, {.name = m.options.name + " backward done"});
   }
   while (next_bucket < m.bucket_end.size()) m.finish_bucket(next_bucket++, sync, unused);
+  m.in_flight.clear();
   m.weight.clear();
   m.accumulated = sync ? 0 : m.accumulated + 1;
 }
@@ -566,7 +612,7 @@ void DataParallel::set_reduction(BucketReduction reduction) {
 }
 
 void DataParallel::reduce_bucket(const GradientBucket& bucket) {
-  impl_->reduce(bucket, impl_->options.name + " bucket " + std::to_string(bucket.index), false);
+  impl_->reduce(bucket.flat, bucket.elements, impl_->options.name + " bucket " + std::to_string(bucket.index), false);
 }
 
 BucketReduction half_precision_reduction(DataParallel& dp, HalfReductionOptions options) {

@@ -236,12 +236,17 @@ void DataParallel::load_checkpoint(const checkpoint::Reader& reader) {
   for (auto& bucket_slots : m.slots)
     for (auto& slot : bucket_slots)
       if (slot->optimizer) slot->optimizer->set_steps(steps);
+  // Offload: the host's master chunks and the GPUs' copies agree again
+  // (stages 1 and 2 loaded the replicas' parameters, stage 3 the masters).
+  if (m.offloaded())
+    for (auto& bucket_slots : m.slots)
+      for (auto& slot : bucket_slots) {
+        if (slot->range.size() == 0) continue;
+        if (m.shard() == Shard::parameters) slot->device_value.copy_from(slot->param.value);
+        else slot->param.value.copy_from(slot->device_value);
+      }
   // Stage 3 under FullParameters: the gathered parameters follow the load.
-  if (m.shard() == Shard::parameters && m.full_depth > 0) {
-    const int depth = std::exchange(m.full_depth, 0);
-    for (std::size_t b = 0; b < m.buckets.size(); ++b) m.materialize(b);
-    m.full_depth = depth;
-  }
+  if (m.shard() == Shard::parameters && m.full_depth > 0) m.gather_all();
 }
 
 }  // namespace weft::parallel

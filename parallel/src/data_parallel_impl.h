@@ -17,13 +17,19 @@
 namespace weft::parallel {
 
 // One member's chunk of one bucket under sharding: the optimizer's
-// parameter. value: the chunk of the bucket's flat parameters (stage 3: kept
-// between steps, the master copy; stages 1 and 2: cut from the replica's
-// parameters for the step only); grad: the chunk of the reduced gradient.
+// parameter. value: the chunk of the bucket's flat parameters (stages 1 and
+// 2: a view of the replica's flat parameters; stage 3: kept between steps,
+// the master copy; with offload: the master copy on the host); grad: the
+// chunk of the reduced gradient (stage 1: a view of the flat gradient; with
+// offload: on the host).
 struct ShardSlot {
   Chunk range;  // of the bucket's flat layout
   nn::Parameter param;
   std::unique_ptr<optim::Optimizer> optimizer;  // null for an empty chunk
+  // With offload: the chunk on the member's GPU that the forward reads
+  // (stages 1 and 2: a view of the flat parameters; stage 3: kept between
+  // steps, what the gathers read). Undefined otherwise.
+  Tensor device_value;
 };
 
 // Where a member's chunk of a bucket meets one parameter: the parameter's
@@ -51,6 +57,10 @@ struct DataParallel::Impl {
   std::vector<GradientBucket> buckets;
   // Stage 3: the bucket of each leaf (-1: a leaf without parameters).
   std::vector<int> leaf_bucket;
+  // Stages none, 1 and 2: each bucket's parameters in one flat tensor per
+  // replica ([bucket][replica]); the replica's p.value are views of it, and
+  // the stages' all-gathers write it in place.
+  std::vector<std::vector<Tensor>> param_flats;
 
   // Reduction: one communicator over the replicas' devices (all CPU devices
   // or all GPUs), or, for a mix, sums on the host and `host_comm` across
@@ -65,6 +75,9 @@ struct DataParallel::Impl {
   std::vector<std::int64_t> split;              // split_and_load's local parts; empty: none pending
   std::int64_t split_total = 0;                 // ... and the whole batch's rows
   int no_sync_depth = 0;
+  // Stages 2 and 3: the last reduce-scatter's outputs (per replica), which
+  // the next bucket's pack waits for; cleared after backward.
+  std::vector<Tensor> in_flight;
   int accumulated = 0;  // backward()s packed into the buckets since the last reduction
   std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
   // Loss scaling's state per replica ([1] float32 on its device; LossScaling).
@@ -76,15 +89,20 @@ struct DataParallel::Impl {
   std::vector<std::unique_ptr<optim::Optimizer>> optimizers;
   std::vector<std::vector<std::unique_ptr<ShardSlot>>> slots;
   // Stage 3: gathered flat parameters in flight ([bucket][replica]; empty:
-  // none), and how many FullParameters are alive.
+  // none), and how many FullParameters are alive. uses: the buckets of a
+  // step's layers in the order they run (forward, then backward in
+  // reverse); next_use: the next one's position.
   std::vector<std::vector<Tensor>> gathered;
   int full_depth = 0;
+  std::vector<int> uses;
+  std::size_t next_use = 0;
 
   int world() const { return processes * static_cast<int>(devices.size()); }
   // The communicator rank of replica r (its member index under sharding).
   int member(std::size_t r) const { return comm ? comm->local_ranks()[r] : static_cast<int>(r); }
   std::string label() const { return "DataParallel"; }
   Shard shard() const { return options.shard; }
+  bool offloaded() const { return options.offload.has_value(); }
 
   nn::Parameter& param(std::size_t r, std::size_t pos) const {
     const auto [leaf, j] = order[pos];
@@ -96,9 +114,22 @@ struct DataParallel::Impl {
 
   void build_plan();
   void check_replica(std::size_t r) const;
-  void broadcast_parameters();
-  void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused);
-  void reduce(const GradientBucket& bucket, const std::string& name, bool broadcast_from_root);
+  void check_options() const;
+  // Packs every replica's parameters into param_flats, broadcasts them from
+  // replica 0 of process 0 and makes the replicas' p.value views of them.
+  void flatten_parameters();
+  // Replica r's parameters of bucket b become views of `flat`.
+  void bind_views(std::size_t b, std::size_t r, const Tensor& flat);
+  // Packs bucket b's gradients and pushes its reduction, with one bucket in
+  // flight: `next` (the gradients the next layers' backward reads) waits
+  // for the pack (the layer gradients freed), and in stages 2 and 3 the
+  // pack waits for the previous bucket's reduce-scatter (its flat freed).
+  void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused,
+                     const std::vector<Tensor>& next = {});
+  // Every replica's `flats` (of `elements`) become the sum over every
+  // replica (or, with broadcast_from_root, replica 0 of process 0's).
+  void reduce(const std::vector<Tensor>& flats, std::int64_t elements, const std::string& name,
+              bool broadcast_from_root);
   // Each replica's flag becomes the largest over every replica and process.
   void agree_max(std::vector<Tensor>& flags, const std::string& name);
 
@@ -110,12 +141,21 @@ struct DataParallel::Impl {
   // all_gather of each member's chunk into `out` (one [elements] tensor per replica).
   void gather(std::size_t b, const std::vector<Tensor>& chunks, const std::vector<Tensor>& out,
               const std::string& what);
-  // Stage 3: push the gather of bucket b's parameters (if not in flight;
-  // with `after`, one tensor per replica, not before they are written),
-  // unpack it into every replica's parameter tensors, and free them again.
-  void prefetch(std::size_t b, const std::vector<Tensor>& after = {});
-  void materialize(std::size_t b);
-  void release(std::size_t b);
+  // Stage 3. gather_bucket: push the gather of bucket b's parameters (if not
+  // gathered already; with `after`, one tensor per replica, its memory taken
+  // no earlier than they are written). begin_use: the next use of the
+  // step's order (bucket b), its layer about to be pushed with inputs
+  // `start`: gathers it and the next prefetch_layers uses, gated on
+  // `start`, and binds the replicas' p.value to it. end_use: frees it
+  // unless a use within the prefetch window needs it again.
+  void gather_bucket(std::size_t b, const std::vector<Tensor>& after);
+  void begin_use(std::size_t b, const std::vector<Tensor>& start);
+  void end_use(std::size_t b);
+  void release(std::size_t b);  // p.value and the gathered flat dropped
+  void gather_all();            // FullParameters, or a step under it
+  // The chunk of bucket b a member's gathers read (its master, or under
+  // offload its GPU copy).
+  const Tensor& chunk_value(std::size_t b, std::size_t r) const;
   std::vector<Tensor> forward_sharded(const std::vector<Tensor>& inputs);
 
   // ---- data_parallel_checkpoint.cpp ----

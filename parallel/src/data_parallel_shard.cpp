@@ -3,7 +3,8 @@
 // (stages 2 and 3) and the all-gathers of the parameters (after the step in
 // stages 1 and 2; before each layer's forward and backward in stage 3).
 // Design notes: docs/design/data-parallel.md, "Sharding (ZeRO)".
-#include <set>
+#include <algorithm>
+#include <map>
 #include <string>
 #include <utility>
 
@@ -52,30 +53,36 @@ void DataParallel::Impl::setup_optimizer() {
       const int me = member(r);
       slot->range = chunk(bucket.elements, n, me);
       slot->param.name = zero_bucket_name(options.name, b) + " chunk " + std::to_string(me);
-      // Stage 3 keeps the chunk of the broadcast parameters (the flat bucket
-      // holds them after broadcast_parameters); stages 1 and 2 cut it per
-      // step, and the optimizer sees its shape here (never allocated).
-      if (shard() == Shard::parameters) {
-        if (world() == 1) {
-          Tensor flat = bucket.flat[r];
-          ops::pack(bucket_values(b, r), flat);
-        }
-        slot->param.value = ops::slice_rows(bucket.flat[r], slot->range.begin, slot->range.end);
+      const Tensor& flat = param_flats[b][r];
+      // Stages 1 and 2: the chunk of the replica's flat parameters itself (the
+      // step updates it in place and gathers the others' into the rest);
+      // stage 3 keeps a copy of it between steps, and the flat goes.
+      Tensor value = shard() == Shard::parameters
+                         ? ops::slice_rows(flat, slot->range.begin, slot->range.end).set_role(MemoryRole::parameters)
+                         : flat.view(slot->range.begin, Shape{slot->range.size()});
+      if (offloaded()) {
+        slot->device_value = value;
+        slot->param.value = value.copy_to(*options.offload).set_role(MemoryRole::parameters);
+        slot->param.grad = Tensor::empty(*engine, Shape{slot->range.size()}, *options.offload)
+                               .set_role(MemoryRole::gradients)
+                               .set_name(slot->param.name + ".grad");
       } else {
-        slot->param.value = Tensor::empty(*engine, Shape{slot->range.size()}, devices[r]);
+        slot->param.value = value;
+        // Stage 1: the chunk of the flat gradient, reduced in place.
+        if (shard() == Shard::optimizer)
+          slot->param.grad = bucket.flat[r].view(slot->range.begin, Shape{slot->range.size()});
       }
-      slot->param.value.set_name(slot->param.name);
+      if (shard() == Shard::parameters || offloaded()) slot->param.value.set_name(slot->param.name);
       if (slot->range.size() > 0)
         slot->optimizer = std::make_unique<optim::Optimizer>(std::vector<nn::Parameter*>{&slot->param}, options.optimizer);
-      if (shard() != Shard::parameters) slot->param.value = Tensor();
       slots[b].push_back(std::move(slot));
     }
-    if (shard() >= Shard::gradients)
-      for (Tensor& flat : bucket.flat) flat = Tensor();
   }
   gathered.resize(buckets.size());
-  if (shard() == Shard::parameters)
+  if (shard() == Shard::parameters) {
     for (std::size_t b = 0; b < buckets.size(); ++b) release(b);
+    param_flats.clear();
+  }
 }
 
 void DataParallel::Impl::gather(std::size_t b, const std::vector<Tensor>& chunks, const std::vector<Tensor>& out,
@@ -85,39 +92,50 @@ void DataParallel::Impl::gather(std::size_t b, const std::vector<Tensor>& chunks
     all_gather(*comm, chunks, out, {.name = name});
     return;
   }
-  Tensor whole = out[0];  // one member: its chunk is the whole bucket
+  Tensor whole = out[0];  // one member: its chunk is the whole bucket (in place: nothing to do)
   whole.copy_from(chunks[0]);
 }
 
 void DataParallel::Impl::reduce_scatter_bucket(std::size_t b) {
   GradientBucket& bucket = buckets[b];
-  if (!comm) {  // one member: the flat bucket is its chunk
-    ShardSlot& slot = *slots[b][0];
-    slot.param.grad = bucket.flat[0].set_name(slot.param.name + ".grad");
-    bucket.flat[0] = Tensor();
-    return;
-  }
   std::vector<Tensor> out;
+  if (!comm) {  // one member: the flat bucket is its chunk
+    out.push_back(bucket.flat[0].set_role(MemoryRole::gradients));
+  } else {
+    for (std::size_t r = 0; r < devices.size(); ++r)
+      out.push_back(Tensor::empty(*engine, Shape{slots[b][r]->range.size()}, devices[r])
+                        .set_role(MemoryRole::gradients)
+                        .set_name(slots[b][r]->param.name + ".grad"));
+    reduce_scatter(*comm, bucket.flat, out, ReduceOp::sum, {.name = zero_bucket_name(options.name, b)});
+    in_flight = out;
+  }
+  for (Tensor& flat : bucket.flat) flat = Tensor();
   for (std::size_t r = 0; r < devices.size(); ++r) {
     ShardSlot& slot = *slots[b][r];
-    slot.param.grad = Tensor::empty(*engine, Shape{slot.range.size()}, devices[r]).set_name(slot.param.name + ".grad");
-    out.push_back(slot.param.grad);
+    if (offloaded())  // to the host at once: the update may start; the GPU's chunk goes
+      slot.param.grad.copy_from(out[r]);
+    else
+      slot.param.grad = out[r].set_name(slot.param.name + ".grad");
   }
-  reduce_scatter(*comm, bucket.flat, out, ReduceOp::sum, {.name = zero_bucket_name(options.name, b)});
-  for (Tensor& flat : bucket.flat) flat = Tensor();
 }
 
-void DataParallel::Impl::prefetch(std::size_t b, const std::vector<Tensor>& after) {
-  if (full_depth > 0 || !gathered[b].empty()) return;
+const Tensor& DataParallel::Impl::chunk_value(std::size_t b, std::size_t r) const {
+  const ShardSlot& slot = *slots[b][r];
+  return offloaded() ? slot.device_value : slot.param.value;
+}
+
+void DataParallel::Impl::gather_bucket(std::size_t b, const std::vector<Tensor>& after) {
+  if (!gathered[b].empty()) return;
   std::vector<Tensor> chunks, out;
   for (std::size_t r = 0; r < devices.size(); ++r) {
-    chunks.push_back(slots[b][r]->param.value);
+    chunks.push_back(chunk_value(b, r));
     out.push_back(Tensor::empty(*engine, Shape{buckets[b].elements}, devices[r])
+                      .set_role(MemoryRole::parameters)
                       .set_name(zero_bucket_name(options.name, b) + " parameters on " + devices[r].str()));
     // The gather depends on the chunks only, ready since the last step: by
-    // itself it would run (and allocate) at once, every layer's together.
-    // An empty op that reads `after` and writes the gathered tensor holds
-    // it until the layer before it starts.
+    // itself it would run (and take its memory) at once, every layer's
+    // together. An empty op that reads `after` and writes the gathered
+    // tensor holds it until that layer is about to start.
     if (!after.empty())
       engine->push([] {}, devices[r], {after[r].var()}, {out[r].var()},
                    {.name = zero_bucket_name(options.name, b) + " gather gate"});
@@ -126,44 +144,68 @@ void DataParallel::Impl::prefetch(std::size_t b, const std::vector<Tensor>& afte
   gathered[b] = std::move(out);
 }
 
-void DataParallel::Impl::materialize(std::size_t b) {
-  if (full_depth > 0) return;  // FullParameters holds them already
-  prefetch(b);
-  std::vector<Tensor> flats = std::exchange(gathered[b], {});
-  for (std::size_t r = 0; r < devices.size(); ++r) {
-    std::vector<Tensor> values;
-    for (std::size_t pos = bucket_begin(b); pos < bucket_end[b]; ++pos) {
-      nn::Parameter& p = param(r, pos);
-      p.value = Tensor::empty(*engine, shapes[pos], devices[r]).set_name(p.name);
-      values.push_back(p.value);
-    }
-    ops::unpack(flats[r], values);
+void DataParallel::Impl::begin_use(std::size_t b, const std::vector<Tensor>& start) {
+  if (next_use >= uses.size() || uses[next_use] != static_cast<int>(b))
+    throw InvalidArgument(label() + ": layers ran out of the order forward() planned (a backward without its "
+                          "forward, or a forward while another is being differentiated)");
+  if (full_depth == 0) {
+    gather_bucket(b, start);
+    const std::size_t ahead = static_cast<std::size_t>(options.prefetch_layers);
+    for (std::size_t k = next_use + 1; k < uses.size() && k <= next_use + ahead; ++k)
+      gather_bucket(static_cast<std::size_t>(uses[k]), start);
   }
+  for (std::size_t r = 0; r < devices.size(); ++r) bind_views(b, r, gathered[b][r]);
+}
+
+void DataParallel::Impl::end_use(std::size_t b) {
+  const std::size_t used = next_use++;
+  if (full_depth > 0) return;
+  // Needed again within the window gathered ahead (the last layer's
+  // forward and then its backward): kept.
+  const std::size_t ahead = static_cast<std::size_t>(options.prefetch_layers);
+  for (std::size_t k = used + 1; k < uses.size() && k <= used + ahead; ++k)
+    if (uses[k] == static_cast<int>(b)) {
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        for (std::size_t pos = bucket_begin(b); pos < bucket_end[b]; ++pos) param(r, pos).value = Tensor();
+      return;
+    }
+  release(b);
 }
 
 void DataParallel::Impl::release(std::size_t b) {
-  if (full_depth > 0) return;
   // Ops in flight keep the storage alive; the handles go.
   for (std::size_t r = 0; r < devices.size(); ++r)
     for (std::size_t pos = bucket_begin(b); pos < bucket_end[b]; ++pos) param(r, pos).value = Tensor();
+  gathered[b].clear();
+}
+
+void DataParallel::Impl::gather_all() {
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    release(b);
+    gather_bucket(b, {});
+    for (std::size_t r = 0; r < devices.size(); ++r) bind_views(b, r, gathered[b][r]);
+  }
 }
 
 std::vector<Tensor> DataParallel::Impl::forward_sharded(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> y = inputs;
   for (std::size_t r = 0; r < replicas.size(); ++r) replicas[r]->set_input_shape(inputs[r].shape());
   const std::size_t n_leaves = leaves[0].size();
+  // This step's order of uses: the forward, then (training) the backward.
+  if (full_depth == 0)
+    for (std::size_t b = 0; b < buckets.size(); ++b) release(b);  // a forward that was never differentiated
+  uses.clear();
+  next_use = 0;
+  for (std::size_t l = 0; l < n_leaves; ++l)
+    if (leaf_bucket[l] >= 0) uses.push_back(leaf_bucket[l]);
+  if (replicas[0]->training())
+    for (std::size_t l = n_leaves; l-- > 0;)
+      if (leaf_bucket[l] >= 0) uses.push_back(leaf_bucket[l]);
   for (std::size_t l = 0; l < n_leaves; ++l) {
     const int b = leaf_bucket[l];
-    if (b >= 0) {
-      materialize(static_cast<std::size_t>(b));
-      for (std::size_t k = l + 1; k < n_leaves; ++k)
-        if (leaf_bucket[k] >= 0) {
-          prefetch(static_cast<std::size_t>(leaf_bucket[k]), y);
-          break;
-        }
-    }
+    if (b >= 0) begin_use(static_cast<std::size_t>(b), y);
     for (std::size_t r = 0; r < replicas.size(); ++r) y[r] = leaves[r][l]->forward(y[r]);
-    if (b >= 0) release(static_cast<std::size_t>(b));
+    if (b >= 0) end_use(static_cast<std::size_t>(b));
   }
   return y;
 }
@@ -175,7 +217,7 @@ void DataParallel::Impl::step(float lr) {
                           "no_sync first");
   const std::size_t n = devices.size();
   // What each member's optimizer reads: its replica's gradients, or its
-  // chunks of them.
+  // chunks of them (on the host, under offload).
   std::vector<std::vector<Tensor>> grads(n);
   for (std::size_t r = 0; r < n; ++r) {
     if (shard() == Shard::none) {
@@ -192,73 +234,52 @@ void DataParallel::Impl::step(float lr) {
       grads[r].push_back(slot.param.grad);
     }
   }
+  // Under offload the gradients are on the host: the verdicts are computed
+  // there, agreed on the members' devices, and brought back.
+  auto on_member = [&](const Tensor& t, std::size_t r) { return offloaded() ? t.copy_to(devices[r]) : t; };
+  auto for_update = [&](const Tensor& t) { return offloaded() ? t.copy_to(*options.offload) : t; };
   std::vector<Tensor> found, coefficient;
   if (!scale.empty()) {
     for (std::size_t r = 0; r < n; ++r)
       found.push_back(grads[r].empty() ? Tensor::zeros(*engine, Shape{1}, devices[r])
-                                       : ops::unscale_and_check(grads[r], scale[r]));
+                                       : on_member(ops::unscale_and_check(grads[r], for_update(scale[r])), r));
     agree_max(found, options.name + " found inf");
   }
   if (options.max_grad_norm) {
     std::vector<Tensor> norm_sq;
     for (std::size_t r = 0; r < n; ++r)
-      norm_sq.push_back(grads[r].empty() ? Tensor::zeros(*engine, Shape{1}, devices[r])
-                                         : optim::grad_norm_squared(grads[r]).set_name(options.name + " grad norm^2"));
+      norm_sq.push_back(grads[r].empty()
+                            ? Tensor::zeros(*engine, Shape{1}, devices[r])
+                            : on_member(optim::grad_norm_squared(grads[r]).set_name(options.name + " grad norm^2"), r));
     // Sharded: each member summed its chunks; the norm is of all of them.
     if (shard() != Shard::none && comm) allreduce(*comm, norm_sq, ReduceOp::sum, {.name = options.name + " grad norm"});
     for (std::size_t r = 0; r < n; ++r) coefficient.push_back(optim::clip_coefficient(norm_sq[r], *options.max_grad_norm));
   }
-  auto inputs = [&](std::size_t r) {
-    optim::StepInputs in;
-    if (!found.empty()) in.skip = {found[r]};
-    if (!coefficient.empty()) in.grad_scale = {coefficient[r]};
-    return in;
-  };
+  std::vector<optim::StepInputs> inputs(n);
+  for (std::size_t r = 0; r < n; ++r) {
+    if (!found.empty()) inputs[r].skip = {for_update(found[r])};
+    if (!coefficient.empty()) inputs[r].grad_scale = {for_update(coefficient[r])};
+  }
 
   if (shard() == Shard::none) {
-    for (std::size_t r = 0; r < n; ++r) optimizers[r]->step(lr, inputs(r));
+    for (std::size_t r = 0; r < n; ++r) optimizers[r]->step(lr, inputs[r]);
   } else {
     for (std::size_t b = 0; b < slots.size(); ++b) {
-      // Stages 1 and 2: the chunk of the parameters is cut from the
-      // replica's (all equal), updated, and gathered back into every
-      // replica's parameters through a flat bucket (stage 1: the bucket's
-      // own, its gradients unpacked already).
-      std::vector<Tensor> flats, chunks;
+      std::vector<Tensor> chunks;
       for (std::size_t r = 0; r < n; ++r) {
         ShardSlot& slot = *slots[b][r];
-        if (shard() != Shard::parameters) {
-          Tensor flat = buckets[b].flat[r];
-          if (shard() == Shard::gradients) {
-            flat = Tensor::empty(*engine, Shape{buckets[b].elements}, devices[r])
-                       .set_name(zero_bucket_name(options.name, b) + " parameters on " + devices[r].str());
-            // The parameters are ready long before: held until the
-            // bucket's gradient is, the flat bucket lives for the update only.
-            engine->push([] {}, devices[r], {slot.param.grad.var()}, {flat.var()},
-                         {.name = zero_bucket_name(options.name, b) + " update gate"});
-          }
-          ops::pack(bucket_values(b, r), flat);
-          slot.param.value = ops::slice_rows(flat, slot.range.begin, slot.range.end).set_name(slot.param.name);
-          flats.push_back(flat);
-        }
-        if (slot.optimizer) slot.optimizer->step(lr, inputs(r));
-        chunks.push_back(slot.param.value);
+        if (slot.optimizer) slot.optimizer->step(lr, inputs[r]);
+        // Offload: the updated chunk back to the GPU (ahead of the gathers
+        // of the next forward).
+        if (offloaded() && slot.range.size() > 0) slot.device_value.copy_from(slot.param.value);
+        chunks.push_back(chunk_value(b, r));
       }
-      if (shard() == Shard::parameters) continue;
-      gather(b, chunks, flats, "gather");
-      for (std::size_t r = 0; r < n; ++r) {
-        ops::unpack(flats[r], bucket_values(b, r));
-        ShardSlot& slot = *slots[b][r];
-        slot.param.value = Tensor();
-        // Stage 1: the chunk was a copy of the full gradients, which stay.
-        if (shard() == Shard::optimizer) slot.param.grad = Tensor();
-      }
+      // Stages 1 and 2: every member's updated chunk into every replica's
+      // flat parameters, in place (the chunks are views of them).
+      if (shard() != Shard::parameters) gather(b, chunks, param_flats[b], "gather");
     }
     // Stage 3 with FullParameters alive: the full parameters follow the step.
-    if (shard() == Shard::parameters && full_depth > 0) {
-      const int depth = std::exchange(full_depth, 0);
-      for (std::size_t b = 0; b < buckets.size(); ++b) materialize(b);
-      full_depth = depth;
-    }
+    if (shard() == Shard::parameters && full_depth > 0) gather_all();
   }
   for (std::size_t r = 0; r < n && !scale.empty(); ++r)
     ops::update_loss_scale(scale[r], growth_tracker[r], skipped[r], found[r], options.loss_scaling->rule);
@@ -276,10 +297,13 @@ std::vector<std::size_t> DataParallel::state_bytes() const {
   Impl& m = *impl_;
   std::vector<std::size_t> out;
   for (std::size_t r = 0; r < m.devices.size(); ++r) {
-    std::set<const void*> seen;  // each storage once (shared zeros, reshapes)
-    std::size_t bytes = 0;
+    // Each storage's bytes once, however many views of it are held: the
+    // union of their element ranges.
+    std::map<const void*, std::vector<std::pair<std::size_t, std::size_t>>> ranges;
     auto add = [&](const Tensor& t) {
-      if (t.defined() && seen.insert(t.storage().get()).second) bytes += t.nbytes();
+      if (!t.defined() || t.device() != m.devices[r]) return;
+      const std::size_t begin = static_cast<std::size_t>(t.storage_offset()) * dtype_size(t.dtype());
+      ranges[t.storage().get()].emplace_back(begin, begin + t.nbytes());
     };
     for (nn::Parameter* p : m.replicas[r]->parameters()) {
       add(p->value);
@@ -292,8 +316,19 @@ std::vector<std::size_t> DataParallel::state_bytes() const {
         ShardSlot& slot = *bucket_slots[r];
         add(slot.param.value);
         add(slot.param.grad);
+        add(slot.device_value);
         if (slot.optimizer)
           for (nn::Buffer* s : slot.optimizer->state()) add(s->value);
+      }
+    }
+    std::size_t bytes = 0;
+    for (auto& [storage, spans] : ranges) {
+      std::sort(spans.begin(), spans.end());
+      std::size_t reach = 0;
+      for (const auto& [begin, end] : spans) {
+        if (end <= reach) continue;
+        bytes += end - std::max(begin, reach);
+        reach = end;
       }
     }
     out.push_back(bytes);
@@ -303,8 +338,7 @@ std::vector<std::size_t> DataParallel::state_bytes() const {
 
 DataParallel::FullParameters DataParallel::full_parameters() {
   Impl& m = *impl_;
-  if (m.shard() == Shard::parameters && m.full_depth == 0)
-    for (std::size_t b = 0; b < m.buckets.size(); ++b) m.materialize(b);
+  if (m.shard() == Shard::parameters && m.full_depth == 0) m.gather_all();
   ++m.full_depth;
   return FullParameters(this);
 }

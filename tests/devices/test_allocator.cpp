@@ -102,21 +102,22 @@ TEST_CASE("allocator: size classes" * doctest::timeout(30)) {
     CHECK(a->stats().cache_hits == hits + 1);
     a->free(b);
   }
-  // above 1 MiB: rounded up by at most a quarter, never down
+  // above 1 MiB: rounded up by at most a 32nd, never down
   for (std::size_t bytes : {MiB + 1, MiB + 300 * KiB, 2 * MiB - 1, 3 * MiB + 5, 5 * MiB, 7 * MiB + 333,
                             16 * MiB + 1, 48 * MiB + 7}) {
     INFO(bytes);
     const std::size_t cls = class_of(*a, bytes);
     CHECK(cls >= bytes);
-    CHECK(static_cast<double>(cls) <= 1.25 * static_cast<double>(bytes));
+    CHECK(static_cast<double>(cls) <= (1.0 + 1.0 / 32) * static_cast<double>(bytes));
   }
   // nearby sizes above 1 MiB share a class (the last, smaller minibatch hits the cache)
   CHECK(class_of(*a, MiB + 1) == class_of(*a, MiB + 1000));
+  CHECK(class_of(*a, 5 * MiB) < class_of(*a, 5 * MiB + 1));  // 5 MiB is a class of its own
   {
     Block b = a->allocate(3 * MiB + 5);
     void* p = b.ptr;
     a->free(b);
-    Block c = a->allocate(3 * MiB + 100 * KiB);
+    Block c = a->allocate(3 * MiB + 60 * KiB);
     CHECK(c.ptr == p);
     a->free(c);
   }

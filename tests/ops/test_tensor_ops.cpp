@@ -1130,7 +1130,7 @@ TEST_CASE("a tensor whose allocation failed is an error for every later reader" 
     // 2^38 floats: 1 TiB, more than the machine has. The creating op fails
     // with out-of-memory; readers pushed after that failure was reported must
     // fail with an error naming the cause, not dereference a null pointer.
-    Tensor huge = Tensor::empty(e, Shape{std::int64_t{1} << 38});
+    Tensor huge = Tensor::zeros(e, Shape{std::int64_t{1} << 38});
     CHECK(has(error_of([&] { (void)huge.to_host(); }), "out of memory on cpu(0)"));
     CHECK(has(error_of([&] { (void)ops::sum(huge).item(); }), "has no memory"));
     CHECK(has(error_of([&] { (void)huge.to_host(); }), "has no memory"));

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "weft/allocator.h"
 #include "weft/device.h"
 #include "weft/op_property.h"
 
@@ -88,11 +89,21 @@ struct Overlap {
   double efficiency = 0;      // both / min(a, b); 0 when either is empty
 };
 
+// A device's most bytes in use while profiling (its allocator's, rounded
+// to size classes), and what held them at that moment (weft/allocator.h).
+struct MemoryPeak {
+  Device device;
+  std::size_t bytes = 0;
+  double at_ms = 0;  // since the window's start
+  MemoryByRole by_role{};
+};
+
 struct ProfileSummary {
   double window_ms = 0;  // earliest span start to latest span end
   std::vector<ResourceUsage> resources;
   Overlap compute_copy;          // compute spans vs copy spans (launch tracks excluded)
   std::vector<Overlap> devices;  // each pair of devices that ran ops
+  std::vector<MemoryPeak> memory;  // per device whose allocator was used while profiling
   std::string table() const;     // printable
   std::string json() const;      // one line, keys as docs/trace-format.md
 };

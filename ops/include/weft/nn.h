@@ -369,10 +369,57 @@ class Sequential : public Layer {
   std::size_t size() const noexcept { return layers_.size(); }
   Layer& operator[](std::size_t i) const { return *layers_.at(i); }
 
+  // Activation recomputation over the whole model, as PyTorch's
+  // checkpoint_sequential: regroups the layers into `segments` runs of
+  // consecutive layers (as equal in count as they divide) and wraps every
+  // run but the last, whose activations backward needs at once, in a
+  // Recompute. Names, parameters and checkpoints stay the same. Throws
+  // weft::InvalidArgument unless 1 <= segments <= size() (1: nothing is
+  // recomputed).
+  void recompute(int segments);
+
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
   Shape input_shape_;  // set_input_shape's, or the last forward's input
   bool have_input_shape_ = false;
+};
+
+// Activation recomputation (gradient checkpointing, Chen et al. 2016): a
+// segment of layers that keeps only its input between forward and backward.
+// A training forward runs the segment and drops what its layers kept;
+// backward runs the forward again from the kept input, then the segment's
+// backward, so its activations live only while its own backward runs, at
+// the cost of one more forward. The recomputation runs with the running
+// statistics frozen (freeze_running_stats), so batch norm counts each batch
+// once and, in training mode, normalizes it by the same batch statistics:
+// the gradients equal the segment's without recomputation. Everything else
+// (parameters, buffers, precision, mode, shapes) is the segment's.
+// DataParallel takes it as one layer (under Shard::parameters, its
+// parameters are gathered together, for the forward and again for the
+// recomputation and backward).
+class Recompute : public Layer {
+ public:
+  explicit Recompute(std::unique_ptr<Sequential> segment);  // throws weft::InvalidArgument for null
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  Tensor backward_input(const Tensor& dy) override;
+  void backward_weight() override;
+  std::vector<Parameter*> parameters() override;
+  std::vector<Buffer*> buffers() override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;  // "Recompute(Dense(784 -> 512), ReLU, ...)"
+  void train(bool on) override;
+  void set_precision(Precision p) override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+  void freeze_running_stats(bool frozen) override;
+  Sequential& segment() const noexcept { return *segment_; }
+
+ private:
+  void recompute_forward();  // from x_, statistics frozen
+  std::unique_ptr<Sequential> segment_;
+  Tensor x_;                 // the training forward's input, until backward
+  bool recomputed_ = false;  // backward_input ran: backward_weight is due
 };
 
 // Number of elements of all parameters.

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/allocator.h"
 #include "weft/device.h"
 #include "weft/dtype.h"
 #include "weft/engine.h"
@@ -31,7 +32,10 @@ class Tensor {
  public:
   Tensor() = default;  // undefined: every use but defined() throws
 
-  // ---- creation (each pushes one op) ----------------------------------
+  // ---- creation --------------------------------------------------------
+  // empty() pushes nothing: the first op that writes the tensor allocates
+  // its memory when it runs (so memory is taken no earlier than the work
+  // that fills it). Each of the others pushes one op that writes it whole.
   static Tensor empty(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
   static Tensor zeros(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
   static Tensor ones(Engine& engine, Shape shape, Device device = {}, DType dtype = DType::float32);
@@ -58,6 +62,10 @@ class Tensor {
   // Names the tensor and its Var: errors, traces, the dependency graph and the
   // profiler's table show it (see Engine::set_var_name).
   Tensor& set_name(std::string name);
+  // What the memory holds, for the allocators' accounting by role and the
+  // profiler's memory track (weft/allocator.h; default: activations).
+  // Applies to the whole storage; any time, before or after allocation.
+  Tensor& set_role(MemoryRole role);
   std::string str() const;   // "Tensor 'x' [256, 10] float32 on cpu(0)"
 
   // ---- blocking reads ---------------------------------------------------
@@ -68,6 +76,16 @@ class Tensor {
   // ---- views and copies -------------------------------------------------
   // Same storage and Var, another shape with as many elements.
   Tensor reshape(Shape shape) const;
+  // Elements [offset, offset + shape.numel()) of this tensor as a tensor of
+  // `shape`: the same storage and Var, so ops on the view and on the whole
+  // are ordered as ops on one tensor (a flat buffer whose parts are
+  // parameters or gradients). Throws weft::InvalidArgument when the range
+  // does not lie within this tensor.
+  Tensor view(std::int64_t offset, Shape shape) const;
+  // The first element's position in the storage (0 unless a view).
+  std::int64_t storage_offset() const;
+  // Whether the two share memory: the same storage and overlapping elements.
+  bool overlaps(const Tensor& other) const;
   // A new tensor on `device` with the same values. GPU copies run on the
   // copy workers (host<->GPU through pinned staging, GPU<->GPU peer).
   Tensor copy_to(Device device) const;
@@ -94,6 +112,7 @@ class Tensor {
   const detail::Storage& checked() const;
   std::shared_ptr<detail::Storage> storage_;
   Shape shape_;
+  std::int64_t offset_ = 0;  // elements
 };
 
 // Memory of a device's allocator, for demos and benchmarks.

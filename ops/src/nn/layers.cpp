@@ -33,13 +33,13 @@ Parameter make_weight(Engine& engine, const std::string& name, Shape shape, Init
                       std::int64_t fan_out, Device device, std::uint64_t seed) {
   const float a = init_bound(init, fan_in, fan_out);
   Tensor w = Tensor::uniform(engine, std::move(shape), -a, a, seed, device);
-  w.set_name(name + ".weight");
+  w.set_name(name + ".weight").set_role(MemoryRole::parameters);
   return Parameter{name + ".weight", std::move(w), Tensor()};
 }
 
 Parameter make_bias(Engine& engine, const std::string& name, std::int64_t n, Device device) {
   Tensor b = Tensor::zeros(engine, Shape{n}, device);
-  b.set_name(name + ".bias");
+  b.set_name(name + ".bias").set_role(MemoryRole::parameters);
   return Parameter{name + ".bias", std::move(b), Tensor()};
 }
 
@@ -110,7 +110,7 @@ void no_backward_input(const std::string& layer) {
 
 Buffer make_buffer(Engine& engine, const std::string& name, std::int64_t n, float value, Device device) {
   Tensor t = Tensor::full(engine, Shape{n}, value, device);
-  t.set_name(name);
+  t.set_name(name).set_role(MemoryRole::parameters);
   return Buffer{name, std::move(t)};
 }
 
@@ -154,7 +154,7 @@ Tensor weight_for_backward(const Tensor& kept, const Tensor& weight) { return ke
 // A gradient for a float32 master parameter.
 Tensor master_grad(Tensor g, const std::string& name) {
   g = as_dtype(g, DType::float32);
-  g.set_name(name + ".grad");  // traces and tables show "fc1.weight.grad"
+  g.set_name(name + ".grad").set_role(MemoryRole::gradients);  // traces and tables show "fc1.weight.grad"
   return g;
 }
 
@@ -424,7 +424,7 @@ BatchNorm::BatchNorm(Engine& engine, std::int64_t channels, Device device, std::
   if (!(params.momentum >= 0.0f && params.momentum <= 1.0f))
     throw InvalidArgument("BatchNorm: momentum must be in [0, 1], got " + std::to_string(params.momentum));
   Tensor gamma = Tensor::ones(engine, Shape{channels}, device);
-  gamma.set_name(name + ".weight");
+  gamma.set_name(name + ".weight").set_role(MemoryRole::parameters);
   weight_ = Parameter{name + ".weight", std::move(gamma), Tensor()};
   bias_ = make_bias(engine, name, channels, device);
   running_mean_ = make_buffer(engine, name + ".running_mean", channels, 0.0f, device);
@@ -464,8 +464,8 @@ Tensor BatchNorm::backward(const Tensor& dy) {
   ops::BatchNormGrads g =
       ops::batch_norm_backward(x_, as_dtype(dy, x_.dtype()), weight_.value, save_mean_, save_invstd_, params_);
   x_ = save_mean_ = save_invstd_ = Tensor();
-  g.dgamma.set_name(weight_.name + ".grad");
-  g.dbeta.set_name(bias_.name + ".grad");
+  g.dgamma.set_name(weight_.name + ".grad").set_role(MemoryRole::gradients);
+  g.dbeta.set_name(bias_.name + ".grad").set_role(MemoryRole::gradients);
   weight_.grad = std::move(g.dgamma);
   bias_.grad = std::move(g.dbeta);
   return std::move(g.dx);

@@ -1,4 +1,5 @@
-// Sequential, SGD and the ready-made models (LeNet, MLP, ResNet-18).
+// Sequential and Recompute, SGD and the ready-made models (LeNet, MLP, ResNet-18).
+#include <any>
 #include <sstream>
 #include <string>
 #include <utility>
@@ -70,6 +71,133 @@ void Sequential::restore_saved(std::any saved) {
 void Sequential::freeze_running_stats(bool frozen) {
   for (auto& layer : layers_) layer->freeze_running_stats(frozen);
 }
+
+void Sequential::recompute(int segments) {
+  const auto n = static_cast<int>(layers_.size());
+  if (segments < 1 || segments > n)
+    throw InvalidArgument("Sequential::recompute: " + std::to_string(segments) + " segments for " + std::to_string(n) +
+                          " layers (want 1 to " + std::to_string(n) + ")");
+  std::vector<std::unique_ptr<Layer>> layers = std::move(layers_);
+  layers_.clear();
+  std::size_t next = 0;
+  for (int k = 0; k < segments; ++k) {
+    const auto count = static_cast<std::size_t>(n / segments + (k < n % segments ? 1 : 0));
+    if (k + 1 == segments) {  // the last run stays as it is
+      for (; next < layers.size(); ++next) layers_.push_back(std::move(layers[next]));
+      break;
+    }
+    auto segment = std::make_unique<Sequential>();
+    segment->train(training_);
+    segment->set_precision(precision_);
+    for (std::size_t i = 0; i < count; ++i) segment->add(std::move(layers[next++]));
+    layers_.push_back(std::make_unique<Recompute>(std::move(segment)));
+  }
+}
+
+// ---- Recompute -------------------------------------------------------------
+
+Recompute::Recompute(std::unique_ptr<Sequential> segment) : segment_(std::move(segment)) {
+  if (!segment_) throw InvalidArgument("Recompute: null segment");
+  training_ = segment_->training();
+  precision_ = segment_->precision();
+}
+
+Tensor Recompute::forward(const Tensor& x) {
+  if (!x.defined()) throw InvalidArgument("Recompute::forward: undefined input");
+  Tensor y = segment_->forward(x);
+  if (training_) {
+    // Keep the input only: what the layers kept goes (its memory is freed
+    // once the forward's ops are done with it).
+    (void)segment_->take_saved();
+    x_ = x;
+    recomputed_ = false;
+  }
+  return y;
+}
+
+void Recompute::recompute_forward() {
+  if (!x_.defined())
+    throw InvalidArgument("Recompute(" + std::to_string(segment_->size()) +
+                          " layers): backward without a training forward before it");
+  // The same input and batch statistics give the same activations; the
+  // running statistics saw this batch already.
+  segment_->freeze_running_stats(true);
+  try {
+    (void)segment_->forward(x_);
+  } catch (...) {
+    segment_->freeze_running_stats(false);
+    throw;
+  }
+  segment_->freeze_running_stats(false);
+  x_ = Tensor();
+}
+
+Tensor Recompute::backward(const Tensor& dy) {
+  recompute_forward();
+  return segment_->backward(dy);
+}
+
+Tensor Recompute::backward_input(const Tensor& dy) {
+  recompute_forward();
+  recomputed_ = true;
+  return segment_->backward_input(dy);
+}
+
+void Recompute::backward_weight() {
+  if (!recomputed_) throw InvalidArgument("Recompute: backward_weight without a backward_input before it");
+  recomputed_ = false;
+  segment_->backward_weight();
+}
+
+std::vector<Parameter*> Recompute::parameters() { return segment_->parameters(); }
+std::vector<Buffer*> Recompute::buffers() { return segment_->buffers(); }
+Shape Recompute::output_shape(const Shape& input) const { return segment_->output_shape(input); }
+
+std::string Recompute::describe() const {
+  std::string out = "Recompute(";
+  for (std::size_t i = 0; i < segment_->size(); ++i) out += (i ? ", " : "") + (*segment_)[i].describe();
+  return out + ")";
+}
+
+void Recompute::train(bool on) {
+  training_ = on;
+  segment_->train(on);
+  if (!on) x_ = Tensor();
+}
+
+void Recompute::set_precision(Precision p) {
+  precision_ = p;
+  segment_->set_precision(p);
+}
+
+namespace {
+struct RecomputeSaved {
+  Tensor x;
+  std::any segment;  // between backward_input and backward_weight
+  bool recomputed = false;
+};
+}  // namespace
+
+std::any Recompute::take_saved() {
+  RecomputeSaved saved{std::exchange(x_, Tensor()), recomputed_ ? segment_->take_saved() : std::any(), recomputed_};
+  recomputed_ = false;
+  return saved;
+}
+
+void Recompute::restore_saved(std::any saved) {
+  if (!saved.has_value()) {
+    x_ = Tensor();
+    recomputed_ = false;
+    return;
+  }
+  auto* s = std::any_cast<RecomputeSaved>(&saved);
+  if (!s) throw InvalidArgument("Recompute::restore_saved: not what a Recompute's take_saved gave");
+  x_ = std::move(s->x);
+  recomputed_ = s->recomputed;
+  if (recomputed_) segment_->restore_saved(std::move(s->segment));
+}
+
+void Recompute::freeze_running_stats(bool frozen) { segment_->freeze_running_stats(frozen); }
 
 std::vector<Parameter*> Sequential::parameters() {
   std::vector<Parameter*> out;

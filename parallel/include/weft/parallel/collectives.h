@@ -124,7 +124,8 @@ void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, Reduce
 void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                     ReduceOp op = ReduceOp::sum, CollectiveOptions options = {});
 // Every member's output becomes the concatenation of the inputs, member r's
-// at chunk(count, size, r): the inverse of reduce_scatter's split.
+// at chunk(count, size, r): the inverse of reduce_scatter's split. In place:
+// a member's input may be its own chunk of its output (Tensor::view).
 void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                 CollectiveOptions options = {});
 // Completes on every member once every member reached it.

@@ -53,9 +53,11 @@ struct GradientBucket {
   std::int64_t elements = 0;
   // One per replica of this process ([elements] float32 on its device): what
   // the reduction reads (the weighted gradients) and must leave (their sum
-  // over every replica of every process). Under Shard::gradients and
-  // Shard::parameters they exist only from a backward's pack to the
-  // bucket's reduce-scatter (undefined between steps).
+  // over every replica of every process). After backward() the replica's
+  // gradients are views of it (Tensor::view: no second copy). Under
+  // Shard::gradients and Shard::parameters they exist only from a
+  // backward's pack to the bucket's reduce-scatter (undefined between
+  // steps).
   std::vector<Tensor> flat;
 };
 
@@ -107,12 +109,15 @@ struct LossScaling {
 //               gradients are freed once packed.
 //   parameters: stage 3 (FSDP): also only its chunk of the parameters. A
 //               layer's full parameters are all-gathered just before its
-//               forward and again before its backward (the next layer's
-//               gather pushed one layer ahead, so it overlaps compute) and
-//               freed after use; buckets follow layers. Between steps the
-//               replicas' parameter values are undefined (FullParameters
-//               gathers them), and after backward() so are their grads
-//               (stages 2 and 3).
+//               forward and again before its backward (prefetch_layers
+//               ahead, so the gathers overlap compute; memory is taken no
+//               earlier than that) and freed after use; buckets follow
+//               layers. Between steps the replicas' parameter values are
+//               undefined (FullParameters gathers them), and after
+//               backward() so are their grads (stages 2 and 3).
+// Each replica's parameters are views of one flat tensor per bucket (the
+// gathered one under stage 3), and after backward() its gradients views of
+// the bucket's flat gradient (stages none and 1): nothing is held twice.
 // All of it is engine ops over the collectives: in-process, across MPI
 // ranks and hierarchically alike; the same optimizer gives the same weights
 // as `none` (bitwise where the summation order is the same). Sharding needs
@@ -126,6 +131,7 @@ Shard parse_shard(std::string_view text, std::string_view what = "shard");
 
 struct DataParallelOptions {
   // Bucket capacity. 0: one bucket per parameter. Also $WEFT_BUCKET_BYTES.
+  // With Shard::parameters a bucket is one layer's parameters instead.
   std::optional<std::size_t> bucket_bytes;  // default 25 MiB (as PyTorch DDP)
   // Push each bucket's reduction as soon as its last gradient is pushed
   // (true), or all of them after the whole backward (false: the baseline
@@ -147,6 +153,23 @@ struct DataParallelOptions {
   // the device when they are sharded; no host synchronization).
   std::optional<float> max_grad_norm;
   Shard shard = Shard::none;
+  // Shard::parameters: how many layers' parameters are gathered ahead of
+  // the layer that runs (FSDP's prefetch), each gathered no earlier than
+  // that many layers before its use, so at most prefetch_layers + 1 layers
+  // are gathered at a time; 0: each only when its layer can start (least
+  // memory, no overlap of the gathers). In [0, layers with parameters];
+  // weft::InvalidArgument otherwise.
+  int prefetch_layers = 1;
+  // ZeRO-Offload (Ren et al. 2021). Set to a host device (cpu_pinned(0),
+  // whose copies to and from GPUs need no staging, or cpu(i)): each member's
+  // chunk of the float32 master parameters, of the reduced gradient and of
+  // the optimizer state lives there, and the update runs on that device's
+  // workers. Each bucket's gradient chunk is copied to the host as soon as
+  // it is reduced, so the updates run while the GPUs' backward goes on, and
+  // the updated chunk is copied back to the member's GPU, where the next
+  // forward gathers it. Needs GPU members and Shard::optimizer or above;
+  // weft::InvalidArgument otherwise, naming the device.
+  std::optional<Device> offload;
   // Collectives are named "<name> bucket <k>" (traces, mismatch messages).
   std::string name = "grad";
   CommunicatorOptions communicator;  // distributed: timeouts and fingerprints
@@ -250,7 +273,8 @@ class DataParallel {
   };
   FullParameters full_parameters();
   // Per member of this process: the bytes of its parameters, gradients and
-  // optimizer state as they are held between steps (what sharding divides).
+  // optimizer state as held between steps on its device (what sharding
+  // divides; with offload, what stays on the GPU).
   std::vector<std::size_t> state_bytes() const;
   // With loss scaling: the current scale and the steps skipped so far (each
   // waits for the steps pushed before). Without: 1 and 0.
