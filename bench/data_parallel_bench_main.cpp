@@ -69,6 +69,7 @@ struct Options {
   int layers = 8;             // wide-mlp
   bool offload = false;       // --offload: each sharded stage again with its optimizer on the host
   int prefetch_layers = 1;
+  int recompute = 0;          // --recompute N: each stage again with the model in N recomputed segments
   std::string devices = "cpu:0,cpu:1";
   std::int64_t batch = 256;
   std::size_t bucket_bytes = 64 << 10;
@@ -83,8 +84,9 @@ struct Options {
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
-               "usage: weft-bench-data-parallel [--json] [--model lenet|mlp|wide-mlp] [--width N] [--layers N]\n"
-               "                                [--devices D,...] [--batch N] [--bucket-kb N] [--steps N]\n"
+               "usage: weft-bench-data-parallel [--json] [--model lenet|mlp|wide-mlp|resnet18] [--width N]\n"
+               "                                [--layers N] [--devices D,...] [--batch N] [--bucket-kb N]\n"
+               "                                [--steps N] [--recompute N]\n"
                "                                [--reps N] [--quick] [--reduce-dtype bf16|fp16] [--shard S,...]\n"
                "                                [--offload] [--prefetch N] [--optimizer sgd|momentum|adam|adamw]\n"
                "                                [--checkpoint-every N]\n"
@@ -110,8 +112,12 @@ int usage(std::FILE* out, int rc) {
                "  optimizer state; stage 3's two gathered layers; one bucket in flight, in stages 2 and 3 its\n"
                "  gradients and its flat) plus the activations at the peak; peak_vs_expected, peak_vs_unsharded\n"
                "  and the peak's composition by role (peak_parameters, ..., activation_bytes).\n"
+               "  --recompute N: each stage again with the model's layers in N segments, all but the last\n"
+               "  recomputed in backward (Sequential::recompute); --model resnet18 (28x28 inputs).\n"
                "  --offload (GPU devices): each sharded stage again with its optimizer on cpu_pinned(0)\n"
-               "  (DataParallelOptions::offload; its rows count the GPU's memory). --prefetch N: stage 3's\n"
+               "  (DataParallelOptions::offload; its rows count the GPU's memory; offload_overlap: the share\n"
+               "  of the host updates' time during which GPU streams ran, offload_update_ms their time per\n"
+               "  step, from the profiled pass). --prefetch N: stage 3's\n"
                "  prefetch_layers (default 1).\n"
                "  --checkpoint-every N: also a copy of bucketed (with --shard, of the last stage listed)\n"
                "  that saves a checkpoint every N steps into a temporary directory; save_overhead is its\n"
@@ -134,11 +140,12 @@ struct Config {
   weft::DType reduce_dtype = weft::DType::float32;
   par::Shard shard = par::Shard::none;
   bool offload = false;
+  int recompute = 0;
   std::unique_ptr<weft::Engine> own_engine;  // --shard: each configuration's own
   weft::Engine* engine = nullptr;
   std::unique_ptr<par::DataParallel> dp;
   std::vector<double> sec_per_step;
-  par::CommOverlap overlap_figure;
+  par::CommOverlap overlap_figure, offload_figure;  // offload_figure: with offload
   std::size_t peak_bytes = 0, held_bytes = 0, state_bytes = 0;
   weft::MemoryByRole peak_by_role{};  // the largest member's, at its peak
   // --checkpoint-every: saves every `checkpoint_every` steps into
@@ -163,7 +170,8 @@ std::vector<Batch> synthetic_batches(const Options& o, int count) {
   for (int b = 0; b < count; ++b) {
     Batch batch;
     const std::int64_t features = o.model == "wide-mlp" ? o.width : 784;
-    batch.x_shape = o.model == "lenet" ? weft::Shape{o.batch, 1, 28, 28} : weft::Shape{o.batch, features};
+    const bool images = o.model == "lenet" || o.model == "resnet18";
+    batch.x_shape = images ? weft::Shape{o.batch, 1, 28, 28} : weft::Shape{o.batch, features};
     batch.y_shape = weft::Shape{o.batch};
     batch.x.resize(static_cast<std::size_t>(o.batch * features));
     for (float& v : batch.x) v = pixel(gen);
@@ -256,8 +264,10 @@ int main(int argc, char** argv) {
     if (a == "--help" || a == "-h") return usage(stdout, 0);
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.reps = 3, o.steps = 4;
-    else if (a == "--model" && (text = args.value()) && (*text == "lenet" || *text == "mlp" || *text == "wide-mlp"))
+    else if (a == "--model" && (text = args.value()) &&
+             (*text == "lenet" || *text == "mlp" || *text == "wide-mlp" || *text == "resnet18"))
       o.model = *text;
+    else if (a == "--recompute" && (n = args.int_value(1, 1024))) o.recompute = static_cast<int>(*n);
     else if (a == "--width" && (n = args.int_value(16, 1 << 16))) o.width = *n;
     else if (a == "--layers" && (n = args.int_value(1, 1024))) o.layers = static_cast<int>(*n);
     else if (a == "--offload") o.offload = true;
@@ -345,6 +355,14 @@ int main(int argc, char** argv) {
         configs.back().own_engine = weft::Engine::create(config);
         configs.back().engine = configs.back().own_engine.get();
       }
+      if (o.recompute > 0)
+        for (par::Shard s : std::vector<par::Shard>(o.shards)) {
+          add("shard_" + std::string(par::to_string(s)) + "_recompute", devices, o.bucket_bytes, true,
+              weft::DType::float32, s);
+          configs.back().recompute = o.recompute;
+          configs.back().own_engine = weft::Engine::create(config);
+          configs.back().engine = configs.back().own_engine.get();
+        }
       if (o.offload)
         for (par::Shard s : o.shards) {
           if (s == par::Shard::none) continue;
@@ -372,9 +390,13 @@ int main(int argc, char** argv) {
     }
     for (Config& c : configs) {
       auto make_on = [&](weft::Device d) {
-        if (o.model == "lenet") return weft::nn::lenet(*c.engine, d, 0);
-        if (o.model == "mlp") return weft::nn::mlp(*c.engine, {784, 512, 512, 10}, d, 0);
-        return weft::nn::mlp(*c.engine, std::vector<std::int64_t>(static_cast<std::size_t>(o.layers) + 1, o.width), d, 0);
+        std::unique_ptr<weft::nn::Sequential> net;
+        if (o.model == "lenet") net = weft::nn::lenet(*c.engine, d, 0);
+        else if (o.model == "mlp") net = weft::nn::mlp(*c.engine, {784, 512, 512, 10}, d, 0);
+        else if (o.model == "resnet18") net = weft::nn::resnet18(*c.engine, d, 0);
+        else net = weft::nn::mlp(*c.engine, std::vector<std::int64_t>(static_cast<std::size_t>(o.layers) + 1, o.width), d, 0);
+        if (c.recompute > 0) net->recompute(c.recompute);
+        return net;
       };
       par::DataParallelOptions options{.bucket_bytes = c.bucket_bytes, .overlap = c.overlap, .name = c.name};
       options.optimizer = optimizer;
@@ -446,6 +468,7 @@ int main(int argc, char** argv) {
       run(c, batches.size());
       profiler.stop();
       c.overlap_figure = par::comm_overlap(profiler.spans(), c.dp->comm_marker());
+      if (c.offload) c.offload_figure = par::gpu_overlap(profiler.spans(), c.dp->offload_marker());
       profiler.clear();
     }
     // Memory: the allocators' peak over one more pass (with --shard each
@@ -471,6 +494,11 @@ int main(int argc, char** argv) {
     // With --shard: the peak's composition and what ZeRO's accounting expects.
     std::size_t state_per_param = 0;
     for (const std::string& name : optimizer.state_names()) state_per_param += name != "step";
+    auto fixed = [](double v) {
+      char buf[32];
+      std::snprintf(buf, sizeof buf, "%.4f", v);
+      return std::string(buf);
+    };
     auto memory_fields = [&](const Config& c) {
       if (o.shards.empty()) return std::string();
       const Expected e = expected_bytes(c, state_per_param);
@@ -481,16 +509,17 @@ int main(int argc, char** argv) {
       for (const par::GradientBucket& b : c.dp->buckets()) psi += static_cast<double>(b.elements);
       char buf[640];
       std::snprintf(buf, sizeof buf,
-                    ",\"offload\":%s,\"prefetch_layers\":%d,\"parameters\":%.0f,\"expected_bytes\":%.0f,"
+                    ",\"offload\":%s,\"recompute\":%d,\"prefetch_layers\":%d,\"parameters\":%.0f,\"expected_bytes\":%.0f,"
                     "\"peak_vs_expected\":%.4f,\"peak_vs_unsharded\":%.4f,\"activation_bytes\":%zu,"
                     "\"peak_parameters\":%zu,\"peak_gradients\":%zu,\"peak_optimizer_state\":%zu,"
-                    "\"peak_communication\":%zu",
-                    c.offload ? "true" : "false", o.prefetch_layers, psi, expected,
+                    "\"peak_communication\":%zu,\"offload_overlap\":%s,\"offload_update_ms\":%s",
+                    c.offload ? "true" : "false", c.recompute, o.prefetch_layers, psi, expected,
                     static_cast<double>(c.peak_bytes) / expected,
                     static_cast<double>(c.peak_bytes) / static_cast<double>(configs[0].peak_bytes),
                     role(weft::MemoryRole::activations), role(weft::MemoryRole::parameters),
                     role(weft::MemoryRole::gradients), role(weft::MemoryRole::optimizer_state),
-                    role(weft::MemoryRole::communication));
+                    role(weft::MemoryRole::communication), c.offload ? fixed(c.offload_figure.fraction).c_str() : "null",
+                    c.offload ? fixed(c.offload_figure.comm_ms / o.steps).c_str() : "null");
       return std::string(buf);
     };
     for (std::size_t i = 0; i < configs.size(); ++i) {

@@ -40,6 +40,17 @@
     }                                                                                             \
   } while (0)
 
+// As WEFT_REQUIRE_GPU, for a case that needs at least `n` GPUs.
+#define WEFT_REQUIRE_GPUS(n)                                                                              \
+  do {                                                                                                    \
+    WEFT_REQUIRE_GPU();                                                                                   \
+    if (::weft::gpu::device_count() < (n)) {                                                              \
+      std::printf("[weft-skip] %d GPU(s) answer, this case needs %d\n", ::weft::gpu::device_count(), (n)); \
+      std::fflush(stdout);                                                                                \
+      return;                                                                                             \
+    }                                                                                                     \
+  } while (0)
+
 namespace gputest {
 
 // Simulated GPUs run CPU kernels at CPU speed: tests that need GPU-sized work

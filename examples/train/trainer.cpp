@@ -90,6 +90,9 @@ struct Options {
   std::string lr_schedule = "constant";
   std::optional<float> max_grad_norm;
   weft::parallel::Shard shard = weft::parallel::Shard::none;
+  bool offload = false;       // --offload: the optimizer on cpu_pinned(0)
+  int prefetch = 1;           // --prefetch: stage 3's prefetch_layers
+  int recompute = 0;          // --recompute: segments (0: off)
   std::string checkpoint;             // run directory; empty: none
   std::int64_t checkpoint_every = 0;  // steps; 0: at epoch ends only
   std::string resume;                 // run or checkpoint directory; empty: a fresh start
@@ -118,6 +121,11 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --shard S        what each replica keeps (ZeRO): none (default), optimizer (stage 1: its\n"
                "                   chunk of the optimizer state), gradients (stage 2: and of the gradients)\n"
                "                   or parameters (stage 3, FSDP: and of the parameters)\n"
+               "  --prefetch N     with --shard parameters: layers gathered ahead of the one that runs (1)\n"
+               "  --offload        with GPUs and --shard optimizer or above: each replica's chunk of the\n"
+               "                   optimizer state, master weights and update on the host (ZeRO-Offload)\n"
+               "  --recompute N    activation recomputation: the model's layers in N segments, each but the\n"
+               "                   last keeping only its input and recomputing its activations in backward\n"
                "  --checkpoint DIR save a checkpoint (safetensors) under DIR at the end of every epoch;\n"
                "                   DIR/latest names the newest\n"
                "  --checkpoint-every N  also every N steps\n"
@@ -251,6 +259,13 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       } catch (const weft::Error& e) {
         throw UsageError{e.what()};
       }
+    } else if (arg == "--prefetch") {
+      o.prefetch = parse_int<int>(arg, take(), 0);
+    } else if (arg == "--offload") {
+      if (args.has_inline_value()) throw UsageError{"--offload takes no value"};
+      o.offload = true;
+    } else if (arg == "--recompute") {
+      o.recompute = parse_int<int>(arg, take(), 1);
     } else if (arg == "--checkpoint") {
       o.checkpoint = take();
       if (o.checkpoint.empty()) throw UsageError{"--checkpoint needs a directory"};
@@ -394,6 +409,15 @@ std::string bytes_str(std::size_t bytes) {
   else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
   else std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
   return buf;
+}
+
+// A device's peak and what held it: "412.0 MiB (parameters 40.1 MiB, gradients ..., ...)".
+std::string peak_str(const weft::MemoryStats& m) {
+  std::string out = bytes_str(m.peak_in_use) + " (";
+  for (std::size_t k = 0; k < weft::kMemoryRoles; ++k)
+    out += std::string(k ? ", " : "") + std::string(weft::to_string(static_cast<weft::MemoryRole>(k))) + " " +
+           bytes_str(m.peak_by_role[k]);
+  return out + ")";
 }
 
 // --sim-model: one warm-up step, then o.steps steps timed one by one on
@@ -622,14 +646,24 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     dp_options.optimizer = optimizer;
     dp_options.max_grad_norm = o.max_grad_norm;
     dp_options.shard = o.shard;
-    weft::parallel::DataParallel dp(
-        *engine, devices,
-        [&](weft::Device d) {
-          auto net = m.make(*engine, d, o.seed);
-          net->set_precision(precision);
-          return net;
-        },
-        dp_options);
+    dp_options.prefetch_layers = o.prefetch;
+    if (o.offload) dp_options.offload = weft::Device::cpu_pinned(0);
+    std::optional<weft::parallel::DataParallel> dp_made;
+    try {
+      dp_made.emplace(
+          *engine, devices,
+          [&](weft::Device d) {
+            auto net = m.make(*engine, d, o.seed);
+            net->set_precision(precision);
+            if (o.recompute > 0) net->recompute(o.recompute);
+            return net;
+          },
+          dp_options);
+    } catch (const weft::InvalidArgument& e) {
+      std::fprintf(stderr, "%s: %s\n", prog, e.what());
+      return 2;
+    }
+    weft::parallel::DataParallel& dp = *dp_made;
     // The loss in float32 whatever the model computes in (autocast's rule).
     auto loss_of = [](const weft::Tensor& logits, const weft::Tensor& labels) {
       return weft::ops::softmax_cross_entropy(
@@ -678,6 +712,11 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       say("gradient buckets (%s, reduced %s):\n%s", o.bucket_bytes ? "--bucket-kb" : "default capacity",
           o.overlap ? "as soon as each is complete" : "after the whole backward", dp.describe_buckets().c_str());
 
+    if (o.offload || o.recompute > 0 || (o.shard == weft::parallel::Shard::parameters && o.prefetch != 1))
+      say("memory: %s%s%s\n", o.offload ? "optimizer offloaded to cpu_pinned(0); " : "",
+          o.recompute > 0 ? ("recomputation in " + std::to_string(o.recompute) + " segments; ").c_str() : "",
+          o.shard == weft::parallel::Shard::parameters ? ("prefetch " + std::to_string(o.prefetch) + " layers").c_str()
+                                                       : "");
     say("optimizer: %s, lr schedule %s%s, shard %s\n", optimizer.str().c_str(), schedule.str().c_str(),
         o.max_grad_norm ? (", gradient norm clipped to " + std::to_string(*o.max_grad_norm)).c_str() : "",
         std::string(weft::parallel::to_string(o.shard)).c_str());
@@ -898,9 +937,9 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     // activations, gradients, buckets, the test pass).
     std::string peaks, peaks_json;
     for (weft::Device d : devices) {
-      const std::size_t peak = weft::memory_stats(*engine, d).peak_in_use;
-      peaks += (peaks.empty() ? "" : ", ") + d.str() + " " + bytes_str(peak);
-      peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(peak);
+      const weft::MemoryStats stats = weft::memory_stats(*engine, d);
+      peaks += (peaks.empty() ? "" : "; ") + d.str() + " " + peak_str(stats);
+      peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(stats.peak_in_use);
     }
     say("peak memory allocated: %s\n", peaks.c_str());
     const float loss_scale = dp.loss_scale();
@@ -915,7 +954,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s},"
           "\"precision\":\"%s\",\"conv_algo\":\"%s\",\"loss_scale\":%g,\"skipped_steps\":%lld,\"steps\":%lld,"
           "\"optimizer\":\"%s\",\"lr_schedule\":\"%s\",\"shard\":\"%s\",\"state_bytes\":%zu,\"resumed_at_step\":%lld,"
-          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\"}\n",
+          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\",\"offload\":%s,\"recompute\":%d}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
@@ -925,7 +964,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps),
           o.optimizer.c_str(), schedule.str().c_str(), std::string(weft::parallel::to_string(o.shard)).c_str(),
           state_bytes, static_cast<long long>(resumed_at), static_cast<long long>(dp.steps()),
-          static_cast<unsigned long long>(digest));
+          static_cast<unsigned long long>(digest), o.offload ? "true" : "false", o.recompute);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());

@@ -28,6 +28,7 @@ struct PushScopeState {
   bool tf32 = false;  // ops::AllowTf32
   Var after;          // read by every op as well (null: none)
   Var chain;          // written by every op as well (null: none)
+  std::vector<Var> wait_for;  // ops::WaitFor: read by every op as well
 };
 const PushScopeState& current_push_scope() noexcept;
 
@@ -186,6 +187,7 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
     reads.push_back(t->var());
   }
   if (const Var after = current_push_scope().after; !after.is_null()) reads.push_back(after);
+  for (const Var v : current_push_scope().wait_for) reads.push_back(v);
   for (const Tensor* t : outputs) {
     t->storage()->creator_pending = false;  // later readers find it written (or failed)
     out.push_back(t->storage());

@@ -549,6 +549,9 @@ PushScope::~PushScope() {
   detail::push_scope.chain = saved_chain_;
 }
 
+WaitFor::WaitFor(Var var) { detail::push_scope.wait_for.push_back(var); }
+WaitFor::~WaitFor() { detail::push_scope.wait_for.pop_back(); }
+
 AllowTf32::AllowTf32(bool on) : saved_(detail::push_scope.tf32) { detail::push_scope.tf32 = on; }
 AllowTf32::~AllowTf32() { detail::push_scope.tf32 = saved_; }
 bool AllowTf32::active() noexcept { return detail::push_scope.tf32; }

@@ -408,6 +408,7 @@ int DataParallel::process_rank() const noexcept { return impl_->process_rank; }
 int DataParallel::processes() const noexcept { return impl_->processes; }
 const std::vector<GradientBucket>& DataParallel::buckets() const noexcept { return impl_->buckets; }
 std::string DataParallel::comm_marker() const { return "'" + impl_->options.name + " bucket "; }
+std::string DataParallel::offload_marker() const { return "[" + impl_->options.name + " offload]"; }
 
 nn::Sequential& DataParallel::replica(int i) const {
   if (i < 0 || i >= replicas())

@@ -5,6 +5,7 @@
 // Design notes: docs/design/data-parallel.md, "Sharding (ZeRO)".
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -268,7 +269,13 @@ void DataParallel::Impl::step(float lr) {
       std::vector<Tensor> chunks;
       for (std::size_t r = 0; r < n; ++r) {
         ShardSlot& slot = *slots[b][r];
-        if (slot.optimizer) slot.optimizer->step(lr, inputs[r]);
+        if (slot.optimizer) {
+          // Offload: the update on the host's workers, named so
+          // (offload_marker) for gpu_overlap.
+          std::optional<ops::PushScope> named;
+          if (offloaded()) named.emplace(0, options.name + " offload");
+          slot.optimizer->step(lr, inputs[r]);
+        }
         // Offload: the updated chunk back to the GPU (ahead of the gathers
         // of the next forward).
         if (offloaded() && slot.range.size() > 0) slot.device_value.copy_from(slot.param.value);

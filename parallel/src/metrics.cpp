@@ -11,13 +11,12 @@
 
 namespace weft::parallel {
 
-CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker) {
-  using Interval = std::pair<std::int64_t, std::int64_t>;
-  std::vector<Interval> comm, other;
-  for (const Span& s : spans) {
-    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns) continue;
-    (s.name.find(marker) != std::string_view::npos ? comm : other).emplace_back(s.start_ns, s.end_ns);
-  }
+namespace {
+
+using Interval = std::pair<std::int64_t, std::int64_t>;
+
+// How much of `comm`'s union `other`'s union covers.
+CommOverlap covered(std::vector<Interval> comm, std::vector<Interval> other) {
   auto merge = [](std::vector<Interval>& v) {
     std::sort(v.begin(), v.end());
     std::vector<Interval> out;
@@ -44,6 +43,28 @@ CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker
   out.hidden_ms = static_cast<double>(both_ns) / 1e6;
   out.fraction = comm_ns > 0 ? static_cast<double>(both_ns) / static_cast<double>(comm_ns) : 0.0;
   return out;
+}
+
+}  // namespace
+
+CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker) {
+  std::vector<Interval> comm, other;
+  for (const Span& s : spans) {
+    if (s.kind == TrackKind::launch || s.end_ns <= s.start_ns) continue;
+    (s.name.find(marker) != std::string_view::npos ? comm : other).emplace_back(s.start_ns, s.end_ns);
+  }
+  return covered(std::move(comm), std::move(other));
+}
+
+CommOverlap gpu_overlap(const std::vector<Span>& spans, std::string_view marker) {
+  std::vector<Interval> host, gpu;
+  for (const Span& s : spans) {
+    if (s.end_ns <= s.start_ns) continue;
+    if (s.kind == TrackKind::stream) gpu.emplace_back(s.start_ns, s.end_ns);
+    else if (s.kind != TrackKind::launch && s.name.find(marker) != std::string_view::npos)
+      host.emplace_back(s.start_ns, s.end_ns);
+  }
+  return covered(std::move(host), std::move(gpu));
 }
 
 std::vector<double> measured_bubble(const std::vector<Span>& spans, int stages) {

@@ -30,8 +30,7 @@ std::vector<Device> zero_gpus(int n) {
 
 TEST_CASE("gpu zero: every stage on 2 GPUs gives Shard::none's weights (LeNet, residual network, AdamW)" *
           doctest::timeout(600)) {
-  WEFT_REQUIRE_GPU();
-  if (weft::gpu::device_count() < 2) return;
+  WEFT_REQUIRE_GPUS(2);
   const std::vector<Batch> lenet = lenet_batches(2, 8);
   const std::vector<Batch> residual = zero_residual_batches(2, 6);
   const optim::OptimizerOptions opt = optim::OptimizerOptions::adamw(1e-3f);

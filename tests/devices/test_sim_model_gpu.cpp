@@ -393,7 +393,7 @@ double concurrent_copies(Engine& e, const std::vector<std::pair<int, int>>& copi
 TEST_CASE("gpu sim model - copies share a link's bandwidth; across nodes they take the network's" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
-  if (gpu::device_count() < 2) return;
+  WEFT_REQUIRE_GPUS(2);
   const TempFile profile("links.txt", kSlowLinks);
   const std::size_t bytes = std::size_t{8} << 20;  // 0.84 ms at 10 GB/s
   const double one = static_cast<double>(bytes) / 10e9 + 2e-6;
@@ -429,7 +429,7 @@ TEST_CASE("gpu sim model - a copy of undefined bytes takes its modeled time and 
     CHECK(gpu::copies_move_undefined_bytes());
   }
   CHECK_FALSE(gpu::copies_move_undefined_bytes());
-  if (gpu::device_count() < 2) return;
+  WEFT_REQUIRE_GPUS(2);  // the peer copy's part
   const TempFile profile("links.txt", kSlowLinks);
   const std::size_t bytes = std::size_t{8} << 20;  // 0.84 ms at 10 GB/s
   const double one = static_cast<double>(bytes) / 10e9 + 2e-6;

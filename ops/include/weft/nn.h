@@ -416,7 +416,7 @@ class Recompute : public Layer {
   Sequential& segment() const noexcept { return *segment_; }
 
  private:
-  void recompute_forward();  // from x_, statistics frozen
+  void recompute_forward(const Tensor& dy);  // from x_, statistics frozen, once dy is written
   std::unique_ptr<Sequential> segment_;
   Tensor x_;                 // the training forward's input, until backward
   bool recomputed_ = false;  // backward_input ran: backward_weight is due

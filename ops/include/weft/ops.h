@@ -42,6 +42,20 @@ class PushScope {
   Var saved_after_, saved_chain_;
 };
 
+// While alive, every op this thread pushes through the ops layer also
+// reads `var`: none starts before the last op pushed earlier that writes it
+// is done (a phony dependency that holds work whose inputs are ready long
+// before it should run, and so its memory: activation recomputation waits
+// for the gradient that reaches its segment). Nests with PushScope and
+// other WaitFor scopes: an op waits for every one alive.
+class WaitFor {
+ public:
+  explicit WaitFor(Var var);
+  ~WaitFor();
+  WaitFor(const WaitFor&) = delete;
+  WaitFor& operator=(const WaitFor&) = delete;
+};
+
 // While alive, float32 GEMMs and convolutions this thread pushes (matmul,
 // dense, conv2d and their backward ops) may run on TF32 tensor cores: inputs
 // rounded to a 10-bit mantissa, float32 accumulation (PyTorch's allow_tf32).

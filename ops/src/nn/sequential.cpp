@@ -115,10 +115,15 @@ Tensor Recompute::forward(const Tensor& x) {
   return y;
 }
 
-void Recompute::recompute_forward() {
+void Recompute::recompute_forward(const Tensor& dy) {
   if (!x_.defined())
     throw InvalidArgument("Recompute(" + std::to_string(segment_->size()) +
                           " layers): backward without a training forward before it");
+  if (!dy.defined()) throw InvalidArgument("Recompute::backward: undefined output gradient");
+  // Its input was ready since the forward: by itself the recomputation would
+  // run (and take its memory) at once, every segment's together. It waits
+  // for the gradient that reaches this segment.
+  ops::WaitFor gate(dy.var());
   // The same input and batch statistics give the same activations; the
   // running statistics saw this batch already.
   segment_->freeze_running_stats(true);
@@ -133,12 +138,12 @@ void Recompute::recompute_forward() {
 }
 
 Tensor Recompute::backward(const Tensor& dy) {
-  recompute_forward();
+  recompute_forward(dy);
   return segment_->backward(dy);
 }
 
 Tensor Recompute::backward_input(const Tensor& dy) {
-  recompute_forward();
+  recompute_forward(dy);
   recomputed_ = true;
   return segment_->backward_input(dy);
 }

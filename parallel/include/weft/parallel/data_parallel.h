@@ -209,6 +209,8 @@ class DataParallel {
   std::string describe_buckets() const;
   // What comm_overlap() (weft/parallel/metrics.h) looks for in span names.
   std::string comm_marker() const;
+  // With offload: what gpu_overlap() looks for (the offloaded updates' ops).
+  std::string offload_marker() const;
 
   // The whole batch (rows along dim 0, the same host data on every process)
   // split over every replica; returns this process's parts, on their

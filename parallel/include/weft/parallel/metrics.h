@@ -28,6 +28,12 @@ struct CommOverlap {
 // (DataParallel::comm_marker()).
 CommOverlap comm_overlap(const std::vector<Span>& spans, std::string_view marker);
 
+// How much of the host's work ran while GPUs worked: the spans whose name
+// contains `marker` (DataParallel::offload_marker(): the offloaded
+// optimizer updates) against the GPU side of the streams' spans (the
+// time the GPUs ran kernels and copies). Same figures as comm_overlap.
+CommOverlap gpu_overlap(const std::vector<Span>& spans, std::string_view marker);
+
 // Per stage, from a profiler's spans of one or more steps: 1 - (time during
 // which at least one of the stage's ops ran) / (from the first span's start
 // to the last span's end, over all stages). A stage's ops are the spans
