@@ -190,13 +190,23 @@ void DataParallel::Impl::bind_views(std::size_t b, std::size_t r, const Tensor& 
 void DataParallel::Impl::flatten_parameters() {
   // One replica, unsharded: nothing gathers or broadcasts into them.
   if (shard() == Shard::none && world() == 1) return;
-  param_flats.resize(buckets.size());
+  param_flats.assign(buckets.size(), {});
+  const bool chunked = shard() == Shard::parameters;
+  if (chunked) initial_chunks.assign(buckets.size(), {});
+  // Bucket by bucket: each bucket's flat tensor waits for the previous
+  // bucket to be done (its pack; stage 3: its chunk cut), so the replicas'
+  // own tensors are freed as the flat ones fill and a model needs its
+  // parameters' memory once, not twice, while this runs.
+  std::vector<Tensor> previous;
   for (const GradientBucket& bucket : buckets) {
     const auto b = static_cast<std::size_t>(bucket.index);
     for (std::size_t r = 0; r < devices.size(); ++r) {
       Tensor flat = Tensor::empty(*engine, Shape{bucket.elements}, devices[r])
                         .set_role(MemoryRole::parameters)
                         .set_name(options.name + " parameters " + std::to_string(b) + " on " + devices[r].str());
+      if (!previous.empty())
+        engine->push([] {}, devices[r], {previous[r].var()}, {flat.var()},
+                     {.name = options.name + " parameters " + std::to_string(b) + " gate"});
       ops::pack(bucket_values(b, r), flat);
       param_flats[b].push_back(flat);
     }
@@ -208,8 +218,28 @@ void DataParallel::Impl::flatten_parameters() {
       for (const std::string& p : bucket.parameters) name += " " + p;
       reduce(param_flats[b], bucket.elements, name, /*broadcast_from_root=*/true);
     }
-    // The layers' own tensors go (freed once packed): the views replace them.
-    for (std::size_t r = 0; r < devices.size(); ++r) bind_views(b, r, param_flats[b][r]);
+    previous.clear();
+    for (std::size_t r = 0; r < devices.size(); ++r) {
+      if (chunked) {
+        // The broadcast only reads the root's flat: an empty op that writes
+        // it waits for the broadcast, and the cut after it, so the flat is
+        // freed before the next one is taken.
+        if (world() > 1)
+          engine->push([] {}, devices[r], {}, {param_flats[b][r].var()},
+                       {.name = options.name + " parameters " + std::to_string(b) + " broadcast done"});
+        // Stage 3 keeps its chunk only: the flat goes once it is cut.
+        const Chunk range = chunk(bucket.elements, world(), member(r));
+        initial_chunks[b].push_back(ops::slice_rows(param_flats[b][r], range.begin, range.end)
+                                        .set_role(MemoryRole::parameters));
+        previous.push_back(initial_chunks[b].back());
+        for (std::size_t pos = bucket_begin(b); pos < bucket_end[b]; ++pos) param(r, pos).value = Tensor();
+      } else {
+        // The layers' own tensors go (freed once packed): the views replace them.
+        bind_views(b, r, param_flats[b][r]);
+        previous.push_back(param_flats[b][r]);
+      }
+    }
+    if (chunked) param_flats[b].clear();
   }
 }
 

@@ -205,7 +205,7 @@ void DataParallel::load_checkpoint(const checkpoint::Reader& reader) {
         auto add_chunk = [&](const std::string& suffix, const Tensor& chunk) {
           Packing packing{{}, chunk};
           for (const ChunkPiece& piece : pieces) {
-            Tensor t = Tensor::empty(*m.engine, Shape{piece.end - piece.begin}, m.devices[r]);
+            Tensor t = Tensor::empty(*m.engine, Shape{piece.end - piece.begin}, chunk.device());  // (offload: the host)
             entries.push_back({.name = m.param(0, piece.pos).name + suffix, .tensor = t, .shape = m.shapes[piece.pos],
                                .begin = piece.begin, .end = piece.end});
             packing.pieces.push_back(t);

@@ -61,6 +61,9 @@ struct DataParallel::Impl {
   // replica ([bucket][replica]); the replica's p.value are views of it, and
   // the stages' all-gathers write it in place.
   std::vector<std::vector<Tensor>> param_flats;
+  // Stage 3, from flatten_parameters to setup_optimizer: each member's
+  // chunk of each bucket's parameters ([bucket][replica]).
+  std::vector<std::vector<Tensor>> initial_chunks;
 
   // Reduction: one communicator over the replicas' devices (all CPU devices
   // or all GPUs), or, for a mix, sums on the host and `host_comm` across
@@ -116,7 +119,8 @@ struct DataParallel::Impl {
   void check_replica(std::size_t r) const;
   void check_options() const;
   // Packs every replica's parameters into param_flats, broadcasts them from
-  // replica 0 of process 0 and makes the replicas' p.value views of them.
+  // replica 0 of process 0 and makes the replicas' p.value views of them
+  // (stage 3: cuts each member's chunk into initial_chunks instead).
   void flatten_parameters();
   // Replica r's parameters of bucket b become views of `flat`.
   void bind_views(std::size_t b, std::size_t r, const Tensor& flat);

@@ -54,13 +54,12 @@ void DataParallel::Impl::setup_optimizer() {
       const int me = member(r);
       slot->range = chunk(bucket.elements, n, me);
       slot->param.name = zero_bucket_name(options.name, b) + " chunk " + std::to_string(me);
-      const Tensor& flat = param_flats[b][r];
       // Stages 1 and 2: the chunk of the replica's flat parameters itself (the
       // step updates it in place and gathers the others' into the rest);
-      // stage 3 keeps a copy of it between steps, and the flat goes.
+      // stage 3 keeps the chunk flatten_parameters cut.
       Tensor value = shard() == Shard::parameters
-                         ? ops::slice_rows(flat, slot->range.begin, slot->range.end).set_role(MemoryRole::parameters)
-                         : flat.view(slot->range.begin, Shape{slot->range.size()});
+                         ? initial_chunks[b][r]
+                         : param_flats[b][r].view(slot->range.begin, Shape{slot->range.size()});
       if (offloaded()) {
         slot->device_value = value;
         slot->param.value = value.copy_to(*options.offload).set_role(MemoryRole::parameters);
@@ -74,16 +73,17 @@ void DataParallel::Impl::setup_optimizer() {
           slot->param.grad = bucket.flat[r].view(slot->range.begin, Shape{slot->range.size()});
       }
       if (shard() == Shard::parameters || offloaded()) slot->param.value.set_name(slot->param.name);
-      if (slot->range.size() > 0)
+      if (slot->range.size() > 0) {
+        // Its state is taken once the chunk exists, as the bucket's
+        // parameters are flattened (not all at once, beside them).
+        ops::WaitFor after_chunk(value.var());
         slot->optimizer = std::make_unique<optim::Optimizer>(std::vector<nn::Parameter*>{&slot->param}, options.optimizer);
+      }
       slots[b].push_back(std::move(slot));
     }
   }
   gathered.resize(buckets.size());
-  if (shard() == Shard::parameters) {
-    for (std::size_t b = 0; b < buckets.size(); ++b) release(b);
-    param_flats.clear();
-  }
+  initial_chunks.clear();
 }
 
 void DataParallel::Impl::gather(std::size_t b, const std::vector<Tensor>& chunks, const std::vector<Tensor>& out,
@@ -108,15 +108,18 @@ void DataParallel::Impl::reduce_scatter_bucket(std::size_t b) {
                         .set_role(MemoryRole::gradients)
                         .set_name(slots[b][r]->param.name + ".grad"));
     reduce_scatter(*comm, bucket.flat, out, ReduceOp::sum, {.name = zero_bucket_name(options.name, b)});
-    in_flight = out;
   }
   for (Tensor& flat : bucket.flat) flat = Tensor();
+  in_flight.resize(devices.size());
   for (std::size_t r = 0; r < devices.size(); ++r) {
     ShardSlot& slot = *slots[b][r];
     if (offloaded())  // to the host at once: the update may start; the GPU's chunk goes
       slot.param.grad.copy_from(out[r]);
     else
       slot.param.grad = out[r].set_name(slot.param.name + ".grad");
+    // What the next bucket's pack waits for: the reduce-scatter done (with
+    // offload: its copy to the host done, the GPU's chunk freed).
+    in_flight[r] = slot.param.grad;
   }
 }
 

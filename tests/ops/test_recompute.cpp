@@ -106,8 +106,8 @@ TEST_CASE("recompute: the activation peak falls" * doctest::timeout(120)) {
   auto plain = small_resnet(*e, 16);
   const StepResult base = train_two_steps(*e, *plain, 16, 16);
   auto net = small_resnet(*e, 16);
-  net->recompute(4);
+  net->recompute(8);  // every layer a segment of its own, but the last two
   const StepResult got = train_two_steps(*e, *net, 16, 16);
   MESSAGE("activation peak: " << base.activation_peak << " bytes plain, " << got.activation_peak << " recomputed");
-  CHECK(got.activation_peak < base.activation_peak * 3 / 4);
+  CHECK(got.activation_peak < base.activation_peak * 2 / 3);
 }
