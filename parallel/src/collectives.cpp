@@ -186,7 +186,8 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
   call.check_same_size(outputs, "output sizes");
   call.check_chunks(inputs, "input", outputs[0].numel(), outputs[0].dtype());
   // In place (MPI_IN_PLACE's case): an input that is its output's own chunk
-  // (a view) reaches the transports as a copy, taken in push order.
+  // (a view). The in-process transports take it as it is; the others get a
+  // copy, taken in push order.
   std::vector<Tensor> sources = inputs;
   const std::int64_t count = outputs[0].numel();
   for (std::size_t k = 0; k < inputs.size(); ++k) {
@@ -199,7 +200,7 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
   }
   call.state().transport->check(call, count);
   call.commit();
-  for (std::size_t k = 0; k < inputs.size(); ++k)
+  for (std::size_t k = 0; k < inputs.size() && !call.state().transport->all_gather_in_place(); ++k)
     if (inputs[k].var() == outputs[k].var()) {
       sources[k] = Tensor::empty(inputs[k].engine(), inputs[k].shape(), inputs[k].device(), inputs[k].dtype())
                        .set_role(MemoryRole::communication);

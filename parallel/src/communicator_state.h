@@ -40,6 +40,10 @@ class Transport {
   virtual void reduce_scatter(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
                               ReduceOp op) = 0;
   virtual void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) = 0;
+  // Whether all_gather takes an input that is its output's own chunk as it
+  // is (it never writes a member's own chunk); otherwise all_gather hands
+  // such an input over as a copy.
+  virtual bool all_gather_in_place() const { return false; }
   virtual void barrier(const Call& call) = 0;
   // Point to point from member `from` to member `to` (one of them local);
   // numbers the call with call.commit_message.

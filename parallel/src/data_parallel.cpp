@@ -303,8 +303,8 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
                  .set_name(options.name + " bucket " + std::to_string(b) + " on " + devices[r].str());
       // One bucket in flight: its memory is taken once the previous
       // bucket's reduce-scatter is done with that one's.
-      if (sync && r < in_flight.size() && in_flight[r].defined())
-        engine->push([] {}, devices[r], {in_flight[r].var()}, {flat.var()},
+      if (sync && in_flight)
+        engine->push([] {}, devices[r], {bucket_done[r]}, {flat.var()},
                      {.name = options.name + " bucket " + std::to_string(b) + " pack gate"});
     }
     ops::pack(grads, flat, static_cast<float>(weight[r]), /*accumulate=*/accumulated > 0);
@@ -592,7 +592,7 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
     m.engine->push([] {}, Device::cpu(0), grads, flats, {.name = m.options.name + " backward done"});
   }
   while (next_bucket < m.bucket_end.size()) m.finish_bucket(next_bucket++, sync, unused);
-  m.in_flight.clear();
+  m.in_flight = false;
   m.weight.clear();
   m.accumulated = sync ? 0 : m.accumulated + 1;
 }

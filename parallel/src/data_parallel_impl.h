@@ -78,9 +78,12 @@ struct DataParallel::Impl {
   std::vector<std::int64_t> split;              // split_and_load's local parts; empty: none pending
   std::int64_t split_total = 0;                 // ... and the whole batch's rows
   int no_sync_depth = 0;
-  // Stages 2 and 3: the last reduce-scatter's outputs (per replica), which
-  // the next bucket's pack waits for; cleared after backward.
-  std::vector<Tensor> in_flight;
+  // Stages 2 and 3, per replica: written once the last bucket's
+  // reduce-scatter is done with its flat (and, under offload, its copy to
+  // the host with the GPU's chunk); the next bucket's pack waits for it.
+  // in_flight: whether a bucket is (since the backward began).
+  std::vector<SharedVar> bucket_done;
+  bool in_flight = false;
   int accumulated = 0;  // backward()s packed into the buckets since the last reduction
   std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
   // Loss scaling's state per replica ([1] float32 on its device; LossScaling).

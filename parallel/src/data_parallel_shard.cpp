@@ -109,18 +109,22 @@ void DataParallel::Impl::reduce_scatter_bucket(std::size_t b) {
                         .set_name(slots[b][r]->param.name + ".grad"));
     reduce_scatter(*comm, bucket.flat, out, ReduceOp::sum, {.name = zero_bucket_name(options.name, b)});
   }
-  for (Tensor& flat : bucket.flat) flat = Tensor();
-  in_flight.resize(devices.size());
   for (std::size_t r = 0; r < devices.size(); ++r) {
     ShardSlot& slot = *slots[b][r];
     if (offloaded())  // to the host at once: the update may start; the GPU's chunk goes
       slot.param.grad.copy_from(out[r]);
     else
       slot.param.grad = out[r].set_name(slot.param.name + ".grad");
-    // What the next bucket's pack waits for: the reduce-scatter done (with
-    // offload: its copy to the host done, the GPU's chunk freed).
-    in_flight[r] = slot.param.grad;
+    // What the next bucket's pack waits for: an empty op writing the flat
+    // (and, offloaded, the GPU's chunk) waits for every op that reads them,
+    // the reduce-scatter and the copy, to be done.
+    if (bucket_done.size() < devices.size()) bucket_done.emplace_back(*engine, options.name + " bucket done");
+    std::vector<Var> done{bucket.flat[r].var(), bucket_done[r]};
+    if (offloaded()) done.push_back(out[r].var());
+    engine->push([] {}, devices[r], {}, done, {.name = zero_bucket_name(options.name, b) + " done"});
   }
+  in_flight = true;
+  for (Tensor& flat : bucket.flat) flat = Tensor();
 }
 
 const Tensor& DataParallel::Impl::chunk_value(std::size_t b, std::size_t r) const {

@@ -93,6 +93,7 @@ class LocalTransport final : public detail::Transport {
                       ReduceOp op) override;
   void all_gather(const detail::Call& call, const std::vector<Tensor>& inputs,
                   const std::vector<Tensor>& outputs) override;
+  bool all_gather_in_place() const override { return true; }
   void barrier(const detail::Call& call) override;
   void send(detail::Call& call, const Tensor& tensor, int from, int to) override;
   void recv(detail::Call& call, const Tensor& tensor, int from, int to) override;
@@ -309,9 +310,10 @@ void LocalTransport::all_gather(const detail::Call& call, const std::vector<Tens
             auto* d = static_cast<unsigned char*>(phase->out[static_cast<std::size_t>(r)]);
             for (int m = 0; m < n; ++m) {
               const Chunk k = chunk(count, n, m);
-              if (k.size() > 0)
-                std::memcpy(d + static_cast<std::size_t>(k.begin) * element, phase->in[static_cast<std::size_t>(m)],
-                            static_cast<std::size_t>(k.size()) * element);
+              unsigned char* to = d + static_cast<std::size_t>(k.begin) * element;
+              const void* from = phase->in[static_cast<std::size_t>(m)];
+              if (k.size() > 0 && to != from)  // in place: a member's own chunk is there already
+                std::memcpy(to, from, static_cast<std::size_t>(k.size()) * element);
             }
           },
           devices[static_cast<std::size_t>(r)], {}, vars->at(r, 0),
