@@ -310,8 +310,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "weft-bench-data-parallel: %s\n", e.what());
     return 2;
   }
-  if (devices.size() < 2) {
-    std::fprintf(stderr, "weft-bench-data-parallel: --devices needs at least two devices, got '%s'\n",
+  if (devices.size() < 2 && o.shards.empty()) {
+    std::fprintf(stderr, "weft-bench-data-parallel: --devices needs at least two devices (one with --shard), got '%s'\n",
                  o.devices.c_str());
     return 2;
   }

@@ -27,6 +27,11 @@
 #                           with AdamW stopped after an epoch and resumed (the same weights
 #                           as unbroken); the AdamW step as one op vs one per parameter
 #                           (weft-bench-ops); about 4 minutes
+#               memory      ZeRO's memory on CUDA: the offload cases (one-GPU members;
+#                           two-GPU cases skip), then the wide MLP (8 x 4096^2, AdamW)
+#                           with stages 1-3 offloaded beside unsharded: each stage's peak,
+#                           its split by role and offload_overlap; ResNet-18 with and
+#                           without --recompute 13; about 5 minutes
 #               Mixed precision on one GPU in one 10-minute call: env tests gemm
 #               precision (about 7 minutes on an H200); accuracy (about 4) in a second.
 #               On the machine's CPUs with no GPU involved:
@@ -167,6 +172,18 @@ for s in "${steps[@]}"; do
         --limit 2048 --batch-size 128 --optimizer adamw
       step "the AdamW step over LeNet's and ResNet-18's parameters: one foreach op vs one op per parameter"
       run 120 "$(find_bin weft-bench-ops)" --json
+      ;;
+    memory)
+      step "ZeRO-Offload on CUDA: offloaded stages give the unoffloaded weights (one-GPU members; two-GPU cases skip)"
+      run 300 "$tests" -tc='gpu zero memory*' --no-version --no-colors
+      step "the wide MLP, AdamW, one GPU: each stage offloaded beside unsharded; peaks, their split and the update's overlap"
+      run 300 "$(find_bin weft-bench-data-parallel)" --model wide-mlp --width 4096 --batch 1024 --devices gpu:0 \
+        --shard none,optimizer,gradients,parameters --offload --optimizer adamw --json --steps 5 --reps 3
+      step "ResNet-18, batch 256: the activation peak and step time with 13 recomputed segments"
+      for recompute in "" "--recompute 13"; do
+        # shellcheck disable=SC2086  # the flag and its value, or nothing
+        run 120 "$(find_bin weft-train-resnet)" --device gpu:0 --batch-size 256 --limit 5120 --epochs 1 $recompute --json
+      done
       ;;
     costtable)
       step "ResNet-18's step measured on the GPU beside simulated GPUs' prediction: from a cost table of its trace, and from the h100 profile alone"

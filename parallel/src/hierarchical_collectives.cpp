@@ -106,10 +106,11 @@ class HierarchicalTransport final : public Transport {
     std::vector<Tensor> columns, parts;
     for (int k = 0; k < per; ++k) {
       const auto kk = static_cast<std::size_t>(k);
-      columns.push_back(Tensor::empty(engine, Shape{count}, local_.device(k)));
+      columns.push_back(Tensor::empty(engine, Shape{count}, local_.device(k)).set_role(MemoryRole::communication));
       permute(inputs[kk], columns[kk], column_order(count, /*to_columns=*/true), call.label() + " in column order",
               priority);
-      parts.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)));
+      parts.push_back(
+          Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)).set_role(MemoryRole::communication));
     }
     parallel::reduce_scatter(local_, columns, parts, step_of(op), {.name = name + " (in-process)", .priority = priority});
     for (int k = 0; k < per; ++k) {
@@ -153,10 +154,11 @@ class HierarchicalTransport final : public Transport {
     std::vector<Tensor> columns, gathered;
     for (int k = 0; k < per; ++k) {
       const auto kk = static_cast<std::size_t>(k);
-      columns.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k), dtype));
+      columns.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k), dtype)
+                            .set_role(MemoryRole::communication));
       parallel::all_gather(across_[kk], {inputs[kk]}, {columns[kk]},
                            {.name = name + " (column " + std::to_string(k) + ")", .priority = priority});
-      gathered.push_back(Tensor::empty(engine, Shape{count}, local_.device(k), dtype));
+      gathered.push_back(Tensor::empty(engine, Shape{count}, local_.device(k), dtype).set_role(MemoryRole::communication));
     }
     parallel::all_gather(local_, columns, gathered, {.name = name + " (in-process)", .priority = priority});
     for (int k = 0; k < per; ++k) {
@@ -267,7 +269,8 @@ class HierarchicalTransport final : public Transport {
     Engine& engine = tensors[0].engine();
     std::vector<Tensor> parts;
     for (int k = 0; k < per; ++k)
-      parts.push_back(Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)));
+      parts.push_back(
+          Tensor::empty(engine, Shape{chunk(count, per, k).size()}, local_.device(k)).set_role(MemoryRole::communication));
     parallel::reduce_scatter(local_, tensors, parts, step_of(op),
                              {.name = name + " (in-process part)", .priority = priority});
     for (int k = 0; k < per; ++k) {

@@ -162,6 +162,7 @@ class LocalGpuTransport final : public Transport {
   // A scratch buffer of `count` floats on member r's GPU, held by the hold op.
   Tensor scratch(const Call& call, int r, std::int64_t count) const {
     return Tensor::empty(*call.state().engine, Shape{count}, at(devices_, r), DType::float32)
+        .set_role(MemoryRole::communication)
         .set_name(call.label() + " scratch on member " + std::to_string(r));
   }
   std::vector<Device> devices_;  // member r's GPU

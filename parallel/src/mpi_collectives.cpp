@@ -56,6 +56,16 @@ namespace {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::max ? MPI_MAX : MPI_SUM; }
 
+// An all_gather's send buffer: MPI_IN_PLACE when the input is the rank's
+// own chunk of the output (MPI forbids aliased buffers otherwise).
+const void* gather_source(const void* in, void* out, MPI_Datatype type, const std::vector<int>& displs, int rank) {
+  int element = 0;
+  MPI_Type_size(type, &element);
+  const auto* own = static_cast<const unsigned char*>(out) +
+                    static_cast<std::ptrdiff_t>(displs[static_cast<std::size_t>(rank)]) * element;
+  return in == own ? MPI_IN_PLACE : in;
+}
+
 int post_data(Job& job, MPI_Request* request) {
   MpiGroup& g = *job.group;
   const MPI_Comm comm = g.data;
@@ -72,8 +82,9 @@ int post_data(Job& job, MPI_Request* request) {
     case Kind::reduce_scatter:
       return MPI_Ireduce_scatter(job.in, job.out, job.counts.data(), job.type, mpi_op(job.op), comm, request);
     case Kind::all_gather:
-      return MPI_Iallgatherv(job.in, job.counts[static_cast<std::size_t>(g.rank)], job.type, job.out,
-                             job.counts.data(), job.displs.data(), job.type, comm, request);
+      return MPI_Iallgatherv(gather_source(job.in, job.out, job.type, job.displs, g.rank),
+                             job.counts[static_cast<std::size_t>(g.rank)], job.type, job.out, job.counts.data(),
+                             job.displs.data(), job.type, comm, request);
     case Kind::barrier: return MPI_Ibarrier(comm, request);
     case Kind::send:
     case Kind::recv: break;  // run_send, run_recv
@@ -633,8 +644,8 @@ UniqueFunction<int()> blocking_call(const Job& job) {
         return MPI_Reduce(in, nullptr, count, type, op, root, comm);
       case Kind::reduce_scatter: return MPI_Reduce_scatter(in, out, counts.data(), type, op, comm);
       case Kind::all_gather:
-        return MPI_Allgatherv(in, counts[static_cast<std::size_t>(rank)], type, out, counts.data(), displs.data(), type,
-                              comm);
+        return MPI_Allgatherv(gather_source(in, out, type, displs, rank), counts[static_cast<std::size_t>(rank)], type,
+                              out, counts.data(), displs.data(), type, comm);
       case Kind::barrier:
       case Kind::send:
       case Kind::recv: break;

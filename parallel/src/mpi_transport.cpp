@@ -150,6 +150,8 @@ class MpiTransport final : public Transport {
       });
     });
   }
+  // In place: MPI_IN_PLACE (mpi_collectives.cpp, gather_source).
+  bool all_gather_in_place() const override { return true; }
   void all_gather(const Call& call, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs) override {
     committed(call, [&] {
       auto job = make_job(call, outputs[0], ReduceOp::sum);
