@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -47,13 +48,15 @@ void expect_same_weights(const std::vector<std::vector<float>>& got, const std::
 
 }  // namespace
 
-TEST_CASE("gpu zero memory: offload under every stage gives the stage's weights, with loss scaling and clipping" *
+TEST_CASE("gpu zero memory - offload under every stage gives the stage's weights, with loss scaling and clipping" *
           doctest::timeout(600)) {
-  WEFT_REQUIRE_GPUS(2);
+  WEFT_REQUIRE_GPU();
   const std::vector<Batch> batches = zero_residual_batches(2, 6);
   const optim::OptimizerOptions opt = optim::OptimizerOptions::adamw(1e-3f);
-  gputest::with_each_gpu_engine(2, [&](Engine& e) {
-    for (int members : {1, 2}) {
+  const int gpus = std::min(weft::gpu::device_count(), 2);
+  if (gpus < 2) MESSAGE("one GPU answers: the one-member cases only");
+  gputest::with_each_gpu_engine(gpus, [&](Engine& e) {
+    for (int members = 1; members <= gpus; ++members) {
       for (par::Shard shard : {par::Shard::optimizer, par::Shard::gradients, par::Shard::parameters}) {
         for (bool guarded : {false, true}) {
           par::DataParallelOptions base{.bucket_bytes = std::size_t{4} << 10};
@@ -84,21 +87,22 @@ TEST_CASE("gpu zero memory: offload under every stage gives the stage's weights,
   });
 }
 
-TEST_CASE("gpu zero memory: an offloaded run resumes from its checkpoint as if never stopped" * doctest::timeout(300)) {
-  WEFT_REQUIRE_GPUS(2);
+TEST_CASE("gpu zero memory - an offloaded run resumes from its checkpoint as if never stopped" * doctest::timeout(300)) {
+  WEFT_REQUIRE_GPU();
   const std::vector<Batch> batches = zero_residual_batches(4, 6);
   const std::vector<Batch> head(batches.begin(), batches.begin() + 2), tail(batches.begin() + 2, batches.end());
   const optim::OptimizerOptions opt = optim::OptimizerOptions::adamw(1e-3f);
   const std::filesystem::path dir =
       std::filesystem::temp_directory_path() / ("weft-zero-offload-" + std::to_string(::getpid()));
-  auto e = gputest::make_engine({.gpu_devices = 2});
+  const int gpus = std::min(weft::gpu::device_count(), 2);
+  auto e = gputest::make_engine({.gpu_devices = gpus});
   for (par::Shard shard : {par::Shard::optimizer, par::Shard::parameters}) {
-    INFO(zero_what(shard, 2, opt));
+    INFO(zero_what(shard, static_cast<std::size_t>(gpus), opt));
     const par::DataParallelOptions options = zero_options(shard, opt, with_offload({}));
-    auto whole = data_parallel_run(*e, zero_residual_model(), gpu_list(2), batches, opt.lr, options);
-    auto first = data_parallel_run(*e, zero_residual_model(), gpu_list(2), head, opt.lr, options);
+    auto whole = data_parallel_run(*e, zero_residual_model(), gpu_list(gpus), batches, opt.lr, options);
+    auto first = data_parallel_run(*e, zero_residual_model(), gpu_list(gpus), head, opt.lr, options);
     first->save_checkpoint(dir / par::to_string(shard)).wait();
-    par::DataParallel resumed(*e, gpu_list(2), [&](Device d) { return zero_residual_net(*e, d, 9); }, options);
+    par::DataParallel resumed(*e, gpu_list(gpus), [&](Device d) { return zero_residual_net(*e, d, 9); }, options);
     resumed.load_checkpoint(weft::checkpoint::Reader::open(dir / par::to_string(shard)));
     train_steps(resumed, tail);
     expect_same_weights(zero_weights(resumed), zero_weights(*whole), "resumed");
