@@ -324,6 +324,13 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
     return;
   }
   if (world() > 1) {
+    // One reduction in flight (a collective may take a bucket-sized scratch
+    // buffer: the in-process GPU ring does): it starts once the previous
+    // bucket's is done, still beside the backward of the layers before.
+    if (in_flight)
+      for (std::size_t r = 0; r < devices.size(); ++r)
+        engine->push([] {}, devices[r], {bucket_done[r]}, {bucket.flat[r].var()},
+                     {.name = options.name + " bucket " + std::to_string(b) + " reduction gate"});
     if (reduction)
       reduction(bucket);
     else
@@ -339,6 +346,17 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
       slot.param.grad.copy_from(bucket.flat[r].view(slot.range.begin, Shape{slot.range.size()}));
     }
   }
+  if (world() > 1) mark_done(b, {});
+}
+
+void DataParallel::Impl::mark_done(std::size_t b, const std::vector<Tensor>& also) {
+  for (std::size_t r = 0; r < devices.size(); ++r) {
+    if (bucket_done.size() < devices.size()) bucket_done.emplace_back(*engine, options.name + " bucket done");
+    std::vector<Var> done{buckets[b].flat[r].var(), bucket_done[r]};
+    if (r < also.size()) done.push_back(also[r].var());
+    engine->push([] {}, devices[r], {}, done, {.name = options.name + " bucket " + std::to_string(b) + " done"});
+  }
+  in_flight = true;
 }
 
 // ---- DataParallel ---------------------------------------------------------------------

@@ -129,8 +129,12 @@ struct DataParallel::Impl {
   void bind_views(std::size_t b, std::size_t r, const Tensor& flat);
   // Packs bucket b's gradients and pushes its reduction, with one bucket in
   // flight: `next` (the gradients the next layers' backward reads) waits
-  // for the pack (the layer gradients freed), and in stages 2 and 3 the
-  // pack waits for the previous bucket's reduce-scatter (its flat freed).
+  // for the pack (the layer gradients freed), a reduction waits for the
+  // previous bucket's (bucket_done), and in stages 2 and 3 so does the pack
+  // (the previous flat freed first).
+  // mark_done: an empty op writing bucket b's flats (and `also`, per
+  // replica) and bucket_done waits for every op reading them to be done.
+  void mark_done(std::size_t b, const std::vector<Tensor>& also);
   void finish_bucket(std::size_t b, bool sync, const std::vector<std::vector<bool>>& unused,
                      const std::vector<Tensor>& next = {});
   // Every replica's `flats` (of `elements`) become the sum over every

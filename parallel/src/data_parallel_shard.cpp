@@ -115,15 +115,10 @@ void DataParallel::Impl::reduce_scatter_bucket(std::size_t b) {
       slot.param.grad.copy_from(out[r]);
     else
       slot.param.grad = out[r].set_name(slot.param.name + ".grad");
-    // What the next bucket's pack waits for: an empty op writing the flat
-    // (and, offloaded, the GPU's chunk) waits for every op that reads them,
-    // the reduce-scatter and the copy, to be done.
-    if (bucket_done.size() < devices.size()) bucket_done.emplace_back(*engine, options.name + " bucket done");
-    std::vector<Var> done{bucket.flat[r].var(), bucket_done[r]};
-    if (offloaded()) done.push_back(out[r].var());
-    engine->push([] {}, devices[r], {}, done, {.name = zero_bucket_name(options.name, b) + " done"});
   }
-  in_flight = true;
+  // What the next bucket's pack waits for: the reduce-scatter and (offloaded)
+  // the copy done with the flat and the GPU's chunk.
+  mark_done(b, offloaded() ? out : std::vector<Tensor>{});
   for (Tensor& flat : bucket.flat) flat = Tensor();
 }
 
