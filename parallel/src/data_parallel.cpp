@@ -349,9 +349,19 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
   if (world() > 1) mark_done(b, {});
 }
 
+DataParallel::Impl::~Impl() {
+  for (const Var v : bucket_done) {
+    try {
+      engine->delete_var(v);  // after the ops that use it
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "weft: DataParallel: %s\n", e.what());
+    }
+  }
+}
+
 void DataParallel::Impl::mark_done(std::size_t b, const std::vector<Tensor>& also) {
   for (std::size_t r = 0; r < devices.size(); ++r) {
-    if (bucket_done.size() < devices.size()) bucket_done.emplace_back(*engine, options.name + " bucket done");
+    if (bucket_done.size() < devices.size()) bucket_done.push_back(engine->new_var(options.name + " bucket done"));
     std::vector<Var> done{buckets[b].flat[r].var(), bucket_done[r]};
     if (r < also.size()) done.push_back(also[r].var());
     engine->push([] {}, devices[r], {}, done, {.name = options.name + " bucket " + std::to_string(b) + " done"});

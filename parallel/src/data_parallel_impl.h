@@ -40,6 +40,10 @@ struct ChunkPiece {
 };
 
 struct DataParallel::Impl {
+  Impl() = default;
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+  ~Impl();
   Engine* engine = nullptr;
   std::vector<Device> devices;
   DataParallelOptions options;
@@ -82,7 +86,10 @@ struct DataParallel::Impl {
   // reduce-scatter is done with its flat (and, under offload, its copy to
   // the host with the GPU's chunk); the next bucket's pack waits for it.
   // in_flight: whether a bucket is (since the backward began).
-  std::vector<SharedVar> bucket_done;
+  // (Raw variables, deleted by ~Impl: a SharedVar's release takes the
+  // engine's life lock, which the naive engine's ops would take in the
+  // other order.)
+  std::vector<Var> bucket_done;
   bool in_flight = false;
   int accumulated = 0;  // backward()s packed into the buckets since the last reduction
   std::vector<std::vector<Tensor>> zeros;       // [replica][plan position], for allow_unused
