@@ -54,7 +54,7 @@ while (($#)); do
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
-    -h | --help) sed -n '2,40p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
   esac

@@ -562,9 +562,6 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
     for (std::size_t r = 0; r < d.size(); ++r) d[r] = ops::scale_by(d[r], m.scale[r]);
   std::vector<std::vector<bool>> unused(m.devices.size(), std::vector<bool>(m.order.size(), false));
   std::size_t ready = 0, next_bucket = 0;  // plan positions whose grads are pushed; the next bucket to reduce
-  // The grads before each layer's backward, held so that a new grad's
-  // storage can never reuse the address of the one it replaced.
-  std::vector<Tensor> before;
   for (std::size_t l = m.leaves[0].size(); l-- > 0;) {
     const std::size_t n = m.params[0][l].size();
     // Stage 3: the layer's parameters gathered again (and the next layers'
@@ -572,17 +569,32 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
     const int gathered = m.shard() == Shard::parameters ? m.leaf_bucket[l] : -1;
     if (gathered >= 0) m.begin_use(static_cast<std::size_t>(gathered), d);
     // Interleave the replicas layer by layer, so each bucket's gradients are
-    // pushed on every replica before the next layer's backward.
+    // pushed on every replica before the next layer's backward. Stage 3 runs
+    // the two halves apart: the input gradient (which reads the gathered
+    // parameters), the parameters freed, then the weight gradient (which
+    // does not read them, and waits for the input gradient), so the layer's
+    // gathered parameters and its new gradients are not held at once.
+    std::vector<std::vector<Tensor>> before(m.devices.size());
     for (std::size_t r = 0; r < m.devices.size(); ++r) {
-      before.clear();
-      for (const nn::Parameter* p : m.params[r][l]) before.push_back(p->grad);
-      d[r] = m.leaves[r][l]->backward(d[r]);
+      for (const nn::Parameter* p : m.params[r][l]) before[r].push_back(p->grad);
+      d[r] = gathered >= 0 ? m.leaves[r][l]->backward_input(d[r]) : m.leaves[r][l]->backward(d[r]);
+    }
+    if (gathered >= 0) {
+      m.end_use(static_cast<std::size_t>(gathered));
+      for (std::size_t r = 0; r < m.devices.size(); ++r) {
+        ops::WaitFor after_input_gradient(d[r].var());
+        m.leaves[r][l]->backward_weight();
+      }
+    }
+    for (std::size_t r = 0; r < m.devices.size(); ++r) {
       for (std::size_t j = 0; j < n; ++j) {
         const nn::Parameter& p = *m.params[r][l][j];
-        if (p.grad.defined() && p.grad.storage() != before[j].storage()) {
-          if (p.grad.shape() != p.value.shape() || p.grad.device() != m.devices[r])
+        if (p.grad.defined() && p.grad.storage() != before[r][j].storage()) {
+          const Shape& shape = m.shapes[ready + j];
+          if (p.grad.shape() != shape || p.grad.device() != m.devices[r])
             throw InvalidArgument("DataParallel::backward: the gradient of parameter '" + p.name + "' on replica " +
-                                  std::to_string(r) + " is " + p.grad.str() + "; its value is " + p.value.str());
+                                  std::to_string(r) + " is " + p.grad.str() + "; the parameter is " + shape.str() +
+                                  " on " + m.devices[r].str());
           continue;
         }
         if (!m.options.allow_unused)
@@ -593,7 +605,6 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
         unused[r][ready + j] = true;
       }
     }
-    if (gathered >= 0) m.end_use(static_cast<std::size_t>(gathered));
     ready += n;
     if (!m.options.overlap) continue;
     while (next_bucket < m.bucket_end.size() && m.bucket_end[next_bucket] <= ready)
