@@ -268,7 +268,7 @@ TEST_CASE("collectives that differ across ranks fail on every rank, naming both 
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
   const int rank = comm.local_ranks()[0], n = comm.size();
-  if (n == 1) return;
+  if (mpi_test::alone(n)) return;
   const auto start = std::chrono::steady_clock::now();
   Tensor t = rank == 1 ? Tensor::zeros(*e, Shape{10}, Device::cpu(0)) : Tensor::zeros(*e, Shape{4096}, Device::cpu(0));
   if (rank == 1) par::broadcast(comm, {t}, {.name = "w"});
@@ -290,7 +290,7 @@ TEST_CASE("a rank that never joins is named by the others within seconds" * doct
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
   const int rank = comm.local_ranks()[0], n = comm.size();
-  if (n == 1) return;
+  if (mpi_test::alone(n)) return;
   const int absent = n - 1;
   if (rank != absent) {
     const auto start = std::chrono::steady_clock::now();
@@ -354,7 +354,7 @@ TEST_CASE("a rank whose input is not ready within the timeout is named by the ot
   // Every rank pushes the collective (their fingerprints match at once).
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
-  if (comm.size() == 1) return;
+  if (mpi_test::alone(comm.size())) return;
   late_rank_is_named(*e, comm, rank_tensor(*e, comm.local_ranks()[0], 100), "grad.late", 1);
 }
 
@@ -420,7 +420,7 @@ TEST_CASE("a chain of large collectives on one tensor is exact, and a failed inp
       }
     }
     require_values(t, kLarge, [&](std::int64_t i) { return reduced(par::ReduceOp::sum, n, i); });
-    if (n == 1) return;
+    if (mpi_test::alone(n)) return;
     const int failing = n - 1;
     Tensor u = rank_tensor(e, rank, kLarge);
     par::allreduce(comm, {u}, par::ReduceOp::sum, {.name = "first link"});
@@ -450,7 +450,7 @@ TEST_CASE("a rank late within a chain of large collectives is named by the other
   // completes (begin_data_phase).
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 1500ms});
-  if (comm.size() == 1) return;
+  if (mpi_test::alone(comm.size())) return;
   Tensor t = rank_tensor(*e, comm.local_ranks()[0], 70001);
   par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "link 1"});
   late_rank_is_named(*e, comm, t, "link 2", 2);
@@ -519,7 +519,7 @@ TEST_CASE("send and recv between ranks arrive in push order, exact, whatever ord
   weft_test::with_each_engine(2, [](Engine& e) {
     const par::Communicator comm = par::Communicator::mpi(e, Device::cpu(0));
     const int rank = comm.local_ranks()[0], n = comm.size();
-    if (n == 1) return;
+    if (mpi_test::alone(n)) return;
     const int right = (rank + 1) % n, left = (rank + n - 1) % n;
     std::mt19937 rng(static_cast<unsigned>(77 + rank));
     const std::vector<std::int64_t> sizes{0, 1, 1003, 300007, 5, 5, 5};
@@ -844,7 +844,7 @@ TEST_CASE("a dtype that differs across ranks fails the collective on every rank,
   auto e = Engine::create({.kind = "threaded"});
   const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
   const int rank = comm.local_ranks()[0], n = comm.size();
-  if (n == 1) return;
+  if (mpi_test::alone(n)) return;
   const auto start = std::chrono::steady_clock::now();
   Tensor t = half_tensor(*e, rank == 1 ? weft::DType::float32 : weft::DType::bfloat16, rank, 64);
   par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "grad"});

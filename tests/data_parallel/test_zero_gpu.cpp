@@ -18,16 +18,6 @@
 
 using namespace zero_test;
 
-namespace {
-
-std::vector<Device> zero_gpus(int n) {
-  std::vector<Device> out;
-  for (int i = 0; i < n; ++i) out.push_back(Device::gpu(i));
-  return out;
-}
-
-}  // namespace
-
 TEST_CASE("gpu zero: every stage on 2 GPUs gives Shard::none's weights (LeNet, residual network, AdamW)" *
           doctest::timeout(600)) {
   WEFT_REQUIRE_GPUS(2);

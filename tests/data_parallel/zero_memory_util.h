@@ -32,6 +32,12 @@ inline std::vector<Batch> wide_mlp_batches(int steps, std::int64_t rows, std::in
   return out;
 }
 
+// The options with ZeRO-Offload to pinned host memory.
+inline par::DataParallelOptions with_offload(par::DataParallelOptions options) {
+  options.offload = Device::cpu_pinned(0);
+  return options;
+}
+
 inline std::size_t role_of(const weft::MemoryStats& m, MemoryRole r) { return m.peak_by_role[static_cast<std::size_t>(r)]; }
 
 // ZeRO's accounting for a member of `dp` at its peak (float32, `state`

@@ -67,6 +67,13 @@ inline std::vector<Batch> zero_residual_batches(int steps, std::int64_t rows, st
   return out;
 }
 
+// gpu(0), ..., gpu(n - 1).
+inline std::vector<Device> zero_gpus(int n) {
+  std::vector<Device> out;
+  for (int i = 0; i < n; ++i) out.push_back(Device::gpu(i));
+  return out;
+}
+
 inline par::DataParallelOptions zero_options(par::Shard shard, const optim::OptimizerOptions& opt,
                                              par::DataParallelOptions base = {}) {
   base.shard = shard;

@@ -102,7 +102,7 @@ TEST_CASE("dist_sync kvstore: processes pushing different keys fail on every ran
   const int rank = store.rank();
   store.init("a", Tensor::zeros(*e, Shape{4}));
   store.init("b", Tensor::zeros(*e, Shape{4}));
-  if (store.num_workers() == 1) return;
+  if (mpi_test::alone(store.num_workers())) return;
   const auto start = std::chrono::steady_clock::now();
   const par::Key mine = rank == 1 ? "b" : "a";
   store.push(mine, {Tensor::ones(*e, Shape{4})});
