@@ -159,14 +159,16 @@ class Dense : public Layer {
 };
 
 // 2-D convolution, NCHW input, OIHW square filter [out, in, kernel, kernel], bias [out].
+// With bias = false it has no bias (the batch norm after it would cancel one):
+// parameters() is the weight alone and bias() an empty Parameter.
 class Conv2d : public Layer {
  public:
   Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
          Conv2dParams params = {}, Device device = {}, std::uint64_t seed = 0, Init init = Init::kaiming_uniform,
-         std::string name = "conv");
+         std::string name = "conv", bool bias = true);
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy) override;
-  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  std::vector<Parameter*> parameters() override;
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;
 
@@ -181,7 +183,8 @@ class Conv2d : public Layer {
  private:
   std::int64_t in_, out_, kernel_;
   Conv2dParams params_;
-  Parameter weight_, bias_;
+  bool has_bias_;
+  Parameter weight_, bias_;  // bias_ empty without a bias
   Tensor x_, w_, dy_;  // as Dense's
 };
 
@@ -332,6 +335,47 @@ class Residual : public Layer {
   ReLU relu1_, relu_out_;
 };
 
+// The bottleneck block of ResNet-50/101/152 (He et al. 2016) in torchvision's
+// layout (v1.5: the stride on the 3x3):
+//   y = relu(bn3(conv3(relu(bn2(conv2(relu(bn1(conv1(x)))))))) + shortcut(x))
+// conv1 1x1 in_channels -> width, conv2 3x3 width -> width with `stride` and
+// padding 1, conv3 1x1 width -> 4 * width (expansion); the shortcut is x
+// itself, or with `projection` a 1x1 convolution with `stride` and a batch
+// norm (needed when the stride or the channel count changes). The
+// convolutions have no bias (each has a batch norm after it). Parameters are
+// named as torchvision's: "<name>.conv1.weight", "<name>.bn1.weight", ...,
+// "<name>.downsample.0.weight" (the projection), "<name>.downsample.1.bias"
+// (its batch norm); the buffers "<name>.bn1.running_mean", ... Its backward
+// adds the two paths' input gradients.
+class Bottleneck : public Layer {
+ public:
+  static constexpr std::int64_t expansion = 4;
+  Bottleneck(Engine& engine, std::int64_t in_channels, std::int64_t width, std::int64_t stride = 1,
+             bool projection = false, Device device = {}, std::uint64_t seed = 0, std::string name = "block",
+             Init init = Init::kaiming_uniform);
+  ~Bottleneck() override;
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy) override;
+  std::vector<Parameter*> parameters() override;
+  std::vector<Buffer*> buffers() override;
+  Shape output_shape(const Shape& input) const override;
+  std::string describe() const override;  // "Bottleneck(256 -> 128 -> 512, stride 2, 1x1 projection)"
+  void train(bool on) override;
+  void set_precision(Precision p) override;
+  Tensor backward_input(const Tensor& dy) override;
+  void backward_weight() override;
+  std::any take_saved() override;
+  void restore_saved(std::any saved) override;
+  void freeze_running_stats(bool frozen) override;
+
+ private:
+  std::vector<Layer*> children() const;  // in forward order, the shortcut's last
+  std::int64_t in_, width_, stride_;
+  std::unique_ptr<Conv2d> conv1_, conv2_, conv3_, downsample_;  // downsample_: null without projection
+  std::unique_ptr<BatchNorm> bn1_, bn2_, bn3_, downsample_bn_;  // likewise downsample_bn_
+  ReLU relu1_, relu2_, relu_out_;
+};
+
 // Layers in order; backward runs them in reverse.
 class Sequential : public Layer {
  public:
@@ -468,6 +512,26 @@ struct ResNetOptions {
   ResNetStem stem = ResNetStem::small;
 };
 std::unique_ptr<Sequential> resnet18(Engine& engine, Device device = {}, std::uint64_t seed = 0,
+                                     ResNetOptions options = {});
+
+// ResNet-50 (He et al. 2016) in torchvision's layout (resnet50, v1.5), one
+// flat Sequential as resnet18's: the stem, sixteen Bottleneck blocks and the
+// head:
+//   stem, layer1.0-2 (width 64, 256 channels out), layer2.0-3 (128, 512),
+//   layer3.0-5 (256, 1024), layer4.0-2 (512, 2048), global average pooling,
+//   flatten, fc (2048 -> classes).
+// The first block of each stage has the projection shortcut and, from
+// layer2 on, stride 2. Options mean what they mean to resnet18, the stem
+// included (the defaults: the small stem, 1 channel, 10 classes), so the two
+// models take the same data; the paper's ImageNet model, 25,557,032
+// parameters as torchvision's, is
+// ResNetOptions{.in_channels = 3, .classes = 1000, .stem = ResNetStem::imagenet}
+// (describe() then assumes 224x224 inputs). No convolution has a bias, as in
+// torchvision; fc has one. Initialization and seeds as resnet18's; the names
+// ("layer3.0.conv2.weight", "layer3.0.downsample.1.running_mean") are
+// torchvision's state_dict keys (it adds num_batches_tracked). Throws
+// weft::InvalidArgument unless in_channels and classes are positive.
+std::unique_ptr<Sequential> resnet50(Engine& engine, Device device = {}, std::uint64_t seed = 0,
                                      ResNetOptions options = {});
 
 }  // namespace weft::nn

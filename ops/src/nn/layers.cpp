@@ -238,8 +238,8 @@ std::string Dense::describe() const { return "Dense(" + num(in_) + " -> " + num(
 // ---- Conv2d -------------------------------------------------------------
 
 Conv2d::Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channels, std::int64_t kernel,
-               Conv2dParams params, Device device, std::uint64_t seed, Init init, std::string name)
-    : in_(in_channels), out_(out_channels), kernel_(kernel), params_(params) {
+               Conv2dParams params, Device device, std::uint64_t seed, Init init, std::string name, bool bias)
+    : in_(in_channels), out_(out_channels), kernel_(kernel), params_(params), has_bias_(bias) {
   check_positive("Conv2d", "in_channels", in_channels);
   check_positive("Conv2d", "out_channels", out_channels);
   check_positive("Conv2d", "kernel", kernel);
@@ -248,7 +248,12 @@ Conv2d::Conv2d(Engine& engine, std::int64_t in_channels, std::int64_t out_channe
   const std::int64_t k2 = kernel * kernel;
   weight_ = make_weight(engine, name, Shape{out_channels, in_channels, kernel, kernel}, init, in_channels * k2,
                         out_channels * k2, device, seed);
-  bias_ = make_bias(engine, name, out_channels, device);
+  if (bias) bias_ = make_bias(engine, name, out_channels, device);
+}
+
+std::vector<Parameter*> Conv2d::parameters() {
+  if (!has_bias_) return {&weight_};
+  return {&weight_, &bias_};
 }
 
 Shape Conv2d::output_shape(const Shape& x) const {
@@ -279,7 +284,7 @@ Tensor Conv2d::backward(const Tensor& dy) {
   ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dyc, Shape{out_, in_, kernel_, kernel_}, params_);
   x_ = w_ = Tensor();
   weight_.grad = master_grad(std::move(g.dw), weight_.name);
-  bias_.grad = master_grad(std::move(g.db), bias_.name);
+  if (has_bias_) bias_.grad = master_grad(std::move(g.db), bias_.name);
   return dx;
 }
 
@@ -297,7 +302,7 @@ void Conv2d::backward_weight() {
   ops::ConvFilterGrads g = ops::conv2d_backward_filter(x_, dy_, Shape{out_, in_, kernel_, kernel_}, params_);
   x_ = w_ = dy_ = Tensor();
   weight_.grad = master_grad(std::move(g.dw), weight_.name);
-  bias_.grad = master_grad(std::move(g.db), bias_.name);
+  if (has_bias_) bias_.grad = master_grad(std::move(g.db), bias_.name);
 }
 
 std::any Conv2d::take_saved() {
@@ -313,7 +318,7 @@ void Conv2d::restore_saved(std::any saved) {
 
 std::string Conv2d::describe() const {
   return "Conv2d(" + num(in_) + " -> " + num(out_) + ", kernel " + num(kernel_) + ", stride " + num(params_.stride) +
-         ", pad " + num(params_.pad) + ")";
+         ", pad " + num(params_.pad) + (has_bias_ ? ")" : ", no bias)");
 }
 
 // ---- ReLU ---------------------------------------------------------------
@@ -607,6 +612,139 @@ void Residual::train(bool on) {
 }
 
 void Residual::set_precision(Precision p) {
+  precision_ = p;
+  for (Layer* l : children()) l->set_precision(p);
+}
+
+// ---- Bottleneck -----------------------------------------------------------
+
+Bottleneck::Bottleneck(Engine& engine, std::int64_t in_channels, std::int64_t width, std::int64_t stride,
+                       bool projection, Device device, std::uint64_t seed, std::string name, Init init)
+    : in_(in_channels), width_(width), stride_(stride) {
+  check_positive("Bottleneck", "in_channels", in_channels);
+  check_positive("Bottleneck", "width", width);
+  check_positive("Bottleneck", "stride", stride);
+  const std::int64_t out = expansion * width;
+  if (!projection && (stride != 1 || in_channels != out))
+    throw InvalidArgument("Bottleneck " + name + ": " + num(in_channels) + " -> " + num(out) +
+                          " channels with stride " + num(stride) +
+                          " changes the shape, so the shortcut needs the 1x1 projection (projection = true)");
+  conv1_ = std::make_unique<Conv2d>(engine, in_channels, width, 1, Conv2dParams{1, 0}, device, derive_seed(seed, 0),
+                                    init, name + ".conv1", false);
+  bn1_ = std::make_unique<BatchNorm>(engine, width, device, name + ".bn1");
+  conv2_ = std::make_unique<Conv2d>(engine, width, width, 3, Conv2dParams{stride, 1}, device, derive_seed(seed, 1),
+                                    init, name + ".conv2", false);
+  bn2_ = std::make_unique<BatchNorm>(engine, width, device, name + ".bn2");
+  conv3_ = std::make_unique<Conv2d>(engine, width, out, 1, Conv2dParams{1, 0}, device, derive_seed(seed, 2), init,
+                                    name + ".conv3", false);
+  bn3_ = std::make_unique<BatchNorm>(engine, out, device, name + ".bn3");
+  if (projection) {
+    downsample_ = std::make_unique<Conv2d>(engine, in_channels, out, 1, Conv2dParams{stride, 0}, device,
+                                           derive_seed(seed, 3), init, name + ".downsample.0", false);
+    downsample_bn_ = std::make_unique<BatchNorm>(engine, out, device, name + ".downsample.1");
+  }
+}
+
+Bottleneck::~Bottleneck() = default;
+
+Shape Bottleneck::output_shape(const Shape& x) const {
+  const Shape y = conv1_->output_shape(x);  // names the block's convolution on a bad input
+  return conv3_->output_shape(conv2_->output_shape(y));
+}
+
+Tensor Bottleneck::forward(const Tensor& x) {
+  check_input(x, [&] { output_shape(x.shape()); });
+  const Tensor h = relu1_.forward(bn1_->forward(conv1_->forward(x)));
+  Tensor y = bn3_->forward(conv3_->forward(relu2_.forward(bn2_->forward(conv2_->forward(h)))));
+  const Tensor shortcut = downsample_ ? downsample_bn_->forward(downsample_->forward(x)) : x;
+  return relu_out_.forward(y + shortcut);
+}
+
+Tensor Bottleneck::backward(const Tensor& dy) {
+  const Tensor d = relu_out_.backward(dy);  // throws for a backward without a training forward
+  // The shortcut first: with a projection its gradients are ready earlier.
+  const Tensor d_short = downsample_ ? downsample_->backward(downsample_bn_->backward(d)) : d;
+  const Tensor d_h =
+      relu1_.backward(conv2_->backward(bn2_->backward(relu2_.backward(conv3_->backward(bn3_->backward(d))))));
+  return conv1_->backward(bn1_->backward(d_h)) + d_short;
+}
+
+Tensor Bottleneck::backward_input(const Tensor& dy) {
+  const Tensor d = relu_out_.backward(dy);
+  const Tensor d_short = downsample_ ? downsample_->backward_input(downsample_bn_->backward(d)) : d;
+  const Tensor d_h = relu1_.backward(
+      conv2_->backward_input(bn2_->backward(relu2_.backward(conv3_->backward_input(bn3_->backward(d))))));
+  return conv1_->backward_input(bn1_->backward(d_h)) + d_short;
+}
+
+void Bottleneck::backward_weight() {
+  if (downsample_) downsample_->backward_weight();
+  conv3_->backward_weight();
+  conv2_->backward_weight();
+  conv1_->backward_weight();
+}
+
+std::vector<Layer*> Bottleneck::children() const {
+  std::vector<Layer*> out{conv1_.get(), bn1_.get(), const_cast<ReLU*>(&relu1_),   conv2_.get(),
+                          bn2_.get(),   const_cast<ReLU*>(&relu2_), conv3_.get(), bn3_.get(),
+                          const_cast<ReLU*>(&relu_out_)};
+  if (downsample_) {
+    out.push_back(downsample_.get());
+    out.push_back(downsample_bn_.get());
+  }
+  return out;
+}
+
+std::any Bottleneck::take_saved() {
+  std::vector<std::any> saved;
+  for (Layer* l : children()) saved.push_back(l->take_saved());
+  return saved;
+}
+
+void Bottleneck::restore_saved(std::any saved) {
+  std::vector<std::any> parts = saved_as<std::vector<std::any>>(saved, "Bottleneck");
+  const std::vector<Layer*> layers = children();
+  if (parts.empty()) parts.resize(layers.size());
+  if (parts.size() != layers.size()) throw InvalidArgument("Bottleneck::restore_saved: saved by another block");
+  for (std::size_t i = 0; i < layers.size(); ++i) layers[i]->restore_saved(std::move(parts[i]));
+}
+
+void Bottleneck::freeze_running_stats(bool frozen) {
+  for (Layer* l : children()) l->freeze_running_stats(frozen);
+}
+
+std::vector<Parameter*> Bottleneck::parameters() {
+  std::vector<Parameter*> out;
+  for (Layer* l : std::initializer_list<Layer*>{conv1_.get(), bn1_.get(), conv2_.get(), bn2_.get(), conv3_.get(),
+                                                bn3_.get(), downsample_.get(), downsample_bn_.get()})
+    if (l) {
+      const std::vector<Parameter*> p = l->parameters();
+      out.insert(out.end(), p.begin(), p.end());
+    }
+  return out;
+}
+
+std::vector<Buffer*> Bottleneck::buffers() {
+  std::vector<Buffer*> out;
+  for (BatchNorm* bn : {bn1_.get(), bn2_.get(), bn3_.get(), downsample_bn_.get()})
+    if (bn)
+      for (Buffer* b : bn->buffers()) out.push_back(b);
+  return out;
+}
+
+std::string Bottleneck::describe() const {
+  std::string out = "Bottleneck(" + num(in_) + " -> " + num(width_) + " -> " + num(expansion * width_) + ", stride " +
+                    num(stride_);
+  if (downsample_) out += ", 1x1 projection";
+  return out + ")";
+}
+
+void Bottleneck::train(bool on) {
+  training_ = on;
+  for (Layer* l : children()) l->train(on);
+}
+
+void Bottleneck::set_precision(Precision p) {
   precision_ = p;
   for (Layer* l : children()) l->set_precision(p);
 }

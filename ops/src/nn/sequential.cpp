@@ -1,4 +1,4 @@
-// Sequential and Recompute, SGD and the ready-made models (LeNet, MLP, ResNet-18).
+// Sequential and Recompute, SGD and the ready-made models (LeNet, MLP, ResNet-18, ResNet-50).
 #include <any>
 #include <sstream>
 #include <string>
@@ -351,6 +351,45 @@ std::unique_ptr<Sequential> resnet18(Engine& engine, Device device, std::uint64_
   net->emplace<Dense>(engine, 512, options.classes, device, derive_seed(seed, i++), init, "fc");
   net->set_input_shape(options.stem == ResNetStem::small ? Shape{1, options.in_channels, 28, 28}
                                                          : Shape{1, options.in_channels, 96, 96});
+  return net;
+}
+
+std::unique_ptr<Sequential> resnet50(Engine& engine, Device device, std::uint64_t seed, ResNetOptions options) {
+  if (options.in_channels < 1 || options.classes < 1)
+    throw InvalidArgument("resnet50: in_channels and classes must be positive, got " +
+                          std::to_string(options.in_channels) + " and " + std::to_string(options.classes));
+  constexpr Init init = Init::fan_in_uniform;
+  auto net = std::make_unique<Sequential>();
+  std::uint64_t i = 0;
+  if (options.stem == ResNetStem::small) {
+    net->emplace<Conv2d>(engine, options.in_channels, 64, 3, Conv2dParams{1, 1}, device, derive_seed(seed, i++),
+                         init, "conv1", false);
+  } else {
+    net->emplace<Conv2d>(engine, options.in_channels, 64, 7, Conv2dParams{2, 3}, device, derive_seed(seed, i++),
+                         init, "conv1", false);
+  }
+  net->emplace<BatchNorm>(engine, 64, device, "bn1");
+  net->emplace<ReLU>();
+  if (options.stem == ResNetStem::imagenet) net->emplace<MaxPool2d>(Pool2dParams{3, 2, 1});
+  // Four stages of 3, 4, 6 and 3 blocks; each stage's first block projects
+  // the shortcut to its 4 * width channels and, but in the first stage,
+  // halves the resolution.
+  constexpr int blocks[4] = {3, 4, 6, 3};
+  std::int64_t channels = 64;
+  for (int stage = 1; stage <= 4; ++stage) {
+    const std::int64_t width = std::int64_t{64} << (stage - 1);
+    for (int block = 0; block < blocks[stage - 1]; ++block) {
+      net->emplace<Bottleneck>(engine, channels, width, block == 0 && stage > 1 ? 2 : 1, block == 0, device,
+                               derive_seed(seed, i++),
+                               "layer" + std::to_string(stage) + "." + std::to_string(block), init);
+      channels = Bottleneck::expansion * width;
+    }
+  }
+  net->emplace<GlobalAvgPool2d>();
+  net->emplace<Flatten>();
+  net->emplace<Dense>(engine, channels, options.classes, device, derive_seed(seed, i++), init, "fc");
+  net->set_input_shape(options.stem == ResNetStem::small ? Shape{1, options.in_channels, 28, 28}
+                                                         : Shape{1, options.in_channels, 224, 224});
   return net;
 }
 
