@@ -1,9 +1,9 @@
 // The validation checks of weft-bench-scaling (scaling_checks.h): real
-// engine work on simulated GPUs under the modeled mode, against closed forms.
-// Both use the built-in h100 profile (its rates are the formulas' B, latency
-// and memory bandwidth) at the caller's dilation, and restore the caller's
-// options afterwards. Warm-up runs (allocations, first touches) run at
-// dilation 1; the timed ones at the caller's.
+// engine work on simulated GPUs under the modeled mode, against published
+// measurements (nccl-tests) and against closed forms of the model's own
+// links (the ring, the pipeline bubbles; those use the built-in dgx-h100
+// profile, whose rates are the formulas' B, latency and memory bandwidth).
+// Each restores the caller's options afterwards.
 #include "scaling_checks.h"
 
 #include <algorithm>
@@ -79,54 +79,73 @@ bool enough_gpus(int gpus, const std::string& what) {
   return false;
 }
 
-// One ring allreduce of `bytes` (float32) over gpu(0..n-1), nodes of 8.
-ValidationCheck ring_check(int n, std::int64_t bytes, double dilation) {
-  const int nodes = (n + kGpusPerNode - 1) / kGpusPerNode;
-  ValidationCheck c;
-  c.check = "ring_allreduce gpus=" + std::to_string(n) + " nodes=" + std::to_string(nodes) +
-            " bytes=" + std::to_string(bytes) + " dilation=" + std::to_string(static_cast<long long>(dilation));
-  c.unit = "ms";
-  c.tolerance = 0.10;
-  gpu::set_sim_model({.model = "h100", .gpus_per_node = kGpusPerNode, .dilation = 1});
+// The first start to the last end of the GPU stream spans whose name holds `marker` (ms).
+double spans_ms(const weft::Profiler& profiler, std::string_view marker) {
+  std::int64_t first = 0, last = 0;
+  bool any = false;
+  for (const weft::Span& span : profiler.spans()) {
+    if (span.kind != weft::TrackKind::stream || std::string_view(span.name).find(marker) == std::string_view::npos)
+      continue;
+    if (!any) first = span.start_ns, last = span.end_ns, any = true;
+    first = std::min(first, span.start_ns);
+    last = std::max(last, span.end_ns);
+  }
+  return static_cast<double>(last - first) * 1e-6;
+}
+
+// An allreduce of `bytes` (float32) over gpu(0..n-1) in nodes of n / nodes
+// under the caller's model, timed from the profiler's GPU spans (ms).
+double allreduce_ms(int n, int nodes, std::int64_t bytes) {
+  const gpu::SimModelOptions caller = gpu::sim_model();
+  gpu::set_sim_model({.model = caller.model, .gpus_per_node = n / nodes});
   auto e = gpu_engine(n);
   std::vector<Device> members;
   for (int r = 0; r < n; ++r) members.push_back(Device::gpu(r));
   const par::Communicator comm = par::Communicator::local(*e, members);
-  const std::int64_t count = bytes / 4;
   std::vector<Tensor> t;
-  for (int r = 0; r < n; ++r) t.push_back(Tensor::empty(*e, Shape{count}, Device::gpu(r)));
-  par::allreduce(comm, t, par::ReduceOp::sum, {.name = "warm-up"});  // scratch buffers and first touches
+  for (int r = 0; r < n; ++r) t.push_back(Tensor::empty(*e, Shape{bytes / 4}, Device::gpu(r)));
+  par::allreduce(comm, t, par::ReduceOp::sum, {.name = "warm-up"});
   e->wait_all();
-  gpu::set_sim_model({.model = "h100", .gpus_per_node = kGpusPerNode, .dilation = dilation});
-  // From the profiler's GPU stream spans (modeled time): a copy starts at
-  // its modeled readiness, not when its stream's thread woke, so the host's
-  // wake-up lag at either end is left out.
   weft::Profiler& profiler = e->profiler();
   profiler.clear();
   profiler.start();
   par::allreduce(comm, t, par::ReduceOp::sum, {.name = "timed"});
   e->wait_all();
   profiler.stop();
-  std::int64_t first = 0, last = 0;
-  bool any = false;
-  for (const weft::Span& span : profiler.spans()) {
-    if (span.kind != weft::TrackKind::stream || std::string_view(span.name).find("'timed'") == std::string_view::npos)
-      continue;
-    if (!any) first = span.start_ns, last = span.end_ns, any = true;
-    first = std::min(first, span.start_ns);
-    last = std::max(last, span.end_ns);
+  return spans_ms(profiler, "'timed'");
+}
+
+// One allreduce of `bytes` (float32) over gpu(0..n-1), nodes of 8, under
+// the dgx-h100 profile, against the formula of its links.
+ValidationCheck ring_check(int n, std::int64_t bytes) {
+  const int nodes = (n + kGpusPerNode - 1) / kGpusPerNode;
+  ValidationCheck c;
+  c.check = std::string(nodes > 1 ? "hierarchical_allreduce" : "ring_allreduce") + " gpus=" + std::to_string(n) +
+            " nodes=" + std::to_string(nodes) + " bytes=" + std::to_string(bytes);
+  c.unit = "ms";
+  c.tolerance = 0.10;
+  c.source = "the model's own formula (consistency, not validation)";
+  gpu::set_sim_model({.model = "dgx-h100", .gpus_per_node = kGpusPerNode});
+  c.measured = allreduce_ms(n, nodes, bytes);
+  const double s = static_cast<double>(bytes / 4) * 4;
+  auto add = [](double b) { return kLaunchS + 3 * b / kMemoryBytesPerS; };
+  if (nodes == 1) {
+    // 2(N-1) steps of S/N bytes over NVLink, each ending a latency later,
+    // with each reduce-scatter step's add on the ring's path.
+    const double steps = 2.0 * (n - 1);
+    c.expected = (steps / n * s / kNvlinkBytesPerS + steps * kNvlinkLatencyS + (n - 1) * add(s / n)) * 1e3;
+  } else {
+    // Reduce-scatter in the node (g - 1 NVLink steps of S/g and their
+    // adds), the rail's ring allreduce of S/g over the m nodes (2(m - 1)
+    // NIC steps of S/(g m), the first m - 1 with their adds), all-gather in
+    // the node.
+    const int g = kGpusPerNode, m = nodes;
+    const double node_step = s / g / kNvlinkBytesPerS + kNvlinkLatencyS;
+    const double rail_step = s / g / m / kNicBytesPerS + kNicLatencyS;
+    c.expected = ((g - 1) * (node_step + add(s / g)) + (m - 1) * (rail_step + add(s / g / m)) + (m - 1) * rail_step +
+                  (g - 1) * node_step) *
+                 1e3;
   }
-  c.measured = static_cast<double>(last - first) * 1e-6;
-  // 2(N-1) steps of S/N bytes over the ring's slowest link, each ending a
-  // latency later. In one node every link is NVLink and each reduce-scatter
-  // step's add (launch + 3 S/N bytes at memory bandwidth) lies on the ring's
-  // path; over nodes the NIC is busy from the first step to the last and
-  // the adds hide behind it.
-  const double s = static_cast<double>(count) * 4, steps = 2.0 * (n - 1);
-  const bool network = nodes > 1;
-  const double b = network ? kNicBytesPerS : kNvlinkBytesPerS, latency = network ? kNicLatencyS : kNvlinkLatencyS;
-  const double add = kLaunchS + 3 * s / n / kMemoryBytesPerS;
-  c.expected = (steps / n * s / b + steps * latency + (network ? 0.0 : (n - 1) * add)) * 1e3;
   return c;
 }
 
@@ -138,17 +157,18 @@ ValidationCheck ring_check(int n, std::int64_t bytes, double dilation) {
 // The bubble: per stage, 1 - (the union of its compute spans on its GPU's
 // stream) / (the step: first to last compute span of any stage), averaged
 // over the stages.
-ValidationCheck bubble_check(const std::string& schedule, int k, int m, double dilation) {
+ValidationCheck bubble_check(const std::string& schedule, int k, int m) {
   constexpr std::int64_t kWidth = 4096, kRows = 512;
   constexpr int kLayers = 2;
   const int v = schedule == "interleaved-1f1b" ? 2 : 1;
   ValidationCheck c;
   c.check = "pipeline_bubble schedule=" + schedule + " stages=" + std::to_string(k) +
-            " micro_batches=" + std::to_string(m) + " dilation=" + std::to_string(static_cast<long long>(dilation));
+            " micro_batches=" + std::to_string(m);
   c.unit = "fraction";
   c.tolerance = 0.03;
   c.expected = par::predicted_bubble(schedule, k, m, v);  // F = B = W
-  gpu::set_sim_model({.model = "h100", .gpus_per_node = kGpusPerNode, .dilation = 1});
+  c.source = "the schedule's theory (weft/parallel/metrics.h)";
+  gpu::set_sim_model({.model = "dgx-h100", .gpus_per_node = kGpusPerNode});
   auto e = gpu_engine(k);
   weft::nn::Sequential model;
   for (int l = 0; l < k * kLayers; ++l)
@@ -166,7 +186,6 @@ ValidationCheck bubble_check(const std::string& schedule, int k, int m, double d
   const Tensor labels = Tensor::zeros(*e, Shape{rows}, Device::gpu(k - 1));
   pipe.train_step(x, labels);  // warm-up: allocations
   e->wait_all();
-  gpu::set_sim_model({.model = "h100", .gpus_per_node = kGpusPerNode, .dilation = dilation});
   weft::Profiler& profiler = e->profiler();
   profiler.clear();
   profiler.start();
@@ -206,7 +225,55 @@ ValidationCheck bubble_check(const std::string& schedule, int k, int m, double d
 
 }  // namespace
 
-std::vector<ValidationCheck> ring_allreduce_checks(double dilation) {
+// Published all_reduce_perf figures (bus bandwidth at large messages).
+const PublishedBusBandwidth kNcclTests[] = {
+    // One node: NCCL's ring reaches an effective 370 GB/s on 8 H100s'
+    // NVLink (450 GB/s line rate, about 20 % protocol overhead), the busbw
+    // of NCCL_ALGO=RING at large sizes ("256M is too small to reach peak").
+    {8, 1, std::int64_t{1} << 30, 370,
+     "NVIDIA/nccl-tests issue 212, NCCL maintainer's answer (2024-05-06): 8 x H100, NCCL_ALGO=RING busbw ~370 GB/s"},
+    // Across nodes: 248 servers of 8 H200s, eight NICs each, all_reduce_perf
+    // at 512 MB with NCCL's default algorithm: "typically around 350G".
+    {64, 8, std::int64_t{512} << 20, 350,
+     "NVIDIA/nccl-tests issue 283 (2025-01-18): 248 x 8 H200, 8 NICs per node, 512M, default algorithm, busbw ~350 GB/s"},
+};
+const std::size_t kNcclTestsCount = sizeof kNcclTests / sizeof kNcclTests[0];
+// NVIDIA's DeepLearningExamples, PyTorch ResNet-50 v1.5 on a DGX A100
+// (8 x A100 80 GB), pytorch-21.03 container, its README's training
+// performance table: 938 img/s on 1 GPU and 7,248 on 8 in TF32 (7.72x),
+// 2,470 and 16,621 in mixed precision (6.72x).
+const PublishedScaling kResnet50Scaling[] = {
+    {"dgx-a100", 8, 256, "tf32", 7248.0 / (8 * 938.0),
+     "NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md, DGX A100, TF32: 938 -> 7248 "
+     "img/s (1 -> 8 GPUs)"},
+    {"dgx-a100", 8, 256, "bf16", 16621.0 / (8 * 2470.0),
+     "NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md, DGX A100, mixed precision: "
+     "2470 -> 16621 img/s (1 -> 8 GPUs)"},
+};
+const std::size_t kResnet50ScalingCount = sizeof kResnet50Scaling / sizeof kResnet50Scaling[0];
+
+std::vector<ValidationCheck> nccl_tests_checks() {
+  RestoreModel restore;
+  std::vector<ValidationCheck> out;
+  for (std::size_t i = 0; i < kNcclTestsCount; ++i) {
+    const PublishedBusBandwidth& p = kNcclTests[i];
+    const std::string what = "nccl_tests_allreduce gpus=" + std::to_string(p.gpus) + " nodes=" + std::to_string(p.nodes) +
+                             " bytes=" + std::to_string(p.bytes) + " busbw";
+    if (!enough_gpus(p.gpus, what)) continue;
+    ValidationCheck c;
+    c.check = what;
+    c.unit = "GB/s";
+    c.expected = p.busbw_gbps;
+    c.tolerance = 0.15;
+    c.source = p.source;
+    const double ms = allreduce_ms(p.gpus, p.nodes, p.bytes);
+    c.measured = static_cast<double>(p.bytes) / (ms * 1e-3) * 2.0 * (p.gpus - 1) / p.gpus / 1e9;
+    out.push_back(c);
+  }
+  return out;
+}
+
+std::vector<ValidationCheck> ring_allreduce_checks() {
   RestoreModel restore;
   std::vector<ValidationCheck> out;
   constexpr std::int64_t kMiB = std::int64_t{1} << 20;
@@ -217,11 +284,11 @@ std::vector<ValidationCheck> ring_allreduce_checks(double dilation) {
   const std::vector<std::pair<int, std::int64_t>> configs = {
       {2, 64 * kMiB}, {4, 64 * kMiB}, {8, 64 * kMiB}, {16, 16 * kMiB}, {64, 16 * kMiB}};
   for (const auto& [n, bytes] : configs)
-    if (enough_gpus(n, "ring_allreduce gpus=" + std::to_string(n))) out.push_back(ring_check(n, bytes, dilation));
+    if (enough_gpus(n, "ring_allreduce gpus=" + std::to_string(n))) out.push_back(ring_check(n, bytes));
   return out;
 }
 
-std::vector<ValidationCheck> pipeline_bubble_checks(double dilation) {
+std::vector<ValidationCheck> pipeline_bubble_checks() {
   RestoreModel restore;
   std::vector<ValidationCheck> out;
   for (int k : {4, 8}) {
@@ -229,7 +296,7 @@ std::vector<ValidationCheck> pipeline_bubble_checks(double dilation) {
     for (int m : {2 * k, 32}) {
       ValidationCheck one_f = {};
       for (const char* schedule : {"gpipe", "1f1b", "zb-h1", "interleaved-1f1b"}) {
-        ValidationCheck c = bubble_check(schedule, k, m, dilation);
+        ValidationCheck c = bubble_check(schedule, k, m);
         c.check += std::string(" theory=") + (schedule[0] == 'z'   ? "(K-1)/(3M+K-1)"
                                               : schedule[0] == 'i' ? "(K-1)/(vM+K-1) v=2"
                                                                    : "(K-1)/(M+K-1)");

@@ -21,7 +21,7 @@
 #               accuracy    ResNet-18 10 full epochs in bf16, fp16 and fp32 (Weft)
 #               costtable   ResNet-18 (batch 256) traced on the GPU, its cost table
 #                           (scripts/cost-table-from-trace), the step predicted on
-#                           simulated GPUs from the table and from the h100 profile
+#                           simulated GPUs from the table and from the dgx-h100 profile
 #                           beside the measured one; about 2 minutes
 #               state       optimizers, checkpoints and ZeRO's GPU tests on CUDA; ResNet-18
 #                           with AdamW stopped after an epoch and resumed (the same weights
@@ -186,12 +186,12 @@ for s in "${steps[@]}"; do
       done
       ;;
     costtable)
-      step "ResNet-18's step measured on the GPU beside simulated GPUs' prediction: from a cost table of its trace, and from the h100 profile alone"
+      step "ResNet-18's step measured on the GPU beside simulated GPUs' prediction: from a cost table of its trace, and from the dgx-h100 profile alone"
       resnet=$(find_bin weft-train-resnet)
       run 180 "$resnet" --device gpu:0 --batch-size 256 --limit 5120 --epochs 1 --trace /tmp/weft-resnet-trace.json --json
       run 60 python3 "$here/scripts/cost-table-from-trace" /tmp/weft-resnet-trace.json -o /tmp/weft-resnet-costs.txt
-      for model in /tmp/weft-resnet-costs.txt h100; do
-        run 120 env WEFT_GPU_BACKEND=sim "$resnet" --sim-model "$model" --sim-dilation 4 --batch-size 256 --limit 1536 \
+      for model in /tmp/weft-resnet-costs.txt dgx-h100; do
+        run 120 env WEFT_GPU_BACKEND=sim "$resnet" --sim-model "$model" --batch-size 256 --limit 1536 \
           --steps 5 --json
       done
       ;;

@@ -27,6 +27,9 @@
 
 namespace weft::gpu::detail {
 
+// The cause this thread declared for its host waits (gpu::ScopedWaitCause).
+WaitCause thread_wait_cause() noexcept;
+
 struct MemInfo {
   std::size_t free = 0, total = 0;
 };
@@ -57,6 +60,8 @@ class BackendImpl {
   void stream_wait_event(Stream* stream, NativeEvent* event);
   virtual bool event_done(NativeEvent* event) = 0;  // throws what failed before it
   virtual float elapsed_ms(NativeEvent* start, NativeEvent* end) = 0;
+  // The sim backend's modeled mode: the event's modeled time in seconds (done); else -1.
+  virtual double event_modeled_time(NativeEvent*) { return -1; }
 
   // Stream-ordered work.
   virtual void launch_host_func(Stream* stream, UniqueFunction<void()> fn) = 0;

@@ -376,6 +376,8 @@ void declare_thread_wait_cause(WaitCause cause) noexcept { tls_cause = cause; }
 ScopedWaitCause::ScopedWaitCause(WaitCause cause) noexcept : saved_(tls_cause) { tls_cause = cause; }
 ScopedWaitCause::~ScopedWaitCause() { tls_cause = saved_; }
 
+WaitCause detail::thread_wait_cause() noexcept { return tls_cause; }
+
 void detail::BackendImpl::count_host_wait() noexcept {
   g_waits[static_cast<int>(tls_cause)].fetch_add(1, std::memory_order_relaxed);
 }

@@ -25,15 +25,17 @@
 //     when that is slower; the rest of the time it sleeps, holding no core.
 //   * Kernels are host functions (ops/src/launch.h runs the CPU kernels
 //     there): they take their CPU time.
-//   * Modeled mode (weft/gpu_sim.h, sim_model.h): kernels take the time
-//     the cost model gives them, sleeping; copies take the time of the links
-//     they cross (each link a modeled clock that copies reserve in turn);
-//     a device or peer copy enqueued under gpu::ScopedUndefinedBytes takes
-//     that time and moves nothing (its bytes are undefined).
-//     Each stream keeps a modeled clock: an item starts when the previous
-//     one ended in the model or when it was enqueued, whichever is later,
-//     however late the host woke the stream; event recordings carry that
-//     time, and stream waits pass it on.
+//   * Modeled mode (weft/gpu_sim.h, sim_model.h): virtual time. Kernels
+//     take the time the cost model gives them and copies the time of the
+//     links they cross (each link direction a calendar of held intervals),
+//     on modeled clocks; no thread sleeps. A device or peer copy enqueued
+//     under gpu::ScopedUndefinedBytes takes that time and moves nothing
+//     (its bytes are undefined). Each stream keeps a modeled clock: an item
+//     starts when the previous one ended or when the host issued it,
+//     whichever is later; the host issues at its modeled time (the
+//     frontend's last wait, or the pushing op's) plus launch_us per launch
+//     on the stream. Event recordings carry the stream's time, stream waits
+//     pass it on, and host waits move the host's modeled clock.
 //   * Jitter (WEFT_SIM_JITTER=<seed>): before each item a stream sleeps a
 //     random 0-WEFT_SIM_JITTER_US microseconds (default 200) with
 //     probability 1/2, from a generator seeded by (seed, device, stream), so
@@ -102,9 +104,39 @@ std::uint64_t splitmix(std::uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// Whether the modeled mode is on, and its dilation (set_sim_model).
+// Whether the modeled mode is on (set_sim_model).
 std::atomic<bool> g_sim_modeled{false};
-std::atomic<double> g_sim_dilation{1.0};
+// Modeled mode: the host's modeled clock (ns on the steady clock's
+// timeline), moved by the frontend's waits; and the issue time of the op
+// this thread runs (gpu::ScopedModeledIssue; -1: none).
+std::atomic<std::int64_t> g_host_ns{0};
+thread_local std::int64_t tls_issue_ns = -1;
+
+std::int64_t to_ns(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+Clock::time_point from_ns(std::int64_t ns) {
+  return Clock::time_point(std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+}
+void raise_to(std::atomic<std::int64_t>& clock, std::int64_t ns) {
+  std::int64_t now = clock.load(std::memory_order_relaxed);
+  while (now < ns && !clock.compare_exchange_weak(now, ns, std::memory_order_acq_rel)) {
+  }
+}
+// When work this thread enqueues now is issued in the model.
+std::int64_t issue_ns() { return tls_issue_ns >= 0 ? tls_issue_ns : g_host_ns.load(std::memory_order_acquire); }
+// A host wait for modeled work that ended at `t`: the waiting host goes on
+// from there (an op's issue time, else the frontend's clock; waits of other
+// causes — the allocator's, a shutdown's — leave the model alone).
+void host_waited(Clock::time_point t) {
+  const std::int64_t ns = to_ns(t);
+  if (tls_issue_ns >= 0) {
+    tls_issue_ns = std::max(tls_issue_ns, ns);
+    return;
+  }
+  const WaitCause cause = thread_wait_cause();
+  if (cause == WaitCause::frontend || cause == WaitCause::cpu_worker) raise_to(g_host_ns, ns);
+}
 // gpu::ScopedUndefinedBytes: this thread's copies move undefined bytes.
 thread_local bool tls_undefined_bytes = false;
 
@@ -184,7 +216,8 @@ struct SimStream final : Stream {
 
   // `one_shot`: the call that enqueues an item that cannot run again (an
   // event's recording, a wait, a host function), refused while capturing.
-  void enqueue(Item item, const char* one_shot = nullptr) {
+  // `launch`: in the modeled mode, the host's time to issue it.
+  void enqueue(Item item, const char* one_shot = nullptr, Clock::duration launch = Clock::duration::zero()) {
     // Set and cleared by the capturing thread; other threads never enqueue
     // on a capturing stream (BackendImpl::record_event, stream_capture.cpp).
     if (capture) {
@@ -197,21 +230,24 @@ struct SimStream final : Stream {
     }
     {
       std::lock_guard lock(mutex);
-      queue.push_back(Queued{std::move(item), Clock::now()});
+      Clock::time_point at;
+      if (g_sim_modeled.load(std::memory_order_relaxed)) {
+        at = std::max(issue_cursor, from_ns(issue_ns()));
+        issue_cursor = at + launch;
+      } else {
+        at = Clock::now();
+      }
+      queue.push_back(Queued{std::move(item), at});
       ++enqueued;
     }
     work_cv.notify_one();
   }
 
   // Modeled mode, on the stream thread: when the current item may start in
-  // the model (the previous item's modeled end, or its own enqueueing).
+  // the model (the previous item's modeled end, or its issue).
   Clock::time_point ready() const { return std::max(model_clock, item_enqueued); }
-  // Runs a modeled duration: the item ends `d` after it may start; the
-  // thread sleeps until then, holding no core.
-  void sleep_modeled(Clock::duration d) {
-    model_clock = ready() + d;
-    std::this_thread::sleep_until(model_clock);
-  }
+  // Runs a modeled duration: the item ends `d` after it may start.
+  void run_modeled(Clock::duration d) { model_clock = ready() + d; }
 
   // Host wait for everything enqueued so far, leaving any error for the
   // next event (what freeing memory waits for). Not from this stream's own
@@ -228,6 +264,7 @@ struct SimStream final : Stream {
     std::unique_lock lock(mutex);
     const std::uint64_t target = enqueued;
     done_cv.wait(lock, [&] { return finished >= target; });
+    if (g_sim_modeled.load(std::memory_order_relaxed)) host_waited(finished_clock);
     if (pending_error) std::rethrow_exception(std::exchange(pending_error, nullptr));
   }
 
@@ -255,7 +292,7 @@ struct SimStream final : Stream {
   std::uint64_t rng;
 
   // Modeled mode (stream thread only): the modeled end of the last modeled
-  // item, and when the running item was enqueued.
+  // item, and when the running item was issued.
   Clock::time_point model_clock{}, item_enqueued{};
 
   struct Queued {
@@ -268,6 +305,8 @@ struct SimStream final : Stream {
   // While captured (gpu::begin_stream_capture): what enqueue records instead.
   std::unique_ptr<std::vector<Item>> capture;
   std::uint64_t enqueued = 0, finished = 0;
+  Clock::time_point issue_cursor{};   // modeled mode: when the host may issue the next item
+  Clock::time_point finished_clock{};  // modeled mode: model_clock when `finished` last grew
   bool stopping = false;
   std::exception_ptr pending_error;
   std::thread thread;
@@ -299,6 +338,7 @@ struct SimStream final : Stream {
       item = nullptr;  // captures die before the item counts as finished
       lock.lock();
       ++finished;
+      finished_clock = model_clock;
       done_cv.notify_all();
     }
   }
@@ -339,10 +379,10 @@ class SimBackend final : public BackendImpl {
                   config_.jitter ? ("jitter seed " + std::to_string(config_.seed)).c_str() : "no jitter");
     std::string out = text;
     if (std::shared_ptr<SimModel> m = model()) {
-      std::snprintf(text, sizeof text, "; kernels modeled by %s (%s), %d GPU(s) per node, dilation %g",
+      std::snprintf(text, sizeof text, "; kernels modeled by %s (%s), %d GPU(s) and %d NIC(s) per node",
                     m->options.model.c_str(), m->table ? ("cost table, fallback " + m->profile.name).c_str()
                                                        : ("profile " + m->profile.name).c_str(),
-                    m->options.gpus_per_node > 0 ? m->options.gpus_per_node : config_.gpus, m->options.dilation);
+                    m->per_node, m->profile.nics_per_node);
       out += text;
     }
     return out;
@@ -447,6 +487,13 @@ class SimBackend final : public BackendImpl {
     if (!ra || !rb || !ra->done.load(std::memory_order_acquire) || !rb->done.load(std::memory_order_acquire))
       throw DeviceError("sim: elapsed time of an event not yet recorded or not yet complete");
     return std::chrono::duration<float, std::milli>(rb->at - ra->at).count();
+  }
+
+  double event_modeled_time(NativeEvent* event) override {
+    if (!g_sim_modeled.load(std::memory_order_relaxed)) return -1;
+    std::shared_ptr<Recording> rec = ev(event).current();
+    if (!rec || !rec->done.load(std::memory_order_acquire)) return -1;
+    return 1e-9 * static_cast<double>(to_ns(rec->at));
   }
 
   void launch_host_func(Stream* stream, UniqueFunction<void()> fn) override {
@@ -598,6 +645,7 @@ class SimBackend final : public BackendImpl {
     std::shared_ptr<Recording> rec = ev(event).current();
     if (!rec) return;
     rec->wait();
+    if (g_sim_modeled.load(std::memory_order_relaxed)) host_waited(rec->at);
     if (rec->error) std::rethrow_exception(rec->error);
   }
   void do_stream_synchronize(Stream* stream) override { sim(stream).synchronize(); }
@@ -710,7 +758,7 @@ class SimBackend final : public BackendImpl {
   enum class LinkPath : unsigned char { h2d, d2h, local, nvlink, network };
 
   // A copy in the modeled mode: it starts when it is ready on its stream
-  // (sleep_modeled's rule) and every link it crosses is free, holds those
+  // (run_modeled's rule) and every link it crosses is free, holds those
   // links for bytes / bandwidth, and ends a latency later. Copies on one
   // link thus follow one another at its bandwidth, whichever streams they
   // come from; a copy within one GPU moves its bytes at memory bandwidth
@@ -731,36 +779,42 @@ class SimBackend final : public BackendImpl {
         a = &m->nvlink_out[i], b = &m->nvlink_in[j], gbps = p.nvlink_gbps, latency_us = p.nvlink_latency_us;
         break;
       case LinkPath::network:
-        a = &m->nic_out[static_cast<std::size_t>(m->node_of(from))];
-        b = &m->nic_in[static_cast<std::size_t>(m->node_of(to))];
-        gbps = p.nic_gbps, latency_us = p.nic_latency_us;
+        a = &m->nic_out[static_cast<std::size_t>(m->nic_of(from))];
+        b = &m->nic_in[static_cast<std::size_t>(m->nic_of(to))];
+        gbps = p.nic_gbps / p.fabric_oversubscription, latency_us = p.nic_latency_us;
         break;
     }
-    const Clock::duration occupy = m->host(static_cast<double>(bytes) / (gbps * 1e9));
-    const Clock::duration latency = m->host(latency_us * 1e-6);
-    s.enqueue([=, m = std::move(m)](SimStream& self) {
-      Clock::time_point start = self.ready();
-      if (a) {
-        std::unique_lock<std::mutex> la(a->mutex, std::defer_lock), lb;
-        if (b) {
-          lb = std::unique_lock<std::mutex>(b->mutex, std::defer_lock);
-          std::lock(la, lb);
-        } else {
-          la.lock();
-        }
-        start = std::max(start, a->free_at);
-        if (b) start = std::max(start, b->free_at);
-        a->free_at = start + occupy;
-        if (b) b->free_at = start + occupy;
-      }
-      self.model_clock = start + occupy + latency;
-      if (!undefined) std::memcpy(dst, src, bytes);
-      {
-        std::lock_guard lock(m->stats_mutex);
-        (undefined ? m->stats.bytes_skipped : m->stats.bytes_moved) += bytes;
-      }
-      std::this_thread::sleep_until(self.model_clock);
-    });
+    const std::int64_t occupy = to_ns(from_ns(0) + SimModel::duration(static_cast<double>(bytes) / (gbps * 1e9)));
+    const Clock::duration latency = SimModel::duration(latency_us * 1e-6);
+    const Clock::duration launch = SimModel::duration(p.launch_us * 1e-6);
+    s.enqueue(
+        [=, m = std::move(m)](SimStream& self) {
+          std::int64_t start = to_ns(self.ready());
+          if (a) {
+            std::unique_lock<std::mutex> la(a->mutex, std::defer_lock), lb;
+            if (b) {
+              lb = std::unique_lock<std::mutex>(b->mutex, std::defer_lock);
+              std::lock(la, lb);
+            } else {
+              la.lock();
+            }
+            // The earliest interval free on both links.
+            for (;;) {
+              start = a->first_free(start, occupy);
+              if (!b) break;
+              const std::int64_t on_b = b->first_free(start, occupy);
+              if (on_b == start) break;
+              start = on_b;
+            }
+            a->hold(start, occupy);
+            if (b) b->hold(start, occupy);
+          }
+          self.model_clock = from_ns(start + occupy) + latency;
+          if (!undefined) std::memcpy(dst, src, bytes);
+          std::lock_guard lock(m->stats_mutex);
+          (undefined ? m->stats.bytes_skipped : m->stats.bytes_moved) += bytes;
+        },
+        nullptr, launch);
   }
 
  public:
@@ -775,7 +829,8 @@ class SimBackend final : public BackendImpl {
   }
   void install_model(std::shared_ptr<SimModel> m) {
     std::lock_guard lock(model_mutex_);
-    g_sim_dilation.store(m ? m->options.dilation : 1.0, std::memory_order_relaxed);
+    // The host's modeled clock goes on from the host's own time (and never back).
+    if (m) raise_to(g_host_ns, to_ns(Clock::now()));
     g_sim_modeled.store(m != nullptr, std::memory_order_relaxed);
     model_ = std::move(m);
   }
@@ -784,8 +839,26 @@ class SimBackend final : public BackendImpl {
     if (!m)
       throw InvalidArgument("sim: a modeled kernel (op '" + std::string(cost.op) +
                             "') while the sim model is off (WEFT_SIM_MODEL)" + weft::detail::current_op_suffix());
-    const Clock::duration d = m->host(m->kernel_seconds(cost));
-    sim(stream).enqueue([d](SimStream& self) { self.sleep_modeled(d); });
+    SimStream& s = sim(stream);
+    const std::int64_t d = to_ns(from_ns(0) + SimModel::duration(m->kernel_seconds(cost)));
+    if (s.high_priority) {
+      // A GPU's highest-priority stream (the collectives' reductions, as a
+      // communication library's kernels on SMs of their own) runs beside the others.
+      s.enqueue([d](SimStream& self) { self.run_modeled(from_ns(d) - from_ns(0)); }, nullptr,
+                SimModel::duration(m->profile.launch_us * 1e-6));
+      return;
+    }
+    // The GPU's SMs are one resource: kernels of its streams take turns on
+    // them (the earliest free interval from the kernel's readiness).
+    SimLink* sms = &m->compute[static_cast<std::size_t>(s.device)];
+    s.enqueue(
+        [d, sms, m](SimStream& self) {
+          std::lock_guard lock(sms->mutex);
+          const std::int64_t start = sms->first_free(to_ns(self.ready()), d);
+          sms->hold(start, d);
+          self.model_clock = from_ns(start + d);
+        },
+        nullptr, SimModel::duration(m->profile.launch_us * 1e-6));
   }
 
  private:
@@ -831,8 +904,7 @@ SimBackend& active_sim(const char* call) {
 SimModelOptions sim_model_from_env() {
   SimModelOptions o;
   o.model = env::text_or("WEFT_SIM_MODEL", "");
-  o.gpus_per_node = static_cast<int>(env::number_or("WEFT_SIM_GPUS_PER_NODE", 0, 1, 64));
-  o.dilation = env::real_or("WEFT_SIM_DILATION", 1, 0.01, 1e6);
+  o.gpus_per_node = static_cast<int>(env::number_or("WEFT_SIM_GPUS_PER_NODE", 0, 1, 4096));
   return o;
 }
 
@@ -855,7 +927,38 @@ ScopedUndefinedBytes::~ScopedUndefinedBytes() { detail::tls_undefined_bytes = sa
 
 bool copies_move_undefined_bytes() noexcept { return detail::tls_undefined_bytes; }
 
-double sim_dilation() noexcept { return detail::g_sim_dilation.load(std::memory_order_relaxed); }
+double modeled_now() noexcept {
+  if (!detail::g_sim_modeled.load(std::memory_order_relaxed)) return 0;
+  return 1e-9 * static_cast<double>(detail::g_host_ns.load(std::memory_order_acquire));
+}
+
+double modeled_issue_time() noexcept {
+  if (!detail::g_sim_modeled.load(std::memory_order_relaxed)) return -1;
+  return 1e-9 * static_cast<double>(detail::issue_ns());
+}
+
+ScopedModeledIssue::ScopedModeledIssue(double seconds) noexcept
+    : saved_(detail::tls_issue_ns) {
+  detail::tls_issue_ns = seconds >= 0 ? static_cast<std::int64_t>(std::llround(seconds * 1e9)) : -1;
+}
+ScopedModeledIssue::~ScopedModeledIssue() { detail::tls_issue_ns = saved_; }
+
+SimTopology sim_topology() {
+  if (backend() != Backend::sim) return {};
+  std::shared_ptr<detail::SimModel> m = detail::active_sim("sim_topology").model();
+  if (!m) {
+    // Kernels compute, but WEFT_SIM_GPUS_PER_NODE still lays the GPUs out
+    // in nodes (of the dgx-h100 profile's links), so that collectives take
+    // their multi-node forms on real values.
+    const int per_node = static_cast<int>(env::number_or("WEFT_SIM_GPUS_PER_NODE", 0, 1, 4096));
+    if (per_node == 0) return {};
+    const detail::SimProfile p = *detail::builtin_profile("dgx-h100");
+    return SimTopology{per_node, p.nics_per_node, p.nvlink_gbps, p.nic_gbps, p.nvlink_latency_us, p.nic_latency_us};
+  }
+  const detail::SimProfile& p = m->profile;
+  return SimTopology{m->per_node, p.nics_per_node, p.nvlink_gbps, p.nic_gbps / p.fabric_oversubscription,
+                     p.nvlink_latency_us, p.nic_latency_us};
+}
 
 void launch_modeled_kernel(Stream* stream, const KernelCost& cost) {
   detail::active_sim("launch_modeled_kernel").launch_modeled(stream, cost);

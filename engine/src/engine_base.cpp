@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "weft/gpu_sim.h"
+
 namespace weft::detail {
 
 namespace {
@@ -106,6 +108,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
   for (std::size_t k = 0; k < reads.size() && k + writes.size() < kPrefetched; ++k)
     __builtin_prefetch(VarAccess::slot(reads[k]), 1, 3);
   OpBlock* op = ops_.acquire();
+  op->issue_s = gpu::kernels_modeled() ? gpu::modeled_issue_time() : -1;
   op->reserve_entries(reads.size() + writes.size());
   try {
     std::string_view what = kind == OpKind::user ? std::string_view("push") : std::string_view("wait");

@@ -62,7 +62,7 @@ ResolvedConfig resolve(const EngineConfig& config) {
     gpu::SimModelOptions wanted = gpu::sim_model_from_env();
     wanted.model = config.sim_model;
     const gpu::SimModelOptions now = gpu::sim_model();
-    if (now.model != wanted.model || now.gpus_per_node != wanted.gpus_per_node || now.dilation != wanted.dilation)
+    if (now.model != wanted.model || now.gpus_per_node != wanted.gpus_per_node)
       gpu::set_sim_model(wanted);
   }
   const int available = gpu::device_count();

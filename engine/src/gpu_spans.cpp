@@ -95,11 +95,11 @@ void GpuSpanRecorder::resolve(gpu::Stream* stream) {
   gpu::TimingEvent reference(device_);
   reference.record(stream);
   reference.synchronize();
-  const std::int64_t host_ns = Profiler::now_ns();
-  // Under the simulator's modeled mode, event times are dilated modeled
-  // time and the profiler's clock is modeled time: divide by the dilation.
-  const double per_ms = 1e6 / gpu::sim_dilation();
-  auto ns = [per_ms](float ms) { return static_cast<std::int64_t>(std::llround(static_cast<double>(ms) * per_ms)); };
+  // Under the simulator's modeled mode the reference's own modeled time
+  // places the spans (the host's clock may have moved past it).
+  const double modeled = reference.modeled_time();
+  const std::int64_t host_ns = modeled >= 0 ? profiler_ns_of_modeled(modeled) : Profiler::now_ns();
+  auto ns = [](float ms) { return static_cast<std::int64_t>(std::llround(static_cast<double>(ms) * 1e6)); };
   if (anchor_) {
     const std::int64_t anchor_ns = host_ns - ns(reference.ms_since(*anchor_));
     for (const Completed& c : completed_) {

@@ -55,6 +55,7 @@ struct OpBlock {
   std::uint64_t id = 0;  // push sequence number: FIFO among equal priorities
   std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
   std::int64_t push_ns = -1;       // while profiling: when it was pushed
+  double issue_s = -1;             // modeled time on simulated GPUs: the host's when it was pushed (weft/gpu_sim.h)
   // The op whose completion made it ready (traces' flow arrows). Every op that
   // grants one of its accesses stores its id before its decrement of
   // `pending`, so when push's own decrement is the last one (a producer that

@@ -7,9 +7,10 @@
 #include <deque>
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cassert>
 #include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iomanip>
@@ -88,55 +89,30 @@ void Profiler::clear() {
 }
 
 namespace {
-
-// The profiler's clock under the simulator's modeled mode: host time divided
-// by the dilation in force, piecewise, so that it stays continuous and
-// monotonic when the dilation changes. A segment starts at host time `host`
-// (ns since the epoch) at profiler time `at`; segments are published once
-// and never freed (one per change of the dilation).
-struct ClockSegment {
-  std::int64_t host;
-  std::int64_t at;
-  double dilation;
-};
-
-std::atomic<const ClockSegment*> g_clock_segment{nullptr};
-std::mutex g_clock_segment_mu;
-// Never destroyed: a thread may read the clock during static destruction.
-std::deque<ClockSegment>& g_clock_segments = *new std::deque<ClockSegment>;  // guarded by g_clock_segment_mu
-
-// Not before the segment's start: a reading taken just before another
-// thread published the segment stays on it (the clock never goes back).
-std::int64_t on_segment(const ClockSegment& s, std::int64_t host) noexcept {
-  return s.at + static_cast<std::int64_t>(static_cast<double>(std::max(host - s.host, std::int64_t{0})) / s.dilation);
+using ProfilerClock = std::chrono::steady_clock;
+// Never destroyed with a static's order problems: a plain value, set once.
+const ProfilerClock::time_point& profiler_epoch() noexcept {
+  static const ProfilerClock::time_point epoch = ProfilerClock::now();
+  return epoch;
 }
-
 }  // namespace
 
 std::int64_t Profiler::now_ns() noexcept {
-  using clock = std::chrono::steady_clock;
-  static const clock::time_point epoch = clock::now();
-  const std::int64_t host = std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - epoch).count();
-  const double dilation = gpu::sim_dilation();
-  const ClockSegment* s = g_clock_segment.load(std::memory_order_acquire);
-  if (s == nullptr && dilation == 1.0) return host;  // never dilated: the host clock itself
-  if (s == nullptr || s->dilation != dilation) {
-    try {
-      std::lock_guard lock(g_clock_segment_mu);
-      s = g_clock_segment.load(std::memory_order_relaxed);
-      if (s == nullptr || s->dilation != dilation) {
-        const std::int64_t at = s == nullptr ? host : on_segment(*s, host);
-        s = &g_clock_segments.emplace_back(ClockSegment{host, at, dilation});
-        g_clock_segment.store(s, std::memory_order_release);
-      }
-    } catch (...) {
-      if (s == nullptr) return host;  // no memory for a segment: stay on the host clock
-    }
-  }
-  return on_segment(*s, host);
+  // Under the simulator's modeled mode the host's modeled clock (this
+  // thread's: the op's issue time inside an engine op), on the same
+  // steady-clock timeline.
+  const double modeled = gpu::modeled_issue_time();
+  if (modeled >= 0) return detail::profiler_ns_of_modeled(modeled);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(ProfilerClock::now() - profiler_epoch()).count();
 }
 
 namespace detail {
+
+std::int64_t profiler_ns_of_modeled(double seconds) noexcept {
+  const auto epoch_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(profiler_epoch().time_since_epoch()).count();
+  return static_cast<std::int64_t>(std::llround(seconds * 1e9)) - epoch_ns;
+}
 
 ProfilerTrack* ProfilerRecorder::track(Device device, int index, std::string label, TrackKind kind,
                                       std::string resource) {

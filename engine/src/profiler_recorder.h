@@ -57,6 +57,10 @@ struct PushRecord {
   std::string_view shape;  // interned; OpOptions::shape, empty when not given
 };
 
+// Profiler::now_ns's value for a time on the simulator's modeled timeline
+// (seconds, gpu::modeled_now's clock).
+std::int64_t profiler_ns_of_modeled(double seconds) noexcept;
+
 class ProfilerRecorder {
  public:
   explicit ProfilerRecorder(Profiler& profiler) noexcept : profiler_(profiler) {}

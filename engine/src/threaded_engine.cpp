@@ -10,6 +10,7 @@
 #include "graph_impl.h"
 #include "nvtx_ranges.h"
 #include "weft/check_context.h"
+#include "weft/gpu_sim.h"
 
 namespace weft::detail {
 
@@ -308,6 +309,8 @@ ProfilerTrack* ThreadedEngine::inline_track(Device device) {
 
 void ThreadedEngine::run_body(OpBlock* op, Pool& pool, int worker, RunContext& ctx, const SpanInfo* traced) {
   CheckContextGuard check(op->name, op->device);
+  // Modeled time: what the op issues comes no earlier than its push.
+  gpu::ScopedModeledIssue issue(op->issue_s);
   if (!op->device.is_gpu()) {
     if (config_.gpu_devices > 0) {
       host_op_wait(*op);     // GPU producers of what it reads (and, writing, its GPU readers)

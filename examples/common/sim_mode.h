@@ -1,20 +1,15 @@
 // The modeled mode of simulated GPUs (weft/gpu_sim.h) for the training
 // tools: the flags --sim-model [PROFILE|COST_TABLE] (WEFT_SIM_MODEL's
-// values; bare: h100), --sim-dilation D and --sim-gpus-per-node G
-// (WEFT_SIM_DILATION and WEFT_SIM_GPUS_PER_NODE when a flag is not given),
-// the engine put on simulated GPUs, and the prediction of measured steps:
-// the median step on the modeled timeline (host time / D, steps timed one
-// by one), each GPU stream's utilization and the compute/copy overlap from
-// the engine's profiler (ProfileSummary), the host's share of the machine
-// (process CPU time over wall time x hardware threads: near 1, the host set
-// the pace, not the model) and the cost model's report. Kernels compute
-// nothing under the mode: a tool reads no values back.
+// values; bare: dgx-h100) and --sim-gpus-per-node G (WEFT_SIM_GPUS_PER_NODE
+// when not given), the engine put on simulated GPUs, and the prediction of
+// measured steps: the median step on the modeled timeline (gpu::modeled_now
+// across each step and its wait_all), each GPU stream's utilization and the
+// compute/copy overlap from the engine's profiler (ProfileSummary), and the
+// cost model's report. Kernels compute nothing under the mode: a tool reads
+// no values back.
 #pragma once
 
-#include <time.h>
-
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,52 +30,41 @@
 
 namespace weft::examples {
 
-// The three flags as given.
+// The two flags as given.
 struct SimFlags {
   bool on = false;
-  std::string model = "h100";
-  std::optional<double> dilation;
+  std::string model = "dgx-h100";
   std::optional<int> gpus_per_node;
 
-  // Takes `args`' current flag when it is one of the three (true), reading
+  // Takes `args`' current flag when it is one of the two (true), reading
   // its value; a bad value is a UsageError naming the flag.
   bool parse(ArgCursor& args) {
     const std::string& flag = args.flag();
     if (flag == "--sim-model") {
       on = true;
       if (std::optional<std::string> v = args.optional_value()) {
-        if (v->empty()) throw UsageError{"--sim-model wants h100, a profile file or a cost-table file"};
+        if (v->empty()) throw UsageError{"--sim-model wants dgx-h100, dgx-h200, dgx-a100, a profile file or a cost-table file"};
         model = *v;
       }
       return true;
     }
-    if (flag == "--sim-dilation") {
-      const std::optional<std::string> v = args.value();
-      char* end = nullptr;
-      const double d = v ? std::strtod(v->c_str(), &end) : 0.0;
-      if (!v || v->empty() || end != v->c_str() + v->size() || !std::isfinite(d) || d < 0.01 || d > 1e6)
-        throw UsageError{"--sim-dilation wants a number in [0.01, 1e6], got '" + v.value_or("") + "'"};
-      dilation = d;
-      return true;
-    }
     if (flag == "--sim-gpus-per-node") {
       const std::optional<std::string> v = args.value();
-      const std::optional<long long> g = v ? ArgCursor::parse_int(*v, 1, 64) : std::nullopt;
-      if (!g) throw UsageError{"--sim-gpus-per-node wants a whole number from 1 to 64, got '" + v.value_or("") + "'"};
+      const std::optional<long long> g = v ? ArgCursor::parse_int(*v, 1, 4096) : std::nullopt;
+      if (!g) throw UsageError{"--sim-gpus-per-node wants a whole number from 1 to 4096, got '" + v.value_or("") + "'"};
       gpus_per_node = static_cast<int>(*g);
       return true;
     }
     return false;
   }
 
-  // The tool's closing checks: the other two flags need --sim-model.
+  // The tool's closing check: --sim-gpus-per-node needs --sim-model.
   void check() const {
-    if (!on && (dilation || gpus_per_node))
-      throw UsageError{std::string(dilation ? "--sim-dilation" : "--sim-gpus-per-node") + " needs --sim-model"};
+    if (!on && gpus_per_node) throw UsageError{"--sim-gpus-per-node needs --sim-model"};
   }
 };
 
-// The --help lines of the three flags, descriptions from `column` on (each
+// The --help lines of the two flags, descriptions from `column` on (each
 // program aligns its own usage).
 inline std::string sim_flags_help(std::size_t column) {
   struct Entry {
@@ -90,18 +74,14 @@ inline std::string sim_flags_help(std::size_t column) {
   const Entry entries[] = {
       {"--sim-model [M]",
        {"predict instead of train: simulated GPUs whose kernels take modeled time",
-        "and compute nothing (weft/gpu_sim.h). M: h100 (the default), a profile",
-        "file or a cost-table file, as WEFT_SIM_MODEL takes them. Prints the",
+        "and compute nothing (weft/gpu_sim.h). M: dgx-h100 (the default), dgx-h200, dgx-a100,",
+        "a profile file or a cost-table file, as WEFT_SIM_MODEL takes them. Prints the",
         "predicted step time (median, warm-up excluded), each GPU stream's",
         "utilization, the compute/copy overlap, the host share and what the cost",
         "model covered; no values are read back (loss and accuracy: n/a)"}},
-      {"--sim-dilation D",
-       {"every modeled duration D times longer on the host clock (default",
-        "$WEFT_SIM_DILATION, else 1); predictions divide by D. Raise D when the",
-        "host share is near 1: the host, not the model, then set the pace"}},
       {"--sim-gpus-per-node G",
-       {"simulated GPUs per node: NVLink within, a NIC between nodes",
-        "(default $WEFT_SIM_GPUS_PER_NODE, else all in one node)"}},
+       {"simulated GPUs per node: NVLink within, the NICs between nodes",
+        "(default $WEFT_SIM_GPUS_PER_NODE, else the profile's: 8 for dgx-h100)"}},
   };
   std::string out;
   for (const Entry& e : entries) {
@@ -132,6 +112,10 @@ inline void sim_prepare(const std::vector<Device>& devices, EngineConfig& config
     throw InvalidArgument("--sim-model runs on simulated GPUs, but WEFT_GPU_BACKEND=" + std::string(chosen) +
                           " chose another backend (unset it or set WEFT_GPU_BACKEND=sim)");
   config.gpu_backend = "sim";
+  // One compute stream per GPU, as a framework's step runs: a GPU's kernels
+  // then follow one another in the order the engine issues them, whichever
+  // worker is free first (with two, that choice would move the prediction).
+  config.compute_streams_per_gpu = 1;
   int needed = 0;
   for (Device d : devices) needed = std::max(needed, d.index() + 1);
   config.sim_gpus = std::max(needed, static_cast<int>(env::number_or("WEFT_SIM_GPUS", 0, 1, 64)));
@@ -143,7 +127,6 @@ inline void sim_prepare(const std::vector<Device>& devices, EngineConfig& config
 inline gpu::SimModelOptions sim_install(const SimFlags& flags) {
   gpu::SimModelOptions options = gpu::sim_model_from_env();
   options.model = flags.model;
-  if (flags.dilation) options.dilation = *flags.dilation;
   if (flags.gpus_per_node) options.gpus_per_node = *flags.gpus_per_node;
   gpu::set_sim_model(options);
   return options;
@@ -153,26 +136,23 @@ inline gpu::SimModelOptions sim_install(const SimFlags& flags) {
 struct SimPrediction {
   gpu::SimModelOptions options;
   int gpus = 0;                  // simulated GPUs of the process
-  std::vector<double> step_ms;   // each measured step, predicted (host / D)
+  std::vector<double> step_ms;   // each measured step, predicted (modeled time)
   double predicted_step_ms = 0;  // their median
   std::vector<std::pair<std::string, double>> utilization;  // GPU stream that ran work -> busy / window
   double comm_overlap = 0;  // compute vs copy spans: both / min (ProfileSummary::compute_copy)
-  double host_share = 0;    // process CPU seconds / (wall seconds x hardware threads)
-  int hardware_threads = 1;
   gpu::SimModelStats stats;
   std::string report;  // gpu::sim_model_report()
 
-  int nodes() const {
-    const int per = options.gpus_per_node > 0 ? options.gpus_per_node : gpus;
-    return per > 0 ? (gpus + per - 1) / per : 1;
-  }
+  int gpus_per_node = 0;         // the model's (gpu::sim_topology)
+
+  int nodes() const { return gpus_per_node > 0 ? (gpus + gpus_per_node - 1) / gpus_per_node : 1; }
 
   // Lines for a terminal, each starting with `indent`.
   std::string text(const char* indent = "") const {
     std::string out;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%spredicted step time: %.3f ms (median of %zu measured steps: host time / dilation %g)\n",
-                  indent, predicted_step_ms, step_ms.size(), options.dilation);
+    std::snprintf(buf, sizeof buf, "%spredicted step time: %.3f ms (median of %zu measured steps, modeled time)\n",
+                  indent, predicted_step_ms, step_ms.size());
     out += buf;
     out += std::string(indent) + "utilization:";
     for (std::size_t i = 0; i < utilization.size(); ++i) {
@@ -180,10 +160,7 @@ struct SimPrediction {
       out += buf;
     }
     out += utilization.empty() ? " (no GPU stream spans)\n" : "\n";
-    std::snprintf(buf, sizeof buf,
-                  "%scomm overlap (compute vs copies): %.2f; host share %.2f of %d hardware threads%s\n", indent,
-                  comm_overlap, host_share, hardware_threads,
-                  host_share > 0.8 ? " (near 1: the host set the pace; raise --sim-dilation)" : "");
+    std::snprintf(buf, sizeof buf, "%scomm overlap (compute vs copies): %.2f\n", indent, comm_overlap);
     out += buf;
     out += std::string(indent) + "cost model: " + report + "\n";
     return out;
@@ -193,8 +170,8 @@ struct SimPrediction {
   std::string json() const {
     std::string out = ",\"sim_model\":\"" + escaped(options.model) + "\"";
     char buf[256];
-    std::snprintf(buf, sizeof buf, ",\"dilation\":%g,\"sim_gpus\":%d,\"nodes\":%d,\"predicted_step_ms\":%.6f", options.dilation,
-                  gpus, nodes(), predicted_step_ms);
+    std::snprintf(buf, sizeof buf, ",\"sim_gpus\":%d,\"nodes\":%d,\"predicted_step_ms\":%.6f", gpus, nodes(),
+                  predicted_step_ms);
     out += buf;
     out += ",\"utilization\":{";
     for (std::size_t i = 0; i < utilization.size(); ++i) {
@@ -203,9 +180,9 @@ struct SimPrediction {
       out += buf;
     }
     std::snprintf(buf, sizeof buf,
-                  "},\"comm_overlap\":%.4f,\"host_share\":%.4f,\"kernels_modeled\":%llu,\"table_hits\":%llu,"
+                  "},\"comm_overlap\":%.4f,\"kernels_modeled\":%llu,\"table_hits\":%llu,"
                   "\"fallbacks\":%llu",
-                  comm_overlap, host_share, static_cast<unsigned long long>(stats.kernels),
+                  comm_overlap, static_cast<unsigned long long>(stats.kernels),
                   static_cast<unsigned long long>(stats.from_table), static_cast<unsigned long long>(stats.fallbacks));
     out += buf;
     return out;
@@ -232,24 +209,21 @@ class SimMeasure {
     engine_.wait_all();
     engine_.profiler().clear();
     engine_.profiler().start();
-    cpu0_ = process_cpu_seconds();
-    wall0_ = Clock::now();
   }
   template <class F>
   void step(F&& push_step) {
-    const auto t0 = Clock::now();
+    const double t0 = gpu::modeled_now();
     push_step();
     engine_.wait_all();
-    host_step_s_.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    step_s_.push_back(gpu::modeled_now() - t0);
   }
   SimPrediction end() {
-    const double wall = std::chrono::duration<double>(Clock::now() - wall0_).count();
-    const double cpu = process_cpu_seconds() - cpu0_;
     engine_.profiler().stop();
     SimPrediction p;
     p.options = gpu::sim_model();
     p.gpus = gpu::device_count();
-    for (double s : host_step_s_) p.step_ms.push_back(1e3 * gpu::predicted_seconds(s));
+    p.gpus_per_node = gpu::sim_topology().gpus_per_node;
+    for (double s : step_s_) p.step_ms.push_back(1e3 * s);
     std::vector<double> sorted = p.step_ms;
     std::sort(sorted.begin(), sorted.end());
     const std::size_t n = sorted.size();
@@ -258,24 +232,14 @@ class SimMeasure {
     for (const ResourceUsage& r : summary.resources)
       if (r.kind == TrackKind::stream && r.ops > 0) p.utilization.emplace_back(r.resource, std::clamp(r.utilization, 0.0, 1.0));
     p.comm_overlap = std::clamp(summary.compute_copy.efficiency, 0.0, 1.0);
-    p.hardware_threads = std::max(1, available_cpus());
-    p.host_share = wall > 0 ? cpu / (wall * p.hardware_threads) : 0.0;
     p.stats = gpu::sim_model_stats();
     p.report = gpu::sim_model_report();
     return p;
   }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  static double process_cpu_seconds() {
-    timespec ts{};
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-  }
   Engine& engine_;
-  std::vector<double> host_step_s_;
-  double cpu0_ = 0;
-  Clock::time_point wall0_;
+  std::vector<double> step_s_;
 };
 
 }  // namespace weft::examples

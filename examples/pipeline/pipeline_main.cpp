@@ -115,11 +115,9 @@ void usage(std::FILE* out) {
                "\n"
                "With --sim-model (simulated GPUs only, --devices gpu:0,gpu:1 by default; WEFT_GPU_BACKEND=sim\n"
                "unless set so already) step_ms and samples_per_sec are predictions (step_ms: the median\n"
-               "step, host time / dilation), and each line adds sim_model, dilation, sim_gpus, nodes,\n"
-               "predicted_step_ms, utilization (GPU stream -> busy fraction), comm_overlap (compute vs\n"
-               "copies), host_share (the process's CPU time over wall time times the hardware threads:\n"
-               "near 1 means the host, not the model, set the pace), kernels_modeled, table_hits and\n"
-               "fallbacks.\n"
+               "step in modeled time), and each line adds sim_model, sim_gpus, nodes, predicted_step_ms,\n"
+               "utilization (GPU stream -> busy fraction), comm_overlap (compute vs copies),\n"
+               "kernels_modeled, table_hits and fallbacks.\n"
                "Exit status: 0 done, 2 bad arguments, 1 failure.\n",
                weft::examples::sim_flags_help(21).c_str());
 }
@@ -381,8 +379,7 @@ class Report {
         // The busiest GPU stream stands for the utilization in the table.
         const auto busiest = std::max_element(r.sim->utilization.begin(), r.sim->utilization.end(),
                                               [](const auto& a, const auto& b) { return a.second < b.second; });
-        std::printf("           modeled: compute/copy overlap %.2f, host share %.2f%s%s\n", r.sim->comm_overlap,
-                    r.sim->host_share,
+        std::printf("           modeled: compute/copy overlap %.2f%s%s\n", r.sim->comm_overlap,
                     busiest == r.sim->utilization.end() ? "" : (", busiest " + busiest->first).c_str(),
                     busiest == r.sim->utilization.end() ? "" : (" " + fixed(busiest->second, "%.2f")).c_str());
         std::fflush(stdout);
@@ -714,10 +711,8 @@ int main(int argc, char** argv) {
       try {
         const weft::gpu::SimModelOptions model = weft::examples::sim_install(o.sim);
         if (!o.json)
-          std::printf("modeled: %s, dilation %g, %d simulated GPU(s)%s: times are predictions\n", model.model.c_str(),
-                      model.dilation, weft::gpu::device_count(),
-                      model.gpus_per_node > 0 ? (", " + std::to_string(model.gpus_per_node) + " per node").c_str()
-                                              : " in one node");
+          std::printf("modeled: %s, %d simulated GPU(s), %d per node: times are predictions\n", model.model.c_str(),
+                      weft::gpu::device_count(), weft::gpu::sim_topology().gpus_per_node);
       } catch (const weft::InvalidArgument& e) {
         std::fprintf(stderr, "weft-pipeline: bad --sim-model: %s\n", e.what());
         return 2;

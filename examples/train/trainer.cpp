@@ -175,12 +175,11 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "With --sim-model (on simulated GPUs only, --devices gpu:0 by default; WEFT_GPU_BACKEND=sim\n"
                "unless set so already) it prints the prediction instead: the predicted step time, each\n"
                "GPU stream's utilization, the compute/copy overlap and, on several devices, the fraction\n"
-               "of the gradient reduction hidden, the host share (the process's CPU time over wall time\n"
-               "times the hardware threads during the measured steps: near 1 means the host, not the\n"
-               "model, set the pace) and the cost model's report. Loss, accuracy and weights are n/a:\n"
+               "of the gradient reduction hidden, and the cost model's report; the same command gives\n"
+               "the same prediction on any host (time is virtual). Loss, accuracy and weights are n/a:\n"
                "modeled kernels compute nothing; --checkpoint, --resume, --dist and --hybridize are\n"
-               "refused. --json's line then has sim_model, dilation, predicted_step_ms, utilization,\n"
-               "comm_overlap, reduction_overlap, host_share, kernels_modeled, table_hits and fallbacks.\n"
+               "refused. --json's line then has sim_model, sim_gpus, nodes, predicted_step_ms,\n"
+               "utilization, comm_overlap, reduction_overlap, kernels_modeled, table_hits and fallbacks.\n"
                "Exit status: 0 done, 2 bad arguments or data, 1 failure while training.\n",
                p, m.model, p, p, static_cast<long long>(m.default_batch_size), static_cast<double>(m.default_lr),
                m.lr_note, m.bucket_note, weft::default_fashion_mnist_dir().c_str(), weft::examples::sim_flags_help(19).c_str(),
@@ -463,9 +462,8 @@ int predict_steps(const Options& o, const ModelSpec& m, weft::Engine& engine, we
     dp.step(schedule.lr(optimizer.lr, dp.steps()));
   };
   const weft::gpu::SimModelOptions model = weft::gpu::sim_model();
-  std::printf("modeled: %s, dilation %g, %d simulated GPU(s)%s; one warm-up step, %lld measured steps of batch %lld\n",
-              model.model.c_str(), model.dilation, weft::gpu::device_count(),
-              model.gpus_per_node > 0 ? (", " + std::to_string(model.gpus_per_node) + " per node").c_str() : " in one node",
+  std::printf("modeled: %s, %d simulated GPU(s), %d per node; one warm-up step, %lld measured steps of batch %lld\n",
+              model.model.c_str(), weft::gpu::device_count(), weft::gpu::sim_topology().gpus_per_node,
               static_cast<long long>(o.steps), static_cast<long long>(o.batch_size));
   std::fflush(stdout);
   for (weft::Device d : devices) engine.allocator(d).reset_peak();

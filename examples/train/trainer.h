@@ -3,7 +3,7 @@
 // --precision, --conv-algo, --optimizer, --weight-decay, --lr-schedule,
 // --max-grad-norm, --shard, --checkpoint, --checkpoint-every, --resume,
 // --bucket-kb, --no-overlap, --hybridize, --gpu-graphs, --bulk, --trace,
-// --data, --seed, --json; --sim-model [PROFILE|COST_TABLE], --sim-dilation,
+// --data, --seed, --json; --sim-model [PROFILE|COST_TABLE],
 // --sim-gpus-per-node, --steps), one training loop (data-parallel through
 // weft::parallel::DataParallel, on one device or several, across mpirun
 // processes with --dist), one report. With --sim-model it trains nothing:

@@ -336,7 +336,8 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     else
       cpu::gemm(trans_a, trans_b, m, n, k, 1.0f, io.i(0), lda, io.i(1), ldb, 0.0f, io.o(0), n);
   }, OpProperty::normal, 0, detail::Body::kernels, tf32,
-         detail::OpCost{2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k)});
+         detail::OpCost{2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k), 0,
+                        static_cast<double>(m) * static_cast<double>(n)});
   return c;
 }
 

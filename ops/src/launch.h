@@ -77,7 +77,8 @@ struct TensorSpan {
 // and outputs' sizes. Elementwise ops give nothing: bandwidth-bound.
 struct OpCost {
   double flops = 0;
-  double bytes = 0;  // 0: every input read and every output written once
+  double bytes = 0;     // 0: every input read and every output written once
+  double parallel = 0;  // independent outputs of a compute-bound kernel (GEMM M x N); 0: fills the GPU
 };
 
 // An op whose kernel is modeled on a simulated GPU: what the cost model and
@@ -86,9 +87,9 @@ struct OpCost {
 // with "@tf32" for a GEMM or convolution under ops::AllowTf32).
 struct ModeledOp {
   std::string op, shape;
-  double flops = 0, bytes = 0;
+  double flops = 0, bytes = 0, parallel = 0;
   gpu::Math math = gpu::Math::fp32;
-  gpu::KernelCost cost() const { return gpu::KernelCost{op, shape, flops, bytes, math}; }
+  gpu::KernelCost cost() const { return gpu::KernelCost{op, shape, flops, bytes, math, parallel}; }
 };
 ModeledOp modeled_op(std::string op, const std::vector<const Tensor*>& inputs, const std::vector<const Tensor*>& outputs,
                      bool tf32, OpCost cost);

@@ -71,6 +71,18 @@ double conv_flops(const kernels::ConvGeometry& g) {
          static_cast<double>(g.kw);
 }
 
+// A convolution pass's independent outputs (the fill of the simulator's cost
+// model): the output (0), the input's gradient (1), the filter's gradient
+// (2), whose reduction over the batch is split per image.
+double conv_outputs(const kernels::ConvGeometry& g, int pass) {
+  const auto d = [](std::int64_t v) { return static_cast<double>(v); };
+  switch (pass) {
+    case 0: return d(g.n) * d(g.o) * d(g.out_h()) * d(g.out_w());
+    case 1: return d(g.n) * d(g.c) * d(g.h) * d(g.w);
+    default: return d(g.o) * d(g.c) * d(g.kh) * d(g.kw) * d(g.n);
+  }
+}
+
 kernels::ConvGeometry conv_geometry(const char* op, const Operand& input, const Operand& filter, Conv2dParams p) {
   const Shape &x = input.shape, &w = filter.shape;
   if (x.rank() != 4 || w.rank() != 4)
@@ -140,7 +152,8 @@ Tensor dense(const Tensor& x, const Tensor& w, const Tensor& b) {
     else
       cpu::dense_forward(io.o(0), io.i(0), io.i(1), has_b ? io.i(2) : nullptr, batch, in, out);
   }, OpProperty::normal, 0, detail::Body::kernels, tf32,
-         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
+         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out), 0,
+                        static_cast<double>(batch) * static_cast<double>(out)});
   return y;
 }
 
@@ -162,7 +175,8 @@ DenseGrads dense_backward(const Tensor& x, const Tensor& w, const Tensor& dy) {
            else
              cpu::dense_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), batch, in, out);
          }, OpProperty::normal, 0, detail::Body::kernels, tf32,
-         detail::OpCost{4.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
+         detail::OpCost{4.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out), 0,
+                        static_cast<double>(batch) * static_cast<double>(in) + static_cast<double>(in) * static_cast<double>(out)});
   return g;
 }
 
@@ -184,7 +198,8 @@ Tensor dense_backward_data(const Tensor& dy, const Tensor& w) {
     else
       cpu::dense_backward(io.o(0), nullptr, nullptr, nullptr, io.i(1), io.i(0), batch, in, out);
   }, OpProperty::normal, 0, detail::Body::kernels, tf32,
-         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
+         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out), 0,
+                        static_cast<double>(batch) * static_cast<double>(in)});
   return dx;
 }
 
@@ -207,7 +222,8 @@ DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
            else
              cpu::dense_backward(nullptr, io.o(0), io.o(1), io.i(0), nullptr, io.i(1), batch, in, out);
          }, OpProperty::normal, 0, detail::Body::kernels, tf32,
-         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out)});
+         detail::OpCost{2.0 * static_cast<double>(batch) * static_cast<double>(in) * static_cast<double>(out), 0,
+                        static_cast<double>(in) * static_cast<double>(out)});
   return g;
 }
 
@@ -224,7 +240,8 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p)
     else
       cpu::conv2d_forward(io.o(0), io.i(0), io.i(1), has_b ? io.i(2) : nullptr, g);
   }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
-         detail::OpCost{conv_flops(g)});
+         detail::OpCost{conv_flops(g), 0,
+                        conv_outputs(g, 0)});
   return y;
 }
 
@@ -241,7 +258,8 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
     else
       cpu::conv2d_backward_data(io.o(0), io.i(0), io.i(1), g);
   }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
-         detail::OpCost{conv_flops(g)});
+         detail::OpCost{conv_flops(g), 0,
+                        conv_outputs(g, 1)});
   return dx;
 }
 
@@ -260,7 +278,8 @@ ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const 
            else
              cpu::conv2d_backward_filter(io.o(0), io.o(1), io.i(0), io.i(1), g);
          }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
-         detail::OpCost{conv_flops(g)});
+         detail::OpCost{conv_flops(g), 0,
+                        conv_outputs(g, 2)});
   return out;
 }
 

@@ -58,6 +58,7 @@ ModeledOp modeled_op(std::string op, const std::vector<const Tensor*>& inputs, c
   ModeledOp m;
   m.op = std::move(op);
   m.flops = cost.flops;
+  m.parallel = cost.parallel;
   double bytes = 0;
   bool first = true, bf16 = false, fp16 = false;
   for (const Tensor* t : inputs) {

@@ -7,6 +7,7 @@
 #include "communicator_state.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
+#include "weft/profiler.h"
 
 namespace weft::parallel {
 namespace detail {
@@ -136,10 +137,43 @@ void Call::check_chunks(const std::vector<Tensor>& tensors, const char* what, st
 using detail::Call;
 using detail::Kind;
 
+namespace {
+
+// Below this an allreduce across nodes goes to MPI whole: the hierarchy's
+// three collectives cost three latencies where bandwidth does not yet count.
+constexpr std::size_t kTieredBytes = std::size_t{256} << 10;
+
+// An allreduce across whole nodes: reduce-scatter in the node, allreduce of
+// this rank's part on its rail, all-gather in the node (CommunicatorOptions::
+// ranks_per_node). Average of averages over equal nodes is the average.
+void allreduce_tiered(const detail::Tiers& tiers, const Tensor& t, ReduceOp op, const CollectiveOptions& options) {
+  const std::string& name = options.name;
+  const int place = tiers.node.local_ranks().front();
+  const Chunk part = chunk(t.numel(), tiers.per_node, place);
+  Tensor mine = Tensor::empty(t.engine(), Shape{part.size()}, t.device(), t.dtype())
+                    .set_role(MemoryRole::communication)
+                    .set_name(name + " (node part)");
+  CollectiveOptions step = options;
+  step.name = name + " (node reduce-scatter)";
+  reduce_scatter(tiers.node, {t}, {mine}, op, step);
+  step.name = name + " (rail)";
+  allreduce(tiers.rail, {mine}, op, step);
+  step.name = name + " (node all-gather)";
+  all_gather(tiers.node, {mine}, {t}, step);
+}
+
+}  // namespace
+
 void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, ReduceOp op, CollectiveOptions options) {
   Call call(Kind::allreduce, comm, options);
   call.check_tensors(tensors, "tensors", true);
   call.check_same_size(tensors, "tensor sizes");
+  if (const auto& tiers = call.state().tiers; tiers && tensors.size() == 1 && tensors[0].nbytes() >= kTieredBytes) {
+    Profiler::note("allreduce " + call.label(), "hierarchical over " + std::to_string(tiers->nodes) + " nodes x " +
+                                                  std::to_string(tiers->per_node) + " ranks, " +
+                                                  std::to_string(tensors[0].nbytes()) + " bytes");
+    return allreduce_tiered(*tiers, tensors[0], op, options);
+  }
   call.state().transport->check(call, tensors[0].numel());
   call.commit();
   call.state().transport->allreduce(call, tensors, op);

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "communicator_state.h"
+#include "weft/env.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
 
@@ -67,8 +68,10 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
   state->options = options;
   if (device.is_gpu()) {
     // NCCL where built and wanted, else through host memory; either way
-    // over a communicator of cpu(0).
-    Communicator host = Communicator::mpi(engine, Device::cpu(0), options);
+    // over a communicator of cpu(0) (of one tier: its collectives are this one's parts).
+    CommunicatorOptions host_options = options;
+    host_options.ranks_per_node = 0;
+    Communicator host = Communicator::mpi(engine, Device::cpu(0), host_options);
 #if WEFT_HAVE_NCCL
     if (detail::nccl_wanted())
       state->transport = detail::make_nccl_mpi_transport(*state, std::move(host), options);
@@ -78,7 +81,25 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
   } else {
     state->transport = detail::make_mpi_transport(*state, options);  // sets size and local_ranks
   }
-  return Communicator(std::move(state));
+  Communicator comm(std::move(state));
+  // Whole nodes of consecutive ranks: a node and a rail sub-communicator
+  // (collective, the same on every process).
+  const int per_node = options.ranks_per_node ? *options.ranks_per_node
+                                              : static_cast<int>(env::number_or("WEFT_RANKS_PER_NODE", 0, 0, 1 << 20));
+  const int size = comm.size();
+  if (per_node >= 2 && size > per_node) {
+    if (size % per_node != 0)
+      throw InvalidArgument("weft::parallel::Communicator::mpi: " + std::to_string(size) + " ranks do not fill nodes of " +
+                            std::to_string(per_node) + " (CommunicatorOptions::ranks_per_node or WEFT_RANKS_PER_NODE)");
+    std::vector<int> node(static_cast<std::size_t>(size)), rail(static_cast<std::size_t>(size));
+    for (int r = 0; r < size; ++r) {
+      node[static_cast<std::size_t>(r)] = r / per_node;
+      rail[static_cast<std::size_t>(r)] = r % per_node;
+    }
+    comm.state_->tiers = std::make_shared<const detail::Tiers>(
+        detail::Tiers{comm.split(node), comm.split(rail), size / per_node, per_node});
+  }
+  return comm;
 }
 
 Communicator Communicator::mpi(Engine& engine, std::vector<Device> devices, CommunicatorOptions options) {

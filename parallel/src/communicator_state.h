@@ -57,6 +57,13 @@ class Transport {
   virtual std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const;
 };
 
+// An MPI group that spans whole nodes (CommunicatorOptions::ranks_per_node):
+// this process's node and rail sub-communicators.
+struct Tiers {
+  Communicator node, rail;
+  int nodes = 0, per_node = 0;
+};
+
 struct CommunicatorState {
   Engine* engine = nullptr;
   int size = 0;                    // members in the group
@@ -66,6 +73,7 @@ struct CommunicatorState {
   CommunicatorOptions options;     // MPI: as given (a split keeps its parent's)
   std::atomic<std::uint64_t> sequence{0};  // collectives pushed so far (names them: "#3")
   std::unique_ptr<Transport> transport;
+  std::shared_ptr<const Tiers> tiers;  // set when the group spans whole nodes
 };
 
 std::unique_ptr<Transport> make_local_transport(CommunicatorState& state);

@@ -6,7 +6,7 @@
 // phase is a GPU op on the member that receives: a peer copy on that GPU's
 // copy worker (its own stream, so copies overlap with reductions of other
 // chunks), then, for the reducing collectives, an accumulate kernel on its
-// compute stream. Steps of different GPUs order themselves by stream waits on
+// priority stream (kReduceProperty). Steps of different GPUs order themselves by stream waits on
 // the phase's variables, never by host waits. The phase's last op, on the
 // first member's GPU, records an event behind every step; a fiber of the
 // poll thread (comm_thread.h) completes the hold op once that event is done,
@@ -20,8 +20,10 @@
 // to theirs. bfloat16 and float16 reductions run the float32 form on float32
 // copies and round the results once (through_float32.h): the values of the
 // CPU ring, which rounds once too.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +40,7 @@
 #include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"
 #include "weft/parallel/collectives.h"
+#include "weft/profiler.h"
 #include "weft/tensor_op.h"
 
 namespace weft::parallel::detail {
@@ -63,6 +66,19 @@ void finish_average(RunContext& ctx, float* p, std::int64_t n, ReduceOp op, int 
 }
 
 const Device kHoldDevice = Device::cpu(0);
+
+// The reductions run on each GPU's priority stream, beside its compute
+// streams, as a communication library's kernels on their own stream: a
+// collective's adds neither wait behind the model's queued kernels nor
+// hold them up (and under the simulator's modeled mode they take their
+// time beside the compute stream's kernels; docs/design/simulated-gpus.md).
+constexpr OpProperty kReduceProperty = OpProperty::prioritized;
+
+// The hierarchical allreduce's pipeline: pieces of at least 64 MiB, at most
+// 8 (each piece's steps pay their latencies and launches again, which
+// smaller pieces would not earn back).
+constexpr std::int64_t kHierarchyPieceBytes = std::int64_t{64} << 20;
+constexpr std::int64_t kHierarchyPieces = 8;
 
 // The hold op of a collective over GPU members, on cpu(0).
 void push_gpu_hold(const Call& call, const std::vector<Tensor>& reads, const std::vector<Tensor>& writes,
@@ -165,6 +181,13 @@ class LocalGpuTransport final : public Transport {
         .set_role(MemoryRole::communication)
         .set_name(call.label() + " scratch on member " + std::to_string(r));
   }
+  // The members by node when they span nodes of simulated GPUs (two or
+  // more nodes, as many members on each, more than one) and the
+  // hierarchical allreduce of `bytes` is predicted faster than the ring.
+  std::vector<std::vector<int>> hierarchy(const Call& call, double bytes) const;
+  void allreduce_hierarchical(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op,
+                              std::vector<std::vector<int>> nodes);
+
   std::vector<Device> devices_;  // member r's GPU
   Mailboxes mailboxes_;  // send and recv
 };
@@ -181,6 +204,8 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
   const int n = static_cast<int>(devices_.size());
   const std::int64_t count = tensors[0].numel();
   const int priority = call.options().priority;
+  if (std::vector<std::vector<int>> nodes = hierarchy(call, static_cast<double>(count) * sizeof(float)); !nodes.empty())
+    return allreduce_hierarchical(call, tensors, op, std::move(nodes));
   // Member r's chunks arrive in scratch r at their own offsets.
   std::vector<Tensor> writes = tensors;
   if (n > 1)
@@ -192,8 +217,8 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
     auto v = std::make_shared<PhaseVars>(e, phase->what, n, n);
     auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, n);
     auto order = std::make_shared<PhaseVars>(e, phase->what + " order", n, 2);
-    // A GPU's copies share its peer stream, and its adds its compute
-    // streams, which run them in the order they were enqueued; the engine
+    // A GPU's copies share its peer stream, and its adds its priority
+    // stream, which run them in the order they were enqueued; the engine
     // enqueues an op when its inputs' producers were enqueued, so steps
     // whose producers are on other GPUs become ready in whatever order the
     // host gets to them, and a later step's copy, enqueued first, would hold
@@ -220,7 +245,7 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
                copy_in(ctx, phase->out_f(n + dst) + k.begin, phase->out_f(i) + k.begin, from, bytes);
              });
         const bool last = t + 2 == n;
-        step(e, phase, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c), add_order(dst)}, OpProperty::normal,
+        step(e, phase, at(devices, dst), {s->at(dst, c)}, {v->at(dst, c), add_order(dst)}, kReduceProperty,
              priority, name("reduce-scatter add", t, c),
              [phase, dst, n, k, op, last](RunContext& ctx) {
                float* d = phase->out_f(dst) + k.begin;
@@ -243,6 +268,164 @@ void LocalGpuTransport::allreduce(const Call& call, const std::vector<Tensor>& t
              });
       }
     push_gpu_done(e, phase, {v, s, order}, devices.front(), priority);
+  });
+}
+
+// ---- allreduce across nodes: reduce-scatter in each node, allreduce per rail, all-gather ----
+
+std::vector<std::vector<int>> LocalGpuTransport::hierarchy(const Call& call, double bytes) const {
+  const gpu::SimTopology topo = gpu::sim_topology();
+  if (topo.gpus_per_node <= 0) return {};  // real GPUs of one process: one node
+  std::map<int, std::vector<int>> by_node;
+  for (int r = 0; r < static_cast<int>(devices_.size()); ++r)
+    by_node[topo.node_of(at(devices_, r).index())].push_back(r);
+  const auto m = static_cast<int>(by_node.size());
+  const auto g = static_cast<int>(by_node.begin()->second.size());
+  if (m < 2 || g < 2) return {};
+  std::vector<std::vector<int>> nodes;
+  for (auto& [node, members] : by_node) {
+    if (static_cast<int>(members.size()) != g) return {};  // uneven nodes: the ring
+    nodes.push_back(std::move(members));
+  }
+  // The two schemes' link time: the ring's 2(n-1) steps of S/n each wait
+  // for the slowest link (a NIC); the hierarchy's node phases cross NVLink
+  // and its rail phase moves S/g per GPU over that GPU's own NIC.
+  const int n = m * g;
+  const double ring = 2.0 * (n - 1) / n * bytes / (topo.nic_gbps * 1e9) + 2.0 * (n - 1) * topo.nic_latency_us * 1e-6;
+  const double tiered = 2.0 * (g - 1) / g * bytes / (topo.nvlink_gbps * 1e9) +
+                        2.0 * (m - 1) / m * bytes / g / (topo.nic_gbps * 1e9) +
+                        2.0 * (g - 1) * topo.nvlink_latency_us * 1e-6 + 2.0 * (m - 1) * topo.nic_latency_us * 1e-6;
+  char text[256];
+  std::snprintf(text, sizeof text, "%s over %d nodes x %d GPUs, %.0f bytes: ring %.3f ms, hierarchical %.3f ms",
+                tiered < ring ? "hierarchical" : "ring", m, g, bytes, ring * 1e3, tiered * 1e3);
+  Profiler::note("allreduce " + call.label(), text);
+  if (tiered >= ring) return {};
+  return nodes;
+}
+
+void LocalGpuTransport::allreduce_hierarchical(const Call& call, const std::vector<Tensor>& tensors, ReduceOp op,
+                                               std::vector<std::vector<int>> nodes) {
+  const int n = static_cast<int>(devices_.size());
+  const std::int64_t count = tensors[0].numel();
+  const int priority = call.options().priority;
+  std::vector<Tensor> writes = tensors;
+  for (int r = 0; r < n; ++r) writes.push_back(scratch(call, r, count));
+  push_gpu_hold(call, tensors, writes,
+                [devices = devices_, nodes = std::move(nodes), n, count, op, priority](
+                    Engine& e, const std::shared_ptr<Phase>& phase) {
+    const int m = static_cast<int>(nodes.size()), g = static_cast<int>(nodes[0].size());
+    // The tensor in P pieces, pipelined: piece p's rail phase runs while
+    // piece p + 1 is reduced in the node. Each piece in g regions (the node
+    // phases' chunks), a region in m parts (the rail phase's).
+    const int pieces = static_cast<int>(std::clamp<std::int64_t>(
+        count * static_cast<std::int64_t>(sizeof(float)) / kHierarchyPieceBytes, 1, kHierarchyPieces));
+    auto region = [count, g, pieces](int p, int c) {
+      const Chunk piece = chunk(count, pieces, p), k = chunk(piece.size(), g, c);
+      return Chunk{piece.begin + k.begin, piece.begin + k.end};
+    };
+    auto part = [&](int p, int c, int j) {
+      const Chunk r = region(p, c), k = chunk(r.size(), m, j);
+      return Chunk{r.begin + k.begin, r.begin + k.end};
+    };
+    // Per member: one variable per (piece, region) for the node phases and
+    // per (piece, part of its own region) for the rail phase; scratch alike.
+    auto v = std::make_shared<PhaseVars>(e, phase->what, n, pieces * g);
+    auto s = std::make_shared<PhaseVars>(e, phase->what + " scratch", n, pieces * g);
+    auto rv = std::make_shared<PhaseVars>(e, phase->what + " rail", n, pieces * m);
+    auto rs = std::make_shared<PhaseVars>(e, phase->what + " rail scratch", n, pieces * m);
+    // Per member, step order: NVLink copies (0), adds (1), NIC copies (2).
+    auto order = std::make_shared<PhaseVars>(e, phase->what + " order", n, 3);
+    auto name = [&](const char* what, int p, int t, int c) {
+      return phase->what + " " + what + " " + std::to_string(t) + " piece " + std::to_string(p) + " chunk " +
+             std::to_string(c);
+    };
+    auto with = [](std::vector<Var> vars, const Var& more) {
+      vars.push_back(more);
+      return vars;
+    };
+    // A copy of [k) from member src into member dst's tensor (or scratch):
+    // over NVLink on dst's peer stream; across nodes on the stream of dst's
+    // copies off the device (its NIC's DMA), so that the rail's copies run
+    // beside the node's.
+    auto copy = [&](int src, int dst, Chunk k, bool into_scratch, bool nic, std::vector<Var> reads,
+                    std::vector<Var> writes, std::string label) {
+      const auto bytes = static_cast<std::size_t>(k.size()) * sizeof(float);
+      step(e, phase, at(devices, dst), std::move(reads), with(std::move(writes), order->at(dst, nic ? 2 : 0)),
+           nic ? OpProperty::copy_from_device : OpProperty::copy_peer, priority, std::move(label),
+           [phase, src, dst, n, k, bytes, into_scratch, from = at(devices, src)](RunContext& ctx) {
+             copy_in(ctx, phase->out_f(into_scratch ? n + dst : dst) + k.begin, phase->out_f(src) + k.begin, from,
+                     bytes);
+           });
+    };
+    auto add = [&](int dst, Chunk k, bool last, std::vector<Var> reads, std::vector<Var> writes, std::string label) {
+      step(e, phase, at(devices, dst), std::move(reads), with(std::move(writes), order->at(dst, 1)), kReduceProperty,
+           priority, std::move(label), [phase, dst, n, k, op, last](RunContext& ctx) {
+             float* d = phase->out_f(dst) + k.begin;
+             accumulate(ctx, d, phase->out_f(n + dst) + k.begin, k.size(), accumulate_of(op));
+             if (last) finish_average(ctx, d, k.size(), op, n);
+           });
+    };
+    auto all_parts = [&](const std::shared_ptr<PhaseVars>& vars, int r, int p) {
+      std::vector<Var> out;
+      for (int j = 0; j < m; ++j) out.push_back(vars->at(r, p * m + j));
+      return out;
+    };
+    // 1. Reduce-scatter inside each node (NVLink): node member i ends with
+    //    the node's sum of region i + 1 of the piece.
+    auto node_reduce_scatter = [&](int p) {
+      for (int t = 0; t + 1 < g; ++t)
+        for (const std::vector<int>& node : nodes)
+          for (int i = 0; i < g; ++i) {
+            const int src = node[static_cast<std::size_t>(i)], dst = node[static_cast<std::size_t>((i + 1) % g)];
+            const int c = ((i - t) % g + g) % g, f = p * g + c;
+            copy(src, dst, region(p, c), true, false, {v->at(src, f)}, {s->at(dst, f)},
+                 name("node reduce-scatter copy", p, t, c));
+            add(dst, region(p, c), false, {s->at(dst, f)}, {v->at(dst, f)}, name("node reduce-scatter add", p, t, c));
+          }
+    };
+    // 2. Per rail (the members in the same place in their nodes, each on
+    //    its own NIC): a ring allreduce of that region across the nodes.
+    auto rail_allreduce = [&](int p) {
+      for (int l = 0; l < g; ++l) {
+        const int c = (l + 1) % g, f = p * g + c;
+        auto rail = [&](int a) { return nodes[static_cast<std::size_t>(((a % m) + m) % m)][static_cast<std::size_t>(l)]; };
+        for (int t = 0; t + 1 < m; ++t)
+          for (int a = 0; a < m; ++a) {
+            const int src = rail(a), dst = rail(a + 1), j = ((a - t) % m + m) % m, q = p * m + j;
+            // Into the scratch of dst's region, once the node's last add there has read it.
+            copy(src, dst, part(p, c, j), true, true, {v->at(src, f), rv->at(src, q)}, {rs->at(dst, q), s->at(dst, f)},
+                 name("rail reduce-scatter copy", p, t, q));
+            add(dst, part(p, c, j), t + 2 == m, {rs->at(dst, q), v->at(dst, f)}, {rv->at(dst, q)},
+                name("rail reduce-scatter add", p, t, q));
+          }
+        for (int t = 0; t + 1 < m; ++t)
+          for (int a = 0; a < m; ++a) {
+            const int src = rail(a), dst = rail(a + 1), j = ((a + 1 - t) % m + m) % m, q = p * m + j;
+            copy(src, dst, part(p, c, j), false, true, {rv->at(src, q)}, {rv->at(dst, q)},
+                 name("rail all-gather copy", p, t, q));
+          }
+      }
+    };
+    // 3. All-gather inside each node: a member's region only once its rail is done.
+    auto node_all_gather = [&](int p) {
+      for (int t = 0; t + 1 < g; ++t)
+        for (const std::vector<int>& node : nodes)
+          for (int i = 0; i < g; ++i) {
+            const int src = node[static_cast<std::size_t>(i)], dst = node[static_cast<std::size_t>((i + 1) % g)];
+            const int c = ((i + 1 - t) % g + g) % g, f = p * g + c;
+            std::vector<Var> reads = {v->at(src, f)};
+            if (t == 0) reads = with(all_parts(rv, src, p), v->at(src, f));  // src's own region, reduced on its rail
+            copy(src, dst, region(p, c), false, false, std::move(reads), {v->at(dst, f)},
+                 name("node all-gather copy", p, t, c));
+          }
+    };
+    // Pushed in pipeline order: each stream runs its steps in push order.
+    for (int p = 0; p < pieces + 2; ++p) {
+      if (p < pieces) node_reduce_scatter(p);
+      if (p >= 1 && p - 1 < pieces) rail_allreduce(p - 1);
+      if (p >= 2) node_all_gather(p - 2);
+    }
+    push_gpu_done(e, phase, {v, s, rv, rs, order}, devices.front(), priority);
   });
 }
 
@@ -299,7 +482,7 @@ void LocalGpuTransport::reduce(const Call& call, const std::vector<Tensor>& tens
                copy_in(ctx, phase->out_f(1) + k.begin, phase->in_f(slot) + k.begin, from, bytes);
              });
         const bool last = slot + 2 == n;
-        step(e, phase, at(devices, root), {s->at(0, c)}, {v->at(0, c)}, OpProperty::normal, priority, part + " add",
+        step(e, phase, at(devices, root), {s->at(0, c)}, {v->at(0, c)}, kReduceProperty, priority, part + " add",
              [phase, k, op, last, n](RunContext& ctx) {
                float* d = phase->out_f(0) + k.begin;
                accumulate(ctx, d, phase->out_f(1) + k.begin, k.size(), accumulate_of(op));
@@ -346,7 +529,7 @@ void LocalGpuTransport::reduce_scatter(const Call& call, const std::vector<Tenso
         const bool last = m + 1 == n;
         const std::string part = on + " from member " + std::to_string(m);
         if (m == r) {
-          step(e, phase, at(devices, r), {}, {o->at(r, 0)}, OpProperty::normal, priority, part,
+          step(e, phase, at(devices, r), {}, {o->at(r, 0)}, kReduceProperty, priority, part,
                [phase, r, k, op, last, n](RunContext& ctx) {
                  accumulate(ctx, phase->out_f(r), phase->in_f(r) + k.begin, k.size(), accumulate_of(op));
                  if (last) finish_average(ctx, phase->out_f(r), k.size(), op, n);
@@ -357,7 +540,7 @@ void LocalGpuTransport::reduce_scatter(const Call& call, const std::vector<Tenso
              [phase, r, m, n, k, bytes, from = at(devices, m)](RunContext& ctx) {
                copy_in(ctx, phase->out_at(n + r), phase->in_f(m) + k.begin, from, bytes);
              });
-        step(e, phase, at(devices, r), {s->at(r, 0)}, {o->at(r, 0)}, OpProperty::normal, priority, part + " add",
+        step(e, phase, at(devices, r), {s->at(r, 0)}, {o->at(r, 0)}, kReduceProperty, priority, part + " add",
              [phase, r, n, k, op, last](RunContext& ctx) {
                accumulate(ctx, phase->out_f(r), phase->out_f(n + r), k.size(), accumulate_of(op));
                if (last) finish_average(ctx, phase->out_f(r), k.size(), op, n);

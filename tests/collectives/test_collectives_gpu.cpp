@@ -15,6 +15,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -24,6 +26,7 @@
 #include "gpu_test_util.h"
 #include "collectives/collective_values.h"
 #include "weft/parallel/collectives.h"
+#include "weft/profiler.h"
 #include "weft/tensor_op.h"
 
 namespace {
@@ -82,6 +85,41 @@ TEST_CASE("gpu collectives - allreduce sum, average and max, bit-exact, the same
           for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == want);
         }
     }
+  });
+}
+
+// Simulated GPUs in nodes of two (WEFT_SIM_GPUS_PER_NODE, read at each
+// call): the allreduce takes the hierarchy — reduce-scatter in the node,
+// allreduce on each rail, all-gather in the node, pipelined in pieces —
+// with real values, and sums integers exactly in its own order.
+TEST_CASE("gpu collectives - over nodes of simulated GPUs the allreduce is hierarchical and exact" *
+          doctest::timeout(600)) {
+  WEFT_REQUIRE_GPUS(4);
+  if (!gputest::simulated()) {
+    std::printf("[weft-skip] nodes of simulated GPUs: this machine's GPUs are real\n");
+    return;
+  }
+  struct NodesOfTwo {
+    NodesOfTwo() { ::setenv("WEFT_SIM_GPUS_PER_NODE", "2", 1); }
+    ~NodesOfTwo() { ::unsetenv("WEFT_SIM_GPUS_PER_NODE"); }
+  } nodes;
+  for_each_engine([](Engine& e) {
+    const int n = 4;
+    const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
+    for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{13}, std::int64_t{1003},
+                               std::int64_t{100003}})
+      for (par::ReduceOp op : {par::ReduceOp::sum, par::ReduceOp::average, par::ReduceOp::max}) {
+        INFO(what(n, count) << ", " << par::to_string(op));
+        weft::Profiler::clear_notes();
+        std::vector<Tensor> t = member_tensors(e, n, count);
+        par::allreduce(comm, t, op, {.name = "tiered"});
+        const std::vector<float> want = reduced(n, count, op);
+        for (int r = 0; r < n; ++r) CHECK(at(t, r).to_host() == want);
+        bool tiered = false;
+        for (const auto& [key, text] : weft::Profiler::notes())
+          tiered = tiered || (key.find("'tiered'") != std::string::npos && text.rfind("hierarchical", 0) == 0);
+        CHECK(tiered);
+      }
   });
 }
 

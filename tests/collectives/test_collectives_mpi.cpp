@@ -29,6 +29,7 @@
 #include "weft/error.h"
 #include "weft/ops.h"
 #include "weft/parallel/collectives.h"
+#include "weft/profiler.h"
 #include "weft/tensor.h"
 #include "weft/tensor_op.h"
 
@@ -166,6 +167,43 @@ TEST_CASE("large allreduces are exact (the blocking lane; without it, Weft's rin
     }
   });
   auto e = Engine::create({.kind = "threaded"});
+  sync_ranks(*e);
+}
+
+// CommunicatorOptions::ranks_per_node: nodes of two consecutive ranks.
+// Allreduces of 256 KiB and more run as a reduce-scatter in the node, an
+// allreduce on the rail and an all-gather in the node (the profile's notes
+// say so), exact on values whose sums are exact in any order; smaller ones
+// go to MPI whole. Ranks that do not fill whole nodes are refused by name.
+TEST_CASE("across whole nodes large allreduces run hierarchically and are exact; small ones go whole" *
+          doctest::timeout(240)) {
+  auto e = Engine::create({.kind = "threaded", .workers_per_cpu_device = 2});
+  const par::Communicator world = par::Communicator::mpi(*e, Device::cpu(0));
+  const int n = world.size();
+  if (n < 4 || n % 2 != 0) {
+    if (n == 3)
+      CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0), {.ranks_per_node = 2}),
+                           doctest::Contains("3 ranks do not fill nodes of 2"), weft::InvalidArgument);
+    std::printf("[weft-skip] hierarchical allreduce: needs an even number of ranks, 4 or more (have %d)\n", n);
+    sync_ranks(*e);
+    return;
+  }
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.ranks_per_node = 2});
+  const int rank = comm.local_ranks()[0];
+  weft::Profiler::clear_notes();
+  for (std::int64_t count : {std::int64_t{1000}, std::int64_t{65536}, std::int64_t{1100003}}) {
+    INFO("elements: " << count << ", ranks: " << n);
+    for (auto op : {par::ReduceOp::sum, par::ReduceOp::max, par::ReduceOp::average}) {
+      Tensor t = rank_tensor(*e, rank, count);
+      const std::string name = "tiered " + std::to_string(count) + " " + std::to_string(static_cast<int>(op));
+      par::allreduce(comm, {t}, op, {.name = name});
+      require_values(t.to_host(), count, [&](std::int64_t i) { return reduced(op, n, i); });
+      bool tiered = false;
+      for (const auto& [key, text] : weft::Profiler::notes())
+        tiered = tiered || (key.find("'" + name + "'") != std::string::npos && text.rfind("hierarchical", 0) == 0);
+      CHECK(tiered == (count * 4 >= 256 * 1024));
+    }
+  }
   sync_ranks(*e);
 }
 

@@ -17,6 +17,7 @@
 #include "data_parallel/data_parallel_util.h"
 #include "mpi_test_util.h"
 #include "weft/gpu.h"
+#include "weft/profiler.h"
 
 using namespace dp_test;
 using weft_test::contains;
@@ -46,6 +47,32 @@ TEST_CASE("distributed data parallel: every rank's share of each batch equals on
       }
     mpi_test::sync_ranks(e);
   });
+}
+
+// Nodes of two ranks (CommunicatorOptions::ranks_per_node): an MLP of
+// 0.4 M parameters in one bucket of 1.6 MB, above the hierarchy's 256 KiB,
+// reduces in the node, on the rail and in the node again, and trains as one
+// device with every batch does.
+TEST_CASE("distributed data parallel: across whole nodes the hierarchical reduction equals one device" *
+          doctest::timeout(300)) {
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 2});
+  const int n = par::Communicator::mpi(*e, Device::cpu(0)).size();
+  if (n < 4 || n % 2 != 0) {
+    std::printf("[weft-skip] hierarchical reduction: needs an even number of ranks, 4 or more (have %d)\n", n);
+    mpi_test::sync_ranks(*e);
+    return;
+  }
+  const ModelFn wide = [](Engine& en, Device d, std::uint64_t seed) { return nn::mlp(en, {20, 512, 512, 5}, d, seed); };
+  const std::vector<Batch> batches = mlp_batches(2, 4 * n);
+  const auto want = reference_run(*e, wide, batches, 0.1f);
+  weft::Profiler::clear_notes();
+  auto dp = data_parallel_run(*e, wide, {Device::cpu(0)}, batches, 0.1f,
+                              {.distributed = true, .communicator = {.ranks_per_node = 2}});
+  expect_close(values_of(dp->replica(0)), want, 1e-5, "MLP over nodes of 2 ranks");
+  bool tiered = false;
+  for (const auto& [key, text] : weft::Profiler::notes()) tiered = tiered || text.rfind("hierarchical", 0) == 0;
+  CHECK(tiered);
+  mpi_test::sync_ranks(*e);
 }
 
 TEST_CASE("distributed data parallel: no_sync across processes equals one step on the summed micro-batches" *

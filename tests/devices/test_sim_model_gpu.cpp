@@ -1,16 +1,19 @@
 // The simulator's modeled mode (weft/gpu_sim.h), on simulated GPUs only: a
-// modeled GEMM takes its modeled time, with and without dilation, and a
-// bf16 one the bf16 rate's; modeled kernels of two streams overlap while
-// the host's cores are busy (they hold none); a cost table's entry overrides
+// modeled GEMM takes its modeled time, and a bf16 one the bf16 rate's, the
+// same on an idle and on a busy host (virtual time); kernels of two streams
+// of one GPU take turns on its SMs; a cost table's entry overrides
 // the profile and a missing op falls back and is counted; reading a tensor a
 // modeled kernel wrote is an error naming the mode, while real copies keep
 // real values; copies of uncomputed values (and the ring's under the mode)
 // move no bytes but take their modeled time; copies on one link follow
 // one another, the other direction runs beside them, a copy across the
-// node boundary takes the network's time and latency; a ring allreduce of S bytes over N GPUs (2, 4, 8 in a
-// node, 16 over two nodes) takes 2(N-1)/N * S / B plus its latencies within
-// 10%; the profiler's GPU spans are in modeled time; malformed profiles and
-// tables name the file and the line.
+// node boundary takes the network's time and latency, and copies of two
+// GPUs of a node cross nodes side by side on their own NICs (one shared
+// NIC: in turn); a ring allreduce of S bytes over N GPUs (2, 4, 8 in a node,
+// 4 one per node) takes 2(N-1)/N * S / B plus its latencies within 10%, and
+// over two nodes of 8 the hierarchical allreduce its own sum of phases; the
+// profiler's GPU spans are in modeled time; malformed profiles and tables
+// name the file and the line.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -75,23 +78,26 @@ void record_after(const Tensor& t, gpu::TimingEvent& event) {
   }, {.name = "timing event"});
 }
 
-// Keeps gpu(0)'s one compute stream busy for about half a second of host
-// time: 12288^3 float32 GEMMs (73 ms each at the h100 profile's 51 TFLOP/s,
-// times the dilation). Work enqueued meanwhile starts on the modeled clock
-// when its predecessor ends, whatever the host's lag between its pushes (a
-// sanitizer's host pushes an op in milliseconds), so a measurement that
-// follows the gate times the model alone. Its ops' names end in " [gate]".
-constexpr std::int64_t kGateN = 12288;
-void busy_gate(Engine& e) {
-  ops::PushScope scope(0, "gate");
-  const int count = std::max(1, static_cast<int>(std::ceil(0.5 / (gpu::sim_dilation() * 0.0728))));
-  Tensor g = Tensor::zeros(e, Shape{kGateN, kGateN}, Device::gpu(0));
-  for (int i = 0; i < count; ++i) g = ops::matmul(g, g);
-}
-
 struct Timed {
-  double host = 0;     // host seconds from the first push to the last result
-  double modeled = 0;  // seconds between events on the stream's modeled clock (dilated)
+  double predicted = 0;  // gpu::modeled_now's advance over the pushes and wait_all
+  double modeled = 0;    // seconds between events on the stream's modeled clock
+};
+
+// Keeps every core of a small machine busy while it lives.
+struct BusyHost {
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> spinners;
+  BusyHost() {
+    for (int i = 0; i < 2; ++i)
+      spinners.emplace_back([this] {
+        while (!stop.load(std::memory_order_relaxed)) {
+        }
+      });
+  }
+  ~BusyHost() {
+    stop = true;
+    for (std::thread& t : spinners) t.join();
+  }
 };
 
 // `count` chained n x n GEMMs on gpu(0) of `e` (one compute stream).
@@ -99,23 +105,24 @@ Timed chained_gemms(Engine& e, std::int64_t n, int count, weft::DType dtype) {
   Tensor a = Tensor::zeros(e, Shape{n, n}, Device::gpu(0), dtype);
   const Tensor b = Tensor::zeros(e, Shape{n, n}, Device::gpu(0), dtype);
   e.wait_all();
-  busy_gate(e);
   gpu::TimingEvent start(0), end(0);
-  const auto t0 = Clock::now();
+  const double t0 = gpu::modeled_now();
   record_after(a, start);
   for (int i = 0; i < count; ++i) a = ops::matmul(a, b);
   record_after(a, end);
-  a.wait_to_read();
-  Timed t;
-  t.host = host_seconds_since(t0);
   e.wait_all();
+  Timed t;
+  t.predicted = gpu::modeled_now() - t0;
   end.synchronize();
   t.modeled = end.ms_since(start) * 1e-3;
   return t;
 }
 
+// The profile's time of an n x n x n GEMM: launch, then the FLOPs at the
+// peak rate times the fill of its n^2 outputs (fill_outputs 7e5).
 double gemm_seconds(std::int64_t n, double tflops) {
-  return 4e-6 + 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / (tflops * 1e12);
+  const double d = static_cast<double>(n), fill = d * d / (d * d + 7e5);
+  return 4e-6 + 2.0 * d * d * d / (tflops * 1e12 * fill);
 }
 
 // Expects `measured` within `rel` of `expected` (host scheduling can only add).
@@ -127,50 +134,42 @@ void expect_near(double measured, double expected, double rel, const std::string
 
 }  // namespace
 
-TEST_CASE("gpu sim model - a GEMM takes its modeled time, with and without dilation" * doctest::timeout(120)) {
+TEST_CASE("gpu sim model - a GEMM takes its modeled time, the same on a busy host" * doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   const std::int64_t n = 4096;
+  ModelScope model({.model = "dgx-h100"});
+  auto e = make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 1});
+  // 10 x 2.7 ms at 51 TFLOP/s (fp32); the host's clock starts them (a
+  // launch each) and the frontend's wait ends where the last one does.
+  const double expected = 10 * gemm_seconds(n, 51);
+  const Timed idle = chained_gemms(*e, n, 10, weft::DType::float32);
+  expect_near(idle.modeled, expected, 0.05, "fp32, between the events before the first and after the last");
+  expect_near(idle.predicted, expected, 0.05, "fp32, modeled_now across the pushes and wait_all");
   {
-    ModelScope model({.model = "h100"});
-    auto e = make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 1});
-    // 10 x 2.7 ms at 51 TFLOP/s (fp32). The stream's modeled clock is exact;
-    // the host's clock adds its pushes and wake-ups (on a loaded 2-core
-    // machine, up to tens of ms: only a bound below is checked there).
-    const double expected = 10 * gemm_seconds(n, 51);
-    const Timed t = chained_gemms(*e, n, 10, weft::DType::float32);
-    expect_near(t.modeled, expected, 0.05, "fp32, dilation 1, modeled clock");
-    CHECK(t.host >= 0.95 * expected);
-    // bf16 at 790 TFLOP/s: 20 x 0.18 ms.
-    expect_near(chained_gemms(*e, n, 20, weft::DType::bfloat16).modeled, 20 * gemm_seconds(n, 790), 0.05,
-                "bf16, dilation 1, modeled clock");
-    CHECK(gpu::sim_model_stats().kernels >= 30);
+    // Virtual time: a loaded host changes nothing (a dilated sleep would
+    // have added its late wake-ups).
+    BusyHost busy;
+    const Timed loaded = chained_gemms(*e, n, 10, weft::DType::float32);
+    CHECK(std::abs(loaded.predicted - idle.predicted) <= 1e-9 * idle.predicted + 1e-9);
+    CHECK(std::abs(loaded.modeled - idle.modeled) <= 1e-6);
   }
-  {
-    ModelScope model({.model = "h100", .dilation = 4});
-    CHECK(gpu::sim_dilation() == 4);
-    auto e = make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 1});
-    const double expected = 10 * gemm_seconds(n, 51);
-    const Timed t = chained_gemms(*e, n, 10, weft::DType::float32);
-    expect_near(t.modeled, 4 * expected, 0.05, "fp32, dilation 4, modeled clock (dilated)");
-    expect_near(gpu::predicted_seconds(t.modeled), expected, 0.05, "fp32, dilation 4, predicted");
-    CHECK(gpu::predicted_seconds(t.host) >= 0.95 * expected);
-  }
-  CHECK(!gpu::kernels_modeled());
-  CHECK(gpu::sim_dilation() == 1);
+  // bf16 at 790 TFLOP/s: 20 x 0.18 ms.
+  expect_near(chained_gemms(*e, n, 20, weft::DType::bfloat16).predicted, 20 * gemm_seconds(n, 790), 0.05,
+              "bf16, modeled_now");
+  CHECK(gpu::sim_model_stats().kernels >= 40);
+  CHECK(gpu::modeled_issue_time() >= 0);
 }
 
 // The engine's profiler under the mode: GPU stream spans are in modeled
 // time (not dilated), and so is the summary's busy time of the stream.
-TEST_CASE("gpu sim model - the profiler's GPU spans take the modeled time under dilation" * doctest::timeout(120)) {
+TEST_CASE("gpu sim model - the profiler's GPU spans take the modeled time" * doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   const std::int64_t n = 4096;
-  const double dilation = 20;
-  ModelScope model({.model = "h100", .dilation = dilation});
+  ModelScope model({.model = "dgx-h100"});
   auto e = make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 1});
   Tensor a = Tensor::zeros(*e, Shape{n, n}, Device::gpu(0));
   const Tensor b = Tensor::zeros(*e, Shape{n, n}, Device::gpu(0));
   e->wait_all();
-  busy_gate(*e);
   weft::Profiler& profiler = e->profiler();
   profiler.start();
   const int count = 5;
@@ -179,13 +178,8 @@ TEST_CASE("gpu sim model - the profiler's GPU spans take the modeled time under 
   profiler.stop();
   const double expected = gemm_seconds(n, 51);  // 2.7 ms at 51 TFLOP/s (fp32)
   int spans = 0;
-  double gate_ms = 0;  // the gate's GEMMs that ran after the profiler started
   for (const weft::Span& span : profiler.spans()) {
     if (span.kind != weft::TrackKind::stream || std::string(span.name).find("matmul") == std::string::npos) continue;
-    if (std::string(span.name).find("[gate]") != std::string::npos) {
-      gate_ms += static_cast<double>(span.end_ns - span.start_ns) * 1e-6;
-      continue;
-    }
     ++spans;
     expect_near(static_cast<double>(span.end_ns - span.start_ns) * 1e-9, expected, 0.05, "a GEMM's stream span");
   }
@@ -193,52 +187,53 @@ TEST_CASE("gpu sim model - the profiler's GPU spans take the modeled time under 
   double busy_ms = 0;
   for (const weft::ResourceUsage& r : profiler.summarize().resources)
     if (r.kind == weft::TrackKind::stream && r.device == Device::gpu(0)) busy_ms += r.busy_ms;
-  expect_near((busy_ms - gate_ms) * 1e-3, count * expected, 0.05, "the GPU streams' busy time in the summary");
+  expect_near(busy_ms * 1e-3, count * expected, 0.05, "the GPU streams' busy time in the summary");
 }
 
-TEST_CASE("gpu sim model - modeled kernels of two streams overlap on a busy host (they hold no core)" *
+TEST_CASE("gpu sim model - kernels of two streams of a GPU take turns on its SMs; no thread sleeps" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
-  const double dilation = 4;  // wake-ups on a loaded host weigh a quarter as much
-  ModelScope model({.model = "h100", .dilation = dilation});
-  // Two threads keep every core of a small machine busy meanwhile.
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> spinners;
-  for (int i = 0; i < 2; ++i)
-    spinners.emplace_back([&] {
-      while (!stop.load(std::memory_order_relaxed)) {
-      }
-    });
+  ModelScope model({.model = "dgx-h100"});
   const gpu::StreamResources s1(0, gpu::StreamRole::compute, 0), s2(0, gpu::StreamRole::compute, 0);
   // 10 kernels of 5 ms (2.55e11 FLOP at 51 TFLOP/s, plus the launch) on each stream.
   const gpu::KernelCost cost{"test gemm", "-", 5e-3 * 51e12, 0, gpu::Math::fp32};
-  const auto t0 = Clock::now();
+  gpu::ScopedWaitCause frontend(gpu::WaitCause::frontend);  // its waits move modeled_now
+  const double t0 = gpu::modeled_now();
+  const auto wall0 = Clock::now();
   for (int i = 0; i < 10; ++i) {
     gpu::launch_modeled_kernel(s1.handles().stream, cost);
     gpu::launch_modeled_kernel(s2.handles().stream, cost);
   }
   s1.synchronize();
   s2.synchronize();
-  const double wall = host_seconds_since(t0);
-  stop = true;
-  for (std::thread& t : spinners) t.join();
-  // Side by side: the modeled 50 ms (on the host clock, dilated); one after
-  // the other, as kernels holding the cores in turn would run, twice that.
-  const double one_stream = dilation * 10 * (5e-3 + 4e-6);
-  INFO("two streams of 10 x 5 ms: " << wall * 1e3 << " ms on the host clock, one stream's modeled time "
-                                     << one_stream * 1e3 << " ms");
-  CHECK(wall >= 0.95 * one_stream);
-  CHECK(wall <= 0.75 * 2 * one_stream);
+  const double wall = host_seconds_since(wall0);
+  const double predicted = gpu::modeled_now() - t0;
+  // One GPU's SMs run one kernel at a time: 20 x 5 ms, not two streams of 50 ms side by side.
+  const double kernel = 5e-3 + 4e-6;
+  INFO("two streams of 10 x 5 ms: predicted " << predicted * 1e3 << " ms, " << wall * 1e3 << " ms on the host clock");
+  expect_near(predicted, 20 * kernel, 0.02, "two streams sharing the SMs");
+  CHECK(wall < 20 * kernel);  // virtual time: the host did not wait for it
+  // Another GPU's SMs are its own.
+  const gpu::StreamResources s3(1 % gpu::device_count(), gpu::StreamRole::compute, 0);
+  if (gpu::device_count() > 1) {
+    const double t1 = gpu::modeled_now();
+    for (int i = 0; i < 10; ++i) {
+      gpu::launch_modeled_kernel(s1.handles().stream, cost);
+      gpu::launch_modeled_kernel(s3.handles().stream, cost);
+    }
+    s1.synchronize();
+    s3.synchronize();
+    expect_near(gpu::modeled_now() - t1, 10 * kernel, 0.02, "two GPUs side by side");
+  }
 }
 
 TEST_CASE("gpu sim model - a cost table overrides the profile, and a missing op falls back and is counted" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   const std::string key = "float32[256,256];float32[256,256]->float32[256,256]";
-  const TempFile table("table.txt", "weft-cost-table 1\nprofile h100  # fallback\n"
+  const TempFile table("table.txt", "weft-cost-table 1\nprofile dgx-h100  # fallback\n"
                                     "# op shape microseconds\n"
                                     "matmul " + key + " 3000\n"
-                                    "matmul float32[12288,12288];float32[12288,12288]->float32[12288,12288] 100000\n"
                                     "cast to bfloat16 float32[4]->bfloat16[4] 1\n");
   ModelScope model({.model = table.path});
   CHECK(gpu::modeled_kernel_seconds({"matmul", key, 1, 0, gpu::Math::fp32}) == doctest::Approx(3e-3));
@@ -246,7 +241,7 @@ TEST_CASE("gpu sim model - a cost table overrides the profile, and a missing op 
   expect_near(chained_gemms(*e, 256, 5, weft::DType::float32).modeled, 5 * 3e-3, 0.05,
               "5 GEMMs the table times at 3 ms");
   const gpu::SimModelStats before = gpu::sim_model_stats();
-  CHECK(before.fallbacks == 3);  // the three zeros() (two and the gate's): "full" is not in the table
+  CHECK(before.fallbacks == 2);  // the two zeros(): "full" is not in the table
   const Tensor a = Tensor::zeros(*e, Shape{128, 128}, Device::gpu(0));
   const Tensor c = ops::matmul(a, a);
   c.wait_to_read();
@@ -254,13 +249,13 @@ TEST_CASE("gpu sim model - a cost table overrides the profile, and a missing op 
   CHECK(after.from_table == before.from_table);
   CHECK(after.fallbacks == before.fallbacks + 2);
   CHECK(after.missing.at("matmul float32[128,128];float32[128,128]->float32[128,128]") == 1);
-  CHECK(gpu::sim_model_report().find("fell back to the profile h100") != std::string::npos);
+  CHECK(gpu::sim_model_report().find("fell back to the profile dgx-h100") != std::string::npos);
 }
 
 TEST_CASE("gpu sim model - reading a tensor a modeled kernel wrote is an error naming the mode" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
-  ModelScope model({.model = "h100"});
+  ModelScope model({.model = "dgx-h100"});
   const int gpus = std::min(gpu::device_count(), 2);
   auto e = make_engine({.cpu_devices = 1, .gpu_devices = gpus});
   const std::vector<float> host = {1, 2, 3, 4};
@@ -277,7 +272,7 @@ TEST_CASE("gpu sim model - reading a tensor a modeled kernel wrote is an error n
       const std::string m = err.what();
       INFO(m);
       CHECK(m.find(names) != std::string::npos);
-      CHECK(m.find("WEFT_SIM_MODEL=h100") != std::string::npos);
+      CHECK(m.find("WEFT_SIM_MODEL=dgx-h100") != std::string::npos);
       CHECK(m.find("holds no values") != std::string::npos);
     }
   };
@@ -309,7 +304,7 @@ CopiedBytes copied_since(const gpu::SimModelStats& before) {
 TEST_CASE("gpu sim model - copies of uncomputed values move no bytes; copies of host data stay exact" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
-  ModelScope model({.model = "h100"});
+  ModelScope model({.model = "dgx-h100"});
   const int gpus = std::min(gpu::device_count(), 2);
   auto e = make_engine({.cpu_devices = 1, .gpu_devices = gpus});
   std::vector<float> host(64 * 64);
@@ -355,7 +350,7 @@ namespace {
 
 // A profile with slow links, so that copies of a few MiB take milliseconds.
 const char* kSlowLinks =
-    "base h100\n"
+    "base dgx-h100\n"
     "nvlink_gbps 10\n"
     "nvlink_latency_us 2\n"
     "nic_gbps 5\n"
@@ -377,10 +372,11 @@ double concurrent_copies(Engine& e, const std::vector<std::pair<int, int>>& copi
                              streams[i]->handles().stream);
     for (auto& s : streams) s->synchronize();
   };
+  gpu::ScopedWaitCause frontend(gpu::WaitCause::frontend);  // its waits move modeled_now
   copy_all();
-  const auto t0 = Clock::now();
+  const double t0 = gpu::modeled_now();
   copy_all();
-  const double wall = gpu::predicted_seconds(host_seconds_since(t0));
+  const double wall = gpu::modeled_now() - t0;
   for (std::size_t i = 0; i < copies.size(); ++i) {
     e.allocator(Device::gpu(copies[i].first)).free(std::move(blocks[2 * i]));
     e.allocator(Device::gpu(copies[i].second)).free(std::move(blocks[2 * i + 1]));
@@ -397,19 +393,41 @@ TEST_CASE("gpu sim model - copies share a link's bandwidth; across nodes they ta
   const TempFile profile("links.txt", kSlowLinks);
   const std::size_t bytes = std::size_t{8} << 20;  // 0.84 ms at 10 GB/s
   const double one = static_cast<double>(bytes) / 10e9 + 2e-6;
-  const double dilation = 20;  // the memcpy of 8 MiB fits in the modeled time on the host clock
   {
-    ModelScope model({.model = profile.path, .dilation = dilation});
+    ModelScope model({.model = profile.path});
     auto e = make_engine({.gpu_devices = 2});
     expect_near(concurrent_copies(*e, {{0, 1}}, bytes), one, 0.15, "one copy 0->1");
     expect_near(concurrent_copies(*e, {{0, 1}, {0, 1}}, bytes), 2 * one, 0.15, "two copies 0->1 at once");
     expect_near(concurrent_copies(*e, {{0, 1}, {1, 0}}, bytes), one, 0.15, "0->1 beside 1->0");
   }
   {
-    ModelScope model({.model = profile.path, .gpus_per_node = 1, .dilation = dilation});
+    ModelScope model({.model = profile.path, .gpus_per_node = 1});
     auto e = make_engine({.gpu_devices = 2});
     expect_near(concurrent_copies(*e, {{0, 1}}, bytes), static_cast<double>(bytes) / 5e9 + 1e-3, 0.15,
                 "one copy 0->1 across the node boundary");
+  }
+}
+
+// A DGX-like node has a NIC per GPU (rail-optimized): GPU 0 and GPU 1 of
+// one node send to the next node side by side; one NIC per node (a
+// profile's nics_per_node 1) takes them in turn.
+TEST_CASE("gpu sim model - each GPU crosses nodes on its own NIC; a shared NIC takes copies in turn" *
+          doctest::timeout(120)) {
+  WEFT_REQUIRE_SIM();
+  WEFT_REQUIRE_GPUS(4);
+  const std::size_t bytes = std::size_t{8} << 20;
+  const double one = static_cast<double>(bytes) / 5e9 + 1e-3;
+  {
+    const TempFile profile("rails.txt", std::string(kSlowLinks));  // eight NICs per node (dgx-h100's)
+    ModelScope model({.model = profile.path, .gpus_per_node = 2});
+    auto e = make_engine({.gpu_devices = 4});
+    expect_near(concurrent_copies(*e, {{0, 2}, {1, 3}}, bytes), one, 0.15, "0->2 beside 1->3, a NIC each");
+  }
+  {
+    const TempFile profile("one-nic.txt", std::string(kSlowLinks) + "nics_per_node 1\n");
+    ModelScope model({.model = profile.path, .gpus_per_node = 2});
+    auto e = make_engine({.gpu_devices = 4});
+    expect_near(concurrent_copies(*e, {{0, 2}, {1, 3}}, bytes), 2 * one - 1e-3, 0.15, "0->2 and 1->3 through one NIC");
   }
 }
 
@@ -433,7 +451,7 @@ TEST_CASE("gpu sim model - a copy of undefined bytes takes its modeled time and 
   const TempFile profile("links.txt", kSlowLinks);
   const std::size_t bytes = std::size_t{8} << 20;  // 0.84 ms at 10 GB/s
   const double one = static_cast<double>(bytes) / 10e9 + 2e-6;
-  ModelScope model({.model = profile.path, .dilation = 20});
+  ModelScope model({.model = profile.path});
   auto e = make_engine({.gpu_devices = 2});
   const gpu::SimModelStats before = gpu::sim_model_stats();
   double seconds = 0;
@@ -451,7 +469,7 @@ namespace {
 
 // Links for the ring: NVLink at 10 GB/s, 2 us; the network at 5 GB/s, 20 us.
 const char* kRingLinks =
-    "base h100\n"
+    "base dgx-h100\n"
     "nvlink_gbps 10\n"
     "nvlink_latency_us 2\n"
     "nic_gbps 5\n"
@@ -472,22 +490,16 @@ double ring_seconds(const weft::Profiler& profiler, const std::string& marker) {
   return static_cast<double>(last - first) * 1e-9;
 }
 
-// The predicted seconds of a ring allreduce of `count` floats over gpu(0..n-1)
-// of `e` under `model` (after a warm-up one at dilation 1 that allocates the
-// scratch buffers).
-double ring_allreduce_seconds(Engine& e, int n, std::int64_t count, gpu::SimModelOptions model) {
+// The predicted seconds of an allreduce of `count` floats over gpu(0..n-1)
+// of `e` (after a warm-up one that allocates the scratch buffers).
+double ring_allreduce_seconds(Engine& e, int n, std::int64_t count) {
   std::vector<Device> members;
   for (int r = 0; r < n; ++r) members.push_back(Device::gpu(r));
   const par::Communicator comm = par::Communicator::local(e, members);
   std::vector<Tensor> t;
   for (int r = 0; r < n; ++r) t.push_back(Tensor::zeros(e, Shape{count}, Device::gpu(r)));
-  const double dilation = model.dilation;
-  model.dilation = 1;
-  gpu::set_sim_model(model);
   par::allreduce(comm, t, par::ReduceOp::sum, {.name = "warm-up"});  // scratch buffers and first touches
   e.wait_all();
-  model.dilation = dilation;
-  gpu::set_sim_model(model);
   weft::Profiler& profiler = e.profiler();
   profiler.clear();
   profiler.start();
@@ -500,44 +512,53 @@ double ring_allreduce_seconds(Engine& e, int n, std::int64_t count, gpu::SimMode
 }  // namespace
 
 // Within a node every link is alike and each reduce-scatter step's add
-// lies on the ring's path; over nodes the NIC is the slowest link, busy
-// from the first step to the last, and the adds (and NVLink copies) of the
-// GPUs between two NIC crossings hide behind it. A ring whose copies into one GPU were
-// enqueued out of step order (a later step's copy ahead of an earlier
-// one on the GPU's peer stream) takes whole steps longer.
-TEST_CASE("gpu sim model - a ring allreduce takes 2(N-1)/N * S / B plus latencies" * doctest::timeout(300)) {
+// lies on the ring's path; so with one GPU per node over the NICs. Over two
+// nodes of 8, the hierarchical allreduce: a ring reduce-scatter inside each
+// node, a ring allreduce of each GPU's region with its rail peer, a ring
+// all-gather inside the node, one phase after the other. A ring whose copies
+// into one GPU were enqueued out of step order (a later step's copy ahead
+// of an earlier one on the GPU's peer stream) takes whole steps longer.
+TEST_CASE("gpu sim model - a ring allreduce takes 2(N-1)/N * S / B plus latencies; across nodes the hierarchy" *
+          doctest::timeout(300)) {
   WEFT_REQUIRE_SIM();
   const TempFile profile("ring.txt", kRingLinks);
   struct Config {
     int gpus, per_node;
-    double dilation;
   };
-  // S = 4 MiB. 2, 4 and 8 GPUs in one node; 16 in two nodes of 8 (needs
-  // WEFT_SIM_GPUS=16). The time is read from the profiler's GPU spans,
-  // whose modeled clock a late host thread does not move (a copy starts at
-  // its modeled readiness, not when its thread wakes); only ops enqueued
-  // later than the model needs them would, which the dilation prevents.
+  // S = 4 MiB. 2, 4 and 8 GPUs in one node; 4 GPUs one per node; 16 in
+  // two nodes of 8 (needs WEFT_SIM_GPUS=16). Read from the profiler's GPU
+  // spans.
   const std::int64_t count = std::int64_t{1} << 20;
-  for (const Config c : {Config{2, 0, 500}, Config{4, 0, 500}, Config{8, 0, 500}, Config{16, 8, 1000}}) {
+  const double s = static_cast<double>(count) * 4;
+  auto add = [](double bytes) { return 4e-6 + 3 * bytes / 3000e9; };  // launch + 3 bytes at memory bandwidth
+  for (const Config c : {Config{2, 8}, Config{4, 8}, Config{8, 8}, Config{4, 1}, Config{16, 8}}) {
     if (gpu::device_count() < c.gpus) {
-      std::printf("ring allreduce over %d GPUs: only %d simulated GPUs (WEFT_SIM_GPUS)\n", c.gpus,
-                  gpu::device_count());
+      std::printf("allreduce over %d GPUs: only %d simulated GPUs (WEFT_SIM_GPUS)\n", c.gpus, gpu::device_count());
       continue;
     }
     const int n = c.gpus;
-    const gpu::SimModelOptions options{.model = profile.path, .gpus_per_node = c.per_node, .dilation = c.dilation};
-    ModelScope model(options);
+    ModelScope model({.model = profile.path, .gpus_per_node = c.per_node});
     auto e = make_engine({.cpu_devices = 1, .gpu_devices = n});
-    const double s = static_cast<double>(count) * 4;
-    const double steps = 2.0 * (n - 1);
-    const bool nodes = c.per_node > 0 && c.per_node < n;
-    const double bandwidth = nodes ? 5e9 : 10e9, latency = nodes ? 20e-6 : 2e-6;
-    // An add: launch + 3 S/N bytes at memory bandwidth.
-    const double add = 4e-6 + 3 * s / n / 3000e9;
-    const double expected = steps / n * s / bandwidth + steps * latency + (nodes ? 0 : (n - 1) * add);
-    const double predicted = ring_allreduce_seconds(*e, n, count, options);
-    INFO(n << " GPUs" << (nodes ? " over nodes of 8" : " in one node") << ", S = " << s << " bytes");
-    expect_near(predicted, expected, 0.1, "ring allreduce");
+    double expected;
+    if (c.per_node == 1 || n <= c.per_node) {  // the ring, every link alike
+      const double b = c.per_node == 1 ? 5e9 : 10e9, latency = c.per_node == 1 ? 20e-6 : 2e-6;
+      const double steps = 2.0 * (n - 1);
+      expected = steps / n * s / b + steps * latency + (n - 1) * add(s / n);
+    } else {  // two nodes of g: the node phases over NVLink, the rail phase over the NICs
+      const int g = c.per_node, m = n / g;
+      const double node_step = s / g / 10e9 + 2e-6, rail_step = s / g / m / 5e9 + 20e-6;
+      expected = (g - 1) * (node_step + add(s / g)) + (m - 1) * (rail_step + add(s / g / m)) + (m - 1) * rail_step +
+                 (g - 1) * node_step;
+    }
+    const double predicted = ring_allreduce_seconds(*e, n, count);
+    INFO(n << " GPUs, " << c.per_node << " per node, S = " << s << " bytes");
+    expect_near(predicted, expected, 0.1, "allreduce");
+    if (n > c.per_node && c.per_node > 1) {
+      bool named = false;
+      for (const auto& [key, text] : weft::Profiler::notes())
+        named = named || (key.find("'timed'") != std::string::npos && text.rfind("hierarchical", 0) == 0);
+      CHECK(named);  // the choice is in the profile's notes
+    }
   }
 }
 
@@ -557,10 +578,19 @@ TEST_CASE("gpu sim model - malformed profiles and cost tables name the file and 
     }
     CHECK(!gpu::kernels_modeled());
   };
-  expect_bad("base h100\nfp32_tflops -5\n", ":2", "positive number");
-  expect_bad("base h100\nmemory_gbps 0\n", ":2", "positive number");
-  expect_bad("base h100\n\nwarp_speed 9\n", ":3", "unknown key 'warp_speed'");
-  expect_bad("base h100\nlaunch_us\n", ":2", "want 'key value'");
+  expect_bad("base dgx-h100\nfp32_tflops -5\n", ":2", "positive number");
+  expect_bad("base dgx-h100\nmemory_gbps 0\n", ":2", "positive number");
+  expect_bad("base dgx-h100\nnic_gbps 0\n", ":2", "positive number");
+  expect_bad("base dgx-h100\n\nwarp_speed 9\n", ":3", "unknown key 'warp_speed'");
+  expect_bad("base dgx-h100\nlaunch_us\n", ":2", "want 'key value'");
+  expect_bad("base h100\n", ":1", "'base' takes a built-in profile (dgx-h100, dgx-h200, dgx-a100)");
+  expect_bad("base dgx-h100\ngpus_per_node 4\nnics_per_node 8\n", ":3", "give 'nic_affinity'");
+  expect_bad("base dgx-h100\ngpus_per_node 4\nnics_per_node 2\nnic_affinity 0,1 1,2,3\n", ":4",
+             "GPU 1 is served by NIC 0 and NIC 1");
+  expect_bad("base dgx-h100\ngpus_per_node 4\nnics_per_node 2\nnic_affinity 0,1 2\n", ":4",
+             "lists GPUs 0-2 for 4 GPUs per node");
+  expect_bad("base dgx-h100\ngpus_per_node 2.5\n", ":2", "whole number");
+  expect_bad("base dgx-h100\nfabric_oversubscription 0.5\n", ":2", "at least 1");
   expect_bad("fp32_tflops 51\n", ":", "no 'tf32_tflops' line");
   expect_bad("weft-cost-table 1\nmatmul float32[2,2]\n", ":2", "want 'op shape microseconds'");
   expect_bad("weft-cost-table 1\nmatmul float32[2] -1\n", ":2", "non-negative number");
@@ -570,6 +600,6 @@ TEST_CASE("gpu sim model - malformed profiles and cost tables name the file and 
     gpu::set_sim_model({.model = "no-such-gpu"});
     FAIL("accepted");
   } catch (const weft::InvalidArgument& err) {
-    CHECK(std::string(err.what()).find("'no-such-gpu' is neither a built-in profile (h100)") != std::string::npos);
+    CHECK(std::string(err.what()).find("'no-such-gpu' is neither a built-in profile (dgx-h100, dgx-h200, dgx-a100)") != std::string::npos);
   }
 }

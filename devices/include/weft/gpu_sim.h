@@ -1,18 +1,20 @@
 // Modeled time on simulated GPUs: a mode of the sim backend in which a GPU
-// op's kernel does not compute but takes the time a cost model gives it, its
-// stream's thread sleeping meanwhile (holding no core), and copies take the
-// time of the links they cross (NVLink within a node, a network between
-// nodes, PCIe to the host). The engine, its workers, stream waits, events,
-// the allocator and every collective run for real; tensors written by a
-// modeled kernel hold no values, and reading them on the host is an error
-// naming the mode (ops/); copies of such values take their time and move
-// nothing (ScopedUndefinedBytes). Every modeled duration is `dilation` times longer
-// on the host clock, so that the host's own costs weigh less against it;
-// predicted_seconds() converts measured host time back.
-// Set from WEFT_SIM_MODEL (h100 | a profile file | a cost-table file),
-// WEFT_SIM_GPUS_PER_NODE and WEFT_SIM_DILATION when the sim backend starts,
+// op's kernel does not compute but takes the time a cost model gives it,
+// and copies take the time of the links they cross (NVLink within a node,
+// the NICs between nodes, PCIe to the host). Time is virtual: each stream
+// and each link direction keeps a modeled clock that items advance (no
+// thread sleeps), the host's launches cost `launch_us` each on their
+// stream's issue clock, and the host's clock (modeled_now) moves only when
+// the frontend waits for GPU work; a prediction does not depend on how fast
+// or loaded the host is. The engine, its workers, stream waits, events, the
+// allocator and every collective run for real; tensors written by a modeled
+// kernel hold no values, and reading them on the host is an error naming
+// the mode (ops/); copies of such values take their time and move nothing
+// (ScopedUndefinedBytes).
+// Set from WEFT_SIM_MODEL (dgx-h100 | dgx-h200 | dgx-a100 | a profile file | a
+// cost-table file) and WEFT_SIM_GPUS_PER_NODE when the sim backend starts,
 // or with set_sim_model(). docs/design/simulated-gpus.md has the model, the
-// file formats and the built-in profile's sources.
+// file formats and the built-in profiles' sources.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +31,10 @@ enum class Math : unsigned char { fp32, tf32, bf16, fp16 };
 std::string_view to_string(Math math) noexcept;
 
 struct SimModelOptions {
-  std::string model;      // "" (off), "h100" (built in), or a profile or cost-table file
-  int gpus_per_node = 0;  // 0: every simulated GPU in one node
-  double dilation = 1;    // host-clock duration of every modeled duration, per modeled second
+  std::string model;      // "" (off), "dgx-h100", "dgx-h200", "dgx-a100" (built in), or a profile or cost-table file
+  int gpus_per_node = 0;  // 0: the profile's (8 for the DGX profiles)
 };
-// From WEFT_SIM_MODEL, WEFT_SIM_GPUS_PER_NODE and WEFT_SIM_DILATION (a bad value: InvalidArgument).
+// From WEFT_SIM_MODEL and WEFT_SIM_GPUS_PER_NODE (a bad value: InvalidArgument).
 SimModelOptions sim_model_from_env();
 
 // Sets the model of the active sim backend for work enqueued from now on
@@ -52,6 +53,7 @@ struct KernelCost {
   double flops = 0;        // arithmetic; 0: bandwidth-bound
   double bytes = 0;        // device memory read and written
   Math math = Math::fp32;
+  double parallel = 0;     // independent outputs of a compute-bound kernel (0: enough to fill the GPU)
 };
 // Enqueues `cost`'s modeled time on a simulated GPU's stream (the mode must be on).
 void launch_modeled_kernel(Stream* stream, const KernelCost& cost);
@@ -90,9 +92,42 @@ SimModelStats sim_model_stats();  // since the mode was last set
 // profile h100 (full ->float32[10] x1; ...)": the model, then the counts.
 std::string sim_model_report();
 
-// The dilation factor in force (1 when the mode is off).
-double sim_dilation() noexcept;
-// A duration measured on the host clock under the mode, as the modeled GPUs would take it.
-inline double predicted_seconds(double host_seconds) noexcept { return host_seconds / sim_dilation(); }
+// The host's modeled clock, in seconds on the modeled timeline: where the
+// frontend's last wait for GPU work (wait_all, wait_to_read, a stream or
+// event synchronize) left it. After wait_all it is the end of the last
+// modeled item on any stream; the difference over a step is the step's
+// predicted time. 0 when the mode is off.
+double modeled_now() noexcept;
+
+// The GPU ops an engine worker runs for an op pushed at modeled host time
+// `seconds` are issued no earlier than that (the engine sets it around an
+// op's body, so work pushed before a wait is not placed after it).
+class ScopedModeledIssue {
+ public:
+  explicit ScopedModeledIssue(double seconds) noexcept;
+  ~ScopedModeledIssue();
+  ScopedModeledIssue(const ScopedModeledIssue&) = delete;
+  ScopedModeledIssue& operator=(const ScopedModeledIssue&) = delete;
+
+ private:
+  std::int64_t saved_;
+};
+// The modeled host time of work this thread issues now: the op's push time
+// inside an engine op (ScopedModeledIssue, advanced by its host waits), else
+// modeled_now(). Negative when the mode is off.
+double modeled_issue_time() noexcept;
+
+// The node layout of simulated GPUs, so that collectives can choose
+// hierarchical schemes: the model's in force; with the mode off,
+// WEFT_SIM_GPUS_PER_NODE's (with the dgx-h100 profile's links), so that the
+// multi-node forms also run on real values. gpus_per_node 0: one node.
+struct SimTopology {
+  int gpus_per_node = 0;
+  int nics_per_node = 0;
+  double nvlink_gbps = 0, nic_gbps = 0;  // per GPU each way; per NIC each way (after oversubscription)
+  double nvlink_latency_us = 0, nic_latency_us = 0;
+  int node_of(int gpu) const noexcept { return gpus_per_node > 0 ? gpu / gpus_per_node : 0; }
+};
+SimTopology sim_topology();
 
 }  // namespace weft::gpu

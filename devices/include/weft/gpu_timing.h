@@ -2,7 +2,8 @@
 // engine's completion events (weft/gpu_streams.h, created without timing,
 // which makes them cheaper to record and wait on) these are only used while a
 // profile is recorded. On simulated GPUs they read the host's steady clock
-// when the stream reaches them. With the `none` backend, creating one throws.
+// when the stream reaches them, or in the modeled mode the stream's modeled
+// clock. With the `none` backend, creating one throws.
 #pragma once
 
 #include "weft/gpu_streams.h"
@@ -22,6 +23,9 @@ class TimingEvent {
   void synchronize() const;
   // Milliseconds from `earlier` to this event; both recorded and done.
   float ms_since(const TimingEvent& earlier) const;
+  // Simulated GPUs' modeled mode: when its stream reached it, in seconds on
+  // the modeled timeline (gpu::modeled_now's clock); done. -1 otherwise.
+  double modeled_time() const;
   int device() const noexcept { return device_; }
 
  private:

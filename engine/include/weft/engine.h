@@ -191,7 +191,7 @@ struct EngineConfig {
   // another one is a weft::InvalidArgument. See weft/gpu.h.
   std::string gpu_backend;
   int sim_gpus = 0;                  // simulated GPUs ("sim" only); 0: $WEFT_SIM_GPUS, else 2
-  // The simulator's modeled mode ("sim" only; weft/gpu_sim.h): "h100", a
+  // The simulator's modeled mode ("sim" only; weft/gpu_sim.h): "dgx-h100", "dgx-h200", "dgx-a100", a
   // profile file or a cost-table file. Empty: $WEFT_SIM_MODEL (unset: off).
   // Set for the process, for GPU work enqueued from then on.
   std::string sim_model;

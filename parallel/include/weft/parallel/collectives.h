@@ -50,6 +50,15 @@ struct CommunicatorOptions {
   // is undefined behaviour of MPI, and a rank whose input failed does not
   // take part: its peers fail at the timeout.
   std::optional<bool> fingerprints;
+  // Ranks per node across processes, consecutive ranks sharing a node
+  // (mpirun's default placement, by slot; WEFT_RANKS_PER_NODE; unset, 0 or
+  // 1: not known, one tier). When a one-device-per-process group spans two
+  // or more whole nodes, its allreduces of at least 256 KiB run
+  // hierarchically: reduce-scatter among the node's ranks, allreduce of each
+  // rank's part with the ranks in its place on the other nodes (its rail: a
+  // NIC per GPU carries its own share), all-gather in the node; smaller ones
+  // go to MPI whole. Sums come out in another order (equal within rounding).
+  std::optional<int> ranks_per_node;
 };
 
 namespace detail {

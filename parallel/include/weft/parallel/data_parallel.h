@@ -172,7 +172,7 @@ struct DataParallelOptions {
   std::optional<Device> offload;
   // Collectives are named "<name> bucket <k>" (traces, mismatch messages).
   std::string name = "grad";
-  CommunicatorOptions communicator;  // distributed: timeouts and fingerprints
+  CommunicatorOptions communicator;  // distributed: timeouts, fingerprints, ranks per node
 };
 
 // Row counts of `rows` split over `parts`: balanced, the first rows % parts
