@@ -1,11 +1,11 @@
 // The communication thread's sleep while its fibers wait to be woken
-// (parallel/src/comm_thread.h, white-box): a fiber in wait_woken is polled a
-// handful of times, not thousands, while it waits; the wake-up that follows
-// a change is never lost, whatever the interleaving with the thread falling
-// asleep; work spawned with Start::now, a fiber that polls, a deadline and
-// stop() each still end the sleep. The threads here sleep quietly for a
-// minute unless woken, so a lost wake-up fails the test instead of
-// costing 20 ms.
+// (parallel/src/collectives/comm_thread.h, white-box): a fiber in
+// wait_woken is polled a handful of times, not thousands, while it waits;
+// the wake-up that follows a change is never lost, whatever the
+// interleaving with the thread falling asleep; work spawned with
+// Start::now, a fiber that polls, a deadline and stop() each still end the
+// sleep. The threads here sleep quietly for a minute unless woken, so a
+// lost wake-up fails the test instead of costing 20 ms.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm_thread.h"
+#include "collectives/comm_thread.h"
 
 namespace {
 

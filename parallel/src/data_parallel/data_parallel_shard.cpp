@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "data_parallel_impl.h"
+#include "data_parallel/data_parallel_impl.h"
 #include "weft/error.h"
 #include "weft/ops.h"
 

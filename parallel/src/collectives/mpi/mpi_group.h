@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "call.h"
-#include "comm_thread.h"
-#include "communicator_state.h"
-#include "mpi_lane.h"
+#include "collectives/call.h"
+#include "collectives/comm_thread.h"
+#include "collectives/communicator_state.h"
+#include "collectives/mpi/mpi_lane.h"
 #include "weft/checked_call.h"
 #include "weft/completion.h"
 #include "weft/error.h"

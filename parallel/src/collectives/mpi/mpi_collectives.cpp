@@ -49,7 +49,7 @@
 #include <utility>
 #include <vector>
 
-#include "mpi_group.h"
+#include "collectives/mpi/mpi_group.h"
 
 namespace weft::parallel::detail {
 namespace {

@@ -11,10 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include "call.h"
-#include "elements.h"
-#include "local_phase.h"
-#include "communicator_state.h"
+#include "collectives/call.h"
+#include "collectives/elements.h"
+#include "collectives/local_phase.h"
+#include "collectives/communicator_state.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor_op.h"

@@ -1,4 +1,4 @@
-#include "comm_thread.h"
+#include "collectives/comm_thread.h"
 
 #include <algorithm>
 #include <cstdlib>

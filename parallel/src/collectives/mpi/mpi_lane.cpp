@@ -1,12 +1,12 @@
 // The blocking lane (mpi_lane.h).
-#include "mpi_lane.h"
+#include "collectives/mpi/mpi_lane.h"
 
 #include <mpi.h>
 
 #include <chrono>
 #include <utility>
 
-#include "comm_thread.h"
+#include "collectives/comm_thread.h"
 
 namespace weft::parallel::detail {
 namespace {

@@ -3,8 +3,8 @@
 #include <string>
 #include <vector>
 
-#include "call.h"
-#include "communicator_state.h"
+#include "collectives/call.h"
+#include "collectives/communicator_state.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
 #include "weft/profiler.h"

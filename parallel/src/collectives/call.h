@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "communicator_state.h"
+#include "collectives/communicator_state.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 

@@ -2,7 +2,7 @@
 #include <string>
 #include <utility>
 
-#include "communicator_state.h"
+#include "collectives/communicator_state.h"
 #include "weft/env.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"

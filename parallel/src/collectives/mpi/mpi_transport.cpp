@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "mpi_group.h"
+#include "collectives/mpi/mpi_group.h"
 #include "weft/env.h"
 #include "weft/tensor_op.h"
 

@@ -36,10 +36,10 @@
 #include <utility>
 #include <vector>
 
-#include "call.h"
-#include "comm_thread.h"
-#include "communicator_state.h"
-#include "local_phase.h"
+#include "collectives/call.h"
+#include "collectives/comm_thread.h"
+#include "collectives/communicator_state.h"
+#include "collectives/local_phase.h"
 #include "weft/checked_call.h"
 #include "weft/env.h"
 #include "weft/error.h"

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "mpi_group.h"
+#include "collectives/mpi/mpi_group.h"
 
 namespace weft::parallel::detail {
 namespace {

@@ -34,7 +34,7 @@
 #include <utility>
 #include <vector>
 
-#include "call.h"
+#include "collectives/call.h"
 #include "weft/engine.h"
 #include "weft/gpu_streams.h"
 #include "weft/tensor.h"

@@ -31,11 +31,11 @@
 #include <utility>
 #include <vector>
 
-#include "call.h"
-#include "comm_thread.h"
-#include "communicator_state.h"
-#include "local_phase.h"
-#include "through_float32.h"
+#include "collectives/call.h"
+#include "collectives/comm_thread.h"
+#include "collectives/communicator_state.h"
+#include "collectives/local_phase.h"
+#include "collectives/through_float32.h"
 #include "weft/error.h"
 #include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"

@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "call.h"
-#include "communicator_state.h"
-#include "through_float32.h"
+#include "collectives/call.h"
+#include "collectives/communicator_state.h"
+#include "collectives/through_float32.h"
 #include "weft/error.h"
 #include "weft/gpu_sim.h"
 #include "weft/gpu_streams.h"

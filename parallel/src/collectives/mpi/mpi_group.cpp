@@ -6,8 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "elements.h"
-#include "mpi_group.h"
+#include "collectives/elements.h"
+#include "collectives/mpi/mpi_group.h"
 
 namespace weft::parallel::detail {
 

@@ -6,7 +6,7 @@
 // data_parallel_checkpoint.cpp. Design notes: docs/design/data-parallel.md.
 #include "weft/parallel/data_parallel.h"
 
-#include "data_parallel_impl.h"
+#include "data_parallel/data_parallel_impl.h"
 
 #include <algorithm>
 #include <cmath>
