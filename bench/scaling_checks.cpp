@@ -35,7 +35,7 @@ using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
 
-// The h100 profile's figures the formulas use (docs/design/simulated-gpus.md).
+// The dgx-h100 profile's figures the formulas use (docs/design/simulated-gpus.md).
 constexpr double kNvlinkBytesPerS = 450e9, kNvlinkLatencyS = 2e-6;
 constexpr double kNicBytesPerS = 50e9, kNicLatencyS = 5e-6;
 constexpr double kMemoryBytesPerS = 3000e9, kLaunchS = 4e-6;

@@ -355,7 +355,7 @@ TEST_CASE("gpu collectives - send and recv along a chain of GPUs, the sender ove
   });
 }
 
-TEST_CASE("gpu collectives - groups are all GPUs or all CPU devices; bad input named at push time") {
+TEST_CASE("gpu collectives - groups are all GPUs or all CPU devices, bad input named at push time") {
   WEFT_REQUIRE_GPU();
   auto e = make_engine({.kind = "threaded", .cpu_devices = 2, .gpu_devices = gputest::member_gpus()});
   CHECK_THROWS_WITH_AS(par::Communicator::local(*e, {Device::gpu(0), Device::cpu(1)}),

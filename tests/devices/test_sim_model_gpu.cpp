@@ -190,7 +190,7 @@ TEST_CASE("gpu sim model - the profiler's GPU spans take the modeled time" * doc
   expect_near(busy_ms * 1e-3, count * expected, 0.05, "the GPU streams' busy time in the summary");
 }
 
-TEST_CASE("gpu sim model - kernels of two streams of a GPU take turns on its SMs; no thread sleeps" *
+TEST_CASE("gpu sim model - kernels of two streams of a GPU take turns on its SMs, and no thread sleeps" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   ModelScope model({.model = "dgx-h100"});
@@ -301,7 +301,7 @@ CopiedBytes copied_since(const gpu::SimModelStats& before) {
 
 }  // namespace
 
-TEST_CASE("gpu sim model - copies of uncomputed values move no bytes; copies of host data stay exact" *
+TEST_CASE("gpu sim model - copies of uncomputed values move no bytes, copies of host data stay exact" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   ModelScope model({.model = "dgx-h100"});
@@ -386,7 +386,7 @@ double concurrent_copies(Engine& e, const std::vector<std::pair<int, int>>& copi
 
 }  // namespace
 
-TEST_CASE("gpu sim model - copies share a link's bandwidth; across nodes they take the network's" *
+TEST_CASE("gpu sim model - copies share a link's bandwidth, across nodes they take the network's" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   WEFT_REQUIRE_GPUS(2);
@@ -411,7 +411,7 @@ TEST_CASE("gpu sim model - copies share a link's bandwidth; across nodes they ta
 // A DGX-like node has a NIC per GPU (rail-optimized): GPU 0 and GPU 1 of
 // one node send to the next node side by side; one NIC per node (a
 // profile's nics_per_node 1) takes them in turn.
-TEST_CASE("gpu sim model - each GPU crosses nodes on its own NIC; a shared NIC takes copies in turn" *
+TEST_CASE("gpu sim model - each GPU crosses nodes on its own NIC, a shared NIC takes copies in turn" *
           doctest::timeout(120)) {
   WEFT_REQUIRE_SIM();
   WEFT_REQUIRE_GPUS(4);
@@ -518,7 +518,7 @@ double ring_allreduce_seconds(Engine& e, int n, std::int64_t count) {
 // all-gather inside the node, one phase after the other. A ring whose copies
 // into one GPU were enqueued out of step order (a later step's copy ahead
 // of an earlier one on the GPU's peer stream) takes whole steps longer.
-TEST_CASE("gpu sim model - a ring allreduce takes 2(N-1)/N * S / B plus latencies; across nodes the hierarchy" *
+TEST_CASE("gpu sim model - a ring allreduce takes 2(N-1)/N * S / B plus latencies, across nodes the hierarchy its phases" *
           doctest::timeout(300)) {
   WEFT_REQUIRE_SIM();
   const TempFile profile("ring.txt", kRingLinks);

@@ -145,8 +145,8 @@ class Profiler {
   static void clear_notes();
 
   // steady_clock nanoseconds since a process-wide epoch: the clock of
-  // Span::start_ns / end_ns / push_ns. Under simulated GPUs' modeled mode
-  // with dilation D it runs at 1/D of the host's (modeled time: weft/gpu_sim.h).
+  // Span::start_ns / end_ns / push_ns. Under simulated GPUs' modeled mode it
+  // is the host's modeled clock, on the same timeline (weft/gpu_sim.h).
   static std::int64_t now_ns() noexcept;
 
   // The graph of the ops pushed while profiling: one node per op, an edge
