@@ -884,6 +884,10 @@ std::unique_ptr<BackendImpl> make_sim_backend(int gpus) {
     c.jitter_us = static_cast<int>(env::number_or("WEFT_SIM_JITTER_US", c.jitter_us, 1, 1000000));
   }
   const SimModelOptions model = sim_model_from_env();
+  if (model.gpus_per_node > 0 && gpus > model.gpus_per_node && gpus % model.gpus_per_node != 0)
+    throw InvalidArgument("weft: WEFT_SIM_GPUS_PER_NODE=" + std::to_string(model.gpus_per_node) +
+                          " does not divide the " + std::to_string(gpus) +
+                          " simulated GPUs (WEFT_SIM_GPUS): the last node would be partial");
   auto backend = std::make_unique<SimBackend>(c);
   if (!model.model.empty()) backend->install_model(make_sim_model(model, gpus));
   return backend;
