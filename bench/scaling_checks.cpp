@@ -227,22 +227,35 @@ ValidationCheck bubble_check(const std::string& schedule, int k, int m) {
 
 // Published all_reduce_perf figures (bus bandwidth at large messages).
 const PublishedBusBandwidth kNcclTests[] = {
-    // One node: NCCL's ring reaches an effective 370 GB/s on 8 H100s'
-    // NVLink (450 GB/s line rate, about 20 % protocol overhead), the busbw
-    // of NCCL_ALGO=RING at large sizes ("256M is too small to reach peak").
-    {8, 1, std::int64_t{1} << 30, 370,
-     "NVIDIA/nccl-tests issue 212, NCCL maintainer's answer (2024-05-06): 8 x H100, NCCL_ALGO=RING busbw ~370 GB/s"},
-    // Across nodes: 248 servers of 8 H200s, eight NICs each, all_reduce_perf
-    // at 512 MB with NCCL's default algorithm: "typically around 350G".
+    // One node, NCCL's ring (NVLS off) on an HGX H100 (8 x H100 SXM, NCCL
+    // 2.26.2), all_reduce_perf up to 16 GB: its peak busbw.
+    {8, 1, std::int64_t{1} << 30, 368.76,
+     "NVIDIA/nccl-tests issue 309 (2025-05-23): Dell XE9680 HGX 8 x H100, NVLS disabled, all_reduce_perf busbw "
+     "368.76 GB/s"},
+    // Four nodes of 8 H100s, eight 400G RoCE NICs each, NCCL 2.19.3,
+    // all_reduce_perf -b 4G -e 8G: busbw 320 GB/s, NVLS on or off.
+    {32, 4, std::int64_t{4} << 30, 320,
+     "NVIDIA/nccl issue 1221 (2024-03-13): 4 nodes x 8 H100, 8 x 400G RoCE per node, NCCL 2.19.3, 4G-8G, busbw "
+     "320 GB/s"},
+    // 248 servers of 8 H200s, eight NICs each, at 512 MB, NCCL's default
+    // algorithm: "typically around 350G"; at 8 nodes here (an assumption:
+    // large-message busbw changes little with the node count).
     {64, 8, std::int64_t{512} << 20, 350,
      "NVIDIA/nccl-tests issue 283 (2025-01-18): 248 x 8 H200, 8 NICs per node, 512M, default algorithm, busbw ~350 GB/s"},
 };
 const std::size_t kNcclTestsCount = sizeof kNcclTests / sizeof kNcclTests[0];
-// NVIDIA's DeepLearningExamples, PyTorch ResNet-50 v1.5 on a DGX A100
-// (8 x A100 80 GB), pytorch-21.03 container, its README's training
-// performance table: 938 img/s on 1 GPU and 7,248 on 8 in TF32 (7.72x),
-// 2,470 and 16,621 in mixed precision (6.72x).
+// ResNet-50 throughput on 1 and 8 GPUs of one node, the same batch per
+// GPU, synthetic data: Lambda's benchmarks on 8 x H100 SXM5 (NVIDIA's
+// DeepLearningExamples main.py; the "FP32" runs without --amp, whose
+// convolutions PyTorch runs in TF32 by default), and NVIDIA's own README
+// on a DGX A100 (pytorch-21.03 container, batch 256).
 const PublishedScaling kResnet50Scaling[] = {
+    {"dgx-h100", 8, 1280, "bf16", 22098.35 / (8 * 2790.64),
+     "lambdal/deeplearning-benchmark pytorch/results_v2, 1x/8x H100 80GB SXM5, PyTorch_resnet50_AMP batch 1280: "
+     "2790.64 -> 22098.35 img/s"},
+    {"dgx-h100", 8, 640, "tf32", 14973.70 / (8 * 1893.38),
+     "lambdal/deeplearning-benchmark pytorch/results_v2, 1x/8x H100 80GB SXM5, PyTorch_resnet50_FP32 batch 640: "
+     "1893.38 -> 14973.70 img/s"},
     {"dgx-a100", 8, 256, "tf32", 7248.0 / (8 * 938.0),
      "NVIDIA/DeepLearningExamples PyTorch/Classification/ConvNets/resnet50v1.5/README.md, DGX A100, TF32: 938 -> 7248 "
      "img/s (1 -> 8 GPUs)"},
