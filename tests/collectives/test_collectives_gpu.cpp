@@ -88,23 +88,24 @@ TEST_CASE("gpu collectives - allreduce sum, average and max, bit-exact, the same
   });
 }
 
-// Simulated GPUs in nodes of two (WEFT_SIM_GPUS_PER_NODE, read at each
-// call): the allreduce takes the hierarchy — reduce-scatter in the node,
-// allreduce on each rail, all-gather in the node, pipelined in pieces —
-// with real values, and sums integers exactly in its own order.
+// Simulated GPUs in nodes (WEFT_SIM_GPUS_PER_NODE, read at each call):
+// four GPUs in nodes of two take the hierarchy — reduce-scatter in the
+// node, allreduce on each rail, all-gather in the node — with real values,
+// and sum integers exactly in their own order; two GPUs in nodes of one
+// keep the ring (no hierarchy to gain). gpu.collectives.sim4 runs the four.
 TEST_CASE("gpu collectives - over nodes of simulated GPUs the allreduce is hierarchical and exact" *
           doctest::timeout(600)) {
-  WEFT_REQUIRE_GPUS(4);
+  WEFT_REQUIRE_GPUS(2);
   if (!gputest::simulated()) {
     std::printf("[weft-skip] nodes of simulated GPUs: this machine's GPUs are real\n");
     return;
   }
-  struct NodesOfTwo {
-    NodesOfTwo() { ::setenv("WEFT_SIM_GPUS_PER_NODE", "2", 1); }
-    ~NodesOfTwo() { ::unsetenv("WEFT_SIM_GPUS_PER_NODE"); }
-  } nodes;
-  for_each_engine([](Engine& e) {
-    const int n = 4;
+  const int n = weft::gpu::device_count() >= 4 ? 4 : 2;
+  struct Nodes {
+    explicit Nodes(int per_node) { ::setenv("WEFT_SIM_GPUS_PER_NODE", std::to_string(per_node).c_str(), 1); }
+    ~Nodes() { ::unsetenv("WEFT_SIM_GPUS_PER_NODE"); }
+  } nodes(n / 2);
+  for_each_engine([n](Engine& e) {
     const par::Communicator comm = par::Communicator::local(e, gpu_members(n));
     for (std::int64_t count : {std::int64_t{0}, std::int64_t{1}, std::int64_t{13}, std::int64_t{1003},
                                std::int64_t{100003}})
@@ -118,7 +119,7 @@ TEST_CASE("gpu collectives - over nodes of simulated GPUs the allreduce is hiera
         bool tiered = false;
         for (const auto& [key, text] : weft::Profiler::notes())
           tiered = tiered || (key.find("'tiered'") != std::string::npos && text.rfind("hierarchical", 0) == 0);
-        CHECK(tiered);
+        CHECK(tiered == (n == 4));
       }
   });
 }
