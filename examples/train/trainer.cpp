@@ -131,7 +131,9 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --checkpoint-every N  also every N steps\n"
                "  --resume DIR     continue from DIR's newest checkpoint (or from DIR itself, a checkpoint\n"
                "                   directory): the same data order, weights and optimizer state, on any\n"
-               "                   number of devices and processes; --epochs stays the total\n"
+               "                   number of devices and processes; --epochs stays the total. Prints when\n"
+               "                   the first step after it is done (scripts/weft-run restarts a failed\n"
+               "                   mpirun job this way)\n"
                "  --devices D,...  the devices of this process: cpu:0 (default), cpu:0,cpu:1, gpu:0,gpu:1,\n"
                "                   a mix (also cpu(0) / gpu(0)); --device D is the same for one device.\n"
                "                   CPU devices beyond cpu:0 are made for the run (EngineConfig::cpu_devices)\n"
@@ -788,6 +790,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       return h;
     };
     Tally last;
+    bool first_step_reported = false;
     // Peak memory from here on: the model and everything training allocates.
     for (weft::Device d : devices) engine->allocator(d).reset_peak();
     weft::Profiler& profiler = engine->profiler();
@@ -803,6 +806,13 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       auto read_front = [&] {
         tally.read(pending.front());
         pending.pop_front();
+        if (resume && !first_step_reported) {
+          // (when the resumed run's first step's loss is computed: what a
+          // restart after a failure costs until training goes on, scripts/weft-run)
+          first_step_reported = true;
+          say("  first step after resuming done at unix time %.3f\n",
+              std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count());
+        }
         if (tally.batches * 5 >= next_report * batches && tally.batches < batches) {
           while (tally.batches * 5 >= next_report * batches) ++next_report;
           const double s = seconds_since(t0);
