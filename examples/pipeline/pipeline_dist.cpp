@@ -12,15 +12,19 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "weft/checkpoint.h"
 #include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/optim.h"
 #include "weft/parallel/collectives.h"
 #include "weft/parallel/metrics.h"
 #include "weft/parallel/pipeline.h"
@@ -50,6 +54,22 @@ std::vector<float> across(const par::Communicator& world, Device d, const std::v
   Tensor t = Tensor::from_host(e, Shape{static_cast<std::int64_t>(values.size())}, values, d);
   par::allreduce(world, {t}, op, {.name = "weft-pipeline figures"});
   return t.to_host();
+}
+
+// This process's stages' tensors, as checkpoint entries: each local layer's
+// parameters and buffers, then its stages' optimizer state.
+std::vector<checkpoint::Entry> stage_entries(par::Pipeline& pipe, nn::Sequential& net) {
+  std::vector<checkpoint::Entry> out;
+  for (int k = 0; k < pipe.stages(); ++k) {
+    if (!pipe.is_local(k)) continue;
+    const auto [first, last] = pipe.layers(k);
+    for (int i = first; i < last; ++i) {
+      for (nn::Parameter* p : net[static_cast<std::size_t>(i)].parameters()) out.push_back({p->name, p->value});
+      for (nn::Buffer* b : net[static_cast<std::size_t>(i)].buffers()) out.push_back({b->name, b->value});
+    }
+  }
+  for (nn::Buffer* b : pipe.optimizer_state()) out.push_back({b->name, b->value});
+  return out;
 }
 
 }  // namespace
@@ -89,6 +109,7 @@ int run_distributed(const DistRun& run) {
   const int layers = static_cast<int>(net->size());
   par::PipelineOptions options{.chunks = chunks, .virtual_stages = v, .schedule = run.schedule,
                                .ranks = pipeline_ranks, .replicas = replica_group};
+  options.optimizer = optim::OptimizerOptions::parse(run.optimizer, 0.01f, "--optimizer");
   if (from_file) {
     const par::Schedule file = par::Schedule::from_file(run.schedule);
     options.custom = [file](int, int) { return file; };
@@ -97,6 +118,69 @@ int run_distributed(const DistRun& run) {
   options.balance = even_blocks(layers, stages * options.virtual_stages);
   par::Pipeline pipe(e, *net, options);
   const std::string schedule_name = pipe.schedule().name;
+
+  // The plan a checkpoint must match to be resumed (the same grid).
+  const checkpoint::Metadata plan{{"weft.model", "pipeline-" + run.model},
+                                  {"weft.stages", std::to_string(stages)},
+                                  {"weft.replicas", std::to_string(replicas)},
+                                  {"weft.virtual_stages", std::to_string(options.virtual_stages)},
+                                  {"weft.chunks", std::to_string(chunks)},
+                                  {"weft.schedule", schedule_name},
+                                  {"weft.batch", std::to_string(run.batch)},
+                                  {"weft.optimizer", pipe.options().optimizer.str()}};
+  // The job trains steps 0 .. run.steps (step 0 the warm-up); `start` of them
+  // are done already when resuming.
+  const int total = run.steps + 1;
+  int start = 0;
+  if (!run.resume.empty()) {
+    try {
+      std::filesystem::path from = run.resume;
+      if (!std::filesystem::exists(from / "index.json")) from = checkpoint::latest(from);
+      const checkpoint::Reader reader = checkpoint::Reader::open(from);
+      const checkpoint::Metadata& meta = reader.metadata();
+      for (const char* key : {"weft.model", "weft.stages", "weft.replicas", "weft.virtual_stages", "weft.schedule",
+                              "weft.chunks", "weft.batch", "weft.optimizer"}) {
+        const std::string& want = plan.at(key);
+        const auto found = meta.find(key);
+        if (found == meta.end())
+          throw InvalidArgument("checkpoint '" + reader.path().string() + "' has no '" + key +
+                                "' in its metadata (not a checkpoint of weft-pipeline --dist)");
+        if (found->second != want)
+            throw InvalidArgument("checkpoint '" + reader.path().string() + "' was saved with " + key + " " +
+                                found->second + ", this run has " + want + " (resume on the same grid and plan)");
+      }
+      const auto steps_saved = meta.find("weft.steps");
+      if (steps_saved == meta.end())
+        throw InvalidArgument("checkpoint '" + reader.path().string() + "' has no 'weft.steps' in its metadata");
+      start = std::stoi(steps_saved->second);
+      if (start >= total)
+        throw InvalidArgument("checkpoint '" + reader.path().string() + "' is at step " + std::to_string(start) +
+                              " already; --steps " + std::to_string(run.steps) + " trains " + std::to_string(total) +
+                              " steps (a warm-up and " + std::to_string(run.steps) + " timed)");
+      checkpoint::load(reader, stage_entries(pipe, *net), {.strict = false});
+      e.wait_all();
+      if (me == 0 && !run.json)
+        std::printf("resumed from %s: step %d of %d\n", reader.path().c_str(), start, total);
+    } catch (const InvalidArgument& err) {
+      std::fflush(stdout);
+      if (me == 0)  // (every rank reads the same checkpoint and refuses it alike)
+        std::fprintf(stderr, "weft-pipeline: cannot resume from '%s': %s\n", run.resume.c_str(), err.what());
+      return 2;
+    }
+  }
+  // --checkpoint: replica 0 of each stage writes that stage's shard.
+  std::optional<checkpoint::PendingSave> saving;
+  auto save = [&](int done) {
+    if (run.checkpoint.empty() || replica != 0) return;
+    if (saving) saving->wait();
+    char name[32];
+    std::snprintf(name, sizeof name, "step-%08d", done);
+    checkpoint::Metadata meta = plan;
+    meta["weft.steps"] = std::to_string(done);
+    const std::filesystem::path run_dir = run.checkpoint;
+    saving = checkpoint::save(e, run_dir / name, stage_entries(pipe, *net),
+                              {.rank = stage, .ranks = stages, .metadata = std::move(meta), .run_dir = run_dir});
+  };
 
   // Synthetic data: the same global batch on every rank.
   const std::int64_t rows = run.batch, global = rows * replicas;
@@ -116,24 +200,29 @@ int run_distributed(const DistRun& run) {
                 "stages), %d micro-batches of a %lld-row batch per replica\n",
                 run.model.c_str(), stages, replicas, size, schedule_name.c_str(), options.virtual_stages, chunks,
                 static_cast<long long>(rows));
-  const float lr = 0.01f;
+  const float lr = pipe.options().optimizer.lr;
   auto one_step = [&](int step, bool print) {
     const Tensor loss = pipe.train_step(my_x, my_y);
     pipe.step(lr);
+    const int done = step + 1;
+    if (!run.checkpoint.empty() && (done == total || (run.checkpoint_every > 0 && done % run.checkpoint_every == 0)))
+      save(done);
     // The mean loss over the replicas, from each replica's last stage.
     const float mine = loss.defined() ? loss.item() : 0.0f;
     const float mean = across(world, device, {mine})[0] / static_cast<float>(replicas);
     e.wait_all();
     if (print && me == 0 && !run.json) std::printf("  step %d  loss %.4f\n", step, mean);
   };
-  one_step(0, true);  // warm-up
+  one_step(start, true);  // warm-up (the first step not yet trained, when resuming)
   e.allocator(device).reset_peak();
   e.profiler().clear();
   e.profiler().start();
   const auto t0 = Clock::now();
-  for (int s = 1; s <= run.steps; ++s) one_step(s, true);
+  for (int s = start + 1; s < total; ++s) one_step(s, true);
   const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int timed = total - start - 1;
   e.profiler().stop();
+  if (saving) saving->wait();  // a failed write fails the run
   // Per stage: this rank's bubble from its own trace; the mean over replicas.
   const std::vector<double> bubble = par::measured_bubble(e.profiler().spans(), stages);
   std::vector<float> per_stage(static_cast<std::size_t>(stages), 0.0f);
@@ -148,9 +237,10 @@ int run_distributed(const DistRun& run) {
   double max_diff = -1;
   if (run.check) {
     auto ref = make_model(e, run.model, device);
-    for (int s = 0; s <= run.steps; ++s) {
+    optim::Optimizer ref_optimizer(ref->parameters(), pipe.options().optimizer);
+    for (int s = 0; s < total; ++s) {  // every step, those before a resume too
       ref->backward(ops::softmax_cross_entropy(ref->forward(all_x), all_y).dlogits);
-      nn::sgd_step(ref->parameters(), lr);
+      ref_optimizer.step(lr);
     }
     float worst = 0;
     for (int k = 0; k < pipe.stages(); ++k) {
@@ -173,7 +263,8 @@ int run_distributed(const DistRun& run) {
   for (float b : per_stage) mean_bubble += b / stages;
   const double predicted = from_file ? pipe.schedule().bubble()
                                      : par::predicted_bubble(schedule_name, stages, chunks, options.virtual_stages);
-  const double samples_per_sec = static_cast<double>(global) * run.steps / slowest;
+  const double samples_per_sec = timed > 0 ? static_cast<double>(global) * timed / slowest : 0.0;
+  const double step_ms = timed > 0 ? slowest * 1e3 / timed : 0.0;
   std::string peak_json, bubble_json;
   for (int r = 0; r < size; ++r) {
     char buf[64];
@@ -191,12 +282,12 @@ int run_distributed(const DistRun& run) {
                 "\"chunks\":%d,\"ranks\":%d,\"replicas\":%d,\"batch\":%lld,\"samples_per_sec\":%.4f,\"step_ms\":%.4f,"
                 "\"bubble_measured\":%.4f,\"bubble_per_stage\":[%s],\"bubble_predicted\":%.4f,\"peak_bytes\":{%s}%s}\n",
                 run.model.c_str(), schedule_name.c_str(), stages, options.virtual_stages, chunks, size, replicas,
-                static_cast<long long>(global), samples_per_sec, slowest * 1e3 / run.steps, mean_bubble,
+                static_cast<long long>(global), samples_per_sec, step_ms, mean_bubble,
                 bubble_json.c_str(), predicted, peak_json.c_str(),
                 max_diff >= 0 ? (",\"max_diff\":" + std::to_string(max_diff)).c_str() : "");
   } else {
     std::printf("  %.1f samples/s, %.1f ms/step; bubble per stage [%s], mean %.3f (theory %.3f)\n", samples_per_sec,
-                slowest * 1e3 / run.steps, bubble_json.c_str(), mean_bubble, predicted);
+                step_ms, bubble_json.c_str(), mean_bubble, predicted);
     if (max_diff >= 0) std::printf("  largest difference from one device on all %lld rows: %.2e\n",
                                    static_cast<long long>(global), max_diff);
   }

@@ -22,10 +22,20 @@ struct DistRun {
   bool check = false;  // compare with the unpipelined model on one device (max_diff)
   bool json = false;
   Device device = Device::cpu(0);
+  std::string optimizer = "sgd";  // sgd, momentum, adam or adamw (optim::OptimizerOptions::parse)
+  // --checkpoint DIR: each stage's process saves its stage's parameters,
+  // buffers and optimizer state as its shard of DIR/step-<steps> (replica 0
+  // of each stage writes) every checkpoint_every steps (0: at the end only)
+  // and at the end; DIR/latest names the newest. --resume DIR (a run
+  // directory or one checkpoint) continues from it on the same grid.
+  std::string checkpoint;
+  int checkpoint_every = 0;
+  std::string resume;
 };
 
 // Runs the job on this process's rank; prints on rank 0. Returns the exit
-// status (2 for a process grid that does not fit the job).
+// status (2 for a process grid that does not fit the job, or a checkpoint to
+// resume that is missing, damaged or of another model, grid or plan).
 int run_distributed(const DistRun& run);
 
 }  // namespace weft::examples

@@ -39,6 +39,7 @@
 #include "weft/error.h"
 #include "weft/nn.h"
 #include "weft/ops.h"
+#include "weft/optim.h"
 #include "weft/parallel/metrics.h"
 #include "weft/parallel/pipeline.h"
 #include "weft/tensor.h"
@@ -71,6 +72,9 @@ struct Options {
   int chunks = 0;          // --dist: micro-batches (0: 2 x stages)
   int stages = 0, replicas = 1;  // --dist
   bool dist = false, check = false;
+  std::string optimizer = "sgd";  // --dist
+  std::string checkpoint, resume;  // --dist
+  int checkpoint_every = 0;        // --dist
   bool devices_given = false;
   weft::examples::SimFlags sim;
   bool wants(char sweep) const { return sweeps.find(sweep) != std::string::npos; }
@@ -100,7 +104,14 @@ void usage(std::FILE* out) {
                "  --dist             one pipeline rank per MPI process (under mpirun): --stages S (default:\n"
                "                     the processes / replicas), --replicas R (pipeline x data parallel:\n"
                "                     S x R processes), --chunks M (default 2S), --batch-size per replica,\n"
-               "                     --models lenet or resnet18, --check (compare with one device)\n"
+               "                     --models lenet or resnet18, --check (compare with one device, trained\n"
+               "                     all the steps), --optimizer sgd (default), momentum, adam or adamw\n"
+               "  --checkpoint DIR   with --dist: each stage's process saves its stage's parameters and\n"
+               "                     optimizer state as its shard of DIR/step-<steps> after the last step\n"
+               "                     (and every --checkpoint-every N steps); DIR/latest names the newest\n"
+               "  --resume DIR       with --dist: continue from DIR's newest checkpoint (or DIR itself, a\n"
+               "                     checkpoint) on the same grid and plan; the warm-up and --steps count\n"
+               "                     from the job's start, the steps already trained are not run again\n"
                "  --trace PREFIX     write traces of the first model's pipelined step: PREFIX-gpipe.json\n"
                "                     (sweep 1, M = 4K) and PREFIX-1f1b.json (sweep 4, no recomputation), and\n"
                "                     PREFIX-<schedule>-k<K>-m<M>.json for each configuration of sweep 6\n"
@@ -197,14 +208,30 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (arg == "--check") {
       flag();
       o.check = true;
+    } else if (arg == "--optimizer") {
+      o.optimizer = text();
+      try {
+        (void)weft::optim::OptimizerOptions::parse(o.optimizer, 0.01f, "--optimizer");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
+    } else if (arg == "--checkpoint") {
+      o.checkpoint = text();
+    } else if (arg == "--checkpoint-every") {
+      o.checkpoint_every = static_cast<int>(number(1, 1 << 30));
+    } else if (arg == "--resume") {
+      o.resume = text();
     } else if (!o.sim.parse(args)) {
       throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
   o.sim.check();
   if (o.sim.on && !o.devices_given) o.devices = "gpu:0,gpu:1";
-  if (!o.dist && (o.stages || o.replicas != 1 || o.chunks || o.check))
-    throw UsageError{"--stages, --replicas, --chunks and --check go with --dist"};
+  if (!o.dist && (o.stages || o.replicas != 1 || o.chunks || o.check || o.optimizer != "sgd" ||
+                  !o.checkpoint.empty() || o.checkpoint_every || !o.resume.empty()))
+    throw UsageError{"--stages, --replicas, --chunks, --check, --optimizer, --checkpoint, --checkpoint-every and "
+                     "--resume go with --dist"};
+  if (o.checkpoint_every && o.checkpoint.empty()) throw UsageError{"--checkpoint-every needs --checkpoint DIR"};
   if (o.dist && o.sim.on) throw UsageError{"--dist runs on real devices (CPU or a GPU per process), not --sim-model"};
   if (o.dist && o.models != "lenet" && o.models != "resnet18") o.models = "lenet";
   return true;
@@ -672,7 +699,8 @@ int main(int argc, char** argv) {
     weft::examples::DistRun run{.model = o.models, .schedule = o.schedules.front(), .stages = o.stages,
                                 .replicas = o.replicas, .virtual_stages = o.virtual_stages, .chunks = o.chunks,
                                 .batch = o.lenet_batch, .steps = o.steps, .check = o.check, .json = o.json,
-                                .device = devices.front()};
+                                .device = devices.front(), .optimizer = o.optimizer, .checkpoint = o.checkpoint,
+                                .checkpoint_every = o.checkpoint_every, .resume = o.resume};
     if (!o.devices_given) run.device = Device::cpu(0);
     try {
       return weft::examples::run_distributed(run);
