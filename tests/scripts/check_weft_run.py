@@ -12,7 +12,8 @@ without --checkpoint DIR: each exits 2 naming the thing, nothing started;
 ranks that refuse their arguments (TRAINER --epochs 0 under the stand-in
 mpirun, which runs the command once and exits with its status) are not
 restarted.
-standin: a killed rank with --min-ranks restarts on the survivors; the
+standin: a killed rank with --min-ranks restarts on the survivors, and so
+does a rank the heartbeat declared dead (the survivors exiting 1); the
 hostfile is re-read before a restart (a node removed: fewer ranks);
 --resume DIR is added only once DIR/latest exists and replaces a --resume
 the command had; --max-restarts bounds the restarts and the exit status is
@@ -78,6 +79,15 @@ latest = os.environ.get("STANDIN_LATEST")
 if latest and starts == 1:
     os.makedirs(os.path.join(latest, "step-00000004"), exist_ok=True)
     os.symlink("step-00000004", os.path.join(latest, "latest"))
+if starts <= int(os.environ.get("STANDIN_FAILS", "0")) and os.environ.get("STANDIN_HEARTBEAT"):
+    # A stopped rank 2, declared dead by the heartbeat; the survivors fail.
+    print("weft: heartbeat: rank 2 (host node-b.example) has been silent for 10.2 s: declared dead by the heartbeat "
+          "of rank 0 (host node-a.example; WEFT_HEARTBEAT_TIMEOUT 10 s)", file=sys.stderr)
+    print("weft-train-lenet: training failed: allreduce on world: rank 2 (host node-b.example) has been silent", file=sys.stderr)
+    print("-" * 20 + "\nmpirun detected that one or more processes exited with non-zero status, thus causing\n"
+          "the job to be terminated. The first process to do so was:\n\n  Process name: [[4242,1],0]\n"
+          "  Exit code:    1", file=sys.stderr)
+    sys.exit(1)
 if starts <= int(os.environ.get("STANDIN_FAILS", "0")):
     rank = os.environ.get("STANDIN_RANK", "1")
     print("weft-train-lenet: training failed: rank %s's peer hung up" % rank if rank != "1" else "", file=sys.stderr)
@@ -161,6 +171,17 @@ def standin(weft_run, tmp):
     check("rank 2 on nodeb killed by signal 9 (Killed)" in p.stderr and "lost rank 2" in p.stderr,
           "the cause names the rank, node and signal", p)
     check("resuming from" in p.stderr and "step-00000004" in p.stderr, "the restart names the checkpoint", p)
+
+    # A rank declared dead by the heartbeat (the survivors exit 1): elastic, 4 -> 3.
+    log = os.path.join(tmp, "g.log")
+    env = dict(os.environ, STANDIN_LOG=log, STANDIN_FAILS="1", STANDIN_HEARTBEAT="1")
+    p = run(py + ["--np", "4", "--min-ranks", "2", "--mpirun", script, "--backoff", "0", "--", trainer,
+                  "--checkpoint", run_dir], env=env)
+    s = starts(log)
+    check(p.returncode == 0 and len(s) == 2 and s[1][s[1].index("-np") + 1] == "3",
+          "a rank the heartbeat declared dead is lost: 4 -> 3 ranks", p)
+    check("lost rank 2" in p.stderr and "rank 0 exited 1" in p.stderr and "has been silent" in p.stderr,
+          "the cause names the silent rank and the heartbeat's line", p)
 
     # Not elastic, no latest yet: the same ranks, a fresh start (the command as given).
     log = os.path.join(tmp, "b.log")
