@@ -3,14 +3,21 @@
 // the run directory's `latest` link. docs/design/checkpoints.md.
 #include "weft/checkpoint.h"
 
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <optional>
+#include <random>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -28,6 +35,7 @@ namespace fs = std::filesystem;
 using detail::kPiecesKey;
 using detail::kRankKey;
 using detail::kRanksKey;
+using detail::kSaveIdKey;
 
 bool Entry::whole() const {
   const Shape& s = shape.rank() == 0 && tensor.defined() ? tensor.shape() : shape;
@@ -194,8 +202,9 @@ Metadata user_metadata(const Metadata& m) {
 // ---- the background writer ---------------------------------------------------
 
 struct SaveJob {
-  fs::path dir;
-  SaveOptions options;
+  fs::path dir;      // the final name
+  fs::path partial;  // where the shards and the index are written: "<dir>.partial"
+  SaveOptions options;  // options.save_id set
   Metadata metadata;  // the shard's: the user's and the layer's own keys
   // The snapshots' memory: kept alive by an op that runs after the save's
   // (engine threads free it, never the writer, which must not push).
@@ -225,40 +234,200 @@ void finish(Task& task, std::exception_ptr error) {
   done(std::move(error));
 }
 
-// Rank 0: once every shard of the save exists, writes index.json and, with
-// run_dir, the latest link. False while some shard is missing or stale.
+// ---- the run directory: partial saves, commits, retention ---------------------
+
+constexpr std::string_view kPartialSuffix = ".partial";
+constexpr std::string_view kReplacedSuffix = ".replaced";
+
+bool ends_with(const std::string& s, std::string_view tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+fs::path with_suffix(const fs::path& dir, std::string_view suffix) {
+  fs::path p = dir.lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "a/b/"
+  return p.parent_path() / (p.filename().string() + std::string(suffix));
+}
+
+fs::path absolute_path(const fs::path& p) { return fs::absolute(p).lexically_normal(); }
+
+// The partial directories this process's saves write into: the cleanup a
+// new lock does leaves them alone.
+std::mutex registry_mutex;
+std::set<fs::path>& own_partials() {
+  static std::set<fs::path> set;
+  return set;
+}
+
+// SaveOptions::save_id when none is given: random for one writer, else a
+// hash of what every rank knows alike (FNV-1a).
+std::string default_save_id(const fs::path& dir, const SaveOptions& options) {
+  char buf[40];
+  if (options.ranks == 1) {
+    static std::mutex mutex;
+    static std::mt19937_64 rng = [] {
+      std::random_device device;
+      std::seed_seq seq{device(), device(), device(), device(), static_cast<unsigned>(::getpid()),
+                        static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count())};
+      return std::mt19937_64(seq);
+    }();
+    std::lock_guard lock(mutex);
+    const std::uint64_t a = rng(), b = rng();
+    std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(a),
+                  static_cast<unsigned long long>(b));
+    return buf;
+  }
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](std::string_view text) {
+    for (char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    h = (h ^ 0xffu) * 1099511628211ull;
+  };
+  mix(dir.filename().string());
+  mix(std::to_string(options.ranks));
+  for (const auto& [k, v] : options.metadata) {
+    mix(k);
+    mix(v);
+  }
+  std::snprintf(buf, sizeof buf, "h%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+// Rank 0, index written: the partial directory becomes job.dir. An existing
+// job.dir (the same step saved again) is swapped with it in one atomic
+// exchange, so the name always holds a complete checkpoint; where the file
+// system cannot exchange, the old one is moved aside first unless `latest`
+// names it.
+void commit_directory(SaveJob& job) {
+  const fs::path& dir = job.dir;
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (!fs::exists(st)) {
+    if (::rename(job.partial.c_str(), dir.c_str()) != 0)
+      throw Error(job.what + ": renaming " + quoted(job.partial) + " to " + quoted(dir) + ": " + std::strerror(errno));
+  } else {
+    if (!fs::is_directory(st) || fs::is_symlink(st))
+      throw Error(job.what + ": " + quoted(dir) + " exists and is not a checkpoint directory");
+    if (::renameat2(AT_FDCWD, job.partial.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
+      detail::crash_point("dir-renamed");
+      detail::fsync_directory(dir.parent_path());
+      fs::remove_all(job.partial);  // the replaced checkpoint
+      detail::crash_point("committed");
+      return;
+    }
+    const int err = errno;
+    if (err != EINVAL && err != ENOSYS && err != ENOTSUP)
+      throw Error(job.what + ": exchanging " + quoted(job.partial) + " with " + quoted(dir) + ": " +
+                  std::strerror(err));
+    if (!job.options.run_dir.empty()) {
+      std::error_code lec;
+      const fs::path current = fs::read_symlink(job.options.run_dir / "latest", lec);
+      if (!lec && fs::equivalent(job.options.run_dir / current, dir, lec))
+        throw Error(job.what + ": " + quoted(dir) + " exists and 'latest' names it; this file system cannot "
+                    "exchange two directories atomically, so it is kept: save under another name");
+    }
+    const fs::path aside = with_suffix(dir, kReplacedSuffix);
+    fs::remove_all(aside);
+    if (::rename(dir.c_str(), aside.c_str()) != 0 || ::rename(job.partial.c_str(), dir.c_str()) != 0)
+      throw Error(job.what + ": replacing " + quoted(dir) + ": " + std::strerror(errno));
+    detail::crash_point("dir-renamed");
+    detail::fsync_directory(dir.parent_path());
+    fs::remove_all(aside);
+    detail::crash_point("committed");
+    return;
+  }
+  detail::crash_point("dir-renamed");
+  detail::fsync_directory(dir.parent_path());
+  detail::crash_point("committed");
+}
+
+// Deletes all but the newest `keep` complete checkpoints of run_dir (by
+// their index's modification time, then name), never the one `latest`
+// names. Each is renamed to "<name>.replaced" before it is removed, so a
+// crash mid-delete leaves no half checkpoint under a checkpoint's name.
+void apply_retention(const fs::path& run_dir, int keep) {
+  std::error_code ec;
+  fs::path current;
+  try {
+    current = fs::canonical(latest(run_dir));
+  } catch (const std::exception&) {
+    return;  // no latest: nothing is deleted
+  }
+  struct Found {
+    fs::file_time_type time;
+    std::string name;
+  };
+  std::vector<Found> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name == "latest" || ends_with(name, kPartialSuffix) || ends_with(name, kReplacedSuffix)) continue;
+    std::error_code fec;
+    if (e.is_symlink(fec) || !e.is_directory(fec)) continue;
+    const fs::path index = e.path() / "index.json";
+    if (!fs::is_regular_file(index, fec)) continue;
+    const fs::file_time_type t = fs::last_write_time(index, fec);
+    if (fec) continue;
+    found.push_back({t, name});
+  }
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return std::tie(a.time, a.name) > std::tie(b.time, b.name); });
+  for (std::size_t k = static_cast<std::size_t>(keep); k < found.size(); ++k) {
+    const fs::path victim = run_dir / found[k].name;
+    std::error_code vec;
+    if (fs::equivalent(victim, current, vec)) continue;
+    const fs::path aside = with_suffix(victim, kReplacedSuffix);
+    fs::remove_all(aside, vec);
+    if (::rename(victim.c_str(), aside.c_str()) != 0) continue;  // (gone already, or not ours to move)
+    fs::remove_all(aside, vec);
+    detail::crash_point("retention-one");
+  }
+}
+
+// Rank 0: once every shard of this save is durable in the partial
+// directory, writes index.json there, renames the directory to its final
+// name, fsyncs the parent and, with run_dir, swaps `latest` and applies the
+// retention. False while some shard is missing or another save's.
 bool try_index(SaveJob& job) {
   const int ranks = job.options.ranks;
   std::vector<SafetensorsFile> files;
   for (int r = 0; r < ranks; ++r) {
-    const fs::path shard = job.dir / shard_file_name(r, ranks);
+    const fs::path shard = job.partial / shard_file_name(r, ranks);
     std::error_code ec;
     if (!fs::exists(shard, ec)) {
       job.waiting_for = "rank " + std::to_string(r) + "'s shard " + quoted(shard) + " is missing";
       return false;
     }
+    SafetensorsFile file;
     try {
-      files.push_back(SafetensorsFile::open(shard));
+      file = SafetensorsFile::open(shard);
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(job.what + ": rank " + std::to_string(r) + "'s shard: " + e.what());
     }
-    if (user_metadata(files.back().metadata()) != job.options.metadata) {
+    const auto id = file.metadata().find(std::string(kSaveIdKey));
+    if (id == file.metadata().end() || id->second != job.options.save_id) {
       job.waiting_for = "rank " + std::to_string(r) + "'s shard " + quoted(shard) +
-                        " holds the metadata of another save";
+                        " is another save's (left by an earlier one)";
       return false;
     }
+    files.push_back(std::move(file));
   }
+  detail::crash_point("shards-durable");
   NameTable table;
   for (int r = 0; r < ranks; ++r) collect(files[static_cast<std::size_t>(r)], r, files, table);
   check_pieces(job.dir, files, table);
   const json index = {{"format", "weft.checkpoint"},
-                      {"version", 1},
+                      {"version", 2},
+                      {"save_id", job.options.save_id},
                       {"metadata", job.options.metadata},
                       {"ranks", ranks},
                       {"weight_map", weight_map(files, table)},
                       {"tensors", index_tensors(files, table)}};
-  detail::write_file_atomically(job.dir / "index.json", index.dump(1) + "\n");
-  if (!job.options.run_dir.empty()) set_latest(job.options.run_dir, job.dir);
+  detail::write_file_atomically(job.partial / "index.json", index.dump(1) + "\n");
+  commit_directory(job);
+  if (!job.options.run_dir.empty()) {
+    set_latest(job.options.run_dir, job.dir);
+    detail::crash_point("latest-swapped");
+    apply_retention(job.options.run_dir, job.options.keep);
+  }
   return true;
 }
 
@@ -295,16 +464,14 @@ class Writer {
   void write_shard(Task& task) {
     SaveJob& job = *task.job;
     try {
-      fs::create_directories(job.dir);
-      // A directory saved into again is incomplete until the new index.
-      if (job.options.rank == 0) fs::remove(job.dir / "index.json");
+      fs::create_directories(job.partial);
       std::vector<detail::TensorView> views;
       views.reserve(job.items.size());
       for (const SaveJob::Item& item : job.items) {
         weft::detail::require_values(*item.snapshot, "checkpoint save", "'" + item.key + "'");
         views.push_back({item.key, item.dtype, item.shape, item.snapshot->data(), item.snapshot->bytes});
       }
-      detail::write_safetensors_views(job.dir / shard_file_name(job.options.rank, job.options.ranks), views,
+      detail::write_safetensors_views(job.partial / shard_file_name(job.options.rank, job.options.ranks), views,
                                       job.metadata);
       job.items.clear();
       if (job.options.rank != 0) return finish(task, nullptr);
@@ -460,6 +627,9 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
     bad("rank " + std::to_string(options.rank) + " is not in [0, " + std::to_string(options.ranks) + ")");
   for (const auto& [k, v] : options.metadata)
     if (detail::reserved_metadata_key(k)) bad("metadata key '" + k + "' is reserved for the checkpoint's own use");
+  if (options.keep < 1)
+    bad("SaveOptions::keep (--keep-checkpoints) is " + std::to_string(options.keep) +
+        ": a run directory keeps at least its newest checkpoint (1 or more)");
 
   struct Resolved {
     const Entry* entry;
@@ -509,8 +679,16 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
   }
 
   auto job = std::make_shared<SaveJob>();
-  job->dir = dir;
+  job->dir = dir.lexically_normal();
+  if (job->dir.filename().empty()) job->dir = job->dir.parent_path();
+  job->partial = with_suffix(job->dir, kPartialSuffix);
   job->options = options;
+  if (job->options.save_id.empty()) job->options.save_id = default_save_id(job->dir, options);
+  if (!options.run_dir.empty() && options.rank == 0) lock_run(options.run_dir);
+  {
+    std::lock_guard registry(registry_mutex);
+    own_partials().insert(absolute_path(job->partial));
+  }
   job->metadata = options.metadata;
   job->what = what;
   json pieces = json::object();
@@ -542,6 +720,7 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
     }
   }
   if (!pieces.empty()) job->metadata[std::string(kPiecesKey)] = pieces.dump();
+  job->metadata[std::string(kSaveIdKey)] = job->options.save_id;
   job->metadata[std::string(kRankKey)] = std::to_string(options.rank);
   job->metadata[std::string(kRanksKey)] = std::to_string(options.ranks);
 
@@ -630,23 +809,48 @@ Reader Reader::open(const fs::path& path) {
   }
   impl.directory = true;
   const fs::path index_file = path / "index.json";
-  if (!fs::exists(index_file, ec))
-    throw InvalidArgument("checkpoint " + quoted(path) +
-                          ": no index.json (not a checkpoint directory, or its save did not finish)");
+  // The directory stays open and every file is opened relative to it: a
+  // directory renamed or exchanged meanwhile (a save of the same name) can
+  // not mix another checkpoint's files into this one.
+  struct DirFd {
+    int fd;
+    ~DirFd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } dir{::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (dir.fd < 0) throw InvalidArgument("checkpoint " + quoted(path) + ": cannot open it: " + std::strerror(errno));
   const std::string where = "checkpoint index " + quoted(index_file) + ": ";
   json index;
   {
-    std::FILE* f = std::fopen(index_file.c_str(), "rb");
-    if (!f) throw InvalidArgument(where + "cannot open it: " + std::strerror(errno));
+    const int fd = ::openat(dir.fd, "index.json", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT)
+        throw InvalidArgument("checkpoint " + quoted(path) +
+                              ": no index.json (not a checkpoint directory, or its save did not finish)");
+      throw InvalidArgument(where + "cannot open it: " + std::strerror(errno));
+    }
     std::string text;
     char buf[65536];
-    for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
-    std::fclose(f);
+    for (;;) {
+      const ssize_t n = ::read(fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        const int err = errno;
+        ::close(fd);
+        throw InvalidArgument(where + "cannot read it: " + std::strerror(err));
+      }
+      if (n == 0) break;
+      text.append(buf, static_cast<std::size_t>(n));
+    }
+    ::close(fd);
+    std::string duplicate;
     try {
-      index = json::parse(text);
+      index = detail::parse_unique_keys(text, duplicate);
     } catch (const json::exception& e) {
       throw InvalidArgument(where + "invalid JSON: " + e.what());
     }
+    if (!duplicate.empty())
+      throw InvalidArgument(where + "key '" + duplicate + "' appears twice (which one counts is ambiguous)");
   }
   if (!index.is_object()) throw InvalidArgument(where + "not a JSON object");
   if (!index.contains("ranks") || !index["ranks"].is_number_integer() || index["ranks"].get<std::int64_t>() < 1 ||
@@ -662,14 +866,25 @@ Reader Reader::open(const fs::path& path) {
     throw InvalidArgument(where + "key 'tensors': missing or not an object");
   if (!index.contains("weight_map") || !index["weight_map"].is_object())
     throw InvalidArgument(where + "key 'weight_map': missing or not an object");
+  // Version 2 names its save: every shard must carry the same identity.
+  std::optional<std::string> save_id;
+  if (index.contains("save_id")) {
+    if (!index["save_id"].is_string() || index["save_id"].get<std::string>().empty())
+      throw InvalidArgument(where + "key 'save_id': not a save's identity (a non-empty string)");
+    save_id = index["save_id"].get<std::string>();
+  } else if (index.value("version", 1) >= 2) {
+    throw InvalidArgument(where + "key 'save_id': missing (a version 2 index names its save)");
+  }
   impl.ranks = index["ranks"].get<int>();
   for (int r = 0; r < impl.ranks; ++r) {
-    const fs::path shard = path / shard_file_name(r, impl.ranks);
-    if (!fs::exists(shard, ec))
+    const std::string name = shard_file_name(r, impl.ranks);
+    const fs::path shard = path / name;
+    struct stat st {};
+    if (::fstatat(dir.fd, name.c_str(), &st, 0) != 0 && errno == ENOENT)
       throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ", " +
                             quoted(shard) + ", is missing");
     try {
-      impl.files.push_back(SafetensorsFile::open(shard));
+      impl.files.push_back(detail::open_safetensors_at(dir.fd, name, shard));
     } catch (const InvalidArgument& e) {
       throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ": " +
                             e.what());
@@ -682,6 +897,15 @@ Reader Reader::open(const fs::path& path) {
       throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ", " +
                             quoted(shard) + ", was not written as rank " + std::to_string(r) + " of " +
                             std::to_string(impl.ranks));
+    if (save_id) {
+      const auto id = m.find(std::string(kSaveIdKey));
+      if (id == m.end() || id->second != *save_id)
+        throw InvalidArgument("checkpoint " + quoted(path) + ": the shard of rank " + std::to_string(r) + ", " +
+                              quoted(shard) + ", belongs to another checkpoint: its __metadata__ key '" +
+                              std::string(kSaveIdKey) + "' is " +
+                              (id == m.end() ? std::string("missing") : "'" + id->second + "'") + ", but index " +
+                              quoted(index_file) + " is of save '" + *save_id + "'");
+    }
   }
   for (int r = 0; r < impl.ranks; ++r) collect(impl.files[static_cast<std::size_t>(r)], r, impl.files, impl.names);
   check_pieces(path, impl.files, impl.names);
@@ -824,14 +1048,68 @@ void set_latest(const fs::path& run_dir, const fs::path& checkpoint_dir) {
     const fs::path tmp = run_dir / (".latest.tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++));
     fs::remove(tmp);
     fs::create_directory_symlink(target, tmp);
+    detail::crash_point("latest-link-made");
     std::error_code ec;
     fs::rename(tmp, run_dir / "latest", ec);
     if (ec) {
       fs::remove(tmp);
       throw Error(what + ": " + ec.message() + " (is 'latest' a directory of its own?)");
     }
+    detail::fsync_directory(run_dir);
   } catch (const fs::filesystem_error& e) {
     throw Error(what + ": " + e.what());
+  }
+}
+
+void lock_run(const fs::path& run_dir) {
+  const std::string where = "checkpoint run directory " + quoted(run_dir);
+  static std::mutex mutex;
+  static std::map<fs::path, int> held;  // this process's locks (kept open until it exits)
+  std::lock_guard lock(mutex);
+  std::error_code ec;
+  fs::create_directories(run_dir, ec);
+  if (ec) throw Error(where + ": cannot create it: " + ec.message());
+  const fs::path key = fs::weakly_canonical(absolute_path(run_dir), ec);
+  if (held.count(key)) return;
+  const fs::path file = run_dir / "lock";
+  const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(where + ": cannot open its lock file " + quoted(file) + ": " + std::strerror(errno));
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    std::string owner(256, '\0');
+    const ssize_t n = ::pread(fd, owner.data(), owner.size(), 0);
+    owner.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+    while (!owner.empty() && (owner.back() == '\n' || owner.back() == ' ')) owner.pop_back();
+    ::close(fd);
+    if (err == EWOULDBLOCK)
+      throw InvalidArgument(where + " is being written by another live job: " +
+                            (owner.empty() ? std::string("(an owner that has not written its name yet)") : owner) +
+                            " holds its lock file " + quoted(file));
+    throw Error(where + ": cannot lock " + quoted(file) + ": " + std::strerror(err));
+  }
+  char host[256] = "";
+  ::gethostname(host, sizeof host - 1);
+  const std::string text = "host " + std::string(host) + " pid " + std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) != static_cast<ssize_t>(text.size()) ||
+      ::fsync(fd) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(where + ": writing its lock file " + quoted(file) + ": " + std::strerror(err));
+  }
+  held.emplace(key, fd);
+  // What crashed saves left: partial and set-aside directories, links.
+  std::set<fs::path> own;
+  {
+    std::lock_guard registry(registry_mutex);
+    own = own_partials();
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(run_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    std::error_code rec;
+    if ((ends_with(name, kPartialSuffix) || ends_with(name, kReplacedSuffix)) && !own.count(absolute_path(e.path())))
+      fs::remove_all(e.path(), rec);
+    else if (name.rfind(".latest.tmp.", 0) == 0)
+      fs::remove(e.path(), rec);
   }
 }
 

@@ -2,6 +2,7 @@
 // check a loader needs before it trusts the offsets. Layout and checks:
 // docs/design/checkpoints.md.
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,10 +10,13 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "checkpoint_io.h"
 #include "weft/checkpoint.h"
@@ -69,11 +73,15 @@ void write_all(int fd, const void* data, std::size_t n, const fs::path& file) {
   }
 }
 
-void fsync_directory(const fs::path& dir) {
+}  // namespace
+
+void detail::fsync_directory(const fs::path& dir) {
   Fd d{::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
   if (d.fd < 0) io_error("opening directory", dir, errno);
   if (::fsync(d.fd) != 0 && errno != EINVAL) io_error("syncing directory", dir, errno);
 }
+
+namespace {
 
 // Writes the chunks to file.tmp, syncs, renames over `file`, syncs the
 // directory. The temporary file is removed when anything fails, so `file`
@@ -89,12 +97,14 @@ void write_atomically(const fs::path& file, const std::vector<std::pair<const vo
     if (::fsync(out.fd) != 0) io_error("syncing", tmp, errno);
     const int fd = std::exchange(out.fd, -1);
     if (::close(fd) != 0) io_error("closing", tmp, errno);
+    detail::crash_point("file-synced");
     if (::rename(tmp.c_str(), file.c_str()) != 0) io_error("renaming " + quoted(tmp) + " to", file, errno);
   } catch (...) {
     ::unlink(tmp.c_str());
     throw;
   }
-  fsync_directory(file.parent_path());
+  detail::fsync_directory(file.parent_path());
+  detail::crash_point("file-renamed");
 }
 
 bool checked_numel(const std::vector<std::int64_t>& dims, std::uint64_t& numel) {
@@ -125,6 +135,27 @@ std::optional<DType> dtype_from_safetensors(std::string_view name) noexcept {
 }
 
 namespace detail {
+
+namespace {
+std::mutex crash_mutex;
+std::string crash_at;  // empty: never
+int crash_count = 0;
+}  // namespace
+
+void set_crash_point(std::string_view point, int nth) {
+  std::lock_guard lock(crash_mutex);
+  crash_at = point;
+  crash_count = nth;
+}
+
+void crash_point(std::string_view point) {
+  {
+    std::lock_guard lock(crash_mutex);
+    if (crash_at.empty() || point != crash_at || --crash_count > 0) return;
+  }
+  ::kill(::getpid(), SIGKILL);
+  for (;;) ::pause();
+}
 
 void write_file_atomically(const fs::path& file, std::string_view text) {
   write_atomically(file, {{text.data(), text.size()}});
@@ -173,38 +204,84 @@ void write_safetensors(const fs::path& file, const std::vector<HostTensor>& tens
   detail::write_safetensors_views(file, views, metadata);
 }
 
-SafetensorsFile SafetensorsFile::open(const fs::path& file) {
-  Fd in{::open(file.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (in.fd < 0) {
+// The open file a SafetensorsFile validated: every later read goes through
+// it, so a file replaced or renamed over since is never read at the old
+// file's offsets.
+struct SafetensorsFile::Handle {
+  int fd = -1;
+  explicit Handle(int f) : fd(f) {}
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  ~Handle() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+SafetensorsFile SafetensorsFile::open(const fs::path& file) { return detail::open_safetensors_at(AT_FDCWD, file, file); }
+
+namespace detail {
+
+json parse_unique_keys(const std::string& text, std::string& duplicate) {
+  // One set of keys per object being parsed, with the key that holds it.
+  std::vector<std::pair<std::string, std::set<std::string>>> objects;
+  std::string last_key;
+  duplicate.clear();
+  json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: objects.emplace_back(last_key, std::set<std::string>{}); break;
+      case json::parse_event_t::object_end:
+        if (!objects.empty()) objects.pop_back();
+        break;
+      case json::parse_event_t::key:
+        last_key = parsed.get<std::string>();
+        if (!objects.empty() && !objects.back().second.insert(last_key).second && duplicate.empty())
+          duplicate = objects.size() > 1 ? objects.back().first + "' key '" + last_key : last_key;
+        break;
+      default: break;
+    }
+    return true;
+  };
+  return json::parse(text, check);
+}
+
+SafetensorsFile open_safetensors_at(int dir_fd, const fs::path& name, const fs::path& file) {
+  const int opened = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (opened < 0) {
     const int err = errno;
     if (err == ENOENT) bad_file(file, "no such file");
     throw InvalidArgument("safetensors file " + quoted(file) + ": cannot open it: " + std::strerror(err));
   }
+  auto handle = std::make_shared<SafetensorsFile::Handle>(opened);
+  const int fd = handle->fd;
   struct stat st {};
-  if (::fstat(in.fd, &st) != 0) io_error("reading the size of", file, errno);
+  if (::fstat(fd, &st) != 0) io_error("reading the size of", file, errno);
   if (S_ISDIR(st.st_mode)) bad_file(file, "a directory, not a file");
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size < 8)
     bad_file(file, "truncated: " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
   std::uint64_t n = 0;
-  if (::pread(in.fd, &n, 8, 0) != 8) io_error("reading", file, errno);
+  if (::pread(fd, &n, 8, 0) != 8) io_error("reading", file, errno);
   if (n > size - 8)
     bad_file(file, "header length " + std::to_string(n) + " runs past the end of the file (" + std::to_string(size) +
                        " bytes: truncated or not a safetensors file)");
   if (n > kMaxHeader) bad_file(file, "header length " + std::to_string(n) + " is over the format's 100 MB");
   std::string text(n, '\0');
-  if (n && ::pread(in.fd, text.data(), n, 8) != static_cast<ssize_t>(n)) io_error("reading", file, errno);
+  if (n && ::pread(fd, text.data(), n, 8) != static_cast<ssize_t>(n)) io_error("reading", file, errno);
 
   json header;
+  std::string duplicate;
   try {
-    header = json::parse(text);
+    header = parse_unique_keys(text, duplicate);
   } catch (const json::exception& e) {
     bad_file(file, std::string("invalid JSON header: ") + e.what());
   }
+  if (!duplicate.empty())
+    bad_file(file, "key '" + duplicate + "' appears twice in the header (which one holds the data is ambiguous)");
   if (!header.is_object()) bad_file(file, "the JSON header is not an object");
 
   SafetensorsFile f;
   f.path_ = file;
+  f.handle_ = handle;
   f.data_start_ = 8 + n;
   const std::uint64_t data_size = size - f.data_start_;
   for (const auto& [key, value] : header.items()) {
@@ -237,7 +314,7 @@ SafetensorsFile SafetensorsFile::open(const fs::path& file) {
     std::uint64_t numel = 0;
     if (!checked_numel(dims, numel) || numel > (std::uint64_t{1} << 60))
       bad_tensor(file, key, "shape " + shape_it->dump() + " is too large");
-    Info info;
+    SafetensorsFile::Info info;
     info.dtype = *dtype;
     info.shape = Shape(std::move(dims));
     info.begin = (*offsets_it)[0].get<std::uint64_t>();
@@ -279,6 +356,8 @@ SafetensorsFile SafetensorsFile::open(const fs::path& file) {
   return f;
 }
 
+}  // namespace detail
+
 std::vector<std::byte> SafetensorsFile::read(const std::string& name) const {
   const auto it = tensors_.find(name);
   if (it == tensors_.end()) bad_tensor(path_, name, "not in the file");
@@ -295,12 +374,11 @@ std::vector<std::byte> SafetensorsFile::read(const std::string& name, std::uint6
                    std::to_string(info.end - info.begin));
   std::vector<std::byte> out(end - first);
   if (out.empty()) return out;
-  Fd in{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (in.fd < 0) io_error("opening", path_, errno);
+  // Through the descriptor open() validated, never the path again.
   std::size_t done = 0;
   const auto at = static_cast<off_t>(data_start_ + info.begin + first);
   while (done < out.size()) {
-    const ssize_t r = ::pread(in.fd, out.data() + done, out.size() - done, at + static_cast<off_t>(done));
+    const ssize_t r = ::pread(handle_->fd, out.data() + done, out.size() - done, at + static_cast<off_t>(done));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) io_error("reading", path_, errno);
     if (r == 0) bad_tensor(path_, name, "the file ends inside its data (truncated since it was opened)");

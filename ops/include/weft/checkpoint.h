@@ -12,11 +12,13 @@
 //
 // Saving snapshots every tensor with engine ops ordered after the writes
 // pushed before, and writes the files from a background thread: the next
-// step does not wait for the disk. Files are written atomically (temporary
-// file, fsync, rename), so a crash mid-write leaves the previous checkpoint
-// whole. Loading validates everything (files, keys, shapes, dtypes, ranges)
-// before it overwrites any tensor, so a refused load leaves them as they
-// were. Errors are weft::InvalidArgument naming the file and the key.
+// step does not wait for the disk. A save writes a new directory and never
+// overwrites a checkpoint in place (see save()), so a crash at any moment
+// leaves the previous checkpoint, and `latest`, whole. Loading validates
+// everything (files, keys, shapes, dtypes, ranges, the save's identity)
+// before it overwrites any tensor, and reads every byte through the file
+// it validated, so a refused load leaves them as they were. Errors are
+// weft::InvalidArgument naming the file and the key.
 // Design notes: docs/design/checkpoints.md.
 #pragma once
 
@@ -71,6 +73,11 @@ void write_safetensors(const std::filesystem::path& file, const std::vector<Host
 // A parsed and validated file: header length within the file, valid JSON,
 // known dtypes, offsets in range, contiguous and not overlapping, and sizes
 // that match the shapes. Data is read on demand.
+class SafetensorsFile;
+namespace detail {
+SafetensorsFile open_safetensors_at(int dir_fd, const std::filesystem::path& name, const std::filesystem::path& shown);
+}
+
 class SafetensorsFile {
  public:
   struct Info {
@@ -87,6 +94,9 @@ class SafetensorsFile {
   std::vector<std::byte> read(const std::string& name, std::uint64_t first, std::uint64_t end) const;
 
  private:
+  friend SafetensorsFile detail::open_safetensors_at(int, const std::filesystem::path&, const std::filesystem::path&);
+  struct Handle;  // the open file: every read goes through what open() validated
+  std::shared_ptr<Handle> handle_;
   std::filesystem::path path_;
   std::uint64_t data_start_ = 0;
   std::map<std::string, Info> tensors_;
@@ -103,9 +113,20 @@ struct SaveOptions {
   Metadata metadata;  // saved in every shard and the index
   // Rank 0 waits this long for the other shards before it fails the save.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
-  // Set: once the index is written, rank 0 points run_dir/latest at `dir`
-  // (set_latest), so `latest` only ever names a whole checkpoint.
+  // Set: the training run's directory. Rank 0 takes its lock (lock_run)
+  // when save() is called, and once the checkpoint is complete points
+  // run_dir/latest at `dir` (set_latest), so `latest` only ever names a
+  // complete checkpoint; then it deletes all but the newest `keep`
+  // checkpoints of run_dir (never the one `latest` names).
   std::filesystem::path run_dir;
+  int keep = 3;  // >= 1 (0 is refused, naming it)
+  // The save's identity, stored in every shard and the index: the same on
+  // every rank of one save, and new for each save. Empty: a random one when
+  // ranks == 1; with several ranks, a hash of dir's name, ranks and the
+  // metadata (a crashed earlier save of the same name and metadata then
+  // passes for this one: give an identity the ranks agreed on, as
+  // DataParallel::save_checkpoint does).
+  std::string save_id;
 };
 
 // A save in flight. wait() blocks until this writer's files are on disk
@@ -132,10 +153,19 @@ class PendingSave {
 };
 
 // Pushes the snapshots of `entries` and the background write of this
-// writer's shard of checkpoint directory `dir` (created if missing); returns
-// at once. Throws weft::InvalidArgument at once for an entry without a name
-// or tensor, a repeated (name, piece), a piece out of its shape's range, or
-// a dtype safetensors cannot hold.
+// writer's shard of checkpoint directory `dir`; returns at once. Nothing is
+// written in place: every rank writes its shard into "<dir>.partial" (file
+// by file: temporary, fsync, rename, fsync of the directory); rank 0, once
+// every shard of this save (its save_id) is there, writes the index the
+// same way, renames the directory to `dir` and fsyncs its parent, and only
+// then (with run_dir) swaps `latest`. A crash at any point leaves every
+// complete checkpoint and `latest` loadable. `dir` existing already (a run
+// resumed from an earlier checkpoint saving the same step again) is
+// replaced in one atomic exchange, so its name always holds a complete
+// checkpoint, old or new. Throws weft::InvalidArgument at once for an entry
+// without a name or tensor, a repeated (name, piece), a piece out of its
+// shape's range, a dtype safetensors cannot hold, keep < 1, or a run_dir
+// another live job holds.
 PendingSave save(Engine& engine, const std::filesystem::path& dir, std::vector<Entry> entries,
                  const SaveOptions& options = {});
 
@@ -180,8 +210,20 @@ void load(const Reader& reader, const std::vector<Entry>& entries, const LoadOpt
 
 // The newest checkpoint of a training run's directory: `run_dir`/latest, a
 // symbolic link to a checkpoint directory beside it. set_latest points it at
-// `checkpoint_dir` atomically (a new link renamed over the old one).
+// `checkpoint_dir` atomically (a new link renamed over the old one, then
+// run_dir fsynced).
 std::filesystem::path latest(const std::filesystem::path& run_dir);  // throws naming run_dir when there is none
 void set_latest(const std::filesystem::path& run_dir, const std::filesystem::path& checkpoint_dir);
+
+// Makes this process the only writer of `run_dir` for its lifetime (save()
+// calls it for rank 0 with a run_dir; calling it again is a no-op): an
+// exclusive flock on run_dir/lock, whose text names the owner's host and
+// pid. Another live job holding it is a weft::InvalidArgument naming that
+// host and pid; a lock whose owner died (even by SIGKILL) is taken over.
+// Taking it removes what crashed saves left in run_dir ("*.partial",
+// "*.replaced" directories, temporary links) except this process's own
+// saves in progress: the other ranks of a save must start writing after
+// rank 0 took the lock (DataParallel::save_checkpoint orders that).
+void lock_run(const std::filesystem::path& run_dir);
 
 }  // namespace weft::checkpoint

@@ -6,6 +6,9 @@
 // Design notes: docs/design/data-parallel.md, "Checkpoints".
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <random>
 #include <map>
 #include <set>
 #include <string>
@@ -40,12 +43,55 @@ std::vector<ChunkPiece> DataParallel::Impl::chunk_pieces(std::size_t b, const Ch
 }
 
 checkpoint::PendingSave DataParallel::save_checkpoint(const std::filesystem::path& dir, checkpoint::Metadata metadata,
-                                                      const std::filesystem::path& run_dir) {
+                                                      const std::filesystem::path& run_dir, int keep) {
   Impl& m = *impl_;
   if (m.accumulated > 0)
     throw InvalidArgument("DataParallel::save_checkpoint: " + std::to_string(m.accumulated) +
                           " backward()s inside no_sync are not reduced yet; save after a step");
+  if (keep < 1)
+    throw InvalidArgument("DataParallel::save_checkpoint: keep (--keep-checkpoints) is " + std::to_string(keep) +
+                          ": a run directory keeps at least its newest checkpoint (1 or more)");
   const bool writer0 = m.process_rank == 0;
+  // Process 0 holds the run directory (and has cleaned what a crashed run
+  // left there) before any process writes into it: the agreement below
+  // comes after.
+  if (writer0 && !run_dir.empty()) checkpoint::lock_run(run_dir);
+  // A new identity for a save, the same on every process: process 0's random
+  // bits, spread by an allreduce (max; the others give 0) of 24-bit values,
+  // which float32 carries exactly.
+  auto agree_save_id = [&m]() -> std::string {
+    constexpr int kParts = 4;  // 96 bits
+    std::vector<float> bits(kParts, 0.0f);
+    if (m.process_rank == 0) {
+      static std::mt19937_64 rng = [] {
+        std::random_device device;
+        std::seed_seq seq{device(), device(), device(), device(),
+                          static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count())};
+        return std::mt19937_64(seq);
+      }();
+      for (float& b : bits) b = static_cast<float>(rng() & 0xffffffu);
+    }
+    if (m.processes > 1) {
+      std::vector<Tensor> t;
+      const std::string name = m.options.name + " agree the checkpoint's identity";
+      if (m.host_comm) {
+        t.push_back(Tensor::from_host(*m.engine, Shape{kParts}, bits, Device::cpu(0)));
+        allreduce(*m.host_comm, t, ReduceOp::max, {.name = name});
+      } else {
+        for (Device d : m.devices) t.push_back(Tensor::from_host(*m.engine, Shape{kParts}, bits, d));
+        allreduce(*m.comm, t, ReduceOp::max, {.name = name});
+      }
+      bits = t[0].to_host();
+    }
+    std::string id = "dp";
+    char buf[16];
+    for (float b : bits) {
+      std::snprintf(buf, sizeof buf, "%06x", static_cast<unsigned>(b));
+      id += buf;
+    }
+    return id;
+  };
+  const std::string save_id = agree_save_id();
   const std::vector<std::string> states = m.options.optimizer.state_names();
   std::vector<checkpoint::Entry> entries;
   auto whole = [&](const std::string& name, const Tensor& t) { entries.push_back({.name = name, .tensor = t}); };
@@ -107,6 +153,8 @@ checkpoint::PendingSave DataParallel::save_checkpoint(const std::filesystem::pat
   options.ranks = m.processes;
   options.metadata = std::move(metadata);
   options.run_dir = run_dir;
+  options.keep = keep;
+  options.save_id = save_id;
   return checkpoint::save(*m.engine, dir, std::move(entries), options);
 }
 

@@ -248,9 +248,14 @@ class DataParallel {
   // them. Replicated tensors are written by process 0; sharded ones as
   // pieces by the members that own them. `metadata` is stored beside
   // (with "weft.steps"). Snapshots are pushed after the pushed step; the
-  // files are written in the background (PendingSave).
+  // files are written in the background (PendingSave). Collective: every
+  // process calls it alike. Process 0 takes run_dir's lock first, then the
+  // processes agree on the save's identity (a random one from process 0),
+  // so no shard of a crashed earlier save passes for this one; with
+  // run_dir, all but its newest `keep` checkpoints are deleted once
+  // `latest` names this one (checkpoint::SaveOptions).
   checkpoint::PendingSave save_checkpoint(const std::filesystem::path& dir, checkpoint::Metadata metadata = {},
-                                          const std::filesystem::path& run_dir = {});
+                                          const std::filesystem::path& run_dir = {}, int keep = 3);
   // Loads a checkpoint saved by any number of processes, devices and shard
   // settings (resharding as needed) into every replica: validates
   // everything first (weft::InvalidArgument naming the file and key; the
