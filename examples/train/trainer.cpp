@@ -14,9 +14,14 @@
 // fraction of the gradient reduction's time during which other ops ran
 // (comm overlap) comes from its spans. --checkpoint saves the training state
 // (weights, optimizer state, the data order's position) in the background at
-// each epoch's end and every --checkpoint-every steps; --resume continues
-// from one bit for bit, on the same or another number of devices and ranks. Each device's allocator gives the peak
-// of the bytes it had handed out (the memory report).
+// each epoch's end and every --checkpoint-every steps, keeping the newest
+// --keep-checkpoints (a crash at any moment leaves DIR/latest loadable);
+// --resume continues from one bit for bit, on the same or another number
+// of devices and ranks (from a checkpoint at the last epoch's end, it only
+// reports). --json gives weights_digest and, with --checkpoint,
+// optimizer_digest (the final checkpoint's optimizer and loss-scaler state).
+// Each device's allocator gives the peak of the bytes it had handed out
+// (the memory report).
 //
 // --hybridize captures one training step per batch size (forward, loss,
 // backward, SGD: Engine::begin_capture / end_capture) on fixed input
@@ -38,6 +43,7 @@
 #include <filesystem>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +101,7 @@ struct Options {
   int recompute = 0;          // --recompute: segments (0: off)
   std::string checkpoint;             // run directory; empty: none
   std::int64_t checkpoint_every = 0;  // steps; 0: at epoch ends only
+  int keep_checkpoints = 3;           // the newest kept in the run directory
   std::string resume;                 // run or checkpoint directory; empty: a fresh start
   bool devices_given = false;
   weft::examples::SimFlags sim;  // --sim-model: predict steps instead of training
@@ -129,6 +136,7 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --checkpoint DIR save a checkpoint (safetensors) under DIR at the end of every epoch;\n"
                "                   DIR/latest names the newest\n"
                "  --checkpoint-every N  also every N steps\n"
+               "  --keep-checkpoints K  keep DIR's newest K checkpoints (default 3; at least 1)\n"
                "  --resume DIR     continue from DIR's newest checkpoint (or from DIR itself, a checkpoint\n"
                "                   directory): the same data order, weights and optimizer state, on any\n"
                "                   number of devices and processes; --epochs stays the total. Prints when\n"
@@ -272,6 +280,8 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       if (o.checkpoint.empty()) throw UsageError{"--checkpoint needs a directory"};
     } else if (arg == "--checkpoint-every") {
       o.checkpoint_every = parse_int<std::int64_t>(arg, take(), 1);
+    } else if (arg == "--keep-checkpoints") {
+      o.keep_checkpoints = parse_int<int>(arg, take(), 1);
     } else if (arg == "--resume") {
       o.resume = take();
       if (o.resume.empty()) throw UsageError{"--resume needs a directory"};
@@ -325,6 +335,7 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
     }
   }
   if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError{"--checkpoint-every needs --checkpoint DIR"};
+  if (o.keep_checkpoints != 3 && o.checkpoint.empty()) throw UsageError{"--keep-checkpoints needs --checkpoint DIR"};
   o.sim.check();
   if (o.steps > 0 && !o.sim.on) throw UsageError{"--steps counts the steps --sim-model measures (training runs --epochs)"};
   if (o.sim.on) {
@@ -633,7 +644,9 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         std::fprintf(stderr, "%s: cannot resume from '%s': %s\n", prog, o.resume.c_str(), e.what());
         return 2;
       }
-      if (start_epoch >= o.epochs) {
+      // At the end already (a run stopped after its last save): nothing is
+      // left to train; the loaded state is reported.
+      if (start_epoch > o.epochs || (start_epoch == o.epochs && start_batch > 0)) {
         std::fprintf(stderr, "%s: the checkpoint in '%s' is at epoch %lld already; --epochs %d is the total to reach\n",
                      prog, o.resume.c_str(), static_cast<long long>(start_epoch), o.epochs);
         return 2;
@@ -734,6 +747,17 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           static_cast<long long>(dp.steps()));
     }
     const std::int64_t resumed_at = dp.steps();
+    // --checkpoint: this job is its run directory's only writer (a lock
+    // naming this host and pid; one left by a dead job is taken over).
+    if (!o.checkpoint.empty() && main_rank) {
+      try {
+        weft::checkpoint::lock_run(o.checkpoint);
+      } catch (const weft::InvalidArgument& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "%s: --checkpoint %s: %s\n", prog, o.checkpoint.c_str(), e.what());
+        return 2;
+      }
+    }
     // --checkpoint: one directory per save, DIR/step-<steps>; DIR/latest
     // follows once a save is whole.
     std::optional<weft::checkpoint::PendingSave> saving;
@@ -752,7 +776,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
                                       {"weft.optimizer", optimizer.str()},
                                       {"weft.lr_schedule", schedule.str()},
                                       {"weft.precision", std::string(weft::to_string(precision))}};
-      saving = dp.save_checkpoint(run_dir / name, std::move(meta), run_dir);
+      saving = dp.save_checkpoint(run_dir / name, std::move(meta), run_dir, o.keep_checkpoints);
     };
     weft::MinibatchIterator it(train, o.batch_size, /*shuffle=*/true, seed);
     const std::int64_t batches = dp.agree_steps(it.batches_per_epoch());
@@ -913,6 +937,10 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     }
 
     if (saving) saving->wait();  // a failed write fails the run
+    if (start_epoch == o.epochs) {  // resumed at the end: the loaded state's test accuracy
+      const weft::parallel::DataParallel::FullParameters full = dp.full_parameters();
+      if (main_rank) test_acc = evaluate(*engine, dp.replica(0), test, o.batch_size, devices[0]);
+    }
     // The weights, bit for bit: FNV-1a over replica 0's parameters (names
     // and float32 bytes), to compare runs (a resumed one with an unbroken one).
     std::uint64_t digest = 14695981039346656037ull;
@@ -928,10 +956,33 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
         mix(v.data(), v.size() * sizeof(float));
       }
     }
+    // The optimizer state, bit for bit: FNV-1a over every tensor of the run
+    // directory's latest checkpoint (the state the run ended with: its last
+    // save comes after the last step) that is not a parameter (names and
+    // bytes, in name order): moments, step counts, the loss scaler.
+    std::string optimizer_digest = "null";
+    if (!o.checkpoint.empty() && main_rank) {
+      std::set<std::string> params;
+      for (weft::nn::Parameter* p : dp.replica(0).parameters()) params.insert(p->name);
+      const weft::checkpoint::Reader final_state =
+          weft::checkpoint::Reader::open(weft::checkpoint::latest(o.checkpoint));
+      std::uint64_t saved = digest;
+      digest = 14695981039346656037ull;
+      for (const std::string& name : final_state.names()) {
+        if (params.count(name)) continue;
+        const std::vector<std::byte> bytes = final_state.read(name);
+        mix(name.data(), name.size());
+        mix(bytes.data(), bytes.size());
+      }
+      char buf[24];
+      std::snprintf(buf, sizeof buf, "\"%016llx\"", static_cast<unsigned long long>(digest));
+      optimizer_digest = buf;
+      digest = saved;
+    }
     std::size_t state_bytes = 0;
     for (std::size_t b : dp.state_bytes()) state_bytes = std::max(state_bytes, b);
     const int epochs_run = o.epochs - static_cast<int>(start_epoch);
-    const double sec_per_epoch = train_seconds / epochs_run;
+    const double sec_per_epoch = epochs_run > 0 ? train_seconds / epochs_run : 0.0;
     const double comm_overlap = comm_ms > 0 ? hidden_ms / comm_ms : 0.0;
     char overlap_text[64] = "";
     if (several) std::snprintf(overlap_text, sizeof overlap_text, ", comm overlap %.2f", comm_overlap);
@@ -962,7 +1013,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s},"
           "\"precision\":\"%s\",\"conv_algo\":\"%s\",\"loss_scale\":%g,\"skipped_steps\":%lld,\"steps\":%lld,"
           "\"optimizer\":\"%s\",\"lr_schedule\":\"%s\",\"shard\":\"%s\",\"state_bytes\":%zu,\"resumed_at_step\":%lld,"
-          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\",\"offload\":%s,\"recompute\":%d}\n",
+          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\",\"optimizer_digest\":%s,\"offload\":%s,\"recompute\":%d}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
@@ -972,7 +1023,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps),
           o.optimizer.c_str(), schedule.str().c_str(), std::string(weft::parallel::to_string(o.shard)).c_str(),
           state_bytes, static_cast<long long>(resumed_at), static_cast<long long>(dp.steps()),
-          static_cast<unsigned long long>(digest), o.offload ? "true" : "false", o.recompute);
+          static_cast<unsigned long long>(digest), optimizer_digest.c_str(), o.offload ? "true" : "false", o.recompute);
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());
