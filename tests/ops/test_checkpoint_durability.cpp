@@ -57,16 +57,17 @@ struct DurTmpDir {
 };
 
 // Runs the crash helper with `args`; its wait status.
+// (The child only calls async-signal-safe functions: the test binary runs
+// threads, so its argv is made before the fork.)
 int dur_run(const std::vector<std::string>& args) {
+  std::string exe = WEFT_CHECKPOINT_CRASH;
+  std::vector<std::string> copy = args;
+  std::vector<char*> argv{exe.data()};
+  for (std::string& a : copy) argv.push_back(a.data());
+  argv.push_back(nullptr);
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    std::vector<char*> argv;
-    std::string exe = WEFT_CHECKPOINT_CRASH;
-    argv.push_back(exe.data());
-    std::vector<std::string> copy = args;
-    for (std::string& a : copy) argv.push_back(a.data());
-    argv.push_back(nullptr);
     ::execv(exe.c_str(), argv.data());
     ::_exit(127);
   }
@@ -225,13 +226,13 @@ TEST_CASE("checkpoint durability - a run directory another live job holds is ref
   const fs::path run = tmp.path / "run";
   int out[2];
   REQUIRE(::pipe(out) == 0);
+  std::string exe = WEFT_CHECKPOINT_CRASH, mode = "lock", dir = run.string();
+  char* argv[] = {exe.data(), mode.data(), dir.data(), nullptr};
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     ::dup2(out[1], 1);
     ::close(out[0]);
-    std::string exe = WEFT_CHECKPOINT_CRASH, mode = "lock", dir = run.string();
-    char* argv[] = {exe.data(), mode.data(), dir.data(), nullptr};
     ::execv(exe.c_str(), argv);
     ::_exit(127);
   }
