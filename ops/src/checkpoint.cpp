@@ -310,8 +310,8 @@ void commit_directory(SaveJob& job) {
     if (::renameat2(AT_FDCWD, job.partial.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) {
       detail::crash_point("dir-renamed");
       detail::fsync_directory(dir.parent_path());
-      fs::remove_all(job.partial);  // the replaced checkpoint
       detail::crash_point("committed");
+      fs::remove_all(job.partial, ec);  // the replaced checkpoint (a leftover the next lock removes)
       return;
     }
     const int err = errno;
@@ -326,13 +326,19 @@ void commit_directory(SaveJob& job) {
                     "exchange two directories atomically, so it is kept: save under another name");
     }
     const fs::path aside = with_suffix(dir, kReplacedSuffix);
-    fs::remove_all(aside);
-    if (::rename(dir.c_str(), aside.c_str()) != 0 || ::rename(job.partial.c_str(), dir.c_str()) != 0)
-      throw Error(job.what + ": replacing " + quoted(dir) + ": " + std::strerror(errno));
+    fs::remove_all(aside, ec);
+    if (::rename(dir.c_str(), aside.c_str()) != 0)
+      throw Error(job.what + ": moving " + quoted(dir) + " aside: " + std::strerror(errno));
+    if (::rename(job.partial.c_str(), dir.c_str()) != 0) {
+      const int rename_err = errno;
+      ::rename(aside.c_str(), dir.c_str());  // the old one back
+      throw Error(job.what + ": renaming " + quoted(job.partial) + " to " + quoted(dir) + ": " +
+                  std::strerror(rename_err));
+    }
     detail::crash_point("dir-renamed");
     detail::fsync_directory(dir.parent_path());
-    fs::remove_all(aside);
     detail::crash_point("committed");
+    fs::remove_all(aside, ec);
     return;
   }
   detail::crash_point("dir-renamed");
