@@ -1,5 +1,7 @@
 #include "naive_engine.h"
 
+#include <algorithm>
+
 #include "graph_impl.h"
 #include "weft/check_context.h"
 
@@ -50,14 +52,69 @@ void NaiveEngine::replay_graph(const std::shared_ptr<GraphImpl>& graph) {
   }
 }
 
+void NaiveEngine::show_waiting(const OpBlock* op) {
+  std::lock_guard lock(shown_mutex_);
+  shown_waiting_.push_back(op);
+}
+
+void NaiveEngine::unshow_waiting(const OpBlock* op) {
+  std::lock_guard lock(shown_mutex_);
+  shown_waiting_.erase(std::find(shown_waiting_.begin(), shown_waiting_.end(), op));
+}
+
+std::vector<PendingOp> NaiveEngine::pending_ops() const {
+  // Ops run one at a time: a waiting op waits for the running ones, on the
+  // variables it shares with them (a write on either side), else on their
+  // turn (`behind`: the innermost running op).
+  std::vector<PendingOp> out;
+  std::vector<std::uint32_t> ids;
+  {
+    std::lock_guard lock(shown_mutex_);
+    auto describe = [](const OpBlock& op, bool running) {
+      PendingOp p;
+      p.id = op.id;
+      p.name = op.name;
+      p.device = op.device;
+      p.running = running;
+      return p;
+    };
+    std::vector<const OpBlock*> waiting = shown_waiting_;
+    std::sort(waiting.begin(), waiting.end(), [](const OpBlock* a, const OpBlock* b) { return a->id < b->id; });
+    for (const OpBlock* op : waiting) {
+      PendingOp p = describe(*op, false);
+      for (const VarEntry* e = op->entries; e != op->entries + op->entry_count; ++e) {
+        PendingOp::Wait w;
+        w.var = e->var_id;
+        w.write = e->write;
+        for (const OpBlock* r : shown_running_)
+          for (const VarEntry* x = r->entries; x != r->entries + r->entry_count; ++x)
+            if (x->slot == e->slot && (x->write || e->write) && w.holder == 0) {
+              w.holder = r->id;
+              w.holder_name = r->name;
+              w.holder_running = true;
+            }
+        if (w.holder == 0 && !shown_running_.empty()) w.behind = shown_running_.back()->id;
+        p.waits.push_back(std::move(w));
+      }
+      out.push_back(std::move(p));
+    }
+    for (const OpBlock* op : shown_running_)
+      if (op->entry_count > 0) out.push_back(describe(*op, true));
+  }
+  for (PendingOp& p : out)
+    for (PendingOp::Wait& w : p.waits) w.var_name = vars_.name_of(w.var);
+  return out;
+}
+
 void NaiveEngine::run(OpBlock* op) {
-  std::lock_guard run_lock(run_mutex_);
+  show_waiting(op);
+  std::unique_lock run_lock(run_mutex_);
   inflight_.fetch_add(1, std::memory_order_relaxed);
   // Pushed while this thread is already running ops — from an op body, or
   // while an op is being cleaned up (its closure may drop the last SharedVar
   // of a variable that follow-ups still use): after what was pushed before.
   if (running_ > 0) {
-    deferred_.push_back(op);
+    deferred_.push_back(op);  // still shown waiting
     return;
   }
   struct Running {
@@ -74,7 +131,23 @@ void NaiveEngine::run(OpBlock* op) {
 }
 
 void NaiveEngine::run_now(OpBlock* op) {
+  {
+    std::lock_guard lock(shown_mutex_);
+    shown_waiting_.erase(std::find(shown_waiting_.begin(), shown_waiting_.end(), op));
+    shown_running_.push_back(op);
+  }
+  struct Unshow {
+    NaiveEngine* e;
+    void now() {
+      if (!e) return;
+      std::lock_guard lock(e->shown_mutex_);
+      e->shown_running_.pop_back();
+      e = nullptr;
+    }
+    ~Unshow() { now(); }
+  } unshow{this};
   if (op->kind == OpKind::delete_var) {
+    unshow.now();
     vars_.recycle(op->entries[0].slot);
     recycle(op);
     inflight_.fetch_sub(1, std::memory_order_relaxed);
@@ -160,6 +233,7 @@ void NaiveEngine::run_now(OpBlock* op) {
     std::lock_guard lock(e->slot->lock);
     apply_write(*e->slot, *op);
   }
+  unshow.now();
   recycle(op);
   inflight_.fetch_sub(1, std::memory_order_relaxed);
 }

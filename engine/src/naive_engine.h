@@ -26,6 +26,7 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   void wait_all() override;
   void delete_var(Var var) override;
   std::size_t inflight() const noexcept override { return inflight_.load(std::memory_order_relaxed); }
+  std::vector<PendingOp> pending_ops() const override;
 
  private:
   void launch(OpBlock* op) override;
@@ -47,6 +48,15 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   std::mutex async_mutex_;
   std::condition_variable async_cv_;
   std::atomic<std::size_t> inflight_{0};
+  // What pending_ops reports, kept apart from run_mutex_ (held by the thread
+  // running ops): the ops on a running thread's stack, outermost first, and
+  // the ops waiting for their turn (deferred, or their pusher waits for
+  // run_mutex_). An op leaves them before its block is recycled.
+  mutable std::mutex shown_mutex_;
+  std::vector<const OpBlock*> shown_running_;
+  std::vector<const OpBlock*> shown_waiting_;
+  void show_waiting(const OpBlock* op);
+  void unshow_waiting(const OpBlock* op);
   std::mutex tracks_mutex_;
   std::map<std::thread::id, int> thread_index_;
   std::vector<std::unique_ptr<gpu::StreamResources>> gpu_streams_;  // one per GPU

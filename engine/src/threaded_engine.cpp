@@ -9,6 +9,7 @@
 #include "gpu_sync.h"
 #include "graph_impl.h"
 #include "nvtx_ranges.h"
+#include "pending_ops.h"
 #include "weft/check_context.h"
 #include "weft/gpu_sim.h"
 
@@ -127,6 +128,9 @@ ThreadedEngine::ThreadedEngine(ResolvedConfig config)
     : EngineBase(std::move(config)),
       counts_(worker_slots(config_)),
       resume_below_(std::max<std::size_t>(1, config_.max_inflight / 4)) {
+  running_slots_ = worker_slots(config_);
+  running_ = std::make_unique<std::atomic<const OpBlock*>[]>(running_slots_);
+  for (std::size_t i = 0; i < running_slots_; ++i) running_[i].store(nullptr, std::memory_order_relaxed);
   std::size_t slot = 0;
   auto add_pool = [&](Device device, gpu::StreamRole role, int workers) {
     Pool& pool = pools_.emplace_back();
@@ -378,6 +382,11 @@ void ThreadedEngine::run(OpBlock* op, int pool_index, int worker) {
 }
 
 void ThreadedEngine::run_sync(OpBlock* op, Pool& pool, int worker, RunContext& ctx, SpanInfo* traced) {
+  // Seen by pending_ops while the body runs (an op without variables holds
+  // nothing and could finish under its feet: not published).
+  std::atomic<const OpBlock*>* shown =
+      op->entry_count > 0 ? &running_[pool.first_slot + static_cast<std::size_t>(worker)] : nullptr;
+  if (shown) shown->store(op, std::memory_order_release);
   {
     OpScopeGuard scope(scope_key(), &op->name, op->device, op->epoch);
     NvtxRange range(nvtx_.of(op->device), op->name.c_str(), op->property);
@@ -387,11 +396,20 @@ void ThreadedEngine::run_sync(OpBlock* op, Pool& pool, int worker, RunContext& c
       fail(*op, std::current_exception());
     }
   }
+  // Before finish, whose first variable lock publishes it.
+  if (shown) shown->store(nullptr, std::memory_order_relaxed);
   if (traced) {
     traced->end_ns = Profiler::now_ns();
     recorder_.record(pool.tracks[static_cast<std::size_t>(worker)], *traced);
   }
   finish(op, true);
+}
+
+std::vector<PendingOp> ThreadedEngine::pending_ops() const {
+  return snapshot_pending(vars_, [&](std::vector<const OpBlock*>& runs) {
+    for (std::size_t i = 0; i < running_slots_; ++i)
+      if (const OpBlock* op = running_[i].load(std::memory_order_acquire)) runs.push_back(op);
+  });
 }
 
 void ThreadedEngine::run_async(OpBlock* op, Pool& pool, int worker, RunContext& ctx, SpanInfo* traced) {

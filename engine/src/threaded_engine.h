@@ -39,6 +39,7 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
   void wait_all() override;
   void delete_var(Var var) override;
   std::size_t inflight() const noexcept override { return static_cast<std::size_t>(counts_.total()); }
+  std::vector<PendingOp> pending_ops() const override;
 
  private:
   // One worker pool with what its workers own: pools 0..cpu_devices-1 are the
@@ -150,6 +151,12 @@ class ThreadedEngine final : public EngineBase, private OpExecutor, private Asyn
                       GpuSpanRecorder* timing);
 
   std::vector<Pool> pools_;
+  // Per worker (its completion slot): the synchronous op with variables
+  // whose body it runs, else null. Written by the worker only (a store
+  // before and after the body); pending_ops reads it under every
+  // variable's lock, which keeps such an op from finishing.
+  std::unique_ptr<std::atomic<const OpBlock*>[]> running_;
+  std::size_t running_slots_ = 0;
 
   InflightCounts counts_;
   alignas(64) std::atomic<std::uint64_t> completed_seen_{0};  // a frontend's last sum of the completions

@@ -81,6 +81,16 @@ void VarTable::recycle(VarSlot* slot) {
   live_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+std::vector<VarSlot*> VarTable::all_slots() const {
+  std::lock_guard lock(mutex_);
+  std::vector<VarSlot*> slots;
+  for (std::size_t c = 0; c < chunks_.size(); ++c) {
+    const std::size_t used = c + 1 == chunks_.size() ? used_in_last_chunk_ : kChunk;
+    for (std::size_t i = 0; i < used; ++i) slots.push_back(&chunks_[c][i]);
+  }
+  return slots;
+}
+
 std::string VarTable::describe(const Var& var) const {
   std::string text = "var #" + std::to_string(var.id());
   if (VarAccess::engine_id(var) != engine_id_) return text;

@@ -107,6 +107,9 @@ class VarTable {
   void recycle(VarSlot* slot);
 
   std::string describe(const Var& var) const;  // "var #12 'weights'"
+  // Every slot handed out so far, live or free (Engine::pending_ops walks
+  // their queues); takes the table's mutex.
+  std::vector<VarSlot*> all_slots() const;
   std::size_t live() const noexcept { return live_.load(std::memory_order_relaxed); }
 
  private:

@@ -207,6 +207,27 @@ struct EngineConfig {
   static constexpr std::size_t kDefaultMaxInflight = 512;
 };
 
+// One op pushed and not completed, as Engine::pending_ops() sees it.
+struct PendingOp {
+  std::uint64_t id = 0;  // push sequence number (0 for the engine's own holders)
+  std::string name;
+  Device device;
+  bool running = false;  // running on a worker; false: waiting for variables
+  // A variable a waiting op has not been granted yet, and who has it now.
+  struct Wait {
+    std::uint32_t var = 0;  // the variable's id ("var #12")
+    std::string var_name;
+    bool write = false;          // the op wants to write it (else read it)
+    std::uint64_t holder = 0;    // id of an op holding it (0: none found)
+    std::string holder_name;
+    bool holder_running = false;  // the holder runs (else it waits itself)
+    // The op ahead in the variable's queue when nobody the snapshot sees
+    // holds the variable (0: none); a holder is also listed when known.
+    std::uint64_t behind = 0;
+  };
+  std::vector<Wait> waits;  // waiting ops only
+};
+
 class Engine {
  public:
   // Throws weft::Error for an unknown kind or a bad setting (naming it).
@@ -314,6 +335,17 @@ class Engine {
   virtual std::size_t inflight() const noexcept = 0;  // ops pushed and not completed, now
 
   Profiler& profiler() noexcept { return *profiler_; }
+
+  // A snapshot, for diagnostics (a hang, a collective's deadline), of the
+  // ops waiting for variables — each with the variables it waits for and
+  // the op holding each — and of the ops running on a worker that hold a
+  // variable; waiting ops first, by push order. Safe from any thread while
+  // the engine runs, an op's body included; costs nothing on push until
+  // called, and while called briefly holds every variable's lock. An async
+  // op whose body has returned and an op ready but not yet started are not
+  // listed: a wait on a variable they hold names no holder (holder 0).
+  virtual std::vector<PendingOp> pending_ops() const = 0;
+
 
   // How the convolutions pushed from now on choose their algorithm
   // (EngineConfig::conv_algo); settable between phases.
