@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "collectives/communicator_state.h"
+#include "collectives/flight.h"
 #include "weft/parallel/collectives.h"
 #include "weft/tensor.h"
 
@@ -44,6 +45,18 @@ class Call {
   // "member 2" (in-process) or "rank 2" (across processes).
   std::string member(std::size_t k) const;
 
+  // What the flight recorder notes of the call's data (before commit, or
+  // commit_message).
+  void set_payload(DType dtype, std::int64_t count) {
+    has_dtype_ = true;
+    dtype_ = dtype;
+    count_ = count;
+  }
+  // The call's flight-recorder entry (taken by commit or commit_message
+  // where the transport records its calls); the transport reports its start
+  // and end with it.
+  FlightTicket flight() const noexcept { return flight_; }
+
   void commit();
   // Point to point: the k-th message from one member to another is
   // numbered k among those two ("send 'act' to rank 1 #3").
@@ -66,6 +79,11 @@ class Call {
   std::uint64_t sequence_ = 0;
   int channel_ = 0;
   std::string label_;
+  bool has_dtype_ = false;
+  DType dtype_ = DType::float32;
+  std::int64_t count_ = 0;
+  FlightTicket flight_;
+  void record(int peer);
 };
 
 // Pushes only the fingerprint check of a collective `kind` of `described`

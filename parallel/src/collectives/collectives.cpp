@@ -40,6 +40,16 @@ Call::Call(Kind kind, const Communicator& comm, const CollectiveOptions& options
 void Call::commit() {
   sequence_ = state_.sequence.fetch_add(1, std::memory_order_relaxed) + 1;
   label_ += " #" + std::to_string(sequence_);
+  record(-1);
+}
+
+void Call::record(int peer) {
+  if (!flight_recording() || !state_.transport || !state_.transport->records_flight()) return;
+  const bool rooted = kind_ == Kind::broadcast || kind_ == Kind::reduce;
+  // The communicator's text only at its first entry (it allocates).
+  const std::string described = state_.flight_id.load(std::memory_order_relaxed) == 0 ? comm_.str() : std::string();
+  flight_ = flight_queued(state_, described, kind_, options_.name, sequence_, has_dtype_, dtype_, count_, peer,
+                          rooted ? options_.root : -1);
 }
 
 void Call::commit_message(std::uint64_t k, int peer) {
@@ -47,6 +57,7 @@ void Call::commit_message(std::uint64_t k, int peer) {
   const bool across_processes = state_.local_ranks.size() != static_cast<std::size_t>(state_.size);
   label_ += std::string(kind_ == Kind::send ? " to " : " from ") + (across_processes ? "rank " : "member ") +
             std::to_string(peer) + " #" + std::to_string(k);
+  record(peer);
 }
 
 std::size_t Call::check_message(const Tensor& t, int peer) const {
@@ -175,6 +186,7 @@ void allreduce(const Communicator& comm, const std::vector<Tensor>& tensors, Red
     return allreduce_tiered(*tiers, tensors[0], op, options);
   }
   call.state().transport->check(call, tensors[0].numel());
+  call.set_payload(tensors[0].dtype(), tensors[0].numel());
   call.commit();
   call.state().transport->allreduce(call, tensors, op);
 }
@@ -185,6 +197,7 @@ void broadcast(const Communicator& comm, const std::vector<Tensor>& tensors, Col
   call.check_same_size(tensors, "tensor sizes");
   call.check_root();
   call.state().transport->check(call, tensors[0].numel());
+  call.set_payload(tensors[0].dtype(), tensors[0].numel());
   call.commit();
   call.state().transport->broadcast(call, tensors);
 }
@@ -195,6 +208,7 @@ void reduce(const Communicator& comm, const std::vector<Tensor>& tensors, Reduce
   call.check_same_size(tensors, "tensor sizes");
   call.check_root();
   call.state().transport->check(call, tensors[0].numel());
+  call.set_payload(tensors[0].dtype(), tensors[0].numel());
   call.commit();
   call.state().transport->reduce(call, tensors, op);
 }
@@ -208,6 +222,7 @@ void reduce_scatter(const Communicator& comm, const std::vector<Tensor>& inputs,
   call.check_distinct(inputs, outputs);
   call.check_chunks(outputs, "output", inputs[0].numel(), inputs[0].dtype());
   call.state().transport->check(call, inputs[0].numel());
+  call.set_payload(inputs[0].dtype(), inputs[0].numel());
   call.commit();
   call.state().transport->reduce_scatter(call, inputs, outputs, op);
 }
@@ -233,6 +248,7 @@ void all_gather(const Communicator& comm, const std::vector<Tensor>& inputs, con
                   std::to_string(own.end) + ") of it)");
   }
   call.state().transport->check(call, count);
+  call.set_payload(outputs[0].dtype(), count);
   call.commit();
   for (std::size_t k = 0; k < inputs.size() && !call.state().transport->all_gather_in_place(); ++k)
     if (inputs[k].var() == outputs[k].var()) {
@@ -265,6 +281,7 @@ void send_on(const Communicator& comm, const Tensor& tensor, int peer, int chann
   call.set_channel(channel);
   const std::size_t k = call.check_message(tensor, peer);
   call.state().transport->check(call, tensor.numel());
+  call.set_payload(tensor.dtype(), tensor.numel());
   call.state().transport->send(call, tensor, call.state().local_ranks[k], peer);
 }
 
@@ -273,6 +290,7 @@ void recv_on(const Communicator& comm, const Tensor& tensor, int peer, int chann
   call.set_channel(channel);
   const std::size_t k = call.check_message(tensor, peer);
   call.state().transport->check(call, tensor.numel());
+  call.set_payload(tensor.dtype(), tensor.numel());
   call.state().transport->recv(call, tensor, peer, call.state().local_ranks[k]);
 }
 

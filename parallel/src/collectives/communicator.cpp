@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "collectives/communicator_state.h"
+#include "collectives/flight.h"
 #include "weft/env.h"
 #include "weft/error.h"
 #include "weft/parallel/collectives.h"
@@ -25,7 +26,10 @@ Chunk chunk(std::int64_t count, int size, int rank) noexcept {
   return Chunk{begin, begin + base + (r < extra ? 1 : 0)};
 }
 
+detail::CommunicatorState::~CommunicatorState() { detail::flight_forget(*this); }
+
 Communicator Communicator::local(Engine& engine, std::vector<Device> devices) {
+  static_cast<void>(detail::flight_recording());  // a bad WEFT_FLIGHT_RECORDER is refused here
   if (devices.empty()) throw InvalidArgument("weft::parallel::Communicator::local: no devices");
   const std::vector<Device> known = engine.devices();
   for (std::size_t i = 0; i < devices.size(); ++i) {
@@ -79,7 +83,9 @@ Communicator Communicator::mpi(Engine& engine, Device device, CommunicatorOption
 #endif
       state->transport = detail::make_staged_transport(*state, std::move(host));
   } else {
+    static_cast<void>(detail::flight_recording());  // a bad WEFT_FLIGHT_RECORDER is refused here
     state->transport = detail::make_mpi_transport(*state, options);  // sets size and local_ranks
+    detail::flight_set_rank(state->local_ranks.front());  // MPI_COMM_WORLD's rank
   }
   Communicator comm(std::move(state));
   // Whole nodes of consecutive ranks: a node and a rail sub-communicator

@@ -55,6 +55,10 @@ class Transport {
   // its size and local_ranks). colors has one entry per member, each >= 0,
   // and this process's members share one.
   virtual std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const;
+  // Whether the flight recorder records this transport's calls (it reports
+  // when each starts and ends); the others leave it to the communicators
+  // they call, whose entries say what happened.
+  virtual bool records_flight() const { return false; }
 };
 
 // An MPI group that spans whole nodes (CommunicatorOptions::ranks_per_node):
@@ -74,6 +78,8 @@ struct CommunicatorState {
   std::atomic<std::uint64_t> sequence{0};  // collectives pushed so far (names them: "#3")
   std::unique_ptr<Transport> transport;
   std::shared_ptr<const Tiers> tiers;  // set when the group spans whole nodes
+  std::atomic<std::uint64_t> flight_id{0};  // the flight recorder's number for it (0: none yet)
+  ~CommunicatorState();
 };
 
 std::unique_ptr<Transport> make_local_transport(CommunicatorState& state);

@@ -77,6 +77,7 @@ void push_done(Engine& e, const std::shared_ptr<Phase>& phase, const std::shared
 
 class LocalTransport final : public detail::Transport {
  public:
+  bool records_flight() const override { return true; }
   explicit LocalTransport(const detail::CommunicatorState& state) : devices_(state.devices) {}
   std::string str() const override {
     const std::size_t n = devices_.size();
@@ -327,7 +328,12 @@ void LocalTransport::all_gather(const detail::Call& call, const std::vector<Tens
 void LocalTransport::barrier(const detail::Call& call) {
   // Every member is driven by this process, which reached the call: there
   // is nobody to wait for. One op marks the point in traces.
-  call.state().engine->push([] {}, devices_.front(), {}, {},
+  call.state().engine->push(
+      [flight = call.flight()] {
+        detail::flight_started(flight);
+        detail::flight_completed(flight, nullptr);
+      },
+      devices_.front(), {}, {},
                             {.priority = call.options().priority, .name = call.label()});
 }
 
@@ -343,7 +349,11 @@ void LocalTransport::send(detail::Call& call, const Tensor& tensor, int from, in
   mailboxes_.post(call, from, to, [&] {
     Tensor snapshot = Tensor::empty(tensor.engine(), tensor.shape(), tensor.device(), tensor.dtype());
     push_tensor_op(tensor.device(), {tensor}, {snapshot},
-                   [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
+                   [bytes = tensor.nbytes(), flight = call.flight()](RunContext& ctx, const TensorData& d) {
+                     detail::flight_started(flight);
+                     copy_bytes(ctx, d, bytes);
+                     detail::flight_completed(flight, nullptr);
+                   },
                    {.priority = call.options().priority, .name = call.label()});
     return snapshot;
   });
@@ -352,7 +362,11 @@ void LocalTransport::send(detail::Call& call, const Tensor& tensor, int from, in
 void LocalTransport::recv(detail::Call& call, const Tensor& tensor, int from, int to) {
   Tensor snapshot = mailboxes_.take(call, tensor, from, to);
   push_tensor_op(tensor.device(), {snapshot}, {tensor},
-                 [bytes = tensor.nbytes()](RunContext& ctx, const TensorData& d) { copy_bytes(ctx, d, bytes); },
+                 [bytes = tensor.nbytes(), flight = call.flight()](RunContext& ctx, const TensorData& d) {
+                   detail::flight_started(flight);
+                   copy_bytes(ctx, d, bytes);
+                   detail::flight_completed(flight, nullptr);
+                 },
                  {.priority = call.options().priority, .name = call.label()});
 }
 

@@ -42,13 +42,28 @@
 
 namespace weft::parallel::detail {
 
+// The hold op's completion, which also ends the call's flight-recorder
+// entry.
+struct PhaseDone {
+  Completion completion;
+  FlightTicket flight;
+  PhaseDone& operator=(Completion c) noexcept {
+    completion = std::move(c);
+    return *this;
+  }
+  void operator()(std::exception_ptr error = nullptr) const {
+    flight_completed(flight, error);
+    completion(std::move(error));
+  }
+};
+
 // The members' memory and the hold op's completion, shared by the data
 // phase's ops.
 struct Phase {
   std::string what;             // "allreduce 'grad' #3"
   std::vector<const void*> in;  // what the hold op reads, in the order given to push_hold
   std::vector<void*> out;       // what it writes, likewise
-  Completion done;              // the hold op's
+  PhaseDone done;               // the hold op's
   // GPU members: the GPU work the tensors wait for (their producers, and the
   // readers of what the collective writes); every GPU op of the phase must
   // order its stream after it (OpOptions::after_gpu_work, or
@@ -72,9 +87,12 @@ inline void push_hold(const Call& call, Device where, const std::vector<Tensor>&
                       const std::vector<Tensor>& writes, PhaseStart start, bool gpu_members = false) {
   push_tensor_op_async(
       where, reads, writes,
-      [what = call.label(), start = std::move(start)](RunContext& ctx, const TensorData& d, Completion done) {
+      [what = call.label(), flight = call.flight(), start = std::move(start)](RunContext& ctx, const TensorData& d,
+                                                                              Completion done) {
+        flight_started(flight);
         auto phase = std::make_shared<Phase>();
         phase->what = what;
+        phase->done.flight = flight;
         phase->in.assign(d.inputs.begin(), d.inputs.end());
         phase->out = d.outputs;
         phase->done = std::move(done);

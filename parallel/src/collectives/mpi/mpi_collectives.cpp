@@ -198,6 +198,7 @@ constexpr std::size_t kRecordsAhead = 64;
 void fail_check(Job& job, const std::string& why, int peer = CommunicationError::kNoPeer, bool breaks = true) {
   MpiGroup& g = *job.group;
   if (breaks) g.set_broken(job.label + ": " + why);
+  flight_dump_soon(job.label + " on " + g.str() + ": " + why);
   job.check_error = comm_error(job, breaks ? why + "; the communicator is broken" : why, peer);
   job.check = Job::Check::failed;
 }

@@ -71,6 +71,7 @@ MPI_Datatype mpi_type(DType t) {
 // Completes the hold op. The job lets go of the tensors first: once the
 // hold op is complete, a waiter may destroy the engine they belong to.
 void complete(Job& job, std::exception_ptr error) {
+  flight_completed(job.flight, error);
   job.tensors.clear();
   Completion done = std::move(job.done);
   done(std::move(error));
@@ -86,6 +87,7 @@ std::exception_ptr comm_error(const Job& job, const std::string& why, int peer) 
 void fail_broken(Job& job, const std::string& why, int peer) {
   MpiGroup& g = *job.group;
   g.set_broken(job.label + ": " + why);
+  flight_dump_soon(job.label + " on " + g.str() + ": " + why);
   complete(job, comm_error(job, why + "; the communicator is broken", peer));
 }
 

@@ -267,6 +267,7 @@ struct Job {
   // deadline for its fingerprints counts from then at the earliest.
   bool started = false;
   Clock::time_point started_at;
+  FlightTicket flight;  // the flight recorder's entry (flight.h)
 };
 // Completes the hold op. The job lets go of the tensors first: once the
 // hold op is complete, a waiter may destroy the engine they belong to.

@@ -209,6 +209,8 @@ class MpiTransport final : public Transport {
     return std::make_unique<MpiTransport>(std::move(group));
   }
 
+  bool records_flight() const override { return true; }
+
   void barrier(const Call& call) override {
     committed(call, [&] {
       auto job = make_job(call, Tensor(), ReduceOp::sum);
@@ -225,6 +227,7 @@ class MpiTransport final : public Transport {
     auto job = std::make_shared<Job>();
     job->group = group_;
     job->label = call.label();
+    job->flight = call.flight();
     job->kind = call.kind();
     job->op = op;
     const bool rooted = call.kind() == Kind::broadcast || call.kind() == Kind::reduce;
@@ -315,6 +318,7 @@ class MpiTransport final : public Transport {
   }
 
   static void start(std::shared_ptr<Job> job, RunContext& ctx, Completion done) {
+    flight_started(job->flight);
     job->done = std::move(done);
     job->failed_input = ctx.failed_input;
     // A send's header says why its input failed; a collective's fingerprint

@@ -1,0 +1,531 @@
+// The flight recorder: a ring of this process's last collectives and
+// messages, its dumps, and the thread that writes them on a signal, a
+// request or a collective pending past its timeout.
+// docs/design/parallel-collectives.md ("Flight recorder").
+#include "weft/parallel/flight_recorder.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "collectives/call.h"
+#include "collectives/communicator_state.h"
+#include "collectives/flight.h"
+#include "weft/env.h"
+#include "weft/error.h"
+
+namespace weft::parallel {
+namespace detail {
+namespace {
+
+constexpr long long kMaxEntries = 1000000;
+constexpr std::size_t kDefaultEntries = 2000;
+
+enum class State : std::uint8_t { queued, started, completed, failed };
+const char* to_string(State s) {
+  switch (s) {
+    case State::queued: return "queued";
+    case State::started: return "started";
+    case State::completed: return "completed";
+    case State::failed: return "failed";
+  }
+  return "?";
+}
+
+std::int64_t now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Fixed size: recording copies, never allocates.
+struct Entry {
+  std::uint64_t record = 0;  // 0: empty
+  std::uint64_t comm = 0;
+  std::uint64_t sequence = 0;
+  std::int64_t count = 0;
+  std::int64_t queued_us = 0, started_us = 0, ended_us = 0;
+  std::int32_t peer = -1, root = -1;
+  Kind kind{};
+  State state = State::queued;
+  bool has_dtype = false;
+  DType dtype = DType::float32;
+  bool watched = false;  // the watchdog dumped for it already
+  char name[64] = {};
+  char error[240] = {};
+};
+
+void copy_text(char* dst, std::size_t capacity, std::string_view text) {
+  const std::size_t n = std::min(capacity - 1, text.size());
+  std::memcpy(dst, text.data(), n);
+  dst[n] = '\0';
+}
+
+struct CommInfo {
+  std::uint64_t id = 0;
+  std::string description;
+  bool across_processes = false;
+  int size = 0;
+  std::vector<int> local_ranks;
+  std::int64_t timeout_ms = 0;  // MPI: the collectives' deadline (the watchdog's); 0: none
+  Engine* engine = nullptr;     // null once the communicator is gone
+};
+
+int g_pipe[2] = {-1, -1};  // the signal handlers' way to the recorder's thread
+
+extern "C" void on_flight_signal(int sig) {
+  const int saved = errno;
+  const char c = sig == SIGTERM ? 'T' : 'U';
+  if (g_pipe[1] >= 0) static_cast<void>(::write(g_pipe[1], &c, 1));
+  errno = saved;
+}
+
+class Recorder {
+ public:
+  static Recorder& get() {
+    static Recorder* r = new Recorder();  // never destroyed: its thread may run at exit
+    return *r;
+  }
+
+  std::atomic<std::size_t> capacity{0};
+  std::atomic<int> rank{-1};
+
+  void set_capacity(std::size_t n) {
+    {
+      std::lock_guard lock(ring_mutex_);
+      ring_.assign(n, Entry{});
+      emptied_at_ = next_ - 1;  // record numbers go on (tickets taken before must not match)
+      capacity.store(n, std::memory_order_relaxed);
+    }
+    if (n > 0) start_thread();
+  }
+
+  FlightTicket queued(CommunicatorState& state, const std::string& comm, Kind kind, const std::string& name,
+                      std::uint64_t sequence, bool has_dtype, DType dtype, std::int64_t count, int peer, int root) {
+    std::uint64_t id = state.flight_id.load(std::memory_order_acquire);
+    if (id == 0) id = enroll(state, comm);
+    const std::int64_t t = now_us();
+    std::lock_guard lock(ring_mutex_);
+    if (ring_.empty()) return {};
+    const std::uint64_t record = next_++;
+    Entry& e = ring_[record % ring_.size()];
+    e.record = record;
+    e.comm = id;
+    e.sequence = sequence;
+    e.count = count;
+    e.queued_us = t;
+    e.started_us = e.ended_us = 0;
+    e.peer = peer;
+    e.root = root;
+    e.kind = kind;
+    e.state = State::queued;
+    e.has_dtype = has_dtype;
+    e.dtype = dtype;
+    e.watched = false;
+    copy_text(e.name, sizeof e.name, name);
+    e.error[0] = '\0';
+    return {record};
+  }
+
+  void update(FlightTicket ticket, State state, const std::exception_ptr* error) noexcept {
+    if (ticket.record == 0) return;
+    const char* text = "";
+    if (error && *error) {
+      try {
+        std::rethrow_exception(*error);
+      } catch (const std::exception& x) {
+        text = x.what();  // the exception object lives on in *error
+      } catch (...) {
+        text = "(an exception that is not a std::exception)";
+      }
+    }
+    const std::int64_t t = now_us();
+    std::lock_guard lock(ring_mutex_);
+    if (ring_.empty()) return;
+    Entry& e = ring_[ticket.record % ring_.size()];
+    if (e.record != ticket.record) return;  // overwritten since
+    if (state == State::started) {
+      if (e.state != State::queued) return;
+      e.started_us = t;
+    } else {
+      e.ended_us = t;
+      copy_text(e.error, sizeof e.error, text);
+    }
+    e.state = state;
+  }
+
+  void forget(const CommunicatorState& state) noexcept {
+    const std::uint64_t id = state.flight_id.load(std::memory_order_acquire);
+    if (id == 0) return;
+    std::lock_guard lock(comms_mutex_);
+    comms_[id - 1].engine = nullptr;
+  }
+
+  void dump_soon(const std::string& reason) noexcept {
+    if (capacity.load(std::memory_order_relaxed) == 0) return;
+    {
+      std::lock_guard lock(request_mutex_);
+      if (auto_dumped_ || !auto_reason_.empty()) return;
+      try {
+        auto_reason_ = reason;
+      } catch (...) {
+        return;
+      }
+    }
+    const char c = 'A';
+    if (g_pipe[1] >= 0) static_cast<void>(::write(g_pipe[1], &c, 1));
+  }
+
+  std::string path() const {
+    const char* dir = env::get("WEFT_FLIGHT_RECORDER_DIR");
+    std::string p = dir ? std::string(dir) : std::string(".");
+    if (!p.empty() && p.back() != '/') p += '/';
+    const int r = rank.load(std::memory_order_relaxed);
+    return p + (r >= 0 ? "weft-flight-rank" + std::to_string(r) : "weft-flight-pid" + std::to_string(::getpid())) +
+           ".json";
+  }
+
+  std::string dump(std::string_view reason);
+
+ private:
+  Recorder() {
+    const long long n = env::number_or("WEFT_FLIGHT_RECORDER", static_cast<long long>(kDefaultEntries), 0, kMaxEntries,
+                                       "a number of entries in [0, 1000000] (0: off)");
+    static_cast<void>(env::get("WEFT_FLIGHT_RECORDER_DIR"));
+    ring_.assign(static_cast<std::size_t>(n), Entry{});
+    capacity.store(static_cast<std::size_t>(n), std::memory_order_relaxed);
+    if (n > 0) start_thread();
+  }
+
+  std::uint64_t enroll(CommunicatorState& state, const std::string& comm) {
+    std::lock_guard lock(comms_mutex_);
+    std::uint64_t id = state.flight_id.load(std::memory_order_relaxed);
+    if (id != 0) return id;
+    CommInfo info;
+    info.id = comms_.size() + 1;
+    info.description = comm;
+    info.across_processes = state.across_processes;
+    info.size = state.size;
+    info.local_ranks = state.local_ranks;
+    info.engine = state.engine;
+    if (state.across_processes) {
+      try {
+        info.timeout_ms = collective_timeout(state.options).count();
+      } catch (...) {
+        info.timeout_ms = 0;
+      }
+    }
+    comms_.push_back(std::move(info));
+    state.flight_id.store(comms_.back().id, std::memory_order_release);
+    return comms_.back().id;
+  }
+
+  void start_thread() {
+    std::call_once(thread_once_, [this] {
+      if (::pipe(g_pipe) != 0) return;
+      for (int fd : g_pipe) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+      ::fcntl(g_pipe[1], F_SETFL, O_NONBLOCK);
+      // Only where nobody else handles them.
+      for (int sig : {SIGUSR1, SIGTERM}) {
+        struct sigaction old {};
+        if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;
+        struct sigaction sa {};
+        sa.sa_handler = on_flight_signal;
+        sigemptyset(&sa.sa_mask);
+        sa.sa_flags = SA_RESTART;
+        ::sigaction(sig, &sa, nullptr);
+      }
+      std::thread([this] { loop(); }).detach();
+    });
+  }
+
+  void loop();
+  // Entries of MPI communicators pending longer than their timeout, not yet
+  // dumped for: the oldest one's text (empty: none).
+  std::string overdue();
+
+  std::mutex ring_mutex_;
+  std::vector<Entry> ring_;
+  std::uint64_t next_ = 1;
+  std::uint64_t emptied_at_ = 0;  // the last record number before the ring was last emptied
+  std::mutex comms_mutex_;
+  std::vector<CommInfo> comms_;  // by id - 1
+  std::once_flag thread_once_;
+  std::mutex request_mutex_;
+  std::string auto_reason_;
+  bool auto_dumped_ = false;
+  std::mutex dump_mutex_;  // one dump at a time
+};
+
+std::string Recorder::overdue() {
+  std::map<std::uint64_t, std::int64_t> timeouts;
+  {
+    std::lock_guard lock(comms_mutex_);
+    for (const CommInfo& c : comms_)
+      if (c.timeout_ms > 0) timeouts[c.id] = c.timeout_ms;
+  }
+  if (timeouts.empty()) return {};
+  const std::int64_t t = now_us();
+  std::lock_guard lock(ring_mutex_);
+  const Entry* oldest = nullptr;
+  for (Entry& e : ring_) {
+    if (e.record == 0 || e.watched || (e.state != State::queued && e.state != State::started)) continue;
+    auto it = timeouts.find(e.comm);
+    if (it == timeouts.end()) continue;
+    const std::int64_t since = e.state == State::started ? e.started_us : e.queued_us;
+    if (t - since < it->second * 1000) continue;
+    e.watched = true;
+    if (!oldest || e.record < oldest->record) oldest = &e;
+  }
+  if (!oldest) return {};
+  return std::string(detail::to_string(oldest->kind)) + " '" + oldest->name + "' #" +
+         std::to_string(oldest->sequence) + " of communicator " + std::to_string(oldest->comm) + " " +
+         to_string(oldest->state) + " for longer than its timeout";
+}
+
+void Recorder::loop() {
+  for (;;) {
+    pollfd p{g_pipe[0], POLLIN, 0};
+    const int n = ::poll(&p, 1, 250);
+    std::string reason;
+    bool term = false, forced = false;
+    if (n > 0 && (p.revents & POLLIN)) {
+      char buf[64];
+      const ssize_t got = ::read(g_pipe[0], buf, sizeof buf);
+      for (ssize_t i = 0; i < got; ++i) {
+        if (buf[i] == 'T') term = true;
+        if (buf[i] == 'U') forced = true;
+      }
+    }
+    if (capacity.load(std::memory_order_relaxed) == 0 && !term) continue;
+    if (term) {
+      reason = "SIGTERM";
+      forced = true;
+    } else if (forced) {
+      reason = "SIGUSR1";
+    } else {
+      std::lock_guard lock(request_mutex_);
+      if (!auto_reason_.empty() && !auto_dumped_) reason = auto_reason_;
+    }
+    if (reason.empty()) {
+      std::string late;
+      try {
+        late = overdue();
+      } catch (...) {
+      }
+      if (!late.empty()) {
+        std::lock_guard lock(request_mutex_);
+        if (!auto_dumped_) reason = late;
+      }
+    }
+    if (!reason.empty()) {
+      if (!forced) {
+        std::lock_guard lock(request_mutex_);
+        auto_dumped_ = true;
+      }
+      try {
+        const std::string written = dump(reason);
+        if (!written.empty()) std::fprintf(stderr, "weft: flight record (%s) written to %s\n", reason.c_str(), written.c_str());
+      } catch (const std::exception& x) {
+        std::fprintf(stderr, "weft: flight record (%s) not written: %s\n", reason.c_str(), x.what());
+      }
+    }
+    if (term) {
+      // Die of it, as without the recorder.
+      ::signal(SIGTERM, SIG_DFL);
+      ::raise(SIGTERM);
+    }
+  }
+}
+
+void json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+std::string Recorder::dump(std::string_view reason) {
+  if (capacity.load(std::memory_order_relaxed) == 0) return {};
+  std::lock_guard dump_lock(dump_mutex_);
+  std::vector<Entry> entries;
+  std::size_t cap = 0;
+  std::uint64_t recorded = 0;
+  {
+    std::lock_guard lock(ring_mutex_);
+    cap = ring_.size();
+    recorded = next_ - 1 - emptied_at_;
+    for (const Entry& e : ring_)
+      if (e.record != 0) entries.push_back(e);
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.record < b.record; });
+  std::vector<CommInfo> comms;
+  std::vector<Engine*> engines;
+  std::vector<std::vector<PendingOp>> pending;
+  {
+    // Held while the engines answer: a communicator (and, by contract, its
+    // engine) cannot go meanwhile (flight_forget waits).
+    std::lock_guard lock(comms_mutex_);
+    comms = comms_;
+    for (const CommInfo& c : comms_)
+      if (c.engine && std::find(engines.begin(), engines.end(), c.engine) == engines.end()) engines.push_back(c.engine);
+    for (Engine* e : engines) pending.push_back(e->pending_ops());
+  }
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+
+  std::string out;
+  out.reserve(256 + entries.size() * 256);
+  out += "{\n\"format\": \"weft-flight-record\",\n\"version\": 1,\n\"rank\": ";
+  out += std::to_string(rank.load(std::memory_order_relaxed));
+  out += ",\n\"host\": ";
+  json_string(out, host);
+  out += ",\n\"pid\": " + std::to_string(::getpid()) + ",\n\"reason\": ";
+  json_string(out, reason);
+  out += ",\n\"time_us\": " + std::to_string(now_us()) + ",\n\"capacity\": " + std::to_string(cap) +
+         ",\n\"recorded\": " + std::to_string(recorded) + ",\n\"communicators\": [";
+  for (std::size_t i = 0; i < comms.size(); ++i) {
+    const CommInfo& c = comms[i];
+    out += i ? ",\n  " : "\n  ";
+    out += "{\"id\": " + std::to_string(c.id) + ", \"description\": ";
+    json_string(out, c.description);
+    out += ", \"across_processes\": ";
+    out += c.across_processes ? "true" : "false";
+    out += ", \"size\": " + std::to_string(c.size) + ", \"local_ranks\": [";
+    for (std::size_t k = 0; k < c.local_ranks.size(); ++k) out += (k ? ", " : "") + std::to_string(c.local_ranks[k]);
+    out += "], \"timeout_ms\": " + std::to_string(c.timeout_ms) + ", \"engine\": ";
+    const auto at = std::find(engines.begin(), engines.end(), c.engine);
+    out += at == engines.end() ? std::string("null") : std::to_string(at - engines.begin());
+    out += "}";
+  }
+  out += "\n],\n\"entries\": [";
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const Entry& e = entries[i];
+    out += i ? ",\n  " : "\n  ";
+    out += "{\"record\": " + std::to_string(e.record) + ", \"comm\": " + std::to_string(e.comm) +
+           ", \"seq\": " + std::to_string(e.sequence) + ", \"kind\": \"" + detail::to_string(e.kind) + "\", \"name\": ";
+    json_string(out, e.name);
+    out += ", \"dtype\": ";
+    if (e.has_dtype)
+      json_string(out, weft::to_string(e.dtype));
+    else
+      out += "null";
+    out += ", \"count\": " + std::to_string(e.count) + ", \"peer\": " + std::to_string(e.peer) +
+           ", \"root\": " + std::to_string(e.root) + ", \"state\": \"" + to_string(e.state) + "\"";
+    if (e.state == State::failed) {
+      out += ", \"error\": ";
+      json_string(out, e.error);
+    }
+    out += ", \"queued_us\": " + std::to_string(e.queued_us);
+    if (e.started_us) out += ", \"started_us\": " + std::to_string(e.started_us);
+    if (e.ended_us) out += ", \"ended_us\": " + std::to_string(e.ended_us);
+    out += "}";
+  }
+  out += "\n],\n\"pending_ops\": [";
+  bool first = true;
+  for (std::size_t g = 0; g < pending.size(); ++g)
+    for (const PendingOp& op : pending[g]) {
+      out += first ? "\n  " : ",\n  ";
+      first = false;
+      out += "{\"engine\": " + std::to_string(g) + ", \"id\": " + std::to_string(op.id) + ", \"name\": ";
+      json_string(out, op.name);
+      out += ", \"device\": ";
+      json_string(out, op.device.str());
+      out += std::string(", \"state\": \"") + (op.running ? "running" : "waiting") + "\", \"waits\": [";
+      for (std::size_t w = 0; w < op.waits.size(); ++w) {
+        const PendingOp::Wait& x = op.waits[w];
+        out += w ? ", " : "";
+        out += "{\"var\": " + std::to_string(x.var) + ", \"var_name\": ";
+        json_string(out, x.var_name);
+        out += std::string(", \"access\": \"") + (x.write ? "write" : "read") + "\"";
+        if (x.holder) {
+          out += ", \"holder\": " + std::to_string(x.holder) + ", \"holder_name\": ";
+          json_string(out, x.holder_name);
+          out += std::string(", \"holder_state\": \"") + (x.holder_running ? "running" : "waiting") + "\"";
+        }
+        if (x.behind) out += ", \"behind\": " + std::to_string(x.behind);
+        out += "}";
+      }
+      out += "]}";
+    }
+  out += "\n]\n}\n";
+
+  const std::string file = path();
+  const std::string tmp = file + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "w");
+  if (!f) throw Error("weft: the flight record " + file + " cannot be written: " + std::strerror(errno));
+  const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed || std::rename(tmp.c_str(), file.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw Error("weft: the flight record " + file + " cannot be written: " + std::strerror(err));
+  }
+  return file;
+}
+
+}  // namespace
+
+bool flight_recording() { return Recorder::get().capacity.load(std::memory_order_relaxed) > 0; }
+
+FlightTicket flight_queued(CommunicatorState& state, const std::string& comm, Kind kind, const std::string& name,
+                           std::uint64_t sequence, bool has_dtype, DType dtype, std::int64_t count, int peer, int root) {
+  return Recorder::get().queued(state, comm, kind, name, sequence, has_dtype, dtype, count, peer, root);
+}
+
+void flight_started(FlightTicket ticket) noexcept { Recorder::get().update(ticket, State::started, nullptr); }
+
+void flight_completed(FlightTicket ticket, const std::exception_ptr& error) noexcept {
+  Recorder::get().update(ticket, error ? State::failed : State::completed, &error);
+}
+
+void flight_forget(const CommunicatorState& state) noexcept { Recorder::get().forget(state); }
+
+void flight_set_rank(int rank) noexcept { Recorder::get().rank.store(rank, std::memory_order_relaxed); }
+
+void flight_dump_soon(const std::string& reason) noexcept { Recorder::get().dump_soon(reason); }
+
+}  // namespace detail
+
+std::size_t flight_recorder_capacity() { return detail::Recorder::get().capacity.load(std::memory_order_relaxed); }
+
+void set_flight_recorder_capacity(std::size_t entries) {
+  if (entries > static_cast<std::size_t>(detail::kMaxEntries))
+    throw InvalidArgument("weft::parallel::set_flight_recorder_capacity: " + std::to_string(entries) +
+                          " entries is more than " + std::to_string(detail::kMaxEntries));
+  detail::Recorder::get().set_capacity(entries);
+}
+
+std::string dump_flight_record(std::string_view reason) { return detail::Recorder::get().dump(reason); }
+
+std::string flight_record_path() { return detail::Recorder::get().path(); }
+
+}  // namespace weft::parallel
