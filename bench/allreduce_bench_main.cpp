@@ -29,6 +29,7 @@
 #include "weft/engine.h"
 #include "weft/gpu.h"
 #include "weft/parallel/collectives.h"
+#include "weft/parallel/flight_recorder.h"
 #include "weft/tensor.h"
 
 namespace {
@@ -40,12 +41,14 @@ struct Options {
   int reps = 5;
   bool unchecked_first = false;  // create weft_mpi_unchecked's communicator before weft_mpi's
   bool per_rep = false;          // a JSON line per timed rep of the across-rank implementations
+  bool flight_recorder = false;  // only the flight recorder's cost: on against off
+  bool max_bytes_given = false;
 };
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-allreduce [--json] [--members N] [--min-bytes B] [--max-bytes B] [--reps N] [--quick]\n"
-               "                            [--unchecked-first] [--per-rep]\n"
+               "                            [--unchecked-first] [--per-rep] [--flight-recorder]\n"
                "       mpirun -np R weft-bench-allreduce [same flags]\n"
                "  Float sum allreduce, sizes from --min-bytes to --max-bytes (default 4 B to 256 MiB, x4 steps);\n"
                "  per size the median of --reps timed runs (default 5), each enough calls to take ~50 ms.\n"
@@ -74,7 +77,12 @@ int usage(std::FILE* out, int rc) {
                "  weft_mpi_gpu (or weft_mpi_sim_gpu), gpu(0) of every rank, staged through host memory.\n"
                "  Where Weft uses NCCL (real GPUs, WEFT_NCCL unset or 1) those rows are weft_nccl_gpu and\n"
                "  weft_nccl_mpi_gpu, beside nccl: ncclAllReduce called directly on the same GPUs (in-process).\n"
-               "  Simulated GPUs run at CPU speed: their figures exercise the paths, they do not rate them.\n");
+               "  Simulated GPUs run at CPU speed: their figures exercise the paths, they do not rate them.\n"
+               "  --flight-recorder: only the flight recorder's cost (weft/parallel/flight_recorder.h), sizes up\n"
+               "  to 4 KiB unless --max-bytes says: weft_ring_recorder_on beside weft_ring_recorder_off (rank 0\n"
+               "  alone) and, under mpirun, weft_mpi_recorder_on beside weft_mpi_recorder_off, the recorder\n"
+               "  switched (2000 entries, or off) before each rep's untimed call, the reps of the two\n"
+               "  interleaved; vs_peer is the median over reps of on over off in the same rep.\n");
   return rc;
 }
 
@@ -302,10 +310,11 @@ int main(int argc, char** argv) {
     else if (a == "--quick") o.max_bytes = std::int64_t{16} << 20, o.reps = 3;
     else if (a == "--members" && (n = args.int_value(1, 64))) o.members = static_cast<int>(*n);
     else if (a == "--min-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.min_bytes = *n;
-    else if (a == "--max-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.max_bytes = *n;
+    else if (a == "--max-bytes" && (n = args.int_value(4, std::int64_t{1} << 34))) o.max_bytes = *n, o.max_bytes_given = true;
     else if (a == "--reps" && (n = args.int_value(1, 1000))) o.reps = static_cast<int>(*n);
     else if (a == "--unchecked-first") o.unchecked_first = true;
     else if (a == "--per-rep") o.per_rep = true;
+    else if (a == "--flight-recorder") o.flight_recorder = true;
     else {
       std::fprintf(stderr, "weft-bench-allreduce: bad argument '%s' (a flag needs a number in range)\n", a.c_str());
       return usage(stderr, 2);
@@ -364,6 +373,66 @@ int main(int argc, char** argv) {
   auto report = [&](const Row& row) {
     if (print_here) print(row, json, rtt);
   };
+
+  if (o.flight_recorder) {
+    // The recorder on (2000 entries) against off, one implementation at a
+    // time, the two's reps interleaved; switched only in a rep's untimed
+    // first call (switching empties the ring).
+    auto recorder = [](std::size_t entries) {
+      if (par::flight_recorder_capacity() != entries) par::set_flight_recorder_capacity(entries);
+    };
+    const std::size_t on = 2000;
+    const std::int64_t max_bytes = o.max_bytes_given ? o.max_bytes : 4096;
+    for (std::int64_t bytes = o.min_bytes; bytes <= max_bytes; bytes *= 4) {
+      const std::int64_t count = bytes / 4;
+      job.rank0_alone([&] {
+        std::vector<weft::Tensor> t;
+        for (int r = 0; r < o.members; ++r)
+          t.push_back(weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, devices[static_cast<std::size_t>(r)]));
+        engine->wait_all();
+        auto ring = [&](std::size_t entries) {
+          return [&, entries](int calls) {
+            recorder(entries);
+            for (int c = 0; c < calls; ++c) par::allreduce(comm, t);
+            engine->wait_all();
+          };
+        };
+        const auto run_on = ring(on), run_off = ring(0);
+        const int calls = std::max(calls_for_50ms(run_on, false), calls_for_50ms(run_off, false));
+        std::vector<double> us_on, us_off;
+        for (int r = 0; r < o.reps; ++r)
+          for (int which = 0; which < 2; ++which) {
+            const bool first_on = r % 2 == 0;  // alternate which goes first
+            const bool is_on = (which == 0) == first_on;
+            const auto& run = is_on ? run_on : run_off;
+            run(1);
+            weft_bench::Stopwatch sw;
+            run(calls);
+            (is_on ? us_on : us_off).push_back(sw.seconds() * 1e6 / calls);
+          }
+        report({"weft_ring_recorder_off", o.members, bytes, weft_bench::summarize(us_off).median});
+        report({"weft_ring_recorder_on", o.members, bytes, weft_bench::summarize(us_on).median,
+                "weft_ring_recorder_off", paired_ratio(us_on, us_off)});
+      });
+      if (job.size == 1) continue;
+      weft::Tensor t = weft::Tensor::full(*engine, weft::Shape{count}, 1.0f, weft::Device::cpu(0));
+      engine->wait_all();
+      auto mpi = [&](std::size_t entries) {
+        return [&, entries](int calls) {
+          recorder(entries);
+          for (int k = 0; k < calls; ++k) par::allreduce(across, {t});
+          engine->wait_all();
+        };
+      };
+      const std::vector<Impl> impls = {{"weft_mpi_recorder_on", mpi(on)}, {"weft_mpi_recorder_off", mpi(0)}};
+      const std::vector<std::vector<double>> us = times_per_call_us_together(o.reps, impls);
+      report({"weft_mpi_recorder_off", job.size, bytes, weft_bench::summarize(us[1]).median});
+      report({"weft_mpi_recorder_on", job.size, bytes, weft_bench::summarize(us[0]).median, "weft_mpi_recorder_off",
+              paired_ratio(us[0], us[1])});
+    }
+    recorder(on);
+    return 0;
+  }
 
   for (std::int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= 4) {
     const std::int64_t count = bytes / 4;

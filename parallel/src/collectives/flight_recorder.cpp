@@ -50,7 +50,7 @@ std::int64_t now_us() {
       .count();
 }
 
-// Fixed size: recording copies, never allocates.
+// One call as a dump sees it. Fixed size: recording copies, never allocates.
 struct Entry {
   std::uint64_t record = 0;  // 0: empty
   std::uint64_t comm = 0;
@@ -62,9 +62,29 @@ struct Entry {
   State state = State::queued;
   bool has_dtype = false;
   DType dtype = DType::float32;
-  bool watched = false;  // the watchdog dumped for it already
   char name[64] = {};
   char error[240] = {};
+};
+
+// A ring slot. What the call's start and end change is atomic, written
+// without the ring's lock by the threads that start and end calls (the
+// communication thread, an engine worker); the rest is written under the
+// lock when the call is queued, and read under it by dumps.
+struct Slot {
+  std::atomic<std::uint64_t> record{0};
+  std::atomic<std::int64_t> started_us{0}, ended_us{0};
+  std::atomic<State> state{State::queued};
+  std::atomic<bool> watched{false};  // the watchdog dumped for it already
+  Entry fixed;                       // record, started/ended and state live above
+};
+
+// A ring, never freed while the process lives: a start or end reported
+// after the capacity changed may still index the old one (its record
+// number, checked first, then matches no slot of the new one).
+struct Ring {
+  explicit Ring(std::size_t n) : size(n), slots(n ? std::make_unique<Slot[]>(n) : nullptr) {}
+  std::size_t size;
+  std::unique_ptr<Slot[]> slots;
 };
 
 void copy_text(char* dst, std::size_t capacity, std::string_view text) {
@@ -81,6 +101,21 @@ struct CommInfo {
   std::vector<int> local_ranks;
   std::int64_t timeout_ms = 0;  // MPI: the collectives' deadline (the watchdog's); 0: none
   Engine* engine = nullptr;     // null once the communicator is gone
+};
+
+// The ring's lock: held for a copy of one entry (or, by a dump, of the
+// ring), so a spin costs less than a mutex's lock and unlock on the
+// recording path (three per collective).
+class RingLock {
+ public:
+  void lock() noexcept {
+    while (held_.exchange(true, std::memory_order_acquire))
+      while (held_.load(std::memory_order_relaxed)) std::this_thread::yield();
+  }
+  void unlock() noexcept { held_.store(false, std::memory_order_release); }
+
+ private:
+  std::atomic<bool> held_{false};
 };
 
 int g_pipe[2] = {-1, -1};  // the signal handlers' way to the recorder's thread
@@ -105,7 +140,8 @@ class Recorder {
   void set_capacity(std::size_t n) {
     {
       std::lock_guard lock(ring_mutex_);
-      ring_.assign(n, Entry{});
+      rings_.push_back(std::make_unique<Ring>(n));
+      ring_.store(rings_.back().get(), std::memory_order_release);
       emptied_at_ = next_ - 1;  // record numbers go on (tickets taken before must not match)
       capacity.store(n, std::memory_order_relaxed);
     }
@@ -118,24 +154,28 @@ class Recorder {
     if (id == 0) id = enroll(state, comm);
     const std::int64_t t = now_us();
     std::lock_guard lock(ring_mutex_);
-    if (ring_.empty()) return {};
+    Ring& ring = *ring_.load(std::memory_order_relaxed);
+    if (ring.size == 0) return {};
     const std::uint64_t record = next_++;
-    Entry& e = ring_[record % ring_.size()];
-    e.record = record;
+    Slot& s = ring.slots[record % ring.size];
+    s.record.store(0, std::memory_order_relaxed);  // late updates of the slot's last call miss from here on
+    Entry& e = s.fixed;
     e.comm = id;
     e.sequence = sequence;
     e.count = count;
     e.queued_us = t;
-    e.started_us = e.ended_us = 0;
     e.peer = peer;
     e.root = root;
     e.kind = kind;
-    e.state = State::queued;
     e.has_dtype = has_dtype;
     e.dtype = dtype;
-    e.watched = false;
     copy_text(e.name, sizeof e.name, name);
     e.error[0] = '\0';
+    s.started_us.store(0, std::memory_order_relaxed);
+    s.ended_us.store(0, std::memory_order_relaxed);
+    s.state.store(State::queued, std::memory_order_relaxed);
+    s.watched.store(false, std::memory_order_relaxed);
+    s.record.store(record, std::memory_order_release);
     return {record};
   }
 
@@ -152,18 +192,22 @@ class Recorder {
       }
     }
     const std::int64_t t = now_us();
-    std::lock_guard lock(ring_mutex_);
-    if (ring_.empty()) return;
-    Entry& e = ring_[ticket.record % ring_.size()];
-    if (e.record != ticket.record) return;  // overwritten since
+    Ring* ring = ring_.load(std::memory_order_acquire);
+    if (ring->size == 0) return;
+    Slot& s = ring->slots[ticket.record % ring->size];
+    if (s.record.load(std::memory_order_acquire) != ticket.record) return;  // another ring, or overwritten since
     if (state == State::started) {
-      if (e.state != State::queued) return;
-      e.started_us = t;
-    } else {
-      e.ended_us = t;
-      copy_text(e.error, sizeof e.error, text);
+      s.started_us.store(t, std::memory_order_relaxed);
+      State queued = State::queued;
+      s.state.compare_exchange_strong(queued, State::started, std::memory_order_release);
+      return;
     }
-    e.state = state;
+    if (*text) {  // a failure: its text under the lock (dumps read it)
+      std::lock_guard lock(ring_mutex_);
+      if (s.record.load(std::memory_order_relaxed) == ticket.record) copy_text(s.fixed.error, sizeof s.fixed.error, text);
+    }
+    s.ended_us.store(t, std::memory_order_relaxed);
+    s.state.store(state, std::memory_order_release);
   }
 
   void forget(const CommunicatorState& state) noexcept {
@@ -204,7 +248,8 @@ class Recorder {
     const long long n = env::number_or("WEFT_FLIGHT_RECORDER", static_cast<long long>(kDefaultEntries), 0, kMaxEntries,
                                        "a number of entries in [0, 1000000] (0: off)");
     static_cast<void>(env::get("WEFT_FLIGHT_RECORDER_DIR"));
-    ring_.assign(static_cast<std::size_t>(n), Entry{});
+    rings_.push_back(std::make_unique<Ring>(static_cast<std::size_t>(n)));
+    ring_.store(rings_.back().get(), std::memory_order_release);
     capacity.store(static_cast<std::size_t>(n), std::memory_order_relaxed);
     if (n > 0) start_thread();
   }
@@ -256,8 +301,9 @@ class Recorder {
   // dumped for: the oldest one's text (empty: none).
   std::string overdue();
 
-  std::mutex ring_mutex_;
-  std::vector<Entry> ring_;
+  RingLock ring_mutex_;
+  std::atomic<Ring*> ring_{nullptr};
+  std::vector<std::unique_ptr<Ring>> rings_;  // every ring made (under the lock)
   std::uint64_t next_ = 1;
   std::uint64_t emptied_at_ = 0;  // the last record number before the ring was last emptied
   std::mutex comms_mutex_;
@@ -279,20 +325,25 @@ std::string Recorder::overdue() {
   if (timeouts.empty()) return {};
   const std::int64_t t = now_us();
   std::lock_guard lock(ring_mutex_);
-  const Entry* oldest = nullptr;
-  for (Entry& e : ring_) {
-    if (e.record == 0 || e.watched || (e.state != State::queued && e.state != State::started)) continue;
-    auto it = timeouts.find(e.comm);
+  const Ring& ring = *ring_.load(std::memory_order_relaxed);
+  const Slot* oldest = nullptr;
+  for (std::size_t i = 0; i < ring.size; ++i) {
+    Slot& s = ring.slots[i];
+    const std::uint64_t record = s.record.load(std::memory_order_acquire);
+    const State state = s.state.load(std::memory_order_acquire);
+    if (record == 0 || s.watched.load(std::memory_order_relaxed) || (state != State::queued && state != State::started))
+      continue;
+    auto it = timeouts.find(s.fixed.comm);
     if (it == timeouts.end()) continue;
-    const std::int64_t since = e.state == State::started ? e.started_us : e.queued_us;
+    const std::int64_t since = state == State::started ? s.started_us.load(std::memory_order_relaxed) : s.fixed.queued_us;
     if (t - since < it->second * 1000) continue;
-    e.watched = true;
-    if (!oldest || e.record < oldest->record) oldest = &e;
+    s.watched.store(true, std::memory_order_relaxed);
+    if (!oldest || record < oldest->record.load(std::memory_order_relaxed)) oldest = &s;
   }
   if (!oldest) return {};
-  return std::string(detail::to_string(oldest->kind)) + " '" + oldest->name + "' #" +
-         std::to_string(oldest->sequence) + " of communicator " + std::to_string(oldest->comm) + " " +
-         to_string(oldest->state) + " for longer than its timeout";
+  return std::string(detail::to_string(oldest->fixed.kind)) + " '" + oldest->fixed.name + "' #" +
+         std::to_string(oldest->fixed.sequence) + " of communicator " + std::to_string(oldest->fixed.comm) + " " +
+         to_string(oldest->state.load(std::memory_order_relaxed)) + " for longer than its timeout";
 }
 
 void Recorder::loop() {
@@ -381,10 +432,19 @@ std::string Recorder::dump(std::string_view reason) {
   std::uint64_t recorded = 0;
   {
     std::lock_guard lock(ring_mutex_);
-    cap = ring_.size();
+    const Ring& ring = *ring_.load(std::memory_order_relaxed);
+    cap = ring.size;
     recorded = next_ - 1 - emptied_at_;
-    for (const Entry& e : ring_)
-      if (e.record != 0) entries.push_back(e);
+    for (std::size_t i = 0; i < ring.size; ++i) {
+      const Slot& s = ring.slots[i];
+      Entry e = s.fixed;
+      e.record = s.record.load(std::memory_order_acquire);
+      if (e.record == 0) continue;
+      e.state = s.state.load(std::memory_order_acquire);
+      e.started_us = s.started_us.load(std::memory_order_relaxed);
+      e.ended_us = s.ended_us.load(std::memory_order_relaxed);
+      entries.push_back(e);
+    }
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.record < b.record; });
   std::vector<CommInfo> comms;
