@@ -57,10 +57,6 @@ void NaiveEngine::show_waiting(const OpBlock* op) {
   shown_waiting_.push_back(op);
 }
 
-void NaiveEngine::unshow_waiting(const OpBlock* op) {
-  std::lock_guard lock(shown_mutex_);
-  shown_waiting_.erase(std::find(shown_waiting_.begin(), shown_waiting_.end(), op));
-}
 
 std::vector<PendingOp> NaiveEngine::pending_ops() const {
   // Ops run one at a time: a waiting op waits for the running ones, on the
@@ -133,7 +129,8 @@ void NaiveEngine::run(OpBlock* op) {
 void NaiveEngine::run_now(OpBlock* op) {
   {
     std::lock_guard lock(shown_mutex_);
-    shown_waiting_.erase(std::find(shown_waiting_.begin(), shown_waiting_.end(), op));
+    if (auto it = std::find(shown_waiting_.begin(), shown_waiting_.end(), op); it != shown_waiting_.end())
+      shown_waiting_.erase(it);
     shown_running_.push_back(op);
   }
   struct Unshow {

@@ -56,7 +56,6 @@ class NaiveEngine final : public EngineBase, private AsyncOwner {
   std::vector<const OpBlock*> shown_running_;
   std::vector<const OpBlock*> shown_waiting_;
   void show_waiting(const OpBlock* op);
-  void unshow_waiting(const OpBlock* op);
   std::mutex tracks_mutex_;
   std::map<std::thread::id, int> thread_index_;
   std::vector<std::unique_ptr<gpu::StreamResources>> gpu_streams_;  // one per GPU

@@ -20,12 +20,13 @@ std::vector<PendingOp> snapshot_pending(const VarTable& vars,
   // Each queued access, with the op queued just before it on its variable
   // (0: it is the head).
   std::unordered_map<const VarEntry*, std::uint64_t> queued;  // entry -> op ahead
-  std::map<std::uint64_t, const OpBlock*> waiting;            // by push order
+  // By push order (the block too: the engine's own holders share id 0).
+  std::map<std::pair<std::uint64_t, const OpBlock*>, const OpBlock*> waiting;
   for (VarSlot* s : slots) {
     std::uint64_t ahead = 0;
     for (const VarEntry* e = s->head; e != nullptr; e = e->next) {
       queued.emplace(e, ahead);
-      waiting.emplace(e->op->id, e->op);
+      waiting.emplace(std::make_pair(e->op->id, e->op), e->op);
       ahead = e->op->id;
     }
   }

@@ -247,7 +247,6 @@ class Recorder {
   Recorder() {
     const long long n = env::number_or("WEFT_FLIGHT_RECORDER", static_cast<long long>(kDefaultEntries), 0, kMaxEntries,
                                        "a number of entries in [0, 1000000] (0: off)");
-    static_cast<void>(env::get("WEFT_FLIGHT_RECORDER_DIR"));
     rings_.push_back(std::make_unique<Ring>(static_cast<std::size_t>(n)));
     ring_.store(rings_.back().get(), std::memory_order_release);
     capacity.store(static_cast<std::size_t>(n), std::memory_order_relaxed);
