@@ -8,6 +8,9 @@
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -50,13 +53,50 @@ std::int64_t now_us() {
       .count();
 }
 
+// Timestamps on the recording path: the time-stamp counter where there is
+// one (a few ns, against ~23 for the system clock here), else the steady
+// clock's ns; turned into µs since the epoch when read (Ticks::to_us).
+std::int64_t now_ticks() noexcept {
+#if defined(__x86_64__)
+  return static_cast<std::int64_t>(__rdtsc());
+#else
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+#endif
+}
+
+// The ticks' rate, from two readings of both clocks at least 20 ms apart:
+// the recorder's start, and now (waiting the rest of the 20 ms the first time).
+class Ticks {
+ public:
+  Ticks() : tick0_(now_ticks()), us0_(now_us()) {}
+  // Ticks per µs.
+  double rate() const {
+    if (const double r = rate_.load(std::memory_order_relaxed); r > 0) return r;
+    std::int64_t us = now_us();
+    if (us - us0_ < 20000) std::this_thread::sleep_for(std::chrono::microseconds(20000 - (us - us0_)));
+    const std::int64_t t = now_ticks();
+    us = now_us();
+    const double r = static_cast<double>(t - tick0_) / static_cast<double>(std::max<std::int64_t>(1, us - us0_));
+    rate_.store(r > 0 ? r : 1.0, std::memory_order_relaxed);
+    return r > 0 ? r : 1.0;
+  }
+  std::int64_t to_us(std::int64_t ticks) const {
+    return ticks == 0 ? 0 : us0_ + static_cast<std::int64_t>(static_cast<double>(ticks - tick0_) / rate());
+  }
+
+ private:
+  std::int64_t tick0_, us0_;
+  mutable std::atomic<double> rate_{0};
+};
+
 // One call as a dump sees it. Fixed size: recording copies, never allocates.
 struct Entry {
   std::uint64_t record = 0;  // 0: empty
   std::uint64_t comm = 0;
   std::uint64_t sequence = 0;
   std::int64_t count = 0;
-  std::int64_t queued_us = 0, started_us = 0, ended_us = 0;
+  std::int64_t queued_us = 0, started_us = 0, ended_us = 0;  // ticks in a Slot, µs in a dump (0: not yet)
   std::int32_t peer = -1, root = -1;
   Kind kind{};
   State state = State::queued;
@@ -72,7 +112,7 @@ struct Entry {
 // lock when the call is queued, and read under it by dumps.
 struct Slot {
   std::atomic<std::uint64_t> record{0};
-  std::atomic<std::int64_t> started_us{0}, ended_us{0};
+  std::atomic<std::int64_t> started_us{0}, ended_us{0};  // ticks (now_ticks)
   std::atomic<State> state{State::queued};
   std::atomic<bool> watched{false};  // the watchdog dumped for it already
   Entry fixed;                       // record, started/ended and state live above
@@ -152,7 +192,7 @@ class Recorder {
                       std::uint64_t sequence, bool has_dtype, DType dtype, std::int64_t count, int peer, int root) {
     std::uint64_t id = state.flight_id.load(std::memory_order_acquire);
     if (id == 0) id = enroll(state, comm);
-    const std::int64_t t = now_us();
+    const std::int64_t t = now_ticks();
     std::lock_guard lock(ring_mutex_);
     Ring& ring = *ring_.load(std::memory_order_relaxed);
     if (ring.size == 0) return {};
@@ -191,7 +231,7 @@ class Recorder {
         text = "(an exception that is not a std::exception)";
       }
     }
-    const std::int64_t t = now_us();
+    const std::int64_t t = now_ticks();
     Ring* ring = ring_.load(std::memory_order_acquire);
     if (ring->size == 0) return;
     Slot& s = ring->slots[ticket.record % ring->size];
@@ -312,6 +352,7 @@ class Recorder {
   std::string auto_reason_;
   bool auto_dumped_ = false;
   std::mutex dump_mutex_;  // one dump at a time
+  Ticks ticks_;            // entries' times are ticks (now_ticks)
 };
 
 std::string Recorder::overdue() {
@@ -322,7 +363,8 @@ std::string Recorder::overdue() {
       if (c.timeout_ms > 0) timeouts[c.id] = c.timeout_ms;
   }
   if (timeouts.empty()) return {};
-  const std::int64_t t = now_us();
+  const double per_us = ticks_.rate();
+  const std::int64_t t = now_ticks();
   std::lock_guard lock(ring_mutex_);
   const Ring& ring = *ring_.load(std::memory_order_relaxed);
   const Slot* oldest = nullptr;
@@ -335,7 +377,7 @@ std::string Recorder::overdue() {
     auto it = timeouts.find(s.fixed.comm);
     if (it == timeouts.end()) continue;
     const std::int64_t since = state == State::started ? s.started_us.load(std::memory_order_relaxed) : s.fixed.queued_us;
-    if (t - since < it->second * 1000) continue;
+    if (static_cast<double>(t - since) < static_cast<double>(it->second) * 1000.0 * per_us) continue;
     s.watched.store(true, std::memory_order_relaxed);
     if (!oldest || record < oldest->record.load(std::memory_order_relaxed)) oldest = &s;
   }
@@ -442,10 +484,15 @@ std::string Recorder::dump(std::string_view reason) {
       e.state = s.state.load(std::memory_order_acquire);
       e.started_us = s.started_us.load(std::memory_order_relaxed);
       e.ended_us = s.ended_us.load(std::memory_order_relaxed);
-      entries.push_back(e);
+      entries.push_back(e);  // in ticks until the lock is let go
     }
   }
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.record < b.record; });
+  for (Entry& e : entries) {
+    e.queued_us = ticks_.to_us(e.queued_us);
+    e.started_us = ticks_.to_us(e.started_us);
+    e.ended_us = ticks_.to_us(e.ended_us);
+  }
   std::vector<CommInfo> comms;
   std::vector<Engine*> engines;
   std::vector<std::vector<PendingOp>> pending;
