@@ -106,17 +106,35 @@ struct Entry {
   char error[240] = {};
 };
 
-// A ring slot. What the call's start and end change is atomic, written
-// without the ring's lock by the threads that start and end calls (the
-// communication thread, an engine worker); the rest is written under the
-// lock when the call is queued, and read under it by dumps.
-struct Slot {
+// A ring slot: two cache lines (a call touches them once when queued,
+// prefetched by the call before it, and its first line twice more; a
+// failure's text lives apart, in Recorder::failures_). What the call's
+// start and end change is atomic, written without the ring's lock by the
+// threads that start and end calls (the communication thread, an engine
+// worker); the rest is written under the lock when the call is queued, and
+// read under it by dumps.
+struct alignas(64) Slot {
   std::atomic<std::uint64_t> record{0};
-  std::atomic<std::int64_t> started_us{0}, ended_us{0};  // ticks (now_ticks)
+  std::atomic<std::int64_t> started{0}, ended{0};  // ticks (now_ticks); 0: not yet
+  std::int64_t queued = 0;
+  std::uint64_t comm = 0, sequence = 0;
+  std::int64_t count = 0;
+  std::int32_t peer = -1, root = -1;
   std::atomic<State> state{State::queued};
   std::atomic<bool> watched{false};  // the watchdog dumped for it already
-  Entry fixed;                       // record, started/ended and state live above
+  Kind kind{};
+  bool has_dtype = false;
+  DType dtype = DType::float32;
+  char name[59] = {};
 };
+static_assert(sizeof(Slot) == 128, "a ring slot is two cache lines");
+
+// A failed call's message (failures are rare: the last kFailures are kept).
+struct Failure {
+  std::uint64_t record = 0;
+  char text[240] = {};
+};
+constexpr std::size_t kFailures = 64;
 
 // A ring, never freed while the process lives: a start or end reported
 // after the capacity changed may still index the old one (its record
@@ -199,23 +217,26 @@ class Recorder {
     const std::uint64_t record = next_++;
     Slot& s = ring.slots[record % ring.size];
     s.record.store(0, std::memory_order_relaxed);  // late updates of the slot's last call miss from here on
-    Entry& e = s.fixed;
-    e.comm = id;
-    e.sequence = sequence;
-    e.count = count;
-    e.queued_us = t;
-    e.peer = peer;
-    e.root = root;
-    e.kind = kind;
-    e.has_dtype = has_dtype;
-    e.dtype = dtype;
-    copy_text(e.name, sizeof e.name, name);
-    e.error[0] = '\0';
-    s.started_us.store(0, std::memory_order_relaxed);
-    s.ended_us.store(0, std::memory_order_relaxed);
+    s.comm = id;
+    s.sequence = sequence;
+    s.count = count;
+    s.queued = t;
+    s.peer = peer;
+    s.root = root;
+    s.kind = kind;
+    s.has_dtype = has_dtype;
+    s.dtype = dtype;
+    copy_text(s.name, sizeof s.name, name);
+    s.started.store(0, std::memory_order_relaxed);
+    s.ended.store(0, std::memory_order_relaxed);
     s.state.store(State::queued, std::memory_order_relaxed);
     s.watched.store(false, std::memory_order_relaxed);
     s.record.store(record, std::memory_order_release);
+    // The next call's slot was written ~capacity calls ago: on its way here
+    // while this one runs.
+    const Slot* next = &ring.slots[(record + 1) % ring.size];
+    __builtin_prefetch(next, 1);
+    __builtin_prefetch(reinterpret_cast<const char*>(next) + 64, 1);
     return {record};
   }
 
@@ -237,16 +258,18 @@ class Recorder {
     Slot& s = ring->slots[ticket.record % ring->size];
     if (s.record.load(std::memory_order_acquire) != ticket.record) return;  // another ring, or overwritten since
     if (state == State::started) {
-      s.started_us.store(t, std::memory_order_relaxed);
+      s.started.store(t, std::memory_order_relaxed);
       State queued = State::queued;
       s.state.compare_exchange_strong(queued, State::started, std::memory_order_release);
       return;
     }
     if (*text) {  // a failure: its text under the lock (dumps read it)
       std::lock_guard lock(ring_mutex_);
-      if (s.record.load(std::memory_order_relaxed) == ticket.record) copy_text(s.fixed.error, sizeof s.fixed.error, text);
+      Failure& f = failures_[next_failure_++ % kFailures];
+      f.record = ticket.record;
+      copy_text(f.text, sizeof f.text, text);
     }
-    s.ended_us.store(t, std::memory_order_relaxed);
+    s.ended.store(t, std::memory_order_relaxed);
     s.state.store(state, std::memory_order_release);
   }
 
@@ -344,7 +367,9 @@ class Recorder {
   std::atomic<Ring*> ring_{nullptr};
   std::vector<std::unique_ptr<Ring>> rings_;  // every ring made (under the lock)
   std::uint64_t next_ = 1;
-  std::uint64_t emptied_at_ = 0;  // the last record number before the ring was last emptied
+  std::uint64_t emptied_at_ = 0;
+  Failure failures_[kFailures];  // under the lock
+  std::uint64_t next_failure_ = 0;  // the last record number before the ring was last emptied
   std::mutex comms_mutex_;
   std::vector<CommInfo> comms_;  // by id - 1
   std::once_flag thread_once_;
@@ -374,16 +399,16 @@ std::string Recorder::overdue() {
     const State state = s.state.load(std::memory_order_acquire);
     if (record == 0 || s.watched.load(std::memory_order_relaxed) || (state != State::queued && state != State::started))
       continue;
-    auto it = timeouts.find(s.fixed.comm);
+    auto it = timeouts.find(s.comm);
     if (it == timeouts.end()) continue;
-    const std::int64_t since = state == State::started ? s.started_us.load(std::memory_order_relaxed) : s.fixed.queued_us;
+    const std::int64_t since = state == State::started ? s.started.load(std::memory_order_relaxed) : s.queued;
     if (static_cast<double>(t - since) < static_cast<double>(it->second) * 1000.0 * per_us) continue;
     s.watched.store(true, std::memory_order_relaxed);
     if (!oldest || record < oldest->record.load(std::memory_order_relaxed)) oldest = &s;
   }
   if (!oldest) return {};
-  return std::string(detail::to_string(oldest->fixed.kind)) + " '" + oldest->fixed.name + "' #" +
-         std::to_string(oldest->fixed.sequence) + " of communicator " + std::to_string(oldest->fixed.comm) + " " +
+  return std::string(detail::to_string(oldest->kind)) + " '" + oldest->name + "' #" +
+         std::to_string(oldest->sequence) + " of communicator " + std::to_string(oldest->comm) + " " +
          to_string(oldest->state.load(std::memory_order_relaxed)) + " for longer than its timeout";
 }
 
@@ -478,12 +503,27 @@ std::string Recorder::dump(std::string_view reason) {
     recorded = next_ - 1 - emptied_at_;
     for (std::size_t i = 0; i < ring.size; ++i) {
       const Slot& s = ring.slots[i];
-      Entry e = s.fixed;
+      Entry e;
       e.record = s.record.load(std::memory_order_acquire);
       if (e.record == 0) continue;
       e.state = s.state.load(std::memory_order_acquire);
-      e.started_us = s.started_us.load(std::memory_order_relaxed);
-      e.ended_us = s.ended_us.load(std::memory_order_relaxed);
+      e.started_us = s.started.load(std::memory_order_relaxed);
+      e.ended_us = s.ended.load(std::memory_order_relaxed);
+      e.queued_us = s.queued;
+      e.comm = s.comm;
+      e.sequence = s.sequence;
+      e.count = s.count;
+      e.peer = s.peer;
+      e.root = s.root;
+      e.kind = s.kind;
+      e.has_dtype = s.has_dtype;
+      e.dtype = s.dtype;
+      std::memcpy(e.name, s.name, sizeof s.name);
+      if (e.state == State::failed) {
+        copy_text(e.error, sizeof e.error, "(its message was overwritten by later failures)");
+        for (const Failure& f : failures_)
+          if (f.record == e.record) copy_text(e.error, sizeof e.error, f.text);
+      }
       entries.push_back(e);  // in ticks until the lock is let go
     }
   }
