@@ -168,7 +168,17 @@ int run_distributed(const DistRun& run) {
       return 2;
     }
   }
-  // --checkpoint: replica 0 of each stage writes that stage's shard.
+  // --checkpoint: replica 0 of each stage writes that stage's shard; the
+  // job is its run directory's only writer (stage 0 takes the lock before
+  // any stage can run a save).
+  if (!run.checkpoint.empty() && me == 0) {
+    try {
+      checkpoint::lock_run(run.checkpoint);
+    } catch (const InvalidArgument& err) {
+      std::fprintf(stderr, "weft-pipeline: --checkpoint %s: %s\n", run.checkpoint.c_str(), err.what());
+      return 2;
+    }
+  }
   std::optional<checkpoint::PendingSave> saving;
   auto save = [&](int done) {
     if (run.checkpoint.empty() || replica != 0) return;

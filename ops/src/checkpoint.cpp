@@ -690,11 +690,13 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
   job->partial = with_suffix(job->dir, kPartialSuffix);
   job->options = options;
   if (job->options.save_id.empty()) job->options.save_id = default_save_id(job->dir, options);
-  if (!options.run_dir.empty() && options.rank == 0) lock_run(options.run_dir);
+  // This save's partial directory is the process's own before the lock's
+  // cleanup runs: the other ranks may be writing their shards into it already.
   {
     std::lock_guard registry(registry_mutex);
     own_partials().insert(absolute_path(job->partial));
   }
+  if (!options.run_dir.empty() && options.rank == 0) lock_run(options.run_dir);
   job->metadata = options.metadata;
   job->what = what;
   json pieces = json::object();

@@ -222,8 +222,10 @@ void set_latest(const std::filesystem::path& run_dir, const std::filesystem::pat
 // host and pid; a lock whose owner died (even by SIGKILL) is taken over.
 // Taking it removes what crashed saves left in run_dir ("*.partial",
 // "*.replaced" directories, temporary links) except this process's own
-// saves in progress: the other ranks of a save must start writing after
-// rank 0 took the lock (DataParallel::save_checkpoint orders that).
+// saves in progress (the partial directory of the save that takes it
+// included: its other ranks may be writing there already). A job whose
+// ranks may run a save ahead of rank 0 takes the lock before its first save
+// (the trainers and weft-pipeline --dist do).
 void lock_run(const std::filesystem::path& run_dir);
 
 }  // namespace weft::checkpoint
