@@ -542,6 +542,33 @@ TEST_CASE("bad input is refused at push time, and a refused call takes no sequen
                          "default) or 0 (off)",
                          weft::InvalidArgument);
   }
+  // The heartbeat's settings: an interval in seconds or off, a timeout of
+  // at least two intervals.
+  for (const char* bad : {"soon", "0", "-1", "1e9"}) {
+    weft_test::EnvGuard interval("WEFT_HEARTBEAT_INTERVAL", bad);
+    CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)),
+                         ("weft: environment variable WEFT_HEARTBEAT_INTERVAL='" + std::string(bad) +
+                          "' is not a number of seconds in [0.001, 3600], such as 1 or 0.25, or off")
+                             .c_str(),
+                         weft::InvalidArgument);
+  }
+  for (const char* bad : {"1.5", "never", "-10"}) {
+    weft_test::EnvGuard interval("WEFT_HEARTBEAT_INTERVAL", "1");
+    weft_test::EnvGuard timeout("WEFT_HEARTBEAT_TIMEOUT", bad);
+    CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)),
+                         ("weft: environment variable WEFT_HEARTBEAT_TIMEOUT='" + std::string(bad) +
+                          "' is not a number of seconds at least twice WEFT_HEARTBEAT_INTERVAL (1 s), such as 10")
+                             .c_str(),
+                         weft::InvalidArgument);
+  }
+  {
+    weft_test::EnvGuard interval("WEFT_HEARTBEAT_INTERVAL", "0.25");
+    weft_test::EnvGuard timeout("WEFT_HEARTBEAT_TIMEOUT", "0.4");
+    CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)),
+                         "weft: environment variable WEFT_HEARTBEAT_TIMEOUT='0.4' is not a number of seconds at least "
+                         "twice WEFT_HEARTBEAT_INTERVAL (250 ms), such as 10",
+                         weft::InvalidArgument);
+  }
   {
     weft_test::EnvGuard lane("WEFT_MPI_LANE", "maybe");
     CHECK_THROWS_WITH_AS(par::Communicator::mpi(*e, Device::cpu(0)),

@@ -61,16 +61,19 @@ class CommThread {
   // ---- for fibers on the thread ----
   enum class Wait { done, timeout, stopping };
   // Yields to the other fibers until done() is true, the deadline passes,
-  // or the process is stopping the thread.
+  // or the process is stopping the thread. `cut`, where given, ends the
+  // wait as its deadline would once another fiber of this thread sets it
+  // (a peer declared dead by the heartbeat: the communicator's waits give
+  // up at once instead of at the deadline).
   template <class Done>
-  Wait poll_until(Done&& done, Clock::time_point deadline) {
+  Wait poll_until(Done&& done, Clock::time_point deadline, const bool* cut = nullptr) {
     for (;;) {
       if (done()) {
         ++progress_;
         return Wait::done;
       }
       if (stopping_) return Wait::stopping;
-      if (Clock::now() >= deadline) return Wait::timeout;
+      if (Clock::now() >= deadline || (cut && *cut)) return Wait::timeout;
       yield();
     }
   }
@@ -87,13 +90,13 @@ class CommThread {
   // preempts that thread). A deadline is then seen up to the quiet sleep
   // (kQuietSleep) late.
   template <class Done>
-  Wait wait_woken(Done&& done, Clock::time_point deadline) {
+  Wait wait_woken(Done&& done, Clock::time_point deadline, const bool* cut = nullptr) {
     ++quiet_;
     struct Leave {
       int& quiet;
       ~Leave() { --quiet; }
     } leave{quiet_};
-    return poll_until(std::forward<Done>(done), deadline);
+    return poll_until(std::forward<Done>(done), deadline, cut);
   }
   bool stopping() const noexcept { return stopping_; }
 

@@ -464,7 +464,7 @@ std::exception_ptr verdict(const Job& job) {
 void complete_with_statuses(Job& job, CommThread& thread) {
   MpiGroup& g = *job.group;
   int rc = MPI_SUCCESS;
-  const CommThread::Wait waited = thread.poll_until([&] { return test_each(job.status_recvs, rc); }, job.deadline);
+  const CommThread::Wait waited = thread.poll_until([&] { return test_each(job.status_recvs, rc); }, job.deadline, &job.group->lost);
   if (rc != MPI_SUCCESS) return fail_broken(job, "receiving the peers' statuses: " + WEFT_MPI_FAILURE("MPI_Test", rc));
   if (waited != CommThread::Wait::done) {
     const std::vector<int> missing = cancel_pending(job.status_recvs, job.status_sends, job.status);
@@ -481,7 +481,7 @@ void complete_with_statuses(Job& job, CommThread& thread) {
 void finish_statuses(Job& job, CommThread& thread) {
   int rc = MPI_SUCCESS;
   if (!job.status_sends.empty())
-    thread.poll_until([&] { return test_each(job.status_sends, rc); }, job.deadline);
+    thread.poll_until([&] { return test_each(job.status_sends, rc); }, job.deadline, &job.group->lost);
   cancel_pending(job.status_recvs, job.status_sends, job.status);
 }
 
@@ -521,7 +521,7 @@ Outcome mpi_collective(Job& job, CommThread& thread) {
     return out;
   }
   out.posted = true;
-  out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline);
+  out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline, &job.group->lost);
   if (out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done) finish_data(job);
   return out;
 }
@@ -547,7 +547,7 @@ Outcome ring_allreduce(Job& job, CommThread& thread) {
   out.posted = true;
   std::vector<MPI_Request> recvs, sends;
   auto wait = [&](MPI_Request& request) {
-    out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline);
+    out.waited = thread.poll_until([&] { return test_all({&request}, out.rc); }, job.deadline, &job.group->lost);
     return out.rc == MPI_SUCCESS && out.waited == CommThread::Wait::done;
   };
   // On failure: receives are cancelled (their wait returns at once, so the
@@ -681,7 +681,7 @@ Outcome await_lane(Job& job, CommThread& thread) {
   Outcome out;
   out.posted = true;
   auto ended = [&] { return ticket.state.load(std::memory_order_acquire) == LaneTicket::done; };
-  out.waited = thread.wait_woken(ended, job.deadline);  // the lane wakes the thread (mpi_lane.cpp)
+  out.waited = thread.wait_woken(ended, job.deadline, &job.group->lost);  // the lane wakes the thread (mpi_lane.cpp)
   if (out.waited != CommThread::Wait::done) {
     int expected = LaneTicket::pending;
     if (ticket.state.compare_exchange_strong(expected, LaneTicket::abandoned, std::memory_order_acq_rel))

@@ -78,6 +78,11 @@ void complete(Job& job, std::exception_ptr error) {
 }
 
 std::exception_ptr comm_error(const Job& job, const std::string& why, int peer) {
+  const MpiGroup& g = *job.group;
+  // After a declared death, whatever way the job gave up, the death is why.
+  if (g.lost)
+    return std::make_exception_ptr(
+        CommunicationError(job.label + " on " + g.str() + ": " + g.lost_why, g.rank, g.lost_peer));
   return std::make_exception_ptr(
       CommunicationError(job.label + " on " + job.group->str() + ": " + why, job.group->rank, peer));
 }

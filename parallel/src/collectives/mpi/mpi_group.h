@@ -27,6 +27,7 @@
 #include "collectives/call.h"
 #include "collectives/comm_thread.h"
 #include "collectives/communicator_state.h"
+#include "collectives/mpi/mpi_heartbeat.h"
 #include "collectives/mpi/mpi_lane.h"
 #include "weft/checked_call.h"
 #include "weft/completion.h"
@@ -90,7 +91,9 @@ class MpiProcess {
     // A blocking lane's call that never returned (its communicator broke)
     // would make MPI_Finalize wait for it forever: the job then ends
     // unfinalized, which mpirun reports.
-    if (p.owns_ && !finalized && BlockingLane::calls_in_mpi() == 0) MPI_Finalize();
+    // So would a rank the heartbeat declared dead (mpi_heartbeat.h): the
+    // launcher then ends the job, which a survivor's error has failed.
+    if (p.owns_ && !finalized && BlockingLane::calls_in_mpi() == 0 && !death_declared()) MPI_Finalize();
   }
 
   bool owns_ = false;
@@ -173,6 +176,14 @@ struct MpiGroup {
   SequenceGate data_gate;
   std::map<std::pair<int, int>, SequenceGate> send_gate, recv_gate;  // per (peer, channel): in push order
   std::string broken;  // set by the first error MPI cannot recover from (set_broken)
+  // A member was declared dead by the heartbeat (mpi_heartbeat.h): every
+  // wait on the group ends at once (CommThread::poll_until's `cut`), and
+  // every failure on it says lost_why, naming lost_peer (kNoPeer: this rank
+  // itself was declared dead).
+  bool lost = false;
+  std::string lost_why;
+  int lost_peer = CommunicationError::kNoPeer;
+  std::vector<int> world_ranks;  // each member's rank in MPI_COMM_WORLD (set at creation)
   std::atomic<bool> is_broken{false};  // any thread: `broken` is set
   std::atomic<int> gate_waiters{0};    // fibers waiting at the data gate (any thread reads)
   std::vector<float> scratch;  // the ring's landing chunk (one ring at a time)
@@ -190,6 +201,7 @@ struct MpiGroup {
   }
 
   ~MpiGroup() {
+    unwatch_group(this);
     lane.reset();  // idle unless broken (no job refers to the group any more)
     if (check == MPI_COMM_NULL) return;
     // A broken communicator may have requests in flight: leave it to MPI.

@@ -107,7 +107,7 @@ void run_send(Job& job, CommThread& thread) {
   if (rc == MPI_SUCCESS) call = "MPI_Test";
   const CommThread::Wait waited =
       rc != MPI_SUCCESS ? CommThread::Wait::done
-                        : thread.poll_until([&] { return test_all({&header, &data, &reply}, rc); }, job.deadline);
+                        : thread.poll_until([&] { return test_all({&header, &data, &reply}, rc); }, job.deadline, &job.group->lost);
   if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
     give_up({&reply}, {&header, &data}, wire, job);
     fail_broken(job,
@@ -143,7 +143,7 @@ void run_recv(Job& job, CommThread& thread) {
     if (rc == MPI_SUCCESS) call = "MPI_Test";
     const CommThread::Wait waited =
         rc != MPI_SUCCESS ? CommThread::Wait::done
-                          : thread.poll_until([&] { return test_all({&data}, rc); }, job.deadline);
+                          : thread.poll_until([&] { return test_all({&data}, rc); }, job.deadline, &job.group->lost);
     if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
       give_up({&data}, {}, wire, job);
       return fail_broken(job, waited_text(call, rc, waited, late), peer);
@@ -154,7 +154,7 @@ void run_recv(Job& job, CommThread& thread) {
   if (rc == MPI_SUCCESS) call = "MPI_Test";
   const CommThread::Wait heard =
       rc != MPI_SUCCESS ? CommThread::Wait::done
-                        : thread.poll_until([&] { return test_all({&header}, rc); }, job.deadline);
+                        : thread.poll_until([&] { return test_all({&header}, rc); }, job.deadline, &job.group->lost);
   if (rc != MPI_SUCCESS || heard != CommThread::Wait::done) {
     give_up({&header}, {}, wire, job);
     gate.pass(seq);
@@ -181,7 +181,7 @@ void run_recv(Job& job, CommThread& thread) {
   if (rc == MPI_SUCCESS) call = "MPI_Test";
   const CommThread::Wait waited =
       rc != MPI_SUCCESS ? CommThread::Wait::done
-                        : thread.poll_until([&] { return test_all({&data, &reply}, rc); }, job.deadline);
+                        : thread.poll_until([&] { return test_all({&data, &reply}, rc); }, job.deadline, &job.group->lost);
   if (rc != MPI_SUCCESS || waited != CommThread::Wait::done) {
     give_up({&data}, {&reply}, wire, job);
     return fail_broken(job,

@@ -90,11 +90,24 @@ std::string duplicate_into(MpiGroup& g, MPI_Comm parent, CommThread& thread, boo
     }
   }
   for (MPI_Comm c : pending->comms) MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+  {
+    // Each member's world rank, for the heartbeat's declared deaths.
+    MPI_Group mine = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+    MPI_Comm_group(pending->comms[0], &mine);
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    std::vector<int> ranks(static_cast<std::size_t>(g.size));
+    for (int r = 0; r < g.size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+    g.world_ranks.assign(ranks.size(), -1);
+    MPI_Group_translate_ranks(mine, g.size, ranks.data(), world, g.world_ranks.data());
+    MPI_Group_free(&mine);
+    MPI_Group_free(&world);
+  }
   g.check = pending->comms[0];
   g.data = pending->comms[1];
   g.p2p = pending->comms[2];
   g.blocking = pending->comms[3];
   if (pending->lane_level == MPI_THREAD_MULTIPLE) g.lane = std::make_unique<BlockingLane>(thread);
+  watch_group(g);
   return "";
 }
 
@@ -512,15 +525,24 @@ std::unique_ptr<Transport> make_mpi_transport(CommunicatorState& state, const Co
   group->device = state.devices.front();
   group->timeout = collective_timeout(options);
   group->fingerprints = collective_fingerprints(options);
+  const HeartbeatSettings heartbeat = heartbeat_settings();
   MpiProcess& process = MpiProcess::get();
   group->rank = process.rank();
   group->size = process.size();
+  if (const std::string dead = declared_deaths(); !dead.empty())
+    throw CommunicationError("weft::parallel::Communicator::mpi (rank " + std::to_string(group->rank) + " of " +
+                                 std::to_string(group->size) + "): " + dead,
+                             group->rank);
   std::promise<std::string> created;
   std::future<std::string> result = created.get_future();
   CommThread& thread = process.thread();
   const bool lane_wanted = mpi_lane_wanted();
-  const bool spawned = thread.spawn([&created, &thread, lane_wanted, g = group.get()] {
-    created.set_value(duplicate_into(*g, MPI_COMM_WORLD, thread, lane_wanted));
+  const bool spawned = thread.spawn([&created, &thread, lane_wanted, heartbeat, g = group.get()] {
+    // The first world communicator starts the heartbeat (collective: every
+    // rank makes its world communicators in the same order).
+    std::string error = start_heartbeat(thread, heartbeat, Clock::now() + g->timeout);
+    if (error.empty()) error = duplicate_into(*g, MPI_COMM_WORLD, thread, lane_wanted);
+    created.set_value(std::move(error));
   });
   if (!spawned) created.set_value("the process is exiting (Weft's MPI communication thread has stopped)");
   if (const std::string error = result.get(); !error.empty())

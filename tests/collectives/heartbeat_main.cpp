@@ -1,0 +1,62 @@
+// A rank that stops answering is named by every survivor within the
+// heartbeat's timeout (WEFT_HEARTBEAT_TIMEOUT), not at the collective
+// deadline. Run by check-heartbeat.sh under mpirun, three or more ranks:
+// rank 1 stops itself (SIGSTOP) while the others wait in an allreduce. Each
+// survivor must fail with weft::CommunicationError naming rank 1, its host
+// and its silence, print one line with the time it took, and exit 3 (its
+// exit skips MPI_Finalize, which would wait for rank 1, and the launcher
+// ends the job). Times are wall-clock milliseconds, so that the script can
+// compare the ranks' lines.
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include "weft/engine.h"
+#include "weft/error.h"
+#include "weft/parallel/collectives.h"
+#include "weft/tensor.h"
+
+namespace {
+long long now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+int main() {
+  auto engine = weft::Engine::create({.kind = "threaded"});
+  namespace par = weft::parallel;
+  const par::Communicator comm = par::Communicator::mpi(*engine, weft::Device::cpu(0));
+  const int rank = comm.local_ranks()[0];
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  weft::Tensor t = weft::Tensor::ones(*engine, weft::Shape{1024}, weft::Device::cpu(0));
+  par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "before"});
+  t.wait_to_read();
+  weft::Tensor u = weft::Tensor::ones(*engine, weft::Shape{1024}, weft::Device::cpu(0));
+  u.wait_to_read();
+  if (rank == 1) {
+    std::fprintf(stderr, "rank 1: stopping pid %d at %lld\n", static_cast<int>(getpid()), now_ms());
+    std::fflush(stderr);
+    raise(SIGSTOP);
+    // Continued: the others declared this rank dead, and say so.
+    std::fprintf(stderr, "rank 1: continued at %lld\n", now_ms());
+  }
+  const long long start = now_ms();
+  par::allreduce(comm, {u}, par::ReduceOp::sum, {.name = "after the stop"});
+  try {
+    u.wait_to_read();
+  } catch (const weft::CommunicationError& e) {
+    const std::string what = e.what();
+    const bool named = what.find("rank 1 (host " + std::string(host) + ") has been silent for ") != std::string::npos &&
+                       e.peer() == 1;
+    std::fprintf(stderr, "rank %d: %s at %lld after %lld ms: %s\n", rank, named ? "named rank 1" : "WRONG MESSAGE",
+                 now_ms(), now_ms() - start, what.c_str());
+    return named ? 3 : 4;
+  }
+  std::fprintf(stderr, "rank %d: the allreduce completed without rank 1\n", rank);
+  return 0;
+}
