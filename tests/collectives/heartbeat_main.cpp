@@ -7,12 +7,20 @@
 // exit skips MPI_Finalize, which would wait for rank 1, and the launcher
 // ends the job). Times are wall-clock milliseconds, so that the script can
 // compare the ranks' lines.
+//
+// With "finalize" (ctest runs it directly): the application initializes and
+// finalizes MPI itself, and rank 0 finishes long (seconds) before the
+// others: its heartbeat says goodbye, so nobody declares it dead, and it
+// ends before MPI_Finalize (MPI_COMM_SELF's attribute callback), so it never
+// calls MPI after it. Every rank prints "rank R: finished" and exits 0.
+#include <mpi.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -26,7 +34,28 @@ long long now_ms() {
 }
 }  // namespace
 
-int main() {
+int finalize_mode() {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  {
+    auto engine = weft::Engine::create({.kind = "threaded"});
+    namespace par = weft::parallel;
+    const par::Communicator comm = par::Communicator::mpi(*engine, weft::Device::cpu(0));
+    rank = comm.local_ranks()[0];
+    weft::Tensor t = weft::Tensor::ones(*engine, weft::Shape{1024}, weft::Device::cpu(0));
+    par::allreduce(comm, {t}, par::ReduceOp::sum, {.name = "only"});
+    t.wait_to_read();
+  }
+  // Longer than WEFT_HEARTBEAT_TIMEOUT (2 s in ctest): rank 0 goes first.
+  if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(4));
+  MPI_Finalize();
+  std::fprintf(stderr, "rank %d: finished\n", rank);
+  return 0;
+}
+
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "finalize") return finalize_mode();
   auto engine = weft::Engine::create({.kind = "threaded"});
   namespace par = weft::parallel;
   const par::Communicator comm = par::Communicator::mpi(*engine, weft::Device::cpu(0));

@@ -10,7 +10,13 @@
 // name, dtype, element count, root, reduce op) differs between ranks fails
 // on every rank with a weft::CommunicationError naming both sides; one not
 // complete within the timeout fails naming the ranks that never joined, and
-// breaks the communicator (later collectives on it fail at once). Tensors
+// breaks the communicator (later collectives on it fail at once). A process
+// that stops answering altogether is declared dead by the MPI job's
+// heartbeat (WEFT_HEARTBEAT_INTERVAL, default 1 s; WEFT_HEARTBEAT_TIMEOUT,
+// default 10 s; process-wide, so no CommunicatorOptions field): every
+// survivor's pending and later collectives on communicators that include it
+// fail with a weft::CommunicationError naming its rank, host and silence,
+// and the process then exits without MPI_Finalize. Tensors
 // are float32, bfloat16 or float16 (the same dtype on every member; data
 // moves keep it, reductions of the halves sum in float32 and round to
 // nearest even once, except NCCL's, which may round each hop). How each kind

@@ -30,6 +30,8 @@ constexpr int kBeatTag = 0, kNoticeTag = 1;
 // A beat with this count says goodbye: the rank is exiting normally, and
 // its silence from then on is no death.
 constexpr std::uint64_t kGoodbye = ~std::uint64_t{0};
+// How often notices are looked for between beats.
+constexpr std::chrono::milliseconds kNoticePoll{20};
 
 // What every rank says about itself at start.
 struct Hello {
@@ -156,6 +158,9 @@ struct Beating {
   std::vector<MPI_Request> notice_sends;
   std::uint64_t beats = 0;
   bool broken = false;  // an MPI call failed: the heartbeat stops (said once on stderr)
+  // MPI_Finalize called by the application (finalizing, MPI_COMM_SELF's
+  // attribute callback): the fiber says goodbye and ends (finished).
+  std::atomic<bool> finalizing{false}, finished{false};
 
   bool check(int rc, const char* call) {
     if (rc == MPI_SUCCESS) return true;
@@ -239,6 +244,10 @@ struct Beating {
   }
 
   void run(CommThread& thread) {
+    struct Finished {
+      std::atomic<bool>& flag;
+      ~Finished() { flag.store(true, std::memory_order_release); }
+    } finished_at_end{finished};
     for (Neighbour& nb : neighbours) {
       nb.heard = Clock::now();
       if (!check(MPI_Irecv(&nb.in, 1, MPI_UINT64_T, nb.rank, kBeatTag, comm, &nb.recv), "MPI_Irecv")) return;
@@ -249,15 +258,22 @@ struct Beating {
     const auto interval = settings.interval;
     Clock::time_point last = Clock::now();
     while (!broken) {
-      // Waits quietly: between beats the thread sleeps unless collectives poll.
-      if (thread.wait_woken([] { return false; }, last + interval) == CommThread::Wait::stopping) break;
+      // Waits quietly: between beats the thread sleeps unless collectives
+      // poll. Notices are looked for more often than beats go (every
+      // kNoticePoll), so that every survivor learns of a death within
+      // moments of the rank that noticed it.
+      const Clock::time_point next = last + interval;
+      const auto waited = thread.wait_woken([this] { return finalizing.load(std::memory_order_acquire); },
+                                            std::min(next, Clock::now() + kNoticePoll));
+      if (waited == CommThread::Wait::stopping || finalizing.load(std::memory_order_acquire)) break;
+      hear_notices();
+      if (Clock::now() < next) continue;
       const Clock::time_point now = Clock::now();
       // The silence charged to a neighbour is this rank's own running time:
       // a step much longer than the interval means this process (or its
       // communication thread) did not run, and counts as two intervals.
       const auto step = std::min(std::chrono::duration_cast<milliseconds>(now - last), 2 * interval);
       last = now;
-      hear_notices();
       ++beats;
       for (Neighbour& nb : neighbours) {
         if (!nb.watched) continue;
@@ -298,9 +314,37 @@ struct Beating {
         if (MPI_Test(&nb.send, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
         if (!flag) std::this_thread::yield();
       }
+      if (nb.send != MPI_REQUEST_NULL) MPI_Request_free(&nb.send);
+      if (nb.recv != MPI_REQUEST_NULL) {  // nothing pending is left to MPI_Finalize
+        MPI_Cancel(&nb.recv);
+        MPI_Wait(&nb.recv, MPI_STATUS_IGNORE);
+      }
+    }
+    if (notice_recv != MPI_REQUEST_NULL) {
+      MPI_Cancel(&notice_recv);
+      MPI_Wait(&notice_recv, MPI_STATUS_IGNORE);
     }
   }
 };
+
+std::atomic<Beating*> the_beating{nullptr};
+
+// MPI_Finalize deletes MPI_COMM_SELF's attributes first: where the
+// application finalizes MPI itself while the communication thread still
+// runs, the heartbeat ends here, before MPI does (it would call MPI_Test
+// after MPI_Finalize otherwise). Bounded: a thread that never answers is
+// not waited for.
+int stop_before_finalize(MPI_Comm, int, void*, void*) {
+  Beating* b = the_beating.load(std::memory_order_acquire);
+  if (!b || b->finished.load(std::memory_order_acquire)) return MPI_SUCCESS;
+  b->finalizing.store(true, std::memory_order_release);
+  CommThread& thread = MpiProcess::get().thread();
+  thread.wake();
+  const Clock::time_point until = Clock::now() + std::chrono::seconds(2);
+  while (!b->finished.load(std::memory_order_acquire) && Clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return MPI_SUCCESS;
+}
 
 }  // namespace
 
@@ -389,7 +433,14 @@ std::string start_heartbeat(CommThread& thread, const HeartbeatSettings& setting
     b->neighbours.emplace_back().rank = r;
   }
   Beating* beating = b.release();  // never deleted: at exit its requests may still be pending
-  if (!thread.spawn([beating, &thread] { beating->run(thread); })) return "the process is exiting";
+  the_beating.store(beating, std::memory_order_release);
+  int key = MPI_KEYVAL_INVALID;
+  if (MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, stop_before_finalize, &key, nullptr) == MPI_SUCCESS)
+    MPI_Comm_set_attr(MPI_COMM_SELF, key, nullptr);
+  if (!thread.spawn([beating, &thread] { beating->run(thread); })) {
+    beating->finished.store(true, std::memory_order_release);
+    return "the process is exiting";
+  }
   return "";
 }
 
