@@ -5,7 +5,9 @@
 # carry vs_peer, Weft's time over plain MPI_Allreduce's in the same process
 # and rep (which the heartbeat does not touch); the summary prints one JSON
 # line per size with the median over runs of vs_peer per setting and the
-# ratio of each heartbeat setting's to off's.
+# ratio of each heartbeat setting's to off's, and the median of weft_mpi's
+# own time per call per setting (on a loaded machine the MPI peer's time
+# moves most: read both).
 #
 # usage: scripts/bench-heartbeat-cost.sh [--bin PATH] [--ranks N] [--runs N] [--out FILE] [-- BENCH_ARGS...]
 #   --bin PATH   weft-bench-allreduce (default build/bench/weft-bench-allreduce)
@@ -45,17 +47,21 @@ done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {}
+by, us = {}, {}
 for r in rows:
     if r.get("impl") == "weft_mpi" and "vs_peer" in r:
         by.setdefault((r["bytes"], r["heartbeat"]), []).append(r["vs_peer"])
+        us.setdefault((r["bytes"], r["heartbeat"]), []).append(r["time_us"])
 for size in sorted({b for b, _ in by}):
     off = statistics.median(by[(size, "off")])
+    off_us = statistics.median(us[(size, "off")])
     line = {"summary": "heartbeat_cost", "bytes": size, "runs": len(by[(size, "off")]),
-            "vs_peer_off": round(off, 4)}
+            "vs_peer_off": round(off, 4), "time_us_off": round(off_us, 3)}
     for hb in ("1", "0.05"):
         m = statistics.median(by[(size, hb)])
+        t = statistics.median(us[(size, hb)])
         line["vs_peer_" + hb] = round(m, 4)
         line["on_over_off_" + hb] = round(m / off, 4)
+        line["time_us_" + hb] = round(t, 3)
     print(json.dumps(line))
 PY
