@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# Usage: check-heartbeat.sh MPIEXEC BINARY RANKS LIMIT_S
+# Usage: check-heartbeat.sh MPIEXEC BINARY RANKS LIMIT_S [WEFT_FLIGHT]
 # Runs heartbeat_main.cpp under mpirun with RANKS ranks (WEFT_HEARTBEAT_*
 # from the environment). Rank 1 stops itself; passes when every other rank
 # names it (rank and host) within LIMIT_S seconds of the stop and the job
 # ends (the stopped rank is continued and killed if mpirun leaves it).
-# Prints each survivor's time from the stop to its error.
+# Prints each survivor's time from the stop to its error. With WEFT_FLIGHT
+# (scripts/weft-flight), the survivors' flight-recorder dumps must say why
+# (the heartbeat) and the analyzer must name rank 1.
 set -u
-mpiexec=$1 binary=$2 ranks=$3 limit=$4
+mpiexec=$1 binary=$2 ranks=$3 limit=$4 flight=${5:-}
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+dumps=$(mktemp -d)
+trap 'rm -rf "$log" "$dumps"' EXIT
+export WEFT_FLIGHT_RECORDER_DIR=$dumps
 start=$(date +%s)
 timeout -k 5 $((limit + 60)) "$mpiexec" -n "$ranks" --bind-to none --oversubscribe --allow-run-as-root "$binary" >"$log" 2>&1 &
 job=$!
@@ -50,5 +54,16 @@ for ((r = 0; r < ranks; ++r)); do
 done
 ((rc == 0)) && { echo "FAIL: the job reported success"; fail=1; }
 ((rc == 124 || rc == 137)) && { echo "FAIL: the job did not end"; fail=1; }
+if [[ -n $flight ]]; then
+  for ((r = 0; r < ranks; ++r)); do
+    ((r == 1)) && continue
+    grep -q '"reason": *"heartbeat: ' "$dumps/weft-flight-rank$r.json" 2>/dev/null ||
+      { echo "FAIL: rank $r left no flight record of the heartbeat loss"; fail=1; }
+  done
+  python3 "$flight" "$dumps" >"$log" 2>&1
+  cat "$log"
+  [[ $(grep "^culprit: " "$log" | cut -d' ' -f2-3 | sort -u) == "rank 1" ]] ||
+    { echo "FAIL: weft-flight did not name rank 1 alone"; fail=1; }
+fi
 ((fail)) && exit 1
 echo "PASS: every survivor named rank 1, and the job ended after ${took} s"

@@ -9,10 +9,12 @@
 // one JSON file per process: WEFT_FLIGHT_RECORDER_DIR (default: the working
 // directory)/weft-flight-rank<R>.json (R: the MPI world rank; without MPI,
 // weft-flight-pid<P>.json). Dumps happen at a collective's deadline, at a
-// fingerprint mismatch, when a collective of an MPI communicator has been
-// pending longer than its timeout (the rank that is late dumps too) — the
-// first of these three in the process, which says the most — on SIGUSR1, on SIGTERM (then the process ends of it as before: mpirun sends
-// it to the survivors of a rank that died), and on dump_flight_record.
+// fingerprint mismatch, a heartbeat loss (a rank declared dead), when a
+// collective of an MPI communicator has been pending longer than its timeout
+// (the rank that is late dumps too) — the first of these in the process,
+// which says the most —, on SIGUSR1, on SIGTERM (then the process ends of it
+// as before: mpirun sends it to the survivors of a rank that died), and on
+// dump_flight_record.
 // scripts/weft-flight merges the ranks' dumps and names the first divergence.
 // Format and design: docs/design/parallel-collectives.md ("Flight recorder").
 #pragma once

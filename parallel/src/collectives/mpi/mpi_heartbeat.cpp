@@ -97,6 +97,9 @@ void lose(MpiGroup& g, const std::string& why, int peer) {
 // A rank declared dead (comm thread): every communicator with it fails,
 // then the hooks run. `self`: this rank, declared dead by the others.
 void declare(const RankDeath& death, bool self) {
+  // The flight recorder's dump says it first: the collectives failing below
+  // would each ask for one with less to say (only the first is written).
+  flight_dump_soon("heartbeat: " + death.message);
   Registry& r = registry();
   std::vector<DeathHook> hooks;
   {
