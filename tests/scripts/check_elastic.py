@@ -8,8 +8,9 @@ line: its --check makes the exit status compare the weights). Otherwise two
 runs of TRAINER ARGS (which must include --dist and --json, not
 --checkpoint): the reference, `mpirun -np N` unbroken; then under weft-run
 --np N with --checkpoint DIR, while this script watches DIR/latest and, once
-it exists (and --after-step steps are saved), SIGKILLs the rank --kill-rank
-process (found among weft-run's descendants by its OMPI_COMM_WORLD_RANK).
+it exists (and --after-step steps are saved), SIGKILLs (--signal STOP:
+SIGSTOPs, so that only the survivors' heartbeat can end the job) the rank
+--kill-rank process (found among weft-run's descendants by its OMPI_COMM_WORLD_RANK).
 Checked: weft-run exits 0, logged one restart naming the killed rank and
 "resuming from" DIR's checkpoint, the restarted job printed "resumed from",
 ran on --expect-ranks processes, ended with the reference's total steps and
@@ -18,7 +19,7 @@ the kill to the restarted job's first step (the trainer's "first step after
 resuming" line).
 
 usage: check_elastic.py --launcher WEFT_RUN --mpirun-args ARGS --np N
-                        [--min-ranks M] [--expect-ranks K] [--kill-rank R]
+                        [--min-ranks M] [--expect-ranks K] [--kill-rank R] [--signal KILL|STOP]
                         [--after-step S] [--tolerance T] [--workdir W]
                         [--keep] TRAINER [ARGS...]
 """
@@ -98,6 +99,8 @@ def main():
     ap.add_argument("--min-ranks", type=int)
     ap.add_argument("--expect-ranks", type=int)
     ap.add_argument("--kill-rank", type=int, default=1)
+    ap.add_argument("--signal", choices=("KILL", "STOP"), default="KILL",
+                    help="STOP: the rank stops answering instead; the heartbeat must name it")
     ap.add_argument("--after-step", type=int, default=1)
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--checkpoint-every", type=int, default=4)
@@ -149,9 +152,9 @@ def main():
                         victim = pid
                         break
                 if victim:
-                    os.kill(victim, signal.SIGKILL)
+                    os.kill(victim, signal.SIGSTOP if a.signal == "STOP" else signal.SIGKILL)
                     killed_at = time.time()
-                    print(f"killed rank {a.kill_rank} (pid {victim}) at {killed_at:.3f}, the run's latest "
+                    print(f"{'stopped' if a.signal == 'STOP' else 'killed'} rank {a.kill_rank} (pid {victim}) at {killed_at:.3f}, the run's latest "
                           f"checkpoint at step {saved_step(run_dir)}", flush=True)
                     break
             time.sleep(0.02)
