@@ -305,6 +305,14 @@ class Recorder {
   }
 
   std::string dump(std::string_view reason);
+  // SIGTERM dumps only in a process of an MPI job (where mpirun sends it to
+  // the survivors of a rank that died), not in every program with a
+  // communicator.
+  void set_rank(int r) noexcept {
+    rank.store(r, std::memory_order_relaxed);
+    if (capacity.load(std::memory_order_relaxed) == 0 || g_pipe[1] < 0) return;
+    std::call_once(term_once_, [] { install_handler(SIGTERM); });
+  }
 
  private:
   Recorder() {
@@ -344,18 +352,19 @@ class Recorder {
       if (::pipe(g_pipe) != 0) return;
       for (int fd : g_pipe) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
       ::fcntl(g_pipe[1], F_SETFL, O_NONBLOCK);
-      // Only where nobody else handles them.
-      for (int sig : {SIGUSR1, SIGTERM}) {
-        struct sigaction old {};
-        if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;
-        struct sigaction sa {};
-        sa.sa_handler = on_flight_signal;
-        sigemptyset(&sa.sa_mask);
-        sa.sa_flags = SA_RESTART;
-        ::sigaction(sig, &sa, nullptr);
-      }
+      install_handler(SIGUSR1);
       std::thread([this] { loop(); }).detach();
     });
+  }
+  // Only where nobody else handles the signal.
+  static void install_handler(int sig) noexcept {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) return;
+    struct sigaction sa {};
+    sa.sa_handler = on_flight_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    ::sigaction(sig, &sa, nullptr);
   }
 
   void loop();
@@ -373,6 +382,7 @@ class Recorder {
   std::mutex comms_mutex_;
   std::vector<CommInfo> comms_;  // by id - 1
   std::once_flag thread_once_;
+  std::once_flag term_once_;
   std::mutex request_mutex_;
   std::string auto_reason_;
   bool auto_dumped_ = false;
@@ -655,7 +665,7 @@ void flight_completed(FlightTicket ticket, const std::exception_ptr& error) noex
 
 void flight_forget(const CommunicatorState& state) noexcept { Recorder::get().forget(state); }
 
-void flight_set_rank(int rank) noexcept { Recorder::get().rank.store(rank, std::memory_order_relaxed); }
+void flight_set_rank(int rank) noexcept { Recorder::get().set_rank(rank); }
 
 void flight_dump_soon(const std::string& reason) noexcept { Recorder::get().dump_soon(reason); }
 

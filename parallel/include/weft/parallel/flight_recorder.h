@@ -12,9 +12,9 @@
 // fingerprint mismatch, a heartbeat loss (a rank declared dead), when a
 // collective of an MPI communicator has been pending longer than its timeout
 // (the rank that is late dumps too) — the first of these in the process,
-// which says the most —, on SIGUSR1, on SIGTERM (then the process ends of it
-// as before: mpirun sends it to the survivors of a rank that died), and on
-// dump_flight_record.
+// which says the most —, on SIGUSR1, in a process with an MPI communicator
+// on SIGTERM (then the process ends of it as before: mpirun sends it to the
+// survivors of a rank that died), and on dump_flight_record.
 // scripts/weft-flight merges the ranks' dumps and names the first divergence.
 // Format and design: docs/design/parallel-collectives.md ("Flight recorder").
 #pragma once
