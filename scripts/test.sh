@@ -29,7 +29,8 @@ if [[ "${1:-}" != "--fast" ]]; then
   bash scripts/build-tsan-tbb.sh
   cmake --preset tsan > /dev/null
   cmake --build --preset tsan -j "$jobs" --target weft-tests-engine weft-tests-devices weft-tests-ops weft-tests-gpu \
-    weft-tests-parallel weft-tests-parallel-mpi weft-test-rank-dies weft-test-zero-capped
+    weft-tests-parallel weft-tests-parallel-mpi weft-test-rank-dies weft-test-zero-capped weft-test-heartbeat \
+    weft-test-flight-scenario
   # Numerical and data checks with little concurrency of their own stay out of this run (ops.resnet's
   # layer catalogue and split backward, GPU ops and ResNet steps against the CPU, GPU copies that
   # round-trip data, the simulator's copy timing, reading Fashion-MNIST, a pipeline's batch-norm
