@@ -109,6 +109,7 @@ OpBlock* EngineBase::prepare(OpKind kind, Device device, VarList reads, VarList 
     __builtin_prefetch(VarAccess::slot(reads[k]), 1, 3);
   OpBlock* op = ops_.acquire();
   op->issue_s = gpu::kernels_modeled() ? gpu::modeled_issue_time() : -1;
+  op->in_push_order = false;  // submit decides
   op->reserve_entries(reads.size() + writes.size());
   try {
     std::string_view what = kind == OpKind::user ? std::string_view("push") : std::string_view("wait");

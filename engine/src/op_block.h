@@ -56,6 +56,7 @@ struct OpBlock {
   std::uint64_t bytes = 0;         // OpOptions::bytes (traces)
   std::int64_t push_ns = -1;       // while profiling: when it was pushed
   double issue_s = -1;             // modeled time on simulated GPUs: the host's when it was pushed (weft/gpu_sim.h)
+  bool in_push_order = false;      // modeled mode: its pool takes it in push order (WorkerPool::expect_in_order)
   // The op whose completion made it ready (traces' flow arrows). Every op that
   // grants one of its accesses stores its id before its decrement of
   // `pending`, so when push's own decrement is the last one (a producer that
@@ -134,6 +135,7 @@ struct OpBlock {
     inherited.reset();
     run_on_failed_input = false;
     run_inline = false;
+    in_push_order = false;
     defer_gpu_waits = false;
     after_gpu_work.clear();
     signal = nullptr;

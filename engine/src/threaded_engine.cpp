@@ -258,6 +258,13 @@ void ThreadedEngine::submit(OpBlock* op) {
     }
   }
   if (op->kind == OpKind::delete_var) first->slot->generation.fetch_add(1, std::memory_order_release);
+  // Modeled time (simulated GPUs): a GPU op the frontend pushed is taken by
+  // its pool in push order, so that its stream's order, and the modeled
+  // clock, do not follow the host's timing. Ops pushed from op bodies are
+  // left out: a body may wait for what it pushes.
+  op->in_push_order = op->issue_s >= 0 && (op->kind == OpKind::user || op->kind == OpKind::bulk) &&
+                      op->device.is_gpu() && current_op_scope() == nullptr;
+  if (op->in_push_order) pools_[pool_of(*op)].workers->expect_in_order(op->id);
   // Then each variable is linked and let go at once: a pusher that locks it
   // next links behind this op there, and on any other variable they share
   // too (it must first get that variable's lock, still held here until this
@@ -284,7 +291,7 @@ void ThreadedEngine::dispatch(OpBlock* op) {
     finish(op);  // barriers and deletions have no body
     return;
   }
-  if (op->run_inline && try_run_inline(op)) return;
+  if (op->run_inline && !op->in_push_order && try_run_inline(op)) return;
   pools_[pool_of(*op)].workers->enqueue(op);
 }
 

@@ -30,14 +30,16 @@ WorkerPool::~WorkerPool() {
   epoch_.fetch_add(1, std::memory_order_seq_cst);
   epoch_.notify_all();
   for (auto& t : threads_) t.join();
-  assert(fifo_empty() && prioritized_.empty());
+  assert(fifo_empty() && prioritized_.empty() && in_order_ready_.empty() && in_order_expected_.empty());
 }
 
 bool WorkerPool::owns_current_thread() const noexcept { return tls_pool == this; }
 
 bool WorkerPool::run_next_here(OpBlock* op) noexcept {
-  if (tls_pool != this || tls_next || op->priority != 0) return false;
-  if (prioritized_count_.load(std::memory_order_relaxed) != 0 || !fifo_empty()) return false;
+  if (tls_pool != this || tls_next || op->priority != 0 || op->in_push_order) return false;
+  if (prioritized_count_.load(std::memory_order_relaxed) != 0 || !fifo_empty() ||
+      in_order_count_.load(std::memory_order_relaxed) != 0)
+    return false;
   tls_next = op;
   return true;
 }
@@ -63,8 +65,31 @@ bool WorkerPool::fifo_empty() const noexcept {
   return ring_.empty() && spilled_.load(std::memory_order_seq_cst) == 0;
 }
 
+void WorkerPool::expect_in_order(std::uint64_t id) {
+  std::lock_guard lock(in_order_mutex_);
+  in_order_expected_.insert(id);
+}
+
+OpBlock* WorkerPool::take_in_order() {
+  std::lock_guard lock(in_order_mutex_);
+  if (in_order_ready_.empty() || in_order_expected_.empty() ||
+      in_order_ready_.begin()->first != *in_order_expected_.begin())
+    return nullptr;
+  OpBlock* op = in_order_ready_.begin()->second;
+  in_order_ready_.erase(in_order_ready_.begin());
+  in_order_expected_.erase(in_order_expected_.begin());
+  in_order_count_.fetch_sub(1, std::memory_order_seq_cst);
+  return op;
+}
+
 void WorkerPool::enqueue(OpBlock* op) {
-  if (op->priority == 0 && order_ == Order::ready) {
+  if (op->in_push_order) {
+    {
+      std::lock_guard lock(in_order_mutex_);
+      in_order_ready_.emplace(op->id, op);
+    }
+    in_order_count_.fetch_add(1, std::memory_order_seq_cst);
+  } else if (op->priority == 0 && order_ == Order::ready) {
     fifo_push(op);
   } else {
     prioritized_.push(Prioritized{op->priority, op->id, op});
@@ -82,11 +107,13 @@ void WorkerPool::wake_one() noexcept {
 }
 
 bool WorkerPool::has_work() const noexcept {
-  return prioritized_count_.load(std::memory_order_seq_cst) != 0 || !fifo_empty();
+  return prioritized_count_.load(std::memory_order_seq_cst) != 0 || !fifo_empty() ||
+         in_order_count_.load(std::memory_order_seq_cst) != 0;
 }
 
 OpBlock* WorkerPool::try_take() {
   OpBlock* op = nullptr;
+  if (in_order_count_.load(std::memory_order_acquire) > 0 && (op = take_in_order())) return op;
   if (prioritized_count_.load(std::memory_order_acquire) > 0) {
     Prioritized top;
     if (prioritized_.try_pop(top)) {

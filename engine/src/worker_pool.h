@@ -15,10 +15,19 @@
 // for a kernel still running). Idle workers spin briefly, then
 // sleep on an event count; a push wakes one only when someone sleeps, so a
 // busy pool costs one load per push.
+//
+// Under simulated GPUs' modeled mode (virtual time), ops the frontend pushed
+// are taken strictly in push order (expect_in_order at push): a ready op
+// waits for every earlier-pushed one of its pool, so the order of a stream's
+// work, and with it the modeled clock, does not follow which op the host
+// happened to make ready first (docs/design/simulated-gpus.md).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +63,9 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void enqueue(OpBlock* op);
+  // Modeled mode: the op `id` (OpBlock::in_push_order) was pushed for this
+  // pool; once ready it is taken only after every op expected before it.
+  void expect_in_order(std::uint64_t id);
   // Called by a worker of this pool for an op its own completion made ready:
   // when nothing else is queued the op runs next on this worker, skipping the
   // queue and any wake-up (a dependency chain stays on one warm thread).
@@ -89,6 +101,14 @@ class WorkerPool {
   bool fifo_push(OpBlock* op);
   OpBlock* fifo_pop();
   bool fifo_empty() const noexcept;
+
+  // Ops in push order (modeled mode): the ids pushed and not yet taken, and
+  // those of them that are ready; the first is taken when it is both.
+  OpBlock* take_in_order();
+  std::mutex in_order_mutex_;
+  std::set<std::uint64_t> in_order_expected_;
+  std::map<std::uint64_t, OpBlock*> in_order_ready_;
+  alignas(64) std::atomic<std::int64_t> in_order_count_{0};  // in_order_ready_'s size
 
   static constexpr std::size_t kRingCapacity = 1024;
   ReadyRing<OpBlock> ring_{kRingCapacity};

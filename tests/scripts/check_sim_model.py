@@ -5,9 +5,9 @@ predicted_step_ms, comm_overlap in [0, 1], the utilization of at least one
 GPU stream per simulated GPU in use (each in [0, 1]), the cost model's
 counts, and no value read back (no loss, accuracy or weights digest). With
 --repeat, COMMAND runs again and every line's predicted_step_ms must be
-within 3% of the first run's (modeled time is virtual: the host's speed
-does not enter; what is left is the order in which the engine's workers
-happen to issue independent ops, which WEFT_SIM_JITTER stirs). With --exit N, COMMAND must instead exit N with each
+within 3% of the first run's (modeled time is virtual and the engine's GPU
+pools take frontend-pushed ops in push order under the mode: neither the
+host's speed nor its threads' interleaving enters). With --exit N, COMMAND must instead exit N with each
 --stderr TEXT in its error output.
 
 usage: check_sim_model.py [--lines N] [--key KEY=VALUE]... [--repeat] -- COMMAND...
