@@ -5,13 +5,30 @@
 # bootstrapped over MPI, Nsight Compute. Each command has a time limit and
 # the script goes on after a failure; the exit status says whether any failed.
 #
-# usage: scripts/gpu-check.sh [--bin DIR] [--data DIR] [--log FILE] [STEP...]
-#   --bin DIR   the Release build (binaries under DIR/{tests,examples,bench}, or
-#               all in DIR itself; default: build)
-#   --data DIR  Fashion-MNIST (default $WEFT_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
-#   --log FILE  also append everything to FILE
-#   STEP        env tests collectives train peers demos bench mpi ncu (default: all),
-#               or, not by default:
+# usage: scripts/gpu-check.sh [--bin DIR] [--data DIR] [--log FILE] [--record DIR] [--dry-run] [STEP...]
+#   --bin DIR    the Release build (binaries under DIR/{tests,examples,bench}, or
+#                all in DIR itself; default: build)
+#   --data DIR   Fashion-MNIST (default $WEFT_FASHION_MNIST, else /usr/share/datasets/fashion-mnist)
+#   --log FILE   also append everything to FILE
+#   --record DIR where the never-run step writes the GPU record's rows
+#                (gpu-record-rows.md, a markdown table fragment for
+#                docs/gpu-validation.md; default $OUT, else /tmp/weft-gpu-check-record)
+#   --dry-run    print the plan (each section, its budget and its commands) and run nothing;
+#                exit 1 when the never-run step's budgets add up to more than 540 s
+#   STEP         env tests collectives train peers demos bench mpi ncu (default: all),
+#                or, not by default:
+#               never-run   every GPU path the record lists as never run, in one call
+#                           under 9 minutes on one H100/H200 with 16 cores, each section
+#                           with its own time budget: the precision, optimizer and
+#                           checkpoint tests on CUDA; ResNet-18 batch 256 channels-last
+#                           at fp32, TF32, bf16 and fp16, Weft then PyTorch
+#                           (bench/torch_train_peer.py) in the same call; bf16 replayed
+#                           with stream graphs (--hybridize --gpu-graphs) beside PyTorch
+#                           eager bf16; benchmark mode's first-step cost; a cost table
+#                           from a trace and the step it predicts; weft-bench-ops' half
+#                           elementwise and copy rows; NCCL point to point with one GPU
+#                           per process (check_nccl_p2p, where defined). Writes one
+#                           record row per section (command, machine, date, commit, result)
 #               gemm        weft-bench-ops: GEMM through the engine vs cuBLAS direct in
 #                           float32, TF32 and bfloat16 (1024-8192^2)
 #               precision   ResNet-18, Weft beside PyTorch at fp32|tf32|bf16|fp16 (2
@@ -48,12 +65,16 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin=build
 data=${WEFT_FASHION_MNIST:-/usr/share/datasets/fashion-mnist}
 log=""
+record=${OUT:-/tmp/weft-gpu-check-record}
+dry=0
 steps=()
 while (($#)); do
   case $1 in
     --bin) bin=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --log) log=$2; shift 2 ;;
+    --record) record=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
     -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"; exit 0 ;;
     -*) echo "gpu-check.sh: unknown option $1" >&2; exit 2 ;;
     *) steps+=("$1"); shift ;;
@@ -69,6 +90,7 @@ find_bin() {
   for d in "$bin/tests" "$bin/examples" "$bin/bench" "$bin"; do
     [[ -x "$d/$1" ]] && { echo "$d/$1"; return; }
   done
+  ((dry)) && { echo "$bin/$1"; return; }  # the plan names it all the same
   echo "gpu-check.sh: no $1 under $bin" >&2
   echo false
 }
@@ -76,6 +98,11 @@ step() { printf '\n=== [%ss] %s\n' "$(($(date +%s) - t0))" "$*"; }
 run() {  # run SECONDS COMMAND...
   local limit=$1 start rc
   shift
+  if ((dry)); then
+    printf '  [budget %3d s] %s\n' "$limit" "$*"
+    planned=$((planned + limit))
+    return 0
+  fi
   echo "\$ $*"
   start=$(date +%s%N)
   timeout -k 5 "$limit" "$@"
@@ -83,12 +110,85 @@ run() {  # run SECONDS COMMAND...
   local ms=$((($(date +%s%N) - start) / 1000000))
   printf -- '--- exit %d after %d.%03d s\n' "$rc" $((ms / 1000)) $((ms % 1000))
   ((rc == 0)) || failed=1
+  last_rc=$rc last_s=$((ms / 1000))
+}
+planned=0 last_rc=0 last_s=0
+# The never-run step's record: one markdown row per section.
+machine() { nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || echo "no nvidia-smi"; }
+record_row() {  # record_row SECTION RESULT COMMAND
+  ((dry)) && return 0
+  mkdir -p "$record"
+  local rows=$record/gpu-record-rows.md
+  [[ -s $rows ]] || printf '| GPU path | date | device | commit | result | command |\n|---|---|---|---|---|---|\n' > "$rows"
+  # shellcheck disable=SC2016  # the backquotes are markdown's
+  printf '| %s | %s | %s | %s | %s | `%s` |\n' "$1" "$(date -u +%Y-%m-%d)" "$(machine)" \
+    "$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)" "$2" "$3" >> "$rows"
+}
+# A section of the never-run step: its commands under one budget (a hang
+# costs that section alone), then its record row.
+section() {  # section NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  if ((dry)); then
+    printf '\n--- section: %s\n' "$name"
+    run "$limit" "$@"
+    return 0
+  fi
+  step "$name"
+  run "$limit" "$@"
+  local result
+  if ((last_rc == 0)); then result="pass (${last_s} s)"
+  elif ((last_rc == 124 || last_rc == 137)); then result="TIMED OUT after ${limit} s"
+  else result="FAIL: exit ${last_rc} (${last_s} s)"; fi
+  record_row "$name" "$result" "$*"
 }
 peer() { run "$1" env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" "${@:2}"; }
 tests=$(find_bin weft-tests-gpu)
 
 for s in "${steps[@]}"; do
+  ((dry)) && [[ $s != never-run ]] && { echo "gpu-check.sh: --dry-run plans the never-run step only ($s skipped)"; continue; }
   case $s in
+    never-run)
+      # Budgets: 9 minutes in all (540 s), the --dry-run test checks the sum.
+      resnet=$(find_bin weft-train-resnet)
+      few=(--batch-size 256 --epochs 1 --limit 2560 --json)
+      peer_py=(env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" --model resnet18)
+      section "precision, optimizers and checkpoints of GPU tensors on CUDA (gpu precision*, gpu optim*, gpu checkpoint*)" 90 \
+        "$tests" -tc='gpu precision*,gpu optim*,gpu checkpoint*' --no-version --no-colors
+      for p in fp32 tf32 bf16 fp16; do
+        section "ResNet-18 batch 256 $p channels-last (Weft)" 25 "$resnet" --device gpu:0 --precision "$p" --channels-last "${few[@]}"
+        section "ResNet-18 batch 256 $p channels-last (PyTorch peer)" 25 "${peer_py[@]}" --precision "$p" --channels-last "${few[@]:0:6}"
+      done
+      section "ResNet-18 batch 256 bf16 channels-last replayed with stream graphs (--hybridize --gpu-graphs)" 30 \
+        "$resnet" --device gpu:0 --precision bf16 --channels-last --hybridize --gpu-graphs "${few[@]}"
+      section "cuDNN heuristic algorithms, 2 steps (bf16): the baseline of benchmark mode's first-step cost" 20 \
+        "$resnet" --device gpu:0 --precision bf16 --batch-size 256 --epochs 1 --limit 512 --json
+      section "cuDNN benchmark mode's first-step cost (bf16, 2 steps: the difference from the heuristic run)" 30 \
+        env WEFT_PROFILE_SUMMARY=1 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --batch-size 256 \
+        --epochs 1 --limit 512 --json
+      section "cost table from a trace of ResNet-18 on the GPU, and the step it predicts on simulated GPUs" 60 \
+        bash -c "set -e; '$resnet' --device gpu:0 --batch-size 256 --limit 2560 --epochs 1 --trace /tmp/weft-never-run-trace.json --json;
+                 python3 '$here/scripts/cost-table-from-trace' /tmp/weft-never-run-trace.json -o /tmp/weft-never-run-costs.txt;
+                 env WEFT_GPU_BACKEND=sim '$resnet' --sim-model /tmp/weft-never-run-costs.txt --batch-size 256 --limit 1536 --steps 5 --json"
+      section "weft-bench-ops: half elementwise rows beside the copy bandwidth" 60 \
+        bash -c "'$(find_bin weft-bench-ops)' --json --quick | tee /tmp/weft-never-run-ops.jsonl | grep -Ei 'bf16|fp16|half|copy' || { echo 'no half or copy rows in weft-bench-ops output'; exit 1; }"
+      # NCCL point to point with one GPU per process: check_nccl_p2p is
+      # defined in this file where that check is built.
+      if declare -F check_nccl_p2p > /dev/null; then
+        section "NCCL point to point, one GPU per process" 60 check_nccl_p2p
+      elif ((dry)); then
+        printf '\n--- section: NCCL point to point, one GPU per process\n  not built (check_nccl_p2p is not defined)\n'
+      else
+        step "NCCL point to point, one GPU per process: not built (check_nccl_p2p is not defined)"
+        record_row "NCCL point to point, one GPU per process" "not built" "check_nccl_p2p"
+      fi
+      if ((dry)); then
+        printf '\nplan: never-run, budget total %d s (limit 540)\n' "$planned"
+        ((planned <= 540)) || { echo "gpu-check.sh: the never-run step's budgets exceed 540 s" >&2; exit 1; }
+      else
+        echo "record rows: $record/gpu-record-rows.md"
+      fi
+      ;;
     env)
       step "machine"
       date -u; nproc
@@ -240,5 +340,6 @@ for s in "${steps[@]}"; do
     *) echo "gpu-check.sh: unknown step $s" >&2; failed=1 ;;
   esac
 done
+((dry)) && exit 0
 step "done ($( ((failed)) && echo 'something failed' || echo 'all passed'))"
 exit $failed
