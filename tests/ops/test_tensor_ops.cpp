@@ -624,7 +624,7 @@ TEST_CASE("copy chains across devices round-trip exactly" * doctest::timeout(60)
     if (weft::gpu::device_count() > 0) {
       chain.insert(chain.begin() + 2, Device::gpu(0));  // cpu1 -> gpu0 -> pinned
     } else {
-      std::printf("[weft-skip] copy chain without gpu(0): no GPU answers\n");
+      MESSAGE("the copy chain leaves out gpu(0): no GPU answers (the rest of the case runs)");
     }
     for (const Shape& s : {Shape{}, Shape{0, 3}, Shape{1}, Shape{7, 13}, Shape{1000, 37}}) {
       INFO("shape " << s.str());
@@ -879,7 +879,7 @@ TEST_CASE("bad input is a weft::Error naming the problem" * doctest::timeout(60)
                   "gpu(0)"));
         CHECK(has(error_of([&] { (void)memory_stats(e, Device::gpu(0)); }), "gpu(0)"));
       } else {
-        std::printf("[weft-skip] gpu(0) exists: not an unknown device here\n");
+        MESSAGE("gpu(0) exists: not an unknown device here (the rest of the case runs)");
       }
       m = error_of([&] { Tensor::zeros(e, Shape{2}, Device::cpu(5)); });
       CHECK(has(m, "cpu(5)"));
