@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "weft/error.h"
+#include "weft/gpu_sim.h"
 #include "weft/parallel/pipeline.h"
 
 namespace weft::parallel {
@@ -552,7 +553,14 @@ std::vector<int> partition(const std::vector<double>& costs, int parts) {
 
 std::vector<double> layer_times(nn::Sequential& model, const Tensor& sample, int reps) {
   if (reps < 1) throw InvalidArgument("layer_times: reps must be positive, got " + std::to_string(reps));
-  using Clock = std::chrono::steady_clock;
+  // Seconds on the host's clock; on simulated GPUs whose kernels are modeled,
+  // on the modeled clock (which the waits below move), so that the balance
+  // follows the cost model and not how fast the host happened to run.
+  const bool modeled = gpu::kernels_modeled() && sample.device().is_gpu();
+  auto now = [modeled] {
+    return modeled ? gpu::modeled_now()
+                   : std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
   const std::size_t n = model.size();
   std::vector<std::vector<double>> runs(n);
   for (int r = 0; r <= reps; ++r) {  // run 0 warms the caches and allocators up
@@ -560,20 +568,20 @@ std::vector<double> layer_times(nn::Sequential& model, const Tensor& sample, int
     Tensor x = sample;
     x.wait_to_read();
     for (std::size_t i = 0; i < n; ++i) {
-      const auto t0 = Clock::now();
+      const double t0 = now();
       x = model[i].forward(x);
       x.wait_to_read();
-      t[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+      t[i] += now() - t0;
     }
     Tensor d = Tensor::ones(x.engine(), x.shape(), x.device());
     d.wait_to_read();
     for (std::size_t i = n; i-- > 0;) {
-      const auto t0 = Clock::now();
+      const double t0 = now();
       d = model[i].backward(d);
       d.wait_to_read();
       for (nn::Parameter* p : model[i].parameters())
         if (p->grad.defined()) p->grad.wait_to_read();
-      t[i] += std::chrono::duration<double>(Clock::now() - t0).count();
+      t[i] += now() - t0;
     }
     if (r > 0)
       for (std::size_t i = 0; i < n; ++i) runs[i].push_back(t[i]);

@@ -134,6 +134,7 @@ std::vector<int> partition(const std::vector<double>& costs, int parts);
 // Per layer: forward and backward time on `sample` (a batch, on the
 // device the model's parameters are on), the median of `reps` runs after a
 // warm-up run; the model is left as it was (training mode, gradients set).
+// On simulated GPUs whose kernels are modeled, modeled time.
 std::vector<double> layer_times(nn::Sequential& model, const Tensor& sample, int reps = 3);
 // Per layer: its parameters' bytes plus its output's bytes for `sample`'s
 // shape (what a stage keeps per micro-batch).
