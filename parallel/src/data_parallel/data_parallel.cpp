@@ -305,7 +305,7 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
       // bucket's reduce-scatter is done with that one's.
       if (sync && in_flight)
         engine->push([] {}, devices[r], {bucket_done[r]}, {flat.var()},
-                     {.name = options.name + " bucket " + std::to_string(b) + " pack gate"});
+                     {.name = options.name + " bucket " + std::to_string(b) + " pack gate", .property = kOrderingProperty});
     }
     ops::pack(grads, flat, static_cast<float>(weight[r]), /*accumulate=*/accumulated > 0);
     // ... and the next layers' backward (their new gradients) waits for this
@@ -330,7 +330,8 @@ void DataParallel::Impl::finish_bucket(std::size_t b, bool sync, const std::vect
     if (in_flight)
       for (std::size_t r = 0; r < devices.size(); ++r)
         engine->push([] {}, devices[r], {bucket_done[r]}, {bucket.flat[r].var()},
-                     {.name = options.name + " bucket " + std::to_string(b) + " reduction gate"});
+                     {.name = options.name + " bucket " + std::to_string(b) + " reduction gate",
+                      .property = kOrderingProperty});
     if (reduction)
       reduction(bucket);
     else
@@ -364,7 +365,8 @@ void DataParallel::Impl::mark_done(std::size_t b, const std::vector<Tensor>& als
     if (bucket_done.size() < devices.size()) bucket_done.push_back(engine->new_var(options.name + " bucket done"));
     std::vector<Var> done{buckets[b].flat[r].var(), bucket_done[r]};
     if (r < also.size()) done.push_back(also[r].var());
-    engine->push([] {}, devices[r], {}, done, {.name = options.name + " bucket " + std::to_string(b) + " done"});
+    engine->push([] {}, devices[r], {}, done,
+                 {.name = options.name + " bucket " + std::to_string(b) + " done", .property = kOrderingProperty});
   }
   in_flight = true;
 }

@@ -16,6 +16,13 @@
 
 namespace weft::parallel {
 
+// The empty ops that only order a bucket's steps (its gates, its "done") run
+// where its reductions run, on each GPU's priority stream: on the compute
+// stream, the event wait of a "done" pushed mid-backward would hold every
+// kernel queued after it until the reduction ends (on CPU devices the
+// property changes nothing).
+inline constexpr OpProperty kOrderingProperty = OpProperty::prioritized;
+
 // One member's chunk of one bucket under sharding: the optimizer's
 // parameter. value: the chunk of the bucket's flat parameters (stages 1 and
 // 2: a view of the replica's flat parameters; stage 3: kept between steps,
