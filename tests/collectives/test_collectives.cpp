@@ -305,6 +305,10 @@ TEST_CASE("send and recv refuse what cannot meet: no send before the recv, sizes
   par::send(comm, a, 1, {.name = "x"});
   CHECK_THROWS_WITH_AS(par::recv(comm, b, 0), doctest::Contains("member 0 sent 4 elements of float32, this recv wants 5"),
                        weft::InvalidArgument);
+  // As many elements in another shape: refused too, naming both shapes.
+  const Tensor square = Tensor::zeros(*e, Shape{2, 2}, Device::cpu(1));
+  CHECK_THROWS_WITH_AS(par::recv(comm, square, 0),
+                       doctest::Contains("member 0 sent shape [4], this recv wants shape [2, 2]"), weft::InvalidArgument);
   CHECK_THROWS_WITH_AS(par::send(comm, a, 0), doctest::Contains("is the member itself"), weft::InvalidArgument);
   CHECK_THROWS_WITH_AS(par::send(comm, a, 2), doctest::Contains("peer 2 is not a member"), weft::InvalidArgument);
   const Tensor elsewhere = Tensor::zeros(*e, Shape{4}, Device::cpu(3));

@@ -680,6 +680,45 @@ TEST_CASE("a send and recv that differ fail on both ends, naming both; a failed 
   sync_ranks(*e);
 }
 
+TEST_CASE("a send and recv of as many elements in other shapes, or in another dtype, fail on both ends, naming both" *
+          doctest::timeout(120)) {
+  auto e = Engine::create({.kind = "threaded"});
+  const par::Communicator comm = par::Communicator::mpi(*e, Device::cpu(0), {.timeout = 30s});
+  const int rank = comm.local_ranks()[0], n = comm.size();
+  if (n > 1 && rank < 2) {
+    const std::string shapes =
+        "send and recv differ: rank 0 called send 'act' [2, 3] float32 to rank 1 as #1; rank 1 called recv 'act' "
+        "[3, 2] float32 from rank 0 as #1";
+    const std::string dtypes =
+        "send and recv differ: rank 0 called send 'grad' [6] float32 to rank 1 as #2; rank 1 called recv 'grad' "
+        "[6] float16 from rank 0 as #2";
+    if (rank == 0) {
+      Tensor t = Tensor::ones(*e, Shape{2, 3}, Device::cpu(0));
+      par::send(comm, t, 1, {.name = "act"});
+      CHECK_THROWS_WITH_AS(e->wait_all(), doctest::Contains(shapes.c_str()), weft::CommunicationError);
+      Tensor g = Tensor::ones(*e, Shape{6}, Device::cpu(0));
+      par::send(comm, g, 1, {.name = "grad"});
+      CHECK_THROWS_WITH_AS(e->wait_all(), doctest::Contains(dtypes.c_str()), weft::CommunicationError);
+      // The pair goes on: a matching message arrives whole.
+      const std::vector<float> six = {1, 2, 3, 4, 5, 6};
+      Tensor ok = Tensor::from_host(*e, Shape{2, 3}, six, Device::cpu(0));
+      par::send(comm, ok, 1, {.name = "act"});
+      e->wait_all();
+    } else {
+      Tensor t = Tensor::zeros(*e, Shape{3, 2}, Device::cpu(0));
+      par::recv(comm, t, 0, {.name = "act"});
+      CHECK_THROWS_WITH_AS(e->wait_to_read(t.var()), doctest::Contains(shapes.c_str()), weft::CommunicationError);
+      Tensor g = Tensor::zeros(*e, Shape{6}, Device::cpu(0), weft::DType::float16);
+      par::recv(comm, g, 0, {.name = "grad"});
+      CHECK_THROWS_WITH_AS(e->wait_to_read(g.var()), doctest::Contains(dtypes.c_str()), weft::CommunicationError);
+      Tensor ok = Tensor::zeros(*e, Shape{2, 3}, Device::cpu(0));
+      par::recv(comm, ok, 0, {.name = "act"});
+      CHECK(ok.to_host() == std::vector<float>{1, 2, 3, 4, 5, 6});
+    }
+  }
+  sync_ranks(*e);
+}
+
 TEST_CASE("a recv whose peer never sends is named within seconds; bad peers are refused at push time" *
           doctest::timeout(120)) {
   auto e = Engine::create({.kind = "threaded"});

@@ -2,7 +2,10 @@
 // and the push-time checks every transport shares (internal to parallel/).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -86,13 +89,36 @@ class Call {
   void record(int peer);
 };
 
+// The peers' statuses of a check whose token does not wait for them
+// (check_across with `after`): `entered` once the fingerprints matched and
+// this rank's status went out, just before the token completes (the
+// collective may launch); `settled` once every peer's status is in, or
+// their wait failed, with `error` (written before it) saying which rank's
+// input failed or who never came. Any thread reads them (acquire).
+struct CheckAfter {
+  std::atomic<bool> entered{false}, settled{false};
+  std::exception_ptr error;
+};
+
 // Pushes only the fingerprint check of a collective `kind` of `described`
 // (its size and dtype) on an MPI communicator, reading the collective's
 // `reads` (any device: it holds them): fails `token` (written) on every
-// rank when the ranks disagree, one of their inputs failed or a rank is
-// missing; moves no data.
+// rank when the ranks disagree or a rank is missing; moves no data. Without
+// `after`, the token also waits for every peer's status and fails when one
+// of their inputs failed (a meeting of the ranks); with it, the token
+// completes once this rank's status went out, and `after` settles when the
+// peers' statuses are in (docs/design/parallel-collectives.md, "NCCL").
 void check_across(const Communicator& comm, Kind kind, const Tensor& described, const std::vector<Tensor>& reads,
-                  const Tensor& token, ReduceOp op, const CollectiveOptions& options);
+                  const Tensor& token, ReduceOp op, const CollectiveOptions& options,
+                  std::shared_ptr<CheckAfter> after = nullptr);
+// Pushes only the fingerprint check of a message (send: this rank sends
+// `described` to `peer`; recv: receives it), on an MPI communicator: the
+// two ends exchange their records, so that `token` (written) fails on both
+// ends, naming both, when the shapes, dtypes or names differ, and on the
+// receiver when the sender's input failed (a send reads `described`; a
+// recv reads nothing, so its exchange starts at push). Moves no data.
+void check_message_across(const Communicator& comm, Kind kind, const Tensor& described, int peer, int channel,
+                          const Tensor& token, const CollectiveOptions& options);
 
 // send and recv on a channel of `comm` (the public send/recv use channel 0).
 void send_on(const Communicator& comm, const Tensor& tensor, int peer, int channel, const CollectiveOptions& options);

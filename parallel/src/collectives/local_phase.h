@@ -172,6 +172,9 @@ class Mailboxes {
       call.refuse("member " + std::to_string(from) + " sent " + std::to_string(sent.numel()) + " elements of " +
                   std::string(to_string(sent.dtype())) + ", this recv wants " + std::to_string(tensor.numel()) +
                   " elements of " + std::string(to_string(tensor.dtype())) + " (" + tensor.str() + ")");
+    if (sent.shape() != tensor.shape())  // as across processes (the fingerprint's shape)
+      call.refuse("member " + std::to_string(from) + " sent shape " + sent.shape().str() +
+                  ", this recv wants shape " + tensor.shape().str() + " (" + tensor.str() + ")");
     Tensor snapshot = std::move(box.pending.front());
     box.pending.pop_front();
     call.commit_message(++box.received, from);

@@ -16,23 +16,42 @@
 // communicators (ncclCommAbort): the collective fails naming itself, later
 // ones fail at once.
 //
-// Across processes each collective is first checked: Weft's MPI
-// communicator of cpu(0) exchanges its fingerprint (check_across) and
-// fails a token tensor on every rank when the ranks disagree, an input
-// failed or a rank is missing; the NCCL hold op reads the token, so no rank
-// then launches NCCL, and none waits. Uneven reduce_scatter and
-// all_gather, barrier and send/recv take the other path: the ring over
-// device copies in-process, host staging across processes.
+// Across processes each collective is checked ahead: Weft's MPI
+// communicator of cpu(0) sends its fingerprint at push (check_across) and
+// fails a token tensor on every rank when the ranks disagree or a rank is
+// missing; the NCCL hold op reads the token, so no rank then launches NCCL,
+// and none waits. Whether the peers' inputs failed is not waited for before
+// the launch: each rank sends its status as it launches (a rank whose input
+// failed launches from zeros), and the collective completes once NCCL is
+// done and every status is in (CheckAfter, call.h): failed on every rank,
+// naming the rank, where one says its input failed.
+//
+// send/recv across processes are ncclSend/ncclRecv, each in its own NCCL
+// group, on a communicator of two ranks per ordered pair and channel
+// (sender, receiver), made at the first message (its unique id travels over
+// MPI) with a stream of its own: a pair's messages then queue only behind
+// that pair's, never behind a message in the other direction (a pipeline's
+// activations and gradients cross both ways). Each message's records are
+// exchanged first over MPI (check_message_across): shapes, dtypes or names
+// that differ fail both ends naming both, a sender's failed input fails the
+// receiver naming it, and neither launches.
+//
+// Uneven reduce_scatter and all_gather and barrier take the other path: the
+// ring over device copies in-process, host staging across processes;
+// in-process send/recv the ring's copies.
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -77,7 +96,8 @@ struct Clique {
     // Every collective keeps the clique until its work is done: nothing of
     // ours is in flight. Aborted communicators are gone already.
     if (!broken.empty()) return;
-    for (ncclComm_t c : comms) ncclCommDestroy(c);
+    for (ncclComm_t c : comms)
+      if (c) ncclCommDestroy(c);  // a pair's is made at its first message
   }
   int size() const { return static_cast<int>(devices.size()); }
   ncclComm_t comm(int r) const { return comms[static_cast<std::size_t>(r)]; }
@@ -94,7 +114,7 @@ struct Clique {
     if (!broken.empty()) return;
     broken = why;
     for (ncclComm_t& c : comms) {
-      ncclCommAbort(c);
+      if (c) ncclCommAbort(c);
       c = nullptr;
     }
   }
@@ -104,6 +124,7 @@ struct Clique {
   std::string async_error(bool* in_progress) {
     if (std::string b = broken_now(); !b.empty()) return "the communicator was aborted (" + b + ")";
     for (int r = 0; r < size(); ++r) {
+      if (!comm(r)) continue;  // a pair's, not made yet
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm(r), &state);
       if (state == ncclInProgress) {
@@ -139,9 +160,31 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // The NCCL calls of one collective: local member r's, given the memory.
 using Calls = std::function<void(int r, const Phase& phase)>;
 
+// What a collective across processes adds to its launch.
+struct Launch {
+  // The peers' statuses, compared once NCCL is done (check_across's).
+  std::shared_ptr<CheckAfter> after;
+  // A rank whose own input failed launches all the same, from zeros of this
+  // size (its peers launched already), and fails.
+  std::size_t stand_in_bytes = 0;
+  // Before the launch, once its turn came: makes a pair's communicator at
+  // its first message ("" or why not).
+  std::function<std::string(const Phase&, Clock::time_point deadline, CommThread&)> prepare;
+};
+
+// A failed input's stand-in on member 0's communication stream: zeros, and
+// freed behind the launch in stream order (cudaMallocAsync).
+void* stand_in(Clique& clique, std::size_t bytes) {
+  void* p = nullptr;
+  gpu::set_device(clique.devices.front().index());
+  WEFT_CUDA_CHECK(cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, clique.native(0)));
+  WEFT_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, clique.native(0)));
+  return p;
+}
+
 // The fiber of one collective: waits for its turn, launches, polls, completes.
 void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& phase, std::uint64_t seq,
-         const Calls& calls, std::exception_ptr failed_input, CommThread& thread) {
+         const Calls& calls, std::exception_ptr failed_input, CommThread& thread, const Launch& launch = {}) {
   auto fail = [&](const std::string& why) {
     clique->abort(phase->what + ": " + why);
     phase->done(std::make_exception_ptr(CommunicationError(phase->what + ": " + why, CommunicationError::kNoPeer)));
@@ -179,7 +222,13 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
     return phase->done(std::make_exception_ptr(
         CommunicationError(phase->what + ": the process is exiting", CommunicationError::kNoPeer)));
   }
-  if (failed_input) {
+  // The check let every rank launch (its token completed), and this rank's
+  // own input failed: it launches from zeros, its status says why, and
+  // every rank fails once the statuses are in.
+  const bool launch_anyway =
+      failed_input && launch.after && launch.after->entered.load(std::memory_order_acquire) &&
+      !clique->peers_unchecked;
+  if (failed_input && !launch_anyway) {
     clique->gate.pass(seq);
     if (clique->peers_unchecked) clique->abort(phase->what + ": this rank's input failed (fingerprints are off)");
     return phase->done(failed_input);
@@ -190,6 +239,24 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
         CommunicationError(phase->what + ": the NCCL communicator is broken: " + broken, CommunicationError::kNoPeer)));
   }
   const auto deadline = Clock::now() + clique->timeout;
+  if (launch.prepare) {
+    if (const std::string why = launch.prepare(*phase, deadline, thread); !why.empty()) {
+      clique->gate.pass(seq);
+      return fail(why);
+    }
+  }
+  void* zeros = nullptr;
+  try {
+    if (launch_anyway) {
+      ::weft::detail::CheckContextGuard context(phase->what, clique->devices.front());
+      zeros = stand_in(*clique, launch.stand_in_bytes);
+      for (void*& p : phase->out) p = zeros;
+      for (const void*& p : phase->in) p = zeros;
+    }
+  } catch (const std::exception& e) {
+    clique->gate.pass(seq);
+    return fail(std::string("a stand-in for its failed input: ") + e.what());
+  }
   try {
     WEFT_NCCL_CHECK(ncclGroupStart());
     try {
@@ -207,6 +274,7 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
     clique->gate.pass(seq);
     return fail(std::string("launching failed: ") + e.what());  // some members may have launched
   }
+  if (zeros) cudaFreeAsync(zeros, clique->native(0));  // after the launch, in stream order (a failure leaves it)
   // A non-blocking communicator enqueues after ncclGroupEnd returned: the
   // next collective may be launched, and the events recorded, once it is
   // done.
@@ -248,13 +316,23 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
   if (waited == CommThread::Wait::stopping) return fail("the process is exiting");
   if (!async.empty()) return fail("NCCL reported " + async + "; the communicator was aborted");
   if (!stream_failure.empty()) return fail("its stream failed: " + stream_failure + "; the communicator was aborted");
+  if (launch_anyway) return phase->done(failed_input);
+  if (launch.after) {
+    // Each peer sent its status before it launched, and NCCL is done: a
+    // delivery, which the MPI side bounds with its own deadline.
+    if (thread.poll_until([&] { return launch.after->settled.load(std::memory_order_acquire); },
+                          Clock::time_point::max()) == CommThread::Wait::stopping)
+      return phase->done(std::make_exception_ptr(
+          CommunicationError(phase->what + ": the process is exiting", CommunicationError::kNoPeer)));
+    if (launch.after->error) return phase->done(launch.after->error);
+  }
   phase->done();
 }
 
 const Device kHold = Device::cpu(0);
 
 void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
-             const std::vector<Tensor>& writes, Calls calls);
+             const std::vector<Tensor>& writes, Calls calls, Launch launch);
 
 // A call that took a sequence number and will never launch (its push
 // failed): the communicator is aborted — peers across processes would wait
@@ -270,9 +348,9 @@ void give_up_turn(const std::shared_ptr<Clique>& clique, std::uint64_t seq, cons
 // documents them; `reads` may end with a check token), run even when an
 // input failed, so that it passes its turn.
 void push_nccl(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
-               const std::vector<Tensor>& writes, Calls calls) {
+               const std::vector<Tensor>& writes, Calls calls, Launch launch = {}) {
   try {
-    push_op(call, clique, reads, writes, std::move(calls));
+    push_op(call, clique, reads, writes, std::move(calls), std::move(launch));
   } catch (...) {
     give_up_turn(clique, call.sequence(), call.label() + ": its push failed on this rank");
     throw;
@@ -280,10 +358,10 @@ void push_nccl(const Call& call, const std::shared_ptr<Clique>& clique, const st
 }
 
 void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std::vector<Tensor>& reads,
-             const std::vector<Tensor>& writes, Calls calls) {
+             const std::vector<Tensor>& writes, Calls calls, Launch launch) {
   push_tensor_op_async(
       kHold, reads, writes,
-      [clique, what = call.label(), seq = call.sequence(), calls = std::move(calls)](
+      [clique, what = call.label(), seq = call.sequence(), calls = std::move(calls), launch = std::move(launch)](
           RunContext& ctx, const TensorData& d, Completion done) mutable {
         auto phase = std::make_shared<Phase>();
         phase->what = what;
@@ -292,9 +370,8 @@ void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std:
         phase->done = std::move(done);
         if (ctx.gpu_waits) phase->gpu_waits = *ctx.gpu_waits;
         CommThread& thread = nccl_thread();
-        if (!thread.spawn([clique, phase, seq, calls = std::move(calls), failed = ctx.failed_input, &thread] {
-              run(clique, phase, seq, calls, failed, thread);
-            }))
+        if (!thread.spawn([clique, phase, seq, calls = std::move(calls), launch = std::move(launch),
+                           failed = ctx.failed_input, &thread] { run(clique, phase, seq, calls, failed, thread, launch); }))
           phase->done(std::make_exception_ptr(
               CommunicationError(what + ": the process is exiting", CommunicationError::kNoPeer)));
       },
@@ -309,6 +386,8 @@ void push_op(const Call& call, const std::shared_ptr<Clique>& clique, const std:
 void pass_turn(const std::shared_ptr<Clique>& clique, std::uint64_t seq) {
   static_cast<void>(nccl_thread().spawn([clique, seq] { clique->gate.pass(seq); }));
 }
+
+std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const CommunicatorOptions& options);
 
 std::string members_text(const std::vector<Device>& devices) {
   std::string s;
@@ -407,8 +486,9 @@ class NcclLocalTransport final : public Transport {
 
 class NcclAcrossTransport final : public Transport {
  public:
-  NcclAcrossTransport(std::shared_ptr<Clique> clique, Communicator host, std::unique_ptr<Transport> staged)
-      : clique_(std::move(clique)), host_(std::move(host)), staged_(std::move(staged)) {}
+  NcclAcrossTransport(std::shared_ptr<Clique> clique, Communicator host, std::unique_ptr<Transport> staged,
+                      CommunicatorOptions options)
+      : clique_(std::move(clique)), host_(std::move(host)), staged_(std::move(staged)), options_(std::move(options)) {}
 
   std::string str() const override {
     return "NCCL communicator of " + std::to_string(host_.size()) + " ranks (rank " +
@@ -483,8 +563,14 @@ class NcclAcrossTransport final : public Transport {
     pass_turn(clique_, call.sequence());
     staged_->barrier(call);
   }
-  void send(Call& call, const Tensor& tensor, int from, int to) override { staged_->send(call, tensor, from, to); }
-  void recv(Call& call, const Tensor& tensor, int from, int to) override { staged_->recv(call, tensor, from, to); }
+  void send(Call& call, const Tensor& tensor, int from, int to) override {
+    (void)from;
+    message(call, tensor, to, true);
+  }
+  void recv(Call& call, const Tensor& tensor, int from, int to) override {
+    (void)to;
+    message(call, tensor, from, false);
+  }
   // The host communicator split, and a clique bootstrapped over its part.
   std::unique_ptr<Transport> split(CommunicatorState& into, const std::vector<int>& colors) const override {
     return make_nccl_mpi_transport(into, host_.split(colors), into.options);
@@ -493,23 +579,146 @@ class NcclAcrossTransport final : public Transport {
  private:
   int rank() const { return host_.local_ranks().front(); }
   // The fingerprint check over MPI, then the NCCL hold op, which reads the
-  // check's token (the last of its reads).
+  // check's token (the last of its reads). The token does not wait for the
+  // peers' statuses: they are compared once NCCL is done (CheckAfter).
   void push_checked(const Call& call, const Tensor& described, ReduceOp op, std::vector<Tensor> reads,
                     const std::vector<Tensor>& writes, Calls calls) {
     Tensor token = Tensor::empty(described.engine(), Shape{0}, kHold);
+    Launch launch;
+    launch.after = std::make_shared<CheckAfter>();
+    for (const Tensor& t : reads) launch.stand_in_bytes = std::max(launch.stand_in_bytes, t.nbytes());
+    for (const Tensor& t : writes) launch.stand_in_bytes = std::max(launch.stand_in_bytes, t.nbytes());
     try {
-      check_across(host_, call.kind(), described, reads, token, op, call.options());
+      check_across(host_, call.kind(), described, reads, token, op, call.options(), launch.after);
     } catch (...) {
       give_up_turn(clique_, call.sequence(), call.label() + ": its check failed to push on this rank");
       throw;
     }
     reads.push_back(token);
-    push_nccl(call, clique_, reads, writes, std::move(calls));
+    push_nccl(call, clique_, reads, writes, std::move(calls), std::move(launch));
+  }
+
+  // ---- send and recv: a communicator of two ranks per ordered pair and channel ----
+
+  // This rank's messages to (or from) one peer on one channel.
+  struct Link {
+    std::shared_ptr<Clique> clique;  // one member (this rank's GPU), its communicator made at the first message
+    Tensor id;                       // cpu(0): the unique id's bits, sent (receiver: received) over MPI
+    std::uint64_t messages = 0;      // pushed so far: the gate's numbers
+  };
+
+  // The unique id of a pair travels on a channel of its own, apart from the
+  // messages' checks (channel c's checks on c, its id on kMaxChannels - 1 - c).
+  static int id_channel(int channel) { return Call::kMaxChannels - 1 - channel; }
+
+  Link& link(const Call& call, int peer, bool sending) {
+    const auto key = std::make_tuple(peer, call.channel(), sending);
+    auto found = links_.find(key);
+    if (found != links_.end()) return found->second;
+    Engine& engine = *call.state().engine;
+    const std::string pair = sending ? "rank " + std::to_string(rank()) + " -> rank " + std::to_string(peer)
+                                     : "rank " + std::to_string(peer) + " -> rank " + std::to_string(rank());
+    const CollectiveOptions id_options{.name = "NCCL unique id " + pair + " channel " + std::to_string(call.channel())};
+    Link made;
+    made.clique = new_clique(clique_->devices, options_);
+    made.clique->peers_unchecked = clique_->peers_unchecked;
+    made.clique->comms.assign(1, nullptr);
+    static_assert(sizeof(ncclUniqueId) % sizeof(float) == 0);
+    constexpr std::size_t kFloats = sizeof(ncclUniqueId) / sizeof(float);
+    if (sending) {  // the sender makes the pair's id and sends it
+      ncclUniqueId id{};
+      {
+        ::weft::detail::CheckContextGuard context(call.label(), clique_->devices.front());
+        WEFT_NCCL_CHECK(ncclGetUniqueId(&id));
+      }
+      std::vector<float> bits(kFloats, 0.0f);
+      std::memcpy(bits.data(), &id, sizeof id);
+      made.id = Tensor::from_host(engine, Shape{static_cast<std::int64_t>(kFloats)}, bits, kHold);
+      send_on(host_, made.id, peer, id_channel(call.channel()), id_options);
+    } else {
+      made.id = Tensor::empty(engine, Shape{static_cast<std::int64_t>(kFloats)}, kHold);
+      recv_on(host_, made.id, peer, id_channel(call.channel()), id_options);
+    }
+    return links_.emplace(key, std::move(made)).first->second;
+  }
+
+  // One message: its records exchanged over MPI (a token fails on both ends
+  // when they differ, and on the receiver when the sender's input failed),
+  // then ncclSend or ncclRecv on the pair's communicator, which the first
+  // message makes (non-blocking, polled against the deadline).
+  void message(Call& call, const Tensor& tensor, int peer, bool sending) {
+    std::lock_guard lock(links_mutex_);
+    Link& l = link(call, peer, sending);
+    const std::uint64_t k = ++l.messages;
+    call.commit_message(k, peer);
+    const std::shared_ptr<Clique> clique = l.clique;
+    Tensor token = Tensor::empty(tensor.engine(), Shape{0}, kHold);
+    try {
+      check_message_across(host_, sending ? Kind::send : Kind::recv, tensor, peer, call.channel(), token,
+                           call.options());
+    } catch (...) {
+      give_up_turn(clique, k, call.label() + ": its check failed to push on this rank");
+      throw;
+    }
+    std::vector<Tensor> reads, writes;
+    if (sending) reads.push_back(tensor);
+    else writes.push_back(tensor);
+    reads.push_back(token);
+    Launch launch;
+    if (k == 1) {
+      reads.push_back(l.id);  // the last read: the pair's id, there once it arrived
+      launch.prepare = [clique, sending, id_at = static_cast<int>(reads.size()) - 1, what = call.label()](
+                           const Phase& phase, Clock::time_point deadline, CommThread& thread) -> std::string {
+        return make_pair_comm(*clique, phase.in_at(id_at), sending, what, deadline, thread);
+      };
+    }
+    const std::size_t bytes = tensor.nbytes();
+    push_nccl(call, clique, reads, writes, [clique, bytes, sending](int r, const Phase& p) {
+      // In the pair's communicator the sender is rank 0, the receiver rank 1.
+      if (sending) WEFT_NCCL_CHECK(ncclSend(p.in_at(0), bytes, ncclUint8, 1, clique->comm(r), clique->native(r)));
+      else WEFT_NCCL_CHECK(ncclRecv(p.out_at(0), bytes, ncclUint8, 0, clique->comm(r), clique->native(r)));
+    }, std::move(launch));
+  }
+
+  // On the NCCL thread, at a pair's first message: its communicator of two
+  // ranks, created non-blocking and polled, so that a peer that never makes
+  // it fails this rank at the deadline, naming the message.
+  static std::string make_pair_comm(Clique& clique, const void* id_bits, bool sending, const std::string& what,
+                                    Clock::time_point deadline, CommThread& thread) {
+    ncclUniqueId id{};
+    std::memcpy(&id, id_bits, sizeof id);
+    gpu::set_device(clique.devices.front().index());  // ncclCommInitRank's device: the calling thread's current one
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    try {
+      ::weft::detail::CheckContextGuard context(what, clique.devices.front());
+      WEFT_NCCL_CHECK(ncclCommInitRankConfig(&clique.comms[0], 2, id, sending ? 0 : 1, &config));
+    } catch (const std::exception& e) {
+      clique.comms[0] = nullptr;
+      return std::string("making the pair's NCCL communicator: ") + e.what();
+    }
+    ncclResult_t state = ncclInProgress;
+    const CommThread::Wait made = thread.poll_until(
+        [&] {
+          ncclCommGetAsyncError(clique.comms[0], &state);
+          return state != ncclInProgress;
+        },
+        deadline);
+    if (made == CommThread::Wait::done && state == ncclSuccess) return "";
+    if (made == CommThread::Wait::done)
+      return std::string("making the pair's NCCL communicator: ") + ncclGetErrorString(state);
+    return made == CommThread::Wait::stopping
+               ? std::string("the process is exiting")
+               : "the peer did not make the pair's NCCL communicator within " +
+                     std::to_string(clique.timeout.count()) + " ms (WEFT_COLLECTIVE_TIMEOUT)";
   }
 
   std::shared_ptr<Clique> clique_;
   Communicator host_;                // the same ranks on cpu(0): bootstrap and fingerprints
   std::unique_ptr<Transport> staged_;  // what NCCL does not carry
+  CommunicatorOptions options_;        // the pairs' cliques take its timeout
+  std::mutex links_mutex_;             // pushes of messages (frontend threads)
+  std::map<std::tuple<int, int, bool>, Link> links_;  // (peer, channel, sending)
 };
 
 std::shared_ptr<Clique> new_clique(const std::vector<Device>& devices, const CommunicatorOptions& options) {
@@ -599,7 +808,7 @@ std::unique_ptr<Transport> make_nccl_mpi_transport(CommunicatorState& state, Com
     std::this_thread::sleep_for(std::chrono::microseconds(200));
   }
   std::unique_ptr<Transport> staged = make_staged_transport(state, host);  // sets size and local_ranks
-  return std::make_unique<NcclAcrossTransport>(std::move(clique), std::move(host), std::move(staged));
+  return std::make_unique<NcclAcrossTransport>(std::move(clique), std::move(host), std::move(staged), options);
 }
 
 }  // namespace weft::parallel::detail

@@ -475,6 +475,43 @@ void complete_with_statuses(Job& job, CommThread& thread) {
   complete(job, verdict(job));
 }
 
+// A check whose statuses are compared after the fact (CheckAfter, call.h):
+// the fingerprints matched and this rank's status went out, so the token
+// completes now and the collective may launch; the peers' statuses, each
+// sent before its rank launched, then only have to arrive, and settle
+// `after` (the collective fails on every rank where one says its input
+// failed).
+void enter_after(Job& job, CommThread& thread) {
+  MpiGroup& g = *job.group;
+  const std::shared_ptr<CheckAfter> after = job.after;
+  auto settle = [&after](std::exception_ptr error) {
+    after->error = std::move(error);
+    after->settled.store(true, std::memory_order_release);
+  };
+  after->entered.store(true, std::memory_order_release);
+  complete(job);  // this rank's own failed input: the collective reads it too
+  if (!g.fingerprints) return settle(nullptr);
+  int rc = MPI_SUCCESS;
+  const CommThread::Wait waited =
+      thread.poll_until([&] { return test_each(job.status_recvs, rc); }, job.deadline, &g.lost);
+  if (rc != MPI_SUCCESS) {
+    const std::string why = "receiving the peers' statuses: " + WEFT_MPI_FAILURE("MPI_Test", rc);
+    g.set_broken(job.label + ": " + why);
+    return settle(comm_error(job, why + "; the communicator is broken"));
+  }
+  if (waited != CommThread::Wait::done) {
+    const std::vector<int> missing = cancel_pending(job.status_recvs, job.status_sends, job.status);
+    const std::string why = waited == CommThread::Wait::stopping
+                                ? std::string("the process is exiting")
+                                : rank_list(missing) + " never reached the collective within " + seconds_text(g.timeout);
+    g.set_broken(job.label + ": " + why);
+    flight_dump_soon(job.label + " on " + g.str() + ": " + why);
+    return settle(comm_error(job, why + "; the communicator is broken",
+                             missing.empty() ? CommunicationError::kNoPeer : missing.front()));
+  }
+  settle(verdict(job));
+}
+
 // The statuses' last requests, whatever happened: receives still open are
 // cancelled; sends are waited for (with the deadline: each is a small
 // message already on its way), or left to MPI with their buffer.
@@ -751,6 +788,7 @@ void data_phase(Job& job, CommThread& thread) {
   }
   if (job.check_only) {  // the data moves elsewhere (NCCL): the statuses are the whole collective
     g.data_gate.pass(job.mine.sequence);
+    if (job.after) return enter_after(job, thread);
     return g.fingerprints ? complete_with_statuses(job, thread) : complete(job);
   }
   if (job.failed_input) stand_in(job);

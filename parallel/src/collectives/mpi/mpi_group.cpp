@@ -31,12 +31,28 @@ std::string describe(const Fingerprint& f) {
   std::string s = to_string(kind);
   if (reduces(kind)) s.append("(").append(to_string(static_cast<ReduceOp>(f.op))).append(")");
   if (f.name[0]) s += " '" + std::string(f.name) + (std::strlen(f.name) + 1 == sizeof f.name ? "...'" : "'");
-  if (kind != Kind::barrier)
+  const bool message = kind == Kind::send || kind == Kind::recv;
+  if (message && f.shape[0])  // a message's shape: its ends compare it
+    s += " " + std::string(f.shape) + " " + std::string(weft::to_string(static_cast<DType>(f.dtype)));
+  else if (kind != Kind::barrier)
     s += " [" + std::to_string(f.count) + "] " + std::string(weft::to_string(static_cast<DType>(f.dtype)));
   if (kind == Kind::broadcast || kind == Kind::reduce) s += " root " + std::to_string(f.root);
   if (kind == Kind::send) s += " to rank " + std::to_string(f.root);
   if (kind == Kind::recv) s += " from rank " + std::to_string(f.root);
   return s + " as #" + std::to_string(f.sequence);
+}
+
+std::uint64_t shape_hash(const Shape& shape) {
+  std::uint64_t h = 14695981039346656037ull;  // FNV-1a over the rank and the dimensions
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(shape.rank());
+  for (const std::int64_t d : shape.dims()) mix(static_cast<std::uint64_t>(d));
+  return h;
 }
 
 void copy_text(char* dst, std::size_t capacity, const std::string& text) {

@@ -113,6 +113,8 @@ struct Fingerprint {
   std::int32_t root = 0;        // broadcast and reduce; 0 otherwise
   std::uint8_t kind = 0, op = 0, dtype = 0;
   std::uint8_t failed = 0;  // send and recv only (a collective's Status says it)
+  std::uint64_t shape_hash = 0;  // of the tensor's dimensions (send and recv compare it)
+  char shape[32] = {};           // their text, "[2, 3]" (its start)
   char name[40] = {};
   char reason[88] = {};  // failed: what the input's failure said (its start)
 };
@@ -134,6 +136,8 @@ bool reduces(Kind kind);
 // "allreduce(sum) 'grad.fc1' [4096] float32 as #17"
 std::string describe(const Fingerprint& f);
 void copy_text(char* dst, std::size_t capacity, const std::string& text);
+// What a message's fingerprint says of its tensor's shape.
+std::uint64_t shape_hash(const Shape& shape);
 // What a failed input's exception says.
 std::string failure_text(const std::exception_ptr& failure);
 MPI_Datatype mpi_type(DType t);
@@ -232,6 +236,7 @@ struct Job {
   int count = 0, root = 0;
   int channel = 0;  // send and recv: tags of its own per channel
   bool check_only = false;  // fingerprints, then done: the data moves elsewhere (NCCL)
+  std::shared_ptr<CheckAfter> after;  // check_only: the statuses are compared after the token (call.h)
   const void* in = nullptr;  // what this rank sends (null: in place)
   void* out = nullptr;       // what it receives
   std::vector<int> counts, displs;  // reduce_scatter and all_gather: per rank

@@ -16,7 +16,8 @@ namespace {
 // sender sends its record and its data at once, the receiver checks the
 // record before taking the data (into the tensor, or into a scratch buffer
 // when it does not match) and replies with its own, so both ends see a
-// mismatch and name both sides.
+// mismatch and name both sides. A check-only message (check_message_across,
+// for NCCL's send/recv) exchanges the records and moves no data.
 
 // Channel c uses tags 3c + 1 .. 3c + 3 (Call::kMaxChannels keeps them under
 // the 32767 every MPI allows).
@@ -31,7 +32,7 @@ struct Wire {
 };
 
 bool same_message(const Fingerprint& a, const Fingerprint& b) {
-  return a.name_hash == b.name_hash && a.count == b.count && a.dtype == b.dtype;
+  return a.name_hash == b.name_hash && a.count == b.count && a.dtype == b.dtype && a.shape_hash == b.shape_hash;
 }
 
 std::string message_mismatch(const Fingerprint& a, int rank_a, const Fingerprint& b, int rank_b) {
@@ -87,6 +88,10 @@ void run_send(Job& job, CommThread& thread) {
     complete(job, job.failed_input);
     return gate.pass(seq);
   }
+  if (job.check_only && !g.fingerprints) {  // nothing to check (NCCL moves the data)
+    complete(job);
+    return gate.pass(seq);
+  }
   auto wire = std::make_unique<Wire>();
   wire->header = job.mine;
   MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
@@ -99,7 +104,7 @@ void run_send(Job& job, CommThread& thread) {
       rc = MPI_Irecv(&wire->reply, sizeof(Fingerprint), MPI_BYTE, peer, tags.reply, g.p2p, &reply);
     }
   }
-  if (rc == MPI_SUCCESS && !job.failed_input) {
+  if (rc == MPI_SUCCESS && !job.failed_input && !job.check_only) {
     call = "MPI_Isend";
     rc = MPI_Isend(job.in, job.count, job.type, peer, tags.data, g.p2p, &data);
   }
@@ -137,6 +142,10 @@ void run_recv(Job& job, CommThread& thread) {
   MPI_Request header = MPI_REQUEST_NULL, data = MPI_REQUEST_NULL, reply = MPI_REQUEST_NULL;
   int rc = MPI_SUCCESS;
   const char* call = "MPI_Irecv";  // the call that returned rc
+  if (job.check_only && !g.fingerprints) {  // nothing to check (NCCL moves the data)
+    gate.pass(seq);
+    return complete(job);
+  }
   if (!g.fingerprints) {
     rc = MPI_Irecv(job.out, job.count, job.type, peer, tags.data, g.p2p, &data);
     gate.pass(seq);
@@ -163,7 +172,7 @@ void run_recv(Job& job, CommThread& thread) {
   const Fingerprint& h = wire->header;
   const bool match = same_message(h, job.mine);
   std::vector<unsigned char> discard;  // a mismatched message's data, taken and dropped
-  if (!h.failed) {
+  if (!h.failed && !job.check_only) {  // a check moves no data
     call = "MPI_Irecv";
     if (match) {
       rc = MPI_Irecv(job.out, job.count, job.type, peer, tags.data, g.p2p, &data);

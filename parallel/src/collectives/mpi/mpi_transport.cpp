@@ -207,11 +207,31 @@ class MpiTransport final : public Transport {
   // input or a missing rank fails it on every rank and the data phase,
   // which reads it, learns of it.
   void check_only(const Call& call, const Tensor& described, const std::vector<Tensor>& reads, const Tensor& token,
-                  ReduceOp op) {
+                  ReduceOp op, std::shared_ptr<CheckAfter> after) {
     committed(call, [&] {
       auto job = make_job(call, described, op);
       job->check_only = true;
+      job->after = std::move(after);
       push(call, std::move(job), reads, {token}, [](Job&, const TensorData&) {});
+    });
+  }
+  // The same for a message: its ends exchange their records and no data. A
+  // send's hold op reads the tensor (its record says whether it failed); a
+  // recv's reads nothing and so exchanges at once.
+  void check_message_only(Call& call, const Tensor& described, int peer, const Tensor& token) {
+    const bool sending = call.kind() == Kind::send;
+    {
+      std::lock_guard lock(group_->messages_mutex);
+      auto& numbers = sending ? group_->sent : group_->received;
+      call.commit_message(++numbers[{peer, call.channel()}], peer);
+    }
+    committed(call, [&] {
+      auto job = make_job(call, described, ReduceOp::sum);
+      job->root = job->mine.root = peer;
+      job->channel = call.channel();
+      job->check_only = true;
+      push(call, std::move(job), sending ? std::vector<Tensor>{described} : std::vector<Tensor>{}, {token},
+           [](Job&, const TensorData&) {});
     });
   }
 
@@ -257,6 +277,8 @@ class MpiTransport final : public Transport {
       job->count = static_cast<int>(t.numel());
       f.count = t.numel();
       f.dtype = static_cast<std::uint8_t>(t.dtype());
+      f.shape_hash = shape_hash(t.shape());
+      copy_text(f.shape, sizeof f.shape, t.shape().str());
       if (reduces(call.kind()) && is_half(t.dtype())) {  // reduced in float32 (widen_half)
         job->half = t.dtype();
         job->type = MPI_FLOAT;
@@ -512,12 +534,24 @@ std::shared_ptr<MpiGroup> split_group(const std::shared_ptr<MpiGroup>& parent, c
 }  // namespace
 
 void check_across(const Communicator& comm, Kind kind, const Tensor& described, const std::vector<Tensor>& reads,
-                  const Tensor& token, ReduceOp op, const CollectiveOptions& options) {
+                  const Tensor& token, ReduceOp op, const CollectiveOptions& options,
+                  std::shared_ptr<CheckAfter> after) {
   auto* transport = dynamic_cast<MpiTransport*>(state_of(comm)->transport.get());
   if (!transport) throw Error("weft::parallel: check_across on a communicator that is not an MPI one");
   Call call(kind, comm, options);
   call.commit();
-  transport->check_only(call, described, reads, token, op);
+  transport->check_only(call, described, reads, token, op, std::move(after));
+}
+
+void check_message_across(const Communicator& comm, Kind kind, const Tensor& described, int peer, int channel,
+                          const Tensor& token, const CollectiveOptions& options) {
+  auto* transport = dynamic_cast<MpiTransport*>(state_of(comm)->transport.get());
+  if (!transport) throw Error("weft::parallel: check_message_across on a communicator that is not an MPI one");
+  if (kind != Kind::send && kind != Kind::recv) throw Error("weft::parallel: check_message_across of a collective");
+  Call call(kind, comm, options);
+  call.set_channel(channel);
+  call.set_payload(described.dtype(), described.numel());  // checked already, as the message it checks (any device)
+  transport->check_message_only(call, described, peer, token);
 }
 
 std::unique_ptr<Transport> make_mpi_transport(CommunicatorState& state, const CommunicatorOptions& options) {
