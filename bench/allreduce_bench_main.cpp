@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -31,6 +32,9 @@
 #include "weft/parallel/collectives.h"
 #include "weft/parallel/flight_recorder.h"
 #include "weft/tensor.h"
+#include "weft/tensor_op.h"
+// White-box: the NCCL path's check over MPI (--nccl-check).
+#include "collectives/call.h"
 
 namespace {
 
@@ -42,13 +46,14 @@ struct Options {
   bool unchecked_first = false;  // create weft_mpi_unchecked's communicator before weft_mpi's
   bool per_rep = false;          // a JSON line per timed rep of the across-rank implementations
   bool flight_recorder = false;  // only the flight recorder's cost: on against off
+  bool nccl_check = false;       // only the host-side check ahead of an NCCL launch: meeting against ahead
   bool max_bytes_given = false;
 };
 
 int usage(std::FILE* out, int rc) {
   std::fprintf(out,
                "usage: weft-bench-allreduce [--json] [--members N] [--min-bytes B] [--max-bytes B] [--reps N] [--quick]\n"
-               "                            [--unchecked-first] [--per-rep] [--flight-recorder]\n"
+               "                            [--unchecked-first] [--per-rep] [--flight-recorder] [--nccl-check]\n"
                "       mpirun -np R weft-bench-allreduce [same flags]\n"
                "  Float sum allreduce, sizes from --min-bytes to --max-bytes (default 4 B to 256 MiB, x4 steps);\n"
                "  per size the median of --reps timed runs (default 5), each enough calls to take ~50 ms.\n"
@@ -78,6 +83,16 @@ int usage(std::FILE* out, int rc) {
                "  Where Weft uses NCCL (real GPUs, WEFT_NCCL unset or 1) those rows are weft_nccl_gpu and\n"
                "  weft_nccl_mpi_gpu, beside nccl: ncclAllReduce called directly on the same GPUs (in-process).\n"
                "  Simulated GPUs run at CPU speed: their figures exercise the paths, they do not rate them.\n"
+               "  --nccl-check: under mpirun, only the host-side path ahead of an NCCL collective's launch, on cpu(0):\n"
+               "  its fingerprint check over MPI (call.h's check_across), then the launch's hold op (reading the\n"
+               "  check's token and holding the 4-byte input, as NCCL's does). time_us: the median call's time from\n"
+               "  its push (input ready) to that hold op's run, the median over reps of 200 calls each, one call at\n"
+               "  a time. nccl_check_meeting: the token waits for every peer's status (the design before the check\n"
+               "  ahead); nccl_check_ahead: it completes once the fingerprints matched and this rank's status went\n"
+               "  out (the statuses settle before the next call); vs_peer over the meeting's, reps paired.\n"
+               "  Rows _skew100us: every other rank's input is ready 100 us after rank 0's (its producer, pushed\n"
+               "  just before the check, busy-waits 100 us), as ranks drift in a step; rank 0's times.\n"
+               "  No GPU or NCCL needed: this is the code that runs before ncclAllReduce.\n"
                "  --flight-recorder: only the flight recorder's cost (weft/parallel/flight_recorder.h), sizes up\n"
                "  to 4 KiB unless --max-bytes says: weft_ring_recorder_on beside weft_ring_recorder_off (rank 0\n"
                "  alone) and, under mpirun, weft_mpi_recorder_on beside weft_mpi_recorder_off, the recorder\n"
@@ -315,6 +330,7 @@ int main(int argc, char** argv) {
     else if (a == "--unchecked-first") o.unchecked_first = true;
     else if (a == "--per-rep") o.per_rep = true;
     else if (a == "--flight-recorder") o.flight_recorder = true;
+    else if (a == "--nccl-check") o.nccl_check = true;
     else {
       std::fprintf(stderr, "weft-bench-allreduce: bad argument '%s' (a flag needs a number in range)\n", a.c_str());
       return usage(stderr, 2);
@@ -373,6 +389,65 @@ int main(int argc, char** argv) {
   auto report = [&](const Row& row) {
     if (print_here) print(row, json, rtt);
   };
+
+  if (o.nccl_check) {
+    if (job.size == 1) {
+      if (print_here) std::fprintf(stderr, "weft-bench-allreduce --nccl-check: run it under mpirun (2 or more ranks)\n");
+      return 0;
+    }
+    namespace detail = par::detail;
+    const par::Communicator checks = par::Communicator::mpi(*engine, weft::Device::cpu(0));
+    weft::Tensor x = weft::Tensor::full(*engine, weft::Shape{1}, 1.0f, weft::Device::cpu(0));
+    engine->wait_all();
+    // One call: the check pushed with its input ready, and the launch's hold
+    // op (NCCL's reads the token and holds the tensor; run inline), whose
+    // body notes when it runs. The next call begins once this one is over:
+    // its launch ran and, ahead, its statuses settled (NCCL's hold op
+    // completes only then). What is timed is push to launch.
+    auto call_us = [&](bool ahead, int skew_us) {
+      if (job.rank != 0 && skew_us > 0)  // this rank's input is ready later than rank 0's: its producer runs longer
+        weft::push_tensor_op(weft::Device::cpu(0), {}, {x}, [skew_us](weft::RunContext&, const weft::TensorData&) {
+          const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(skew_us);
+          while (std::chrono::steady_clock::now() < until) {
+          }
+        }, {.name = "late producer"});
+      weft::Tensor token = weft::Tensor::empty(*engine, weft::Shape{0}, weft::Device::cpu(0));
+      std::shared_ptr<detail::CheckAfter> after = ahead ? std::make_shared<detail::CheckAfter>() : nullptr;
+      auto launched = std::make_shared<std::chrono::steady_clock::time_point>();
+      const auto pushed = std::chrono::steady_clock::now();
+      detail::check_across(checks, detail::Kind::allreduce, x, {x}, token, par::ReduceOp::sum, {.name = "grad"},
+                           after);
+      weft::push_tensor_op_async(
+          weft::Device::cpu(0), {token}, {x},
+          [launched](weft::RunContext&, const weft::TensorData&, weft::Completion done) {
+            *launched = std::chrono::steady_clock::now();
+            done();
+          },
+          {.name = "launch", .run_inline = true});
+      engine->wait_to_read(x.var());
+      if (after)
+        while (!after->settled.load(std::memory_order_acquire)) std::this_thread::yield();
+      return std::chrono::duration<double, std::micro>(*launched - pushed).count();
+    };
+    constexpr int kCalls = 200;
+    for (const int skew_us : {0, 100}) {
+      std::vector<double> meeting, ahead;  // per rep: rank 0's median call's push-to-launch time
+      for (int r = 0; r < o.reps; ++r)
+        for (int which = 0; which < 2; ++which) {
+          const bool is_ahead = (which == 0) == (r % 2 == 0);  // alternate which goes first
+          MPI_Barrier(MPI_COMM_WORLD);
+          call_us(is_ahead, skew_us);  // untimed
+          std::vector<double> us;
+          for (int k = 0; k < kCalls; ++k) us.push_back(call_us(is_ahead, skew_us));
+          (is_ahead ? ahead : meeting).push_back(weft_bench::summarize(us).median);
+        }
+      const std::string suffix = skew_us ? "_skew" + std::to_string(skew_us) + "us" : "";
+      report({"nccl_check_meeting" + suffix, job.size, 4, weft_bench::summarize(meeting).median});
+      report({"nccl_check_ahead" + suffix, job.size, 4, weft_bench::summarize(ahead).median,
+              "nccl_check_meeting" + suffix, paired_ratio(ahead, meeting)});
+    }
+    return 0;
+  }
 
   if (o.flight_recorder) {
     // The recorder on (2000 entries) against off, one implementation at a
