@@ -145,6 +145,38 @@ section() {  # section NAME SECONDS COMMAND...
 peer() { run "$1" env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" "${@:2}"; }
 tests=$(find_bin weft-tests-gpu)
 
+# ---- check_nccl_p2p: NCCL's send/recv and its checks ahead (step nccl-p2p, not by default) ----
+# The checks over MPI (CPU, 2 ranks), weft-bench-allreduce --nccl-check (the host
+# path before a launch, meeting against ahead), then NCCL's collectives and
+# send/recv across processes: one rank per GPU (NCCL refuses two ranks of one
+# communicator on one GPU, so with one GPU the 2-rank case prints its skip line).
+check_nccl_p2p() {
+  local mpi_tests gpus np
+  mpi_tests=$(find_bin weft-tests-parallel-mpi)
+  gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l)
+  np=$((gpus >= 2 ? 2 : 1))
+  step "NCCL's checks over MPI on the CPU (2 ranks)"
+  run 300 env WEFT_GPU_BACKEND=none WEFT_FLIGHT_RECORDER_DIR=/tmp mpirun --allow-run-as-root --oversubscribe --bind-to none \
+    -np 2 "$mpi_tests" \
+    -tc="NCCL's*,a send and recv*" --no-version --no-colors
+  step "the host path before an NCCL launch: meeting against ahead (2 ranks, cpu(0))"
+  run 300 env WEFT_GPU_BACKEND=none mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 \
+    "$(find_bin weft-bench-allreduce)" --nccl-check --json --reps 11
+  step "NCCL across $np process(es), one GPU each: collectives, then send/recv both ways"
+  run 300 mpirun --allow-run-as-root --bind-to none -np "$np" "$mpi_tests" -tc='*GPU*' --no-version --no-colors
+  if ((gpus < 2)); then
+    step "NCCL send/recv at 2 ranks on $gpus GPU(s): expect its skip line (a GPU per rank)"
+    run 120 mpirun --allow-run-as-root --bind-to none -np 2 "$mpi_tests" -tc='GPU send/recv across processes over NCCL*' \
+      --no-version --no-colors
+  fi
+}
+rest=()
+for s in "${steps[@]}"; do
+  if [[ $s == nccl-p2p ]]; then check_nccl_p2p; else rest+=("$s"); fi
+done
+steps=("${rest[@]}")
+# ---- end of check_nccl_p2p ----
+
 for s in "${steps[@]}"; do
   ((dry)) && [[ $s != never-run ]] && { echo "gpu-check.sh: --dry-run plans the never-run step only ($s skipped)"; continue; }
   case $s in

@@ -7,7 +7,8 @@
 // rank's GPU failing every rank, and two GPUs per process (in-process ring
 // on the GPUs, then across processes); bfloat16 and float16 reductions
 // rounded once where staged (half_values.h), within NCCL's per-hop rounding
-// over NCCL. Each scenario over the naive engine and the threaded one at 1,
+// over NCCL; NCCL's send/recv in both directions (a GPU per rank, real GPUs
+// only). Each scenario over the naive engine and the threaded one at 1,
 // 2, 4 and 8 workers per device.
 #include <doctest/doctest.h>
 
@@ -252,4 +253,80 @@ TEST_CASE("GPU members across processes: bfloat16 and float16 reductions round o
       }
     }
   });
+}
+
+// NCCL's send/recv (ncclSend/ncclRecv on a communicator of two ranks per
+// ordered pair): activations forward and gradients back between ring
+// neighbours, as a pipeline sends them, exact; then shapes that differ fail
+// both ends naming both, and the pair goes on. Needs the cuda backend with
+// NCCL and a GPU per rank: rank r drives gpu(r) (NCCL refuses two ranks of
+// one communicator on one GPU), so a one-GPU machine skips it at np2.
+TEST_CASE("GPU send/recv across processes over NCCL: both directions exact, shapes that differ named on both ends" *
+          doctest::timeout(300)) {
+  if (no_gpus(1)) return;
+  int ranks = 1, rank = 0;
+  {
+    auto probe = Engine::create({.kind = "threaded"});
+    const par::Communicator world = par::Communicator::mpi(*probe, Device::cpu(0));
+    ranks = world.size();
+    rank = world.local_ranks()[0];
+    mpi_test::sync_ranks(*probe);
+  }
+  if (mpi_test::alone(ranks)) return;
+  if (weft::gpu::backend() != weft::gpu::Backend::cuda) {
+    std::printf("[weft-skip] NCCL send/recv needs the cuda backend (simulated GPUs stage messages through host memory)\n");
+    std::fflush(stdout);
+    return;
+  }
+  if (weft::gpu::device_count() < ranks) {
+    std::printf("[weft-skip] NCCL send/recv across %d processes needs a GPU per rank (NCCL refuses two ranks of one "
+                "communicator on one GPU); this machine has %d\n", ranks, weft::gpu::device_count());
+    std::fflush(stdout);
+    return;
+  }
+  auto e = Engine::create({.kind = "threaded", .cpu_devices = 1, .gpu_devices = ranks});
+  const Device mine = Device::gpu(rank);
+  const par::Communicator comm = par::Communicator::mpi(*e, mine);
+  if (comm.str().find("NCCL") == std::string::npos) {
+    std::printf("[weft-skip] this communicator is not NCCL's (WEFT_NCCL=0, or a build without NCCL): %s\n",
+                comm.str().c_str());
+    std::fflush(stdout);
+    mpi_test::sync_ranks(*e);
+    return;
+  }
+  const int right = (rank + 1) % ranks, left = (rank + ranks - 1) % ranks;
+  constexpr int kMicroBatches = 3;
+  constexpr std::int64_t kCount = 300007;  // beyond NCCL's buffers: a message in flight waits for its receiver
+  std::vector<Tensor> forward, backward;
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    // Sends before receives on every rank, in both directions: each ordered
+    // pair has its own communicator and stream, so neither waits behind the other.
+    par::send(comm, member_tensor(*e, rank + mb, kCount, mine), right, {.name = "activation " + std::to_string(mb)});
+    par::send(comm, member_tensor(*e, rank + 10 * mb, kCount, mine), left, {.name = "gradient " + std::to_string(mb)});
+  }
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    forward.push_back(Tensor::empty(*e, Shape{kCount}, mine));
+    par::recv(comm, forward.back(), left, {.name = "activation " + std::to_string(mb)});
+    backward.push_back(Tensor::empty(*e, Shape{kCount}, mine));
+    par::recv(comm, backward.back(), right, {.name = "gradient " + std::to_string(mb)});
+  }
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    require_values(forward[static_cast<std::size_t>(mb)], kCount, [&](std::int64_t i) { return value(left + mb, i); });
+    require_values(backward[static_cast<std::size_t>(mb)], kCount,
+                   [&](std::int64_t i) { return value(right + 10 * mb, i); });
+  }
+  // Shapes that differ (as many elements): both ends fail, naming both.
+  if (rank < 2) {
+    // Rank 0 sent rank 1 the activations, and at np2 the gradients too.
+    const int sent = ranks == 2 ? 2 * kMicroBatches : kMicroBatches;
+    const std::string want = "send and recv differ: rank 0 called send 'odd' [2, 3] float32 to rank 1 as #" +
+                             std::to_string(sent + 1) + "; rank 1 called recv 'odd' [3, 2] float32 from rank 0";
+    Tensor t = rank == 0 ? Tensor::full(*e, Shape{2, 3}, 1.0f, mine) : Tensor::empty(*e, Shape{3, 2}, mine);
+    if (rank == 0) par::send(comm, t, 1, {.name = "odd"});
+    else par::recv(comm, t, 0, {.name = "odd"});
+    if (rank == 1) CHECK(error_of(t).find(want) != std::string::npos);
+    if (rank == 0) CHECK_THROWS_WITH_AS(e->wait_all(), doctest::Contains(want.c_str()), weft::CommunicationError);
+  }
+  e->wait_all();
+  mpi_test::sync_ranks(*e);
 }
