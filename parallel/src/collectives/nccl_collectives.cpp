@@ -645,7 +645,7 @@ class NcclAcrossTransport final : public Transport {
   // One message: its records exchanged over MPI (a token fails on both ends
   // when they differ, and on the receiver when the sender's input failed),
   // then ncclSend or ncclRecv on the pair's communicator, which the first
-  // message makes (non-blocking, polled against the deadline).
+  // message that launches makes (non-blocking, polled against the deadline).
   void message(Call& call, const Tensor& tensor, int peer, bool sending) {
     std::lock_guard lock(links_mutex_);
     Link& l = link(call, peer, sending);
@@ -664,14 +664,16 @@ class NcclAcrossTransport final : public Transport {
     if (sending) reads.push_back(tensor);
     else writes.push_back(tensor);
     reads.push_back(token);
+    // Every message reads the pair's id (there once it arrived) and makes
+    // the pair's communicator if no message before it did: the first may
+    // have failed its check on both ends and launched nothing.
+    reads.push_back(l.id);
     Launch launch;
-    if (k == 1) {
-      reads.push_back(l.id);  // the last read: the pair's id, there once it arrived
-      launch.prepare = [clique, sending, id_at = static_cast<int>(reads.size()) - 1, what = call.label()](
-                           const Phase& phase, Clock::time_point deadline, CommThread& thread) -> std::string {
-        return make_pair_comm(*clique, phase.in_at(id_at), sending, what, deadline, thread);
-      };
-    }
+    launch.prepare = [clique, sending, id_at = static_cast<int>(reads.size()) - 1, what = call.label()](
+                         const Phase& phase, Clock::time_point deadline, CommThread& thread) -> std::string {
+      if (clique->comms[0]) return "";  // fibers of one thread, in the pair's order: no race
+      return make_pair_comm(*clique, phase.in_at(id_at), sending, what, deadline, thread);
+    };
     const std::size_t bytes = tensor.nbytes();
     push_nccl(call, clique, reads, writes, [clique, bytes, sending](int r, const Phase& p) {
       // In the pair's communicator the sender is rank 0, the receiver rank 1.
