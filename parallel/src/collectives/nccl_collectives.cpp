@@ -274,7 +274,15 @@ void run(const std::shared_ptr<Clique>& clique, const std::shared_ptr<Phase>& ph
     clique->gate.pass(seq);
     return fail(std::string("launching failed: ") + e.what());  // some members may have launched
   }
-  if (zeros) cudaFreeAsync(zeros, clique->native(0));  // after the launch, in stream order (a failure leaves it)
+  if (zeros) {  // after the launch, in stream order
+    try {
+      ::weft::detail::CheckContextGuard context(phase->what, clique->devices.front());
+      WEFT_CUDA_CHECK(cudaFreeAsync(zeros, clique->native(0)));
+    } catch (const std::exception& e) {
+      clique->gate.pass(seq);
+      return fail(std::string("freeing the stand-in for its failed input: ") + e.what());
+    }
+  }
   // A non-blocking communicator enqueues after ncclGroupEnd returned: the
   // next collective may be launched, and the events recorded, once it is
   // done.
