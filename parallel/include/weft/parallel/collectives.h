@@ -151,9 +151,11 @@ void barrier(const Communicator& comm, CollectiveOptions options = {});
 // on the device of a member this process drives, becomes what `peer` sends
 // (written). The k-th send from member a to member b meets b's k-th recv from
 // a; across processes they are checked like collectives (name, dtype,
-// element count) and a mismatch fails both ends, naming both (a send only
-// reads its tensor, so its errors reach wait_all). In-process, the send is a
-// snapshot taken in push order and its recv must be pushed after it.
+// shape) and a mismatch fails both ends, naming both (a send only reads its
+// tensor, so its errors reach wait_all); GPU members on NCCL's communicators
+// send GPU to GPU (ncclSend/ncclRecv). In-process, the send is a snapshot
+// taken in push order and its recv must be pushed after it, with the same
+// shape and dtype (else InvalidArgument at push).
 // options.root is unused.
 void send(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options = {});
 void recv(const Communicator& comm, const Tensor& tensor, int peer, CollectiveOptions options = {});
