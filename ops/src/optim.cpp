@@ -174,18 +174,20 @@ kernels::OptimizerHyper Optimizer::Impl::hyper(float lr) const {
     case Algorithm::adam: h.kind = kernels::OptimizerKind::adam; break;
     case Algorithm::adamw: h.kind = kernels::OptimizerKind::adamw; break;
   }
+  // Each constant in double from the float32 options, rounded once.
   const auto d = [](float v) { return static_cast<double>(v); };
-  h.lr = d(lr);
-  h.weight_decay = o.algorithm == Algorithm::adamw ? 0.0 : d(o.weight_decay);
-  h.decay = 1.0 - d(lr) * d(o.weight_decay);
-  h.momentum = d(o.momentum);
-  h.one_minus_dampening = 1.0 - d(o.dampening);
+  const auto f = [](double v) { return static_cast<float>(v); };
+  h.lr = lr;
+  h.weight_decay = o.algorithm == Algorithm::adamw ? 0.0f : o.weight_decay;
+  h.decay = f(1.0 - d(lr) * d(o.weight_decay));
+  h.momentum = o.momentum;
+  h.one_minus_dampening = f(1.0 - d(o.dampening));
   h.nesterov = o.nesterov ? 1 : 0;
-  h.beta1 = d(o.beta1);
-  h.beta2 = d(o.beta2);
-  h.one_minus_beta1 = 1.0 - d(o.beta1);
-  h.one_minus_beta2 = 1.0 - d(o.beta2);
-  h.eps = d(o.eps);
+  h.beta1 = o.beta1;
+  h.beta2 = o.beta2;
+  h.one_minus_beta1 = f(1.0 - d(o.beta1));
+  h.one_minus_beta2 = f(1.0 - d(o.beta2));
+  h.eps = o.eps;
   return h;
 }
 

@@ -1,12 +1,14 @@
 // The optimizer step's arithmetic, shared by the CPU kernel (cpu/optim.cpp)
 // and the CUDA kernels (gpu/optim.cu) so both compute the same bits. Each
-// element's update runs in double from the float32 value, states and
-// gradient, and each stored value is rounded to float32 once per step (so
-// the weights drift from a float64 run by one rounding per step, not
-// several). Every operation is a separately rounded IEEE one (the _rn
-// intrinsics on the device, where nvcc would otherwise contract a * b + c
-// into an FMA), and the bias corrections 1 - beta^t use powers by repeated
-// squaring (the same operation sequence on both, unlike pow()).
+// element's update runs in float32, as PyTorch's fused optimizers do (its
+// opmath type for float32 parameters): the step's constants come from the
+// host in float32 (each rounded once from double), the per-tensor bias
+// corrections are computed in double from the step count and rounded once,
+// and every element operation is a separately rounded IEEE float32 one (the
+// _rn intrinsics on the device, where nvcc would otherwise contract a * b + c
+// into an FMA). Powers use repeated squaring (the same operation sequence on
+// both, unlike pow()). docs/design/optimizers.md says how far this is from a
+// float64 run.
 #pragma once
 
 #include <cstddef>
@@ -22,17 +24,17 @@ namespace weft::kernels {
 
 enum class OptimizerKind : std::int32_t { sgd, sgd_momentum, adam, adamw };
 
-// One step's constants, computed on the host (lr is the step's rate), as
-// doubles of the float32 options (1 - x computed in double).
+// One step's constants, computed on the host (lr is the step's rate) in
+// double from the float32 options and rounded to float32 once each.
 struct OptimizerHyper {
   OptimizerKind kind = OptimizerKind::sgd;
   std::int32_t nesterov = 0;
-  double lr = 0.0;
-  double weight_decay = 0.0;  // sgd, adam: added to the gradient (0: not at all)
-  double decay = 1.0;         // adamw: w *= decay = 1 - lr * weight_decay first
-  double momentum = 0.0, one_minus_dampening = 1.0;
-  double beta1 = 0.9, beta2 = 0.999, one_minus_beta1 = 0.1, one_minus_beta2 = 0.001;
-  double eps = 1e-8;
+  float lr = 0.0f;
+  float weight_decay = 0.0f;  // sgd, adam: added to the gradient (0: not at all)
+  float decay = 1.0f;         // adamw: w *= decay = 1 - lr * weight_decay first
+  float momentum = 0.0f, one_minus_dampening = 1.0f;
+  float beta1 = 0.9f, beta2 = 0.999f, one_minus_beta1 = 0.1f, one_minus_beta2 = 0.001f;
+  float eps = 1e-8f;
 };
 
 // One parameter of a step: its value, states (s0: momentum_buffer or
@@ -49,35 +51,66 @@ struct OptimizerTensor {
 
 namespace optim_math {
 
-WEFT_OPTIM_HD double mul(double a, double b) {
+// float32 operations, each rounded once.
+WEFT_OPTIM_HD float mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+WEFT_OPTIM_HD float add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+WEFT_OPTIM_HD float sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+WEFT_OPTIM_HD float div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+WEFT_OPTIM_HD float sqrt(float a) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(a);
+#else
+  return __builtin_sqrtf(a);
+#endif
+}
+
+// double operations for the per-tensor constants.
+WEFT_OPTIM_HD double dmul(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dmul_rn(a, b);
 #else
   return a * b;
 #endif
 }
-WEFT_OPTIM_HD double add(double a, double b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-WEFT_OPTIM_HD double sub(double a, double b) {
+WEFT_OPTIM_HD double dsub(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __dsub_rn(a, b);
 #else
   return a - b;
 #endif
 }
-WEFT_OPTIM_HD double div(double a, double b) {
+WEFT_OPTIM_HD double ddiv(double a, double b) {
 #if defined(__CUDA_ARCH__)
   return __ddiv_rn(a, b);
 #else
   return a / b;
 #endif
 }
-WEFT_OPTIM_HD double sqrt(double a) {
+WEFT_OPTIM_HD double dsqrt(double a) {
 #if defined(__CUDA_ARCH__)
   return __dsqrt_rn(a);
 #else
@@ -85,21 +118,22 @@ WEFT_OPTIM_HD double sqrt(double a) {
 #endif
 }
 
-// b^t for an integer t >= 0 by repeated squaring.
+// b^t for an integer t >= 0 by repeated squaring, in double.
 WEFT_OPTIM_HD double power(double b, std::int64_t t) {
   double r = 1.0;
   while (t > 0) {
-    if (t & 1) r = mul(r, b);
-    b = mul(b, b);
+    if (t & 1) r = dmul(r, b);
+    b = dmul(b, b);
     t >>= 1;
   }
   return r;
 }
 
-// Per tensor and step: what the elements need from the step count t (from 1).
+// Per tensor and step: what the elements need from the step count t (from
+// 1), computed in double and rounded to float32 once.
 struct StepConstants {
-  double step_size = 0.0;  // adam: lr / (1 - beta1^t)
-  double bc2_sqrt = 1.0;   // adam: sqrt(1 - beta2^t)
+  float step_size = 0.0f;  // adam: lr / (1 - beta1^t)
+  float bc2_sqrt = 1.0f;   // adam: sqrt(1 - beta2^t)
   bool first = false;      // t == 1: momentum sgd's buffer starts as the gradient
 };
 
@@ -108,43 +142,43 @@ WEFT_OPTIM_HD StepConstants constants(const OptimizerHyper& h, float counter) {
   const auto t = static_cast<std::int64_t>(counter) + 1;
   c.first = t == 1;
   if (h.kind == OptimizerKind::adam || h.kind == OptimizerKind::adamw) {
-    c.step_size = div(h.lr, sub(1.0, power(h.beta1, t)));
-    c.bc2_sqrt = sqrt(sub(1.0, power(h.beta2, t)));
+    c.step_size = static_cast<float>(ddiv(h.lr, dsub(1.0, power(h.beta1, t))));
+    c.bc2_sqrt = static_cast<float>(dsqrt(dsub(1.0, power(h.beta2, t))));
   }
   return c;
 }
 
-// Element i of one tensor; `scale` multiplies the gradient. Each stored
-// value is rounded to float32 once.
+// Element i of one tensor; `scale` multiplies the gradient. float32 from
+// load to store.
 WEFT_OPTIM_HD void update(const OptimizerHyper& h, const StepConstants& c, const OptimizerTensor& p, float scale,
                           std::int64_t i) {
-  double w = p.w[i];
-  double g = mul(p.g[i], scale);
+  float w = p.w[i];
+  float g = mul(p.g[i], scale);
   switch (h.kind) {
     case OptimizerKind::sgd:
-      if (h.weight_decay != 0.0) g = add(g, mul(h.weight_decay, w));
-      p.w[i] = static_cast<float>(sub(w, mul(h.lr, g)));
+      if (h.weight_decay != 0.0f) g = add(g, mul(h.weight_decay, w));
+      p.w[i] = sub(w, mul(h.lr, g));
       return;
     case OptimizerKind::sgd_momentum: {
-      if (h.weight_decay != 0.0) g = add(g, mul(h.weight_decay, w));
-      const double b = c.first ? g : add(mul(h.momentum, p.s0[i]), mul(h.one_minus_dampening, g));
-      p.s0[i] = static_cast<float>(b);
+      if (h.weight_decay != 0.0f) g = add(g, mul(h.weight_decay, w));
+      const float b = c.first ? g : add(mul(h.momentum, p.s0[i]), mul(h.one_minus_dampening, g));
+      p.s0[i] = b;
       g = h.nesterov ? add(g, mul(h.momentum, b)) : b;
-      p.w[i] = static_cast<float>(sub(w, mul(h.lr, g)));
+      p.w[i] = sub(w, mul(h.lr, g));
       return;
     }
     case OptimizerKind::adam:
     case OptimizerKind::adamw: {
       if (h.kind == OptimizerKind::adamw)
         w = mul(w, h.decay);
-      else if (h.weight_decay != 0.0)
+      else if (h.weight_decay != 0.0f)
         g = add(g, mul(h.weight_decay, w));
-      const double m = add(mul(h.beta1, p.s0[i]), mul(h.one_minus_beta1, g));
-      const double v = add(mul(h.beta2, p.s1[i]), mul(h.one_minus_beta2, mul(g, g)));
-      p.s0[i] = static_cast<float>(m);
-      p.s1[i] = static_cast<float>(v);
-      const double denom = add(div(sqrt(v), c.bc2_sqrt), h.eps);
-      p.w[i] = static_cast<float>(sub(w, mul(c.step_size, div(m, denom))));
+      const float m = add(mul(h.beta1, p.s0[i]), mul(h.one_minus_beta1, g));
+      const float v = add(mul(h.beta2, p.s1[i]), mul(h.one_minus_beta2, mul(g, g)));
+      p.s0[i] = m;
+      p.s1[i] = v;
+      const float denom = add(div(sqrt(v), c.bc2_sqrt), h.eps);
+      p.w[i] = sub(w, mul(c.step_size, div(m, denom)));
       return;
     }
   }
