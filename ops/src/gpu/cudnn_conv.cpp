@@ -1,11 +1,15 @@
 // 2-D convolution through cuDNN 9's legacy API, in float32, bfloat16 or
 // float16 data (ConvGeometry::dtype) with float32 accumulation.
 //
-// Plans (descriptors plus the chosen algorithms) are cached per thread, keyed
-// by geometry, dtype, tf32, algorithm choice, device and workspace size: each
-// engine worker owns its cuDNN handle and calls from its own thread, so the
-// cache needs no lock, and a training loop hits the same few geometries
-// every step.
+// Algorithm choices live in one cache per device (algorithm_cache.h), shared
+// by the device's workers, least recently used out first beyond
+// WEFT_CUDNN_CACHE_SIZE entries, keyed by geometry, dtype, layout, math,
+// direction, algorithm mode and workspace size: a geometry is benchmarked
+// once per device, every worker runs the same algorithm, and a choice made
+// while the stream is captured into a CUDA graph (where trial runs cannot
+// run) is provisional, measured at the key's next uncaptured use.
+// Descriptors are host objects whose math type each call sets, so each
+// worker thread keeps its own, in a cache of the same bound.
 //
 // Math: strict float32 asks for CUDNN_FMA_MATH (no tensor cores), float32
 // with tf32 for CUDNN_DEFAULT_MATH (TF32 tensor cores allowed), the halves
@@ -14,23 +18,27 @@
 // heuristic walks cuDNN's *_v7 ranking (no trial runs, no synchronization);
 // benchmark runs cudnnFind*AlgorithmEx on the op's own buffers, on the
 // worker's stream with its workspace, and keeps the fastest (it synchronizes
-// the stream, once per key); deterministic keeps only CUDNN_DETERMINISTIC
-// algorithms with either. Strict float32 prefers FMA-only algorithms and runs
-// another math type only when none fits. The first algorithm whose workspace
-// fits the worker's wins; none fitting is a weft::Error naming the geometry.
-// Each choice is written to the profiler's notes (weft::Profiler::note).
+// the stream, once per key and device); deterministic keeps only
+// CUDNN_DETERMINISTIC algorithms with either. Strict float32 prefers FMA-only
+// algorithms and runs another math type only when none fits. The first
+// algorithm whose workspace fits the worker's wins; none fitting is a
+// weft::Error naming the geometry. Each choice is written to the profiler's
+// notes (weft::Profiler::note). docs/design/precision.md has the details.
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "algorithm_cache.h"
 #include "descriptors.h"
 #include "gpu_internal.h"
 #include "gpu_kernels.h"
@@ -122,7 +130,6 @@ struct ConvPlan {
   ConvolutionDescriptor conv;
   cudnnMathType_t query_math = CUDNN_FMA_MATH;  // what the ranking and the trial runs are asked for
   bool strict = true;                           // float32 without tf32: FMA-only algorithms first
-  std::optional<Choice> fwd, bwd_data, bwd_filter;
 };
 
 // Sizes of one convolution after validation; `degenerate` when some tensor is
@@ -149,33 +156,64 @@ Shape check_shape(const ConvGeometry& g, const char* op) {
   return s;
 }
 
-using PlanKey = std::array<std::int64_t, 15>;
+// The memory layout of x, y and w in a key (NCHW is the one described here).
+constexpr std::int64_t kLayoutNchw = 0;
 
-ConvPlan& plan_for(const WorkerHandles& h, const ConvGeometry& g, const Shape& s, const char* op) {
-  thread_local std::map<PlanKey, std::unique_ptr<ConvPlan>> cache;
+// A worker's descriptors for one geometry: n, c, h, w, o, kh, kw, stride,
+// pad, dtype, layout, tf32.
+using PlanKey = std::array<std::int64_t, 12>;
+
+// One algorithm choice: the descriptors' key, then the direction, the
+// algorithm mode (benchmark, deterministic) and the workspace a choice must
+// fit. Per device (the cache is), so the device is not in it.
+using ChoiceKey = std::array<std::int64_t, 16>;
+using ChoiceCache = AlgorithmCache<ChoiceKey, Choice>;
+using PlanCache = AlgorithmCache<PlanKey, std::shared_ptr<ConvPlan>>;
+
+PlanKey plan_key(const ConvGeometry& g) {
   const bool tf32 = g.dtype == DType::float32 && g.tf32;  // ignored for halves
-  const PlanKey key{g.n,
-                    g.c,
-                    g.h,
-                    g.w,
-                    g.o,
-                    g.kh,
-                    g.kw,
-                    g.stride,
-                    g.pad,
-                    static_cast<std::int64_t>(g.dtype),
-                    tf32 ? 1 : 0,
-                    g.algo.benchmark ? 1 : 0,
-                    g.algo.deterministic ? 1 : 0,
-                    h.device.index(),
-                    static_cast<std::int64_t>(h.workspace_bytes)};
-  if (auto it = cache.find(key); it != cache.end()) return *it->second;
-  // Bounded: a workload with ever-changing shapes (variable batch tails, say)
-  // must not grow host memory without limit; rebuilding a plan is cheap
-  // (a benchmarked one costs its trial runs again).
-  if (cache.size() >= 64) cache.clear();
+  return PlanKey{g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, static_cast<std::int64_t>(g.dtype),
+                 kLayoutNchw, tf32 ? 1 : 0};
+}
 
-  auto plan = std::make_unique<ConvPlan>();
+std::size_t usable_workspace(const WorkerHandles& h) { return h.workspace == nullptr ? 0 : h.workspace_bytes; }
+
+ChoiceKey choice_key(const WorkerHandles& h, const ConvGeometry& g, Direction dir) {
+  const PlanKey p = plan_key(g);
+  ChoiceKey k{};
+  std::copy(p.begin(), p.end(), k.begin());
+  k[12] = static_cast<std::int64_t>(dir);
+  k[13] = g.algo.benchmark ? 1 : 0;
+  k[14] = g.algo.deterministic ? 1 : 0;
+  k[15] = static_cast<std::int64_t>(usable_workspace(h));
+  return k;
+}
+
+// The device's choices, made on first use with WEFT_CUDNN_CACHE_SIZE entries
+// (a malformed value fails the op, naming the variable, until it is fixed).
+ChoiceCache& choices_for(const WorkerHandles& h) {
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<ChoiceCache>> caches;
+  std::lock_guard lock(mu);
+  std::unique_ptr<ChoiceCache>& c = caches[h.device.index()];
+  if (!c) c = std::make_unique<ChoiceCache>(algorithm_cache_size_from_env());
+  return *c;
+}
+
+std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Shape& s, const char* op);
+
+// The calling worker's descriptors for g (shared_ptr: an eviction while the
+// caller holds them leaves them alive).
+std::shared_ptr<ConvPlan> plan_for(const ConvGeometry& g, const Shape& s, const char* op) {
+  thread_local std::unique_ptr<PlanCache> cache;
+  if (!cache) cache = std::make_unique<PlanCache>(algorithm_cache_size_from_env());
+  const auto build = [&] { return make_plan(g, s, op); };
+  return cache->get(plan_key(g), false, build, build);
+}
+
+std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Shape& s, const char* op) {
+  const bool tf32 = g.dtype == DType::float32 && g.tf32;
+  auto plan = std::make_shared<ConvPlan>();
   const cudnnDataType_t type = cudnn_type(g.dtype, op);
   const int n = to_int(g.n, "n", op), c = to_int(g.c, "c", op), hh = to_int(g.h, "h", op), w = to_int(g.w, "w", op);
   const int o = to_int(g.o, "o", op), kh = to_int(g.kh, "kh", op), kw = to_int(g.kw, "kw", op);
@@ -198,12 +236,12 @@ ConvPlan& plan_for(const WorkerHandles& h, const ConvGeometry& g, const Shape& s
   if (rn != n || rc != o || rh != oh || rw != ow)
     throw weft::Error(std::string(op) + ": cuDNN computes output " + std::to_string(rh) + "x" + std::to_string(rw) +
                       ", the geometry " + std::to_string(oh) + "x" + std::to_string(ow));
-  return *cache.emplace(key, std::move(plan)).first->second;
+  return plan;
 }
 
 // Whether the worker's stream is being captured into a CUDA graph: trial
 // runs synchronize, which a capture forbids, so benchmark mode then takes
-// the heuristic's choice for that key.
+// the heuristic's choice for that key, provisionally.
 bool capturing(const WorkerHandles& h) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   WEFT_CUDA_CHECK(cudaStreamIsCapturing(detail::cuda_stream(h), &status));
@@ -217,32 +255,33 @@ bool capturing(const WorkerHandles& h) {
 template <class Perf, class BytesFor>
 Choice pick(const std::vector<Perf>& perf, int returned, const WorkerHandles& h, const ConvPlan& plan,
             const ConvGeometry& g, Direction dir, bool benchmarked, BytesFor bytes_for, const char* op) {
+  std::vector<RankedAlgorithm> ranking;
+  for (int i = 0; i < returned; ++i) {
+    const Perf& p = perf[static_cast<std::size_t>(i)];
+    ranking.push_back({static_cast<int>(p.algo), p.status == CUDNN_STATUS_SUCCESS,
+                       p.determinism == CUDNN_DETERMINISTIC, p.mathType == CUDNN_FMA_MATH});
+  }
   std::size_t smallest = static_cast<std::size_t>(-1);
-  for (int tier = plan.strict ? 0 : 1; tier < 2; ++tier) {
-    for (int i = 0; i < returned; ++i) {
-      const Perf& p = perf[static_cast<std::size_t>(i)];
-      if (p.status != CUDNN_STATUS_SUCCESS) continue;
-      if (g.algo.deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
-      if (tier == 0 && p.mathType != CUDNN_FMA_MATH) continue;
-      WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, p.mathType));
-      const std::size_t bytes = bytes_for(p.algo);
-      if (bytes < smallest) smallest = bytes;
-      if (bytes > h.workspace_bytes || (bytes > 0 && h.workspace == nullptr)) continue;
-      const Choice c{static_cast<int>(p.algo), p.mathType, bytes};
-      char time[48];
-      if (benchmarked && p.time >= 0)
-        std::snprintf(time, sizeof time, "%.3f ms (benchmark)", static_cast<double>(p.time));
-      else if (p.time >= 0)
-        std::snprintf(time, sizeof time, "%.3f ms (heuristic estimate)", static_cast<double>(p.time));
-      else
-        std::snprintf(time, sizeof time, "time unknown (heuristic)");
-      const std::string key = std::string("conv2d ") + direction_name(dir) + " " + geometry_text(g) +
-                              (g.algo.deterministic ? " deterministic" : "") + " gpu(" +
-                              std::to_string(h.device.index()) + ")";
-      weft::Profiler::note(key, key + ": algo " + algo_name(dir, c.algo) + " (" + math_name(c.math) + ") " + time +
-                                    ", workspace " + bytes_text(bytes));
-      return c;
-    }
+  for (const std::size_t i : candidate_order(ranking, g.algo.deterministic, plan.strict)) {
+    const Perf& p = perf[i];
+    WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(plan.conv, p.mathType));
+    const std::size_t bytes = bytes_for(p.algo);
+    if (bytes < smallest) smallest = bytes;
+    if (bytes > h.workspace_bytes || (bytes > 0 && h.workspace == nullptr)) continue;
+    const Choice c{static_cast<int>(p.algo), p.mathType, bytes};
+    char time[48];
+    if (benchmarked && p.time >= 0)
+      std::snprintf(time, sizeof time, "%.3f ms (benchmark)", static_cast<double>(p.time));
+    else if (p.time >= 0)
+      std::snprintf(time, sizeof time, "%.3f ms (heuristic estimate)", static_cast<double>(p.time));
+    else
+      std::snprintf(time, sizeof time, "time unknown (heuristic)");
+    const std::string key = std::string("conv2d ") + direction_name(dir) + " " + geometry_text(g) +
+                            (g.algo.deterministic ? " deterministic" : "") + " gpu(" +
+                            std::to_string(h.device.index()) + ")";
+    weft::Profiler::note(key, key + ": algo " + algo_name(dir, c.algo) + " (" + math_name(c.math) + ") " + time +
+                                  ", workspace " + bytes_text(bytes));
+    return c;
   }
   throw weft::Error(std::string(op) + ": no cuDNN " + (g.algo.deterministic ? "deterministic " : "") +
                     "algorithm for " + geometry_text(g) + " (" + direction_name(dir) +
@@ -255,85 +294,86 @@ Choice pick(const std::vector<Perf>& perf, int returned, const WorkerHandles& h,
 void* trial_workspace(const WorkerHandles& h) { return h.workspace; }
 std::size_t trial_bytes(const WorkerHandles& h) { return h.workspace == nullptr ? 0 : h.workspace_bytes; }
 
-const Choice& forward_choice(const WorkerHandles& h, ConvPlan& p, const ConvGeometry& g, const void* x,
-                             const void* w, void* y, const char* op) {
-  if (!p.fwd) {
-    WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.query_math));
-    int max_count = 0, returned = 0;
-    WEFT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h.cudnn, &max_count));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count > 0 ? max_count : 1));
-    const bool trial = g.algo.benchmark && !capturing(h);
-    if (trial)
-      WEFT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h.cudnn, p.x, x, p.w, w, p.conv, p.y, y, max_count,
-                                                              &returned, perf.data(), trial_workspace(h),
-                                                              trial_bytes(h)));
-    else
-      WEFT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h.cudnn, p.x, p.w, p.conv, p.y, max_count, &returned,
-                                                              perf.data()));
-    p.fwd = pick(perf, returned, h, p, g, Direction::forward, trial,
-                 [&](cudnnConvolutionFwdAlgo_t algo) {
-                   std::size_t bytes = 0;
-                   WEFT_CUDNN_CHECK(
-                       cudnnGetConvolutionForwardWorkspaceSize(h.cudnn, p.x, p.w, p.conv, p.y, algo, &bytes));
-                   return bytes;
-                 },
-                 op);
-  }
-  return *p.fwd;
+// One direction's choice by trial runs (`trial`) or cuDNN's ranking, on the
+// calling worker's descriptors.
+Choice find_forward(const WorkerHandles& h, const ConvPlan& p, const ConvGeometry& g, const void* x, const void* w,
+                    void* y, bool trial, const char* op) {
+  WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.query_math));
+  int max_count = 0, returned = 0;
+  WEFT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h.cudnn, &max_count));
+  std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(static_cast<std::size_t>(max_count > 0 ? max_count : 1));
+  if (trial)
+    WEFT_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithmEx(h.cudnn, p.x, x, p.w, w, p.conv, p.y, y, max_count,
+                                                            &returned, perf.data(), trial_workspace(h),
+                                                            trial_bytes(h)));
+  else
+    WEFT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h.cudnn, p.x, p.w, p.conv, p.y, max_count, &returned,
+                                                            perf.data()));
+  return pick(perf, returned, h, p, g, Direction::forward, trial,
+              [&](cudnnConvolutionFwdAlgo_t algo) {
+                std::size_t bytes = 0;
+                WEFT_CUDNN_CHECK(cudnnGetConvolutionForwardWorkspaceSize(h.cudnn, p.x, p.w, p.conv, p.y, algo, &bytes));
+                return bytes;
+              },
+              op);
 }
 
-const Choice& backward_data_choice(const WorkerHandles& h, ConvPlan& p, const ConvGeometry& g, const void* w,
-                                   const void* dy, void* dx, const char* op) {
-  if (!p.bwd_data) {
-    WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.query_math));
-    int max_count = 0, returned = 0;
-    WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h.cudnn, &max_count));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count > 0 ? max_count : 1));
-    const bool trial = g.algo.benchmark && !capturing(h);
-    if (trial)
-      WEFT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h.cudnn, p.w, w, p.y, dy, p.conv, p.x, dx,
+Choice find_backward_data(const WorkerHandles& h, const ConvPlan& p, const ConvGeometry& g, const void* w,
+                          const void* dy, void* dx, bool trial, const char* op) {
+  WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.query_math));
+  int max_count = 0, returned = 0;
+  WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h.cudnn, &max_count));
+  std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(static_cast<std::size_t>(max_count > 0 ? max_count : 1));
+  if (trial)
+    WEFT_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithmEx(h.cudnn, p.w, w, p.y, dy, p.conv, p.x, dx, max_count,
+                                                                 &returned, perf.data(), trial_workspace(h),
+                                                                 trial_bytes(h)));
+  else
+    WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h.cudnn, p.w, p.y, p.conv, p.x, max_count, &returned,
+                                                                 perf.data()));
+  return pick(perf, returned, h, p, g, Direction::backward_data, trial,
+              [&](cudnnConvolutionBwdDataAlgo_t algo) {
+                std::size_t bytes = 0;
+                WEFT_CUDNN_CHECK(
+                    cudnnGetConvolutionBackwardDataWorkspaceSize(h.cudnn, p.w, p.y, p.conv, p.x, algo, &bytes));
+                return bytes;
+              },
+              op);
+}
+
+Choice find_backward_filter(const WorkerHandles& h, const ConvPlan& p, const ConvGeometry& g, const void* x,
+                            const void* dy, void* dw, bool trial, const char* op) {
+  WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.query_math));
+  int max_count = 0, returned = 0;
+  WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h.cudnn, &max_count));
+  std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count > 0 ? max_count : 1));
+  if (trial)
+    WEFT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h.cudnn, p.x, x, p.y, dy, p.conv, p.w, dw,
                                                                    max_count, &returned, perf.data(),
                                                                    trial_workspace(h), trial_bytes(h)));
-    else
-      WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h.cudnn, p.w, p.y, p.conv, p.x, max_count,
+  else
+    WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h.cudnn, p.x, p.y, p.conv, p.w, max_count,
                                                                    &returned, perf.data()));
-    p.bwd_data = pick(perf, returned, h, p, g, Direction::backward_data, trial,
-                      [&](cudnnConvolutionBwdDataAlgo_t algo) {
-                        std::size_t bytes = 0;
-                        WEFT_CUDNN_CHECK(
-                            cudnnGetConvolutionBackwardDataWorkspaceSize(h.cudnn, p.w, p.y, p.conv, p.x, algo, &bytes));
-                        return bytes;
-                      },
-                      op);
-  }
-  return *p.bwd_data;
+  return pick(perf, returned, h, p, g, Direction::backward_filter, trial,
+              [&](cudnnConvolutionBwdFilterAlgo_t algo) {
+                std::size_t bytes = 0;
+                WEFT_CUDNN_CHECK(
+                    cudnnGetConvolutionBackwardFilterWorkspaceSize(h.cudnn, p.x, p.y, p.conv, p.w, algo, &bytes));
+                return bytes;
+              },
+              op);
 }
 
-const Choice& backward_filter_choice(const WorkerHandles& h, ConvPlan& p, const ConvGeometry& g, const void* x,
-                                     const void* dy, void* dw, const char* op) {
-  if (!p.bwd_filter) {
-    WEFT_CUDNN_CHECK(cudnnSetConvolutionMathType(p.conv, p.query_math));
-    int max_count = 0, returned = 0;
-    WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h.cudnn, &max_count));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(static_cast<std::size_t>(max_count > 0 ? max_count : 1));
-    const bool trial = g.algo.benchmark && !capturing(h);
-    if (trial)
-      WEFT_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithmEx(h.cudnn, p.x, x, p.y, dy, p.conv, p.w, dw,
-                                                                     max_count, &returned, perf.data(),
-                                                                     trial_workspace(h), trial_bytes(h)));
-    else
-      WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h.cudnn, p.x, p.y, p.conv, p.w, max_count,
-                                                                     &returned, perf.data()));
-    p.bwd_filter = pick(perf, returned, h, p, g, Direction::backward_filter, trial,
-                        [&](cudnnConvolutionBwdFilterAlgo_t algo) {
-                          std::size_t bytes = 0;
-                          WEFT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterWorkspaceSize(h.cudnn, p.x, p.y, p.conv,
-                                                                                          p.w, algo, &bytes));
-                          return bytes;
-                        },
-                        op);
-  }
-  return *p.bwd_filter;
+// A direction's choice from the device's cache. Benchmark mode measures
+// (trial runs) outside capture; while the worker's stream is captured the
+// heuristic's pick is taken provisionally and the cache never calls the
+// measurement. Heuristic mode's pick is final either way (no trial runs).
+template <class Find>
+Choice choose(const WorkerHandles& h, const ConvGeometry& g, Direction dir, Find find) {
+  const bool benchmark = g.algo.benchmark;
+  const bool captured = benchmark && capturing(h);
+  return choices_for(h).get(choice_key(h, g, dir), captured, [&] { return find(benchmark); },
+                            [&] { return find(false); });
 }
 
 // The three directions share one convolution descriptor but may have picked
@@ -381,8 +421,10 @@ void conv2d_forward(const WorkerHandles& h, void* y, const void* x, const void* 
     }
     return;
   }
-  ConvPlan& p = plan_for(h, g, s, op);
-  const Choice& c = forward_choice(h, p, g, x, w, y, op);
+  const std::shared_ptr<ConvPlan> plan = plan_for(g, s, op);
+  const ConvPlan& p = *plan;
+  const Choice c = choose(h, g, Direction::forward,
+                          [&](bool trial) { return find_forward(h, p, g, x, w, y, trial, op); });
   use(p, c);
   WEFT_CUDNN_CHECK(cudnnConvolutionForward(h.cudnn, &kOne, p.x, x, p.w, w, p.conv,
                                            static_cast<cudnnConvolutionFwdAlgo_t>(c.algo), workspace_for(h, c),
@@ -396,8 +438,10 @@ void conv2d_backward_data(const WorkerHandles& h, void* dx, const void* dy, cons
   if (s.x_empty) return;
   if (s.degenerate()) return detail::zero(h, g.dtype, dx, g.n * g.c * g.h * g.w);  // nothing flows back
   WEFT_CUDNN_CHECK(cudnnSetStream(h.cudnn, detail::cuda_stream(h)));
-  ConvPlan& p = plan_for(h, g, s, op);
-  const Choice& c = backward_data_choice(h, p, g, w, dy, dx, op);
+  const std::shared_ptr<ConvPlan> plan = plan_for(g, s, op);
+  const ConvPlan& p = *plan;
+  const Choice c = choose(h, g, Direction::backward_data,
+                          [&](bool trial) { return find_backward_data(h, p, g, w, dy, dx, trial, op); });
   use(p, c);
   WEFT_CUDNN_CHECK(cudnnConvolutionBackwardData(h.cudnn, &kOne, p.w, w, p.y, dy, p.conv,
                                                 static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algo),
@@ -426,9 +470,11 @@ void conv2d_backward_filter(const WorkerHandles& h, void* dw, void* db, const vo
     }
     return;
   }
-  ConvPlan& p = plan_for(h, g, s, op);
+  const std::shared_ptr<ConvPlan> plan = plan_for(g, s, op);
+  const ConvPlan& p = *plan;
   if (dw != nullptr) {
-    const Choice& c = backward_filter_choice(h, p, g, x, dy, dw, op);
+    const Choice c = choose(h, g, Direction::backward_filter,
+                            [&](bool trial) { return find_backward_filter(h, p, g, x, dy, dw, trial, op); });
     use(p, c);
     WEFT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h.cudnn, &kOne, p.x, x, p.y, dy, p.conv,
                                                     static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algo),
