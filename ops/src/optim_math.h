@@ -148,23 +148,24 @@ WEFT_OPTIM_HD StepConstants constants(const OptimizerHyper& h, float counter) {
   return c;
 }
 
-// Element i of one tensor; `scale` multiplies the gradient. float32 from
-// load to store.
-WEFT_OPTIM_HD void update(const OptimizerHyper& h, const StepConstants& c, const OptimizerTensor& p, float scale,
-                          std::int64_t i) {
-  float w = p.w[i];
-  float g = mul(p.g[i], scale);
+// One element: its weight w and states s0, s1 (updated in place; a state the
+// algorithm does not keep is left alone) and gradient g; `scale` multiplies
+// the gradient. float32 from load to store.
+WEFT_OPTIM_HD void update_values(const OptimizerHyper& h, const StepConstants& c, float scale, float& w_io, float g_in,
+                                 float& s0, float& s1) {
+  float w = w_io;
+  float g = mul(g_in, scale);
   switch (h.kind) {
     case OptimizerKind::sgd:
       if (h.weight_decay != 0.0f) g = add(g, mul(h.weight_decay, w));
-      p.w[i] = sub(w, mul(h.lr, g));
+      w_io = sub(w, mul(h.lr, g));
       return;
     case OptimizerKind::sgd_momentum: {
       if (h.weight_decay != 0.0f) g = add(g, mul(h.weight_decay, w));
-      const float b = c.first ? g : add(mul(h.momentum, p.s0[i]), mul(h.one_minus_dampening, g));
-      p.s0[i] = b;
+      const float b = c.first ? g : add(mul(h.momentum, s0), mul(h.one_minus_dampening, g));
+      s0 = b;
       g = h.nesterov ? add(g, mul(h.momentum, b)) : b;
-      p.w[i] = sub(w, mul(h.lr, g));
+      w_io = sub(w, mul(h.lr, g));
       return;
     }
     case OptimizerKind::adam:
@@ -173,15 +174,26 @@ WEFT_OPTIM_HD void update(const OptimizerHyper& h, const StepConstants& c, const
         w = mul(w, h.decay);
       else if (h.weight_decay != 0.0f)
         g = add(g, mul(h.weight_decay, w));
-      const float m = add(mul(h.beta1, p.s0[i]), mul(h.one_minus_beta1, g));
-      const float v = add(mul(h.beta2, p.s1[i]), mul(h.one_minus_beta2, mul(g, g)));
-      p.s0[i] = m;
-      p.s1[i] = v;
+      const float m = add(mul(h.beta1, s0), mul(h.one_minus_beta1, g));
+      const float v = add(mul(h.beta2, s1), mul(h.one_minus_beta2, mul(g, g)));
+      s0 = m;
+      s1 = v;
       const float denom = add(div(sqrt(v), c.bc2_sqrt), h.eps);
-      p.w[i] = sub(w, mul(c.step_size, div(m, denom)));
+      w_io = sub(w, mul(c.step_size, div(m, denom)));
       return;
     }
   }
+}
+
+// Element i of one tensor.
+WEFT_OPTIM_HD void update(const OptimizerHyper& h, const StepConstants& c, const OptimizerTensor& p, float scale,
+                          std::int64_t i) {
+  float w = p.w[i];
+  float s0 = p.s0 != nullptr ? p.s0[i] : 0.0f, s1 = p.s1 != nullptr ? p.s1[i] : 0.0f;
+  update_values(h, c, scale, w, p.g[i], s0, s1);
+  p.w[i] = w;
+  if (p.s0 != nullptr) p.s0[i] = s0;
+  if (p.s1 != nullptr) p.s1[i] = s1;
 }
 
 // torch.nn.utils.clip_grad_norm_'s coefficient, clamped to 1 (NaN stays NaN).

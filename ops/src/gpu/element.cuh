@@ -8,9 +8,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "gpu_internal.h"
+#include "launch.cuh"
 #include "weft/dtype.h"
 
 namespace weft::kernels::gpu::detail {
@@ -55,6 +57,58 @@ __device__ __forceinline__ float load(const T* p, std::int64_t i) {
 template <class T>
 __device__ __forceinline__ void store(T* p, std::int64_t i, float v) {
   p[i] = from_float<T>(v);
+}
+
+// N consecutive elements moved by one access: 16 bytes (one 128-bit load or
+// store) for 8 halves or 4 floats, two for 8 floats. Aligned to 16 bytes
+// (or its own size, when smaller), so a Pack pointer must be too.
+template <class T, int N>
+struct alignas(N * sizeof(T) >= 16 ? 16 : N * sizeof(T)) Pack {
+  T v[N];
+};
+
+// Elements per pack for a kernel reading X... and writing Y: 16 bytes of the
+// narrowest type (8 when a half is involved, 4 for float32 alone).
+template <class Y, class... X>
+inline constexpr int kPackWidth = static_cast<int>(16 / std::min({sizeof(Y), sizeof(X)...}));
+
+__host__ __device__ inline bool aligned16(const void* p) noexcept {
+  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+}
+
+// y[i] = op(x[i]...) for i < n, as float32 values rounded once on store.
+// Thread k takes packs k, k + stride, ... (grid-stride), then the last
+// n % N elements one each; with N == 1 it is the one-element kernel. Each
+// thread reads a whole pack before writing it, so y may be one of the x.
+template <int N, class Op, class Y, class... X>
+__global__ void elementwise_kernel(std::int64_t n, Op op, Y* y, const X*... x) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t packs = n / N;
+  for (std::int64_t p = first; p < packs; p += stride) {
+    Pack<Y, N> out;
+    [&](const auto&... in) {
+#pragma unroll
+      for (int j = 0; j < N; ++j) out.v[j] = from_float<Y>(op(to_float(in.v[j])...));
+    }(reinterpret_cast<const Pack<X, N>*>(x)[p]...);
+    reinterpret_cast<Pack<Y, N>*>(y)[p] = out;
+  }
+  for (std::int64_t i = packs * N + first; i < n; i += stride) y[i] = from_float<Y>(op(to_float(x[i])...));
+}
+
+// Launches elementwise_kernel on the worker's stream: in packs of
+// kPackWidth<Y, X...> when every pointer is 16-byte aligned (a tensor's own
+// storage always is; a view at an odd offset may not be), else element by
+// element. n may be 0.
+template <class Op, class Y, class... X>
+void launch_elementwise(const WorkerHandles& h, std::int64_t n, Op op, Y* y, const X*... x) {
+  if (n <= 0) return;
+  constexpr int N = kPackWidth<Y, X...>;
+  if (aligned16(y) && (aligned16(x) && ...))
+    elementwise_kernel<N><<<blocks_for((n + N - 1) / N), kThreads, 0, cuda_stream(h)>>>(n, op, y, x...);
+  else
+    elementwise_kernel<1><<<blocks_for(n), kThreads, 0, cuda_stream(h)>>>(n, op, y, x...);
+  WEFT_LAUNCH_CHECK();
 }
 
 template <class T>

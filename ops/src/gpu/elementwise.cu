@@ -1,8 +1,13 @@
-// Creation, cast, elementwise, optimizer and loss-scaling kernels: one
-// grid-stride map kernel instantiated with small functors, each templated on
-// the element type (load as float32, compute, store rounded: element.cuh).
-// Outputs may alias inputs (y += ...), so no __restrict__: each index is read
-// before it is written by the same thread.
+// Creation, cast, elementwise, optimizer and loss-scaling kernels. Pure
+// elementwise ops (y[i] = op(x1[i], ...)) run in packs: 16 bytes of the
+// narrowest type per access (8 halves, 4 floats) when every pointer is
+// 16-byte aligned, one element per access otherwise (views at odd offsets),
+// with the last n % pack elements done one by one (element.cuh: Pack,
+// launch_elementwise). Ops that index (bias rows, channels, generators) keep
+// one grid-stride map kernel instantiated with small functors. Values load as
+// float32, compute and store rounded, so a pack computes the same bits as
+// single elements. Outputs may alias inputs (y += ...), so no __restrict__:
+// each element is read before it is written by the same thread.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,6 +25,7 @@ namespace {
 using detail::blocks_for;
 using detail::dispatch;
 using detail::kThreads;
+using detail::launch_elementwise;
 using detail::load;
 using detail::store;
 
@@ -35,13 +41,6 @@ void launch_map(const WorkerHandles& h, std::int64_t n, F f) {
   map_kernel<<<blocks_for(n), kThreads, 0, detail::cuda_stream(h)>>>(n, f);
   WEFT_LAUNCH_CHECK();
 }
-
-template <class T>
-struct Fill {
-  T* y;
-  float v;
-  __device__ void operator()(std::int64_t i) const { store(y, i, v); }
-};
 
 // __fmul_rn/__fadd_rn keep nvcc from contracting into an FMA: the host
 // compiler (x86-64 baseline) rounds twice, and the generators must give the
@@ -64,85 +63,50 @@ struct Normal {
   }
 };
 
-template <class Y, class X>
-struct Cast {
-  Y* y;
-  const X* x;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i)); }
+// The pure elementwise ops, on float32 values (element.cuh's packs).
+struct Identity {
+  __device__ float operator()(float v) const { return v; }
 };
-
-template <class T>
-struct Add {
-  T* y;
-  const T *a, *b;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(a, i) + load(b, i)); }
+struct FillValue {
+  float v;
+  __device__ float operator()() const { return v; }
 };
-template <class T>
-struct Sub {
-  T* y;
-  const T *a, *b;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(a, i) - load(b, i)); }
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
 };
-template <class T>
-struct Mul {
-  T* y;
-  const T *a, *b;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(a, i) * load(b, i)); }
+struct SubOp {
+  __device__ float operator()(float a, float b) const { return a - b; }
 };
-template <class T>
-struct Maximum {
-  T* y;
-  const T *a, *b;
-  __device__ void operator()(std::int64_t i) const {
-    const float u = load(a, i), v = load(b, i);
-    store(y, i, u < v ? v : u);
-  }
+struct MulOp {
+  __device__ float operator()(float a, float b) const { return a * b; }
 };
-template <class T>
-struct AddScalar {
-  T* y;
-  const T* x;
+struct MaximumOp {
+  __device__ float operator()(float u, float v) const { return u < v ? v : u; }
+};
+struct AddScalarOp {
   float s;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) + s); }
+  __device__ float operator()(float a) const { return a + s; }
 };
-template <class T>
-struct MulScalar {
-  T* y;
-  const T* x;
+struct MulScalarOp {
   float s;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) * s); }
+  __device__ float operator()(float a) const { return a * s; }
 };
 // x times a factor the device holds (a loss scale).
-template <class T>
-struct ScaleBy {
-  T* y;
-  const T* x;
+struct ScaleByOp {
   const float* factor;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(x, i) * *factor); }
+  __device__ float operator()(float a) const { return a * *factor; }
 };
-template <class T>
-struct Axpy {
-  T* y;
+struct AxpyOp {
   float alpha;
-  const T* x;
-  __device__ void operator()(std::int64_t i) const { store(y, i, load(y, i) + alpha * load(x, i)); }
+  __device__ float operator()(float y, float x) const { return y + alpha * x; }
 };
 // Written as comparisons (not fmaxf) so NaN inputs behave like the CPU's
 // `x > 0` test: NaN is not positive, so it gives 0.
-template <class T>
-struct Relu {
-  T* y;
-  const T* x;
-  __device__ void operator()(std::int64_t i) const {
-    const float v = load(x, i);
-    store(y, i, v > 0.0f ? v : 0.0f);
-  }
+struct ReluOp {
+  __device__ float operator()(float v) const { return v > 0.0f ? v : 0.0f; }
 };
-template <class T>
-struct ReluGrad {
-  T* dx;
-  const T *x, *dy;
-  __device__ void operator()(std::int64_t i) const { store(dx, i, load(x, i) > 0.0f ? load(dy, i) : 0.0f); }
+struct ReluGradOp {
+  __device__ float operator()(float x, float dy) const { return x > 0.0f ? dy : 0.0f; }
 };
 struct Sgd {
   float* w;
@@ -217,12 +181,21 @@ struct ScaleMatrix {
 };
 
 // The binary elementwise kernels share one dispatch.
-template <template <class> class Op>
+template <class Op>
 void binary(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n,
             const char* kernel) {
   dispatch(t, kernel, [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_map(h, n, Op<T>{static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b)});
+    launch_elementwise(h, n, Op{}, static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b));
+  });
+}
+
+// The unary ones too.
+template <class Op>
+void unary(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n, const char* kernel, Op op) {
+  dispatch(t, kernel, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launch_elementwise(h, n, op, static_cast<T*>(y), static_cast<const T*>(x));
   });
 }
 
@@ -231,7 +204,7 @@ void binary(const WorkerHandles& h, DType t, void* y, const void* a, const void*
 void fill(const WorkerHandles& h, DType t, void* y, std::int64_t n, float value) {
   dispatch(t, "fill", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_map(h, n, Fill<T>{static_cast<T*>(y), value});
+    launch_elementwise(h, n, FillValue{value}, static_cast<T*>(y));
   });
 }
 
@@ -255,55 +228,43 @@ void cast(const WorkerHandles& h, void* y, DType yt, const void* x, DType xt, st
     using Y = typename decltype(ytag)::type;
     dispatch(xt, "cast", [&](auto xtag) {
       using X = typename decltype(xtag)::type;
-      launch_map(h, n, Cast<Y, X>{static_cast<Y*>(y), static_cast<const X*>(x)});
+      launch_elementwise(h, n, Identity{}, static_cast<Y*>(y), static_cast<const X*>(x));
     });
   });
 }
 
 void add(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
-  binary<Add>(h, t, y, a, b, n, "add");
+  binary<AddOp>(h, t, y, a, b, n, "add");
 }
 void sub(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
-  binary<Sub>(h, t, y, a, b, n, "sub");
+  binary<SubOp>(h, t, y, a, b, n, "sub");
 }
 void mul(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
-  binary<Mul>(h, t, y, a, b, n, "mul");
+  binary<MulOp>(h, t, y, a, b, n, "mul");
 }
 void maximum(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n) {
-  binary<Maximum>(h, t, y, a, b, n, "maximum");
+  binary<MaximumOp>(h, t, y, a, b, n, "maximum");
 }
 void add_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n) {
-  dispatch(t, "add_scalar", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch_map(h, n, AddScalar<T>{static_cast<T*>(y), static_cast<const T*>(x), s});
-  });
+  unary(h, t, y, x, n, "add_scalar", AddScalarOp{s});
 }
 void mul_scalar(const WorkerHandles& h, DType t, void* y, const void* x, float s, std::int64_t n) {
-  dispatch(t, "mul_scalar", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch_map(h, n, MulScalar<T>{static_cast<T*>(y), static_cast<const T*>(x), s});
-  });
+  unary(h, t, y, x, n, "mul_scalar", MulScalarOp{s});
 }
 void scale_by(const WorkerHandles& h, DType t, void* y, const void* x, const float* factor, std::int64_t n) {
-  dispatch(t, "scale_by", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch_map(h, n, ScaleBy<T>{static_cast<T*>(y), static_cast<const T*>(x), factor});
-  });
+  unary(h, t, y, x, n, "scale_by", ScaleByOp{factor});
 }
 void axpy(const WorkerHandles& h, DType t, void* y, float alpha, const void* x, std::int64_t n) {
   dispatch(t, "axpy", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    launch_map(h, n, Axpy<T>{static_cast<T*>(y), alpha, static_cast<const T*>(x)});
+    launch_elementwise(h, n, AxpyOp{alpha}, static_cast<T*>(y), static_cast<const T*>(y), static_cast<const T*>(x));
   });
 }
 void relu(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n) {
-  dispatch(t, "relu", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch_map(h, n, Relu<T>{static_cast<T*>(y), static_cast<const T*>(x)});
-  });
+  unary(h, t, y, x, n, "relu", ReluOp{});
 }
 void relu_grad(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy, std::int64_t n) {
-  binary<ReluGrad>(h, t, dx, x, dy, n, "relu_grad");
+  binary<ReluGradOp>(h, t, dx, x, dy, n, "relu_grad");
 }
 void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay,
                 const float* skip) {

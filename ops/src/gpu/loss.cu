@@ -3,6 +3,9 @@
 // partials (in h.workspace) finished in one block, the same deterministic
 // two-pass scheme as sum(). Logits and their gradient may be half: loaded
 // into float32, the arithmetic as for float32, the gradient rounded on store.
+// A row whose logits (and gradient) start 16-byte aligned is read (and
+// written) in packs of 16 bytes, lane k taking packs k, k + 32, ..., then the
+// row's last cols % N elements one each; otherwise one element per access.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -24,6 +27,43 @@ using detail::kThreads;
 
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = kThreads / kWarp;
+
+// f(j, x[j] as float32) for the lane's share of a row of `cols` elements:
+// in packs of N when x is 16-byte aligned, one by one otherwise. Which lane
+// sees which element depends only on (N, alignment, cols): deterministic.
+template <int N, class T, class F>
+__device__ __forceinline__ void row_each(const T* x, std::int64_t cols, int lane, F&& f) {
+  std::int64_t j0 = lane;
+  if (N > 1 && detail::aligned16(x)) {
+    const std::int64_t packs = cols / N;
+    for (std::int64_t q = lane; q < packs; q += kWarp) {
+      const detail::Pack<T, N> v = reinterpret_cast<const detail::Pack<T, N>*>(x)[q];
+#pragma unroll
+      for (int k = 0; k < N; ++k) f(q * N + k, detail::to_float(v.v[k]));
+    }
+    j0 = packs * N + lane;
+  }
+  for (std::int64_t j = j0; j < cols; j += kWarp) f(j, load(x, j));
+}
+
+// d[j] = g(j, x[j]) for the lane's share of a row: packed when both rows are
+// 16-byte aligned.
+template <int N, class T, class G>
+__device__ __forceinline__ void row_map(T* d, const T* x, std::int64_t cols, int lane, G&& g) {
+  std::int64_t j0 = lane;
+  if (N > 1 && detail::aligned16(x) && detail::aligned16(d)) {
+    const std::int64_t packs = cols / N;
+    for (std::int64_t q = lane; q < packs; q += kWarp) {
+      const detail::Pack<T, N> v = reinterpret_cast<const detail::Pack<T, N>*>(x)[q];
+      detail::Pack<T, N> out;
+#pragma unroll
+      for (int k = 0; k < N; ++k) out.v[k] = detail::from_float<T>(g(q * N + k, detail::to_float(v.v[k])));
+      reinterpret_cast<detail::Pack<T, N>*>(d)[q] = out;
+    }
+    j0 = packs * N + lane;
+  }
+  for (std::int64_t j = j0; j < cols; j += kWarp) store(d, j, g(j, load(x, j)));
+}
 
 __device__ inline float warp_max(float v) {
   for (int offset = kWarp / 2; offset > 0; offset /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -57,19 +97,19 @@ __global__ void softmax_ce_kernel(float* loss, double* partials, T* dlogits, con
     const bool valid = l >= 0.0f && static_cast<double>(l) < static_cast<double>(cols) && floorf(l) == l;
     const std::int64_t label = valid ? static_cast<std::int64_t>(l) : -1;
 
+    constexpr int N = detail::kPackWidth<T>;
     float m = -INFINITY;
-    for (std::int64_t j = lane; j < cols; j += kWarp) m = fmaxf(m, load(x, j));
+    row_each<N>(x, cols, lane, [&](std::int64_t, float v) { m = fmaxf(m, v); });
     const double zmax = warp_max(m);
     double denom = 0.0;
-    for (std::int64_t j = lane; j < cols; j += kWarp) denom += exp(static_cast<double>(load(x, j)) - zmax);
+    row_each<N>(x, cols, lane, [&](std::int64_t, float v) { denom += exp(static_cast<double>(v) - zmax); });
     const double log_denom = log(warp_sum(denom));
 
     if (dlogits != nullptr) {
-      T* d = dlogits + r * cols;
-      for (std::int64_t j = lane; j < cols; j += kWarp) {
-        const double p = exp(static_cast<double>(load(x, j)) - zmax - log_denom);
-        store(d, j, valid ? static_cast<float>((j == label ? p - 1.0 : p) * inv_rows) : NAN);
-      }
+      row_map<N>(dlogits + r * cols, x, cols, lane, [&](std::int64_t j, float v) {
+        const double p = exp(static_cast<double>(v) - zmax - log_denom);
+        return valid ? static_cast<float>((j == label ? p - 1.0 : p) * inv_rows) : NAN;
+      });
     }
     if (lane == 0) acc += valid ? log_denom - (static_cast<double>(load(x, label)) - zmax) : static_cast<double>(NAN);
   }

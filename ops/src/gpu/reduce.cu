@@ -28,14 +28,26 @@ using detail::kThreads;
 
 // Each block reduces its grid-stride share of x to one double; with
 // `partials` it stores that per block, otherwise (a single-block launch) it
-// writes the final value.
-template <class In, class Out>
+// writes the final value. N > 1 reads x in packs of N (x 16-byte aligned:
+// 128-bit loads of 8 halves or 4 floats), each thread summing its packs in
+// order and then the last n % N elements one each; the partition is fixed
+// by (N, grid), so a given input and launch give the same bits every run.
+template <int N, class In, class Out>
 __global__ void sum_blocks(const In* x, std::int64_t n, double* partials, Out* out, double scale) {
   using Reduce = cub::BlockReduce<double, kThreads>;
   __shared__ typename Reduce::TempStorage temp;
   double acc = 0.0;
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+  const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t packs = n / N;
+  if constexpr (N > 1) {
+    for (std::int64_t p = first; p < packs; p += stride) {
+      const detail::Pack<In, N> v = reinterpret_cast<const detail::Pack<In, N>*>(x)[p];
+#pragma unroll
+      for (int j = 0; j < N; ++j) acc += static_cast<double>(detail::to_float(v.v[j]));
+    }
+  }
+  for (std::int64_t i = packs * N + first; i < n; i += stride)
     if constexpr (std::is_same_v<In, double>)
       acc += x[i];  // partials of the first pass
     else
@@ -47,6 +59,19 @@ __global__ void sum_blocks(const In* x, std::int64_t n, double* partials, Out* o
     else
       store(out, 0, static_cast<float>(total * scale));
   }
+}
+
+// The first pass over x: packed when x is 16-byte aligned.
+template <class T>
+void sum_pass(const WorkerHandles& h, const T* x, std::int64_t n, std::int64_t blocks, double* partials, T* out) {
+  constexpr int N = detail::kPackWidth<T>;
+  if (detail::aligned16(x))
+    sum_blocks<N, T, T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(x, n, partials, out, 1.0);
+  else
+    sum_blocks<1, T, T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(x, n, partials, out, 1.0);
+  WEFT_LAUNCH_CHECK();
 }
 
 constexpr int kWarp = 32;
@@ -140,7 +165,7 @@ void finish_partials(const WorkerHandles& h, const double* partials, std::int64_
                      void* out) {
   dispatch(t, "sum", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    sum_blocks<double, T>
+    sum_blocks<1, double, T>
         <<<1, kThreads, 0, detail::cuda_stream(h)>>>(partials, count, nullptr, static_cast<T*>(out), scale);
     WEFT_LAUNCH_CHECK();
   });
@@ -180,15 +205,9 @@ void sum(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n
     if (n <= 0) return detail::zero(h, t, y, 1);
     const auto* xt = static_cast<const T*>(x);
     const std::int64_t blocks = std::min<std::int64_t>(blocks_for(n, kMaxReduceBlocks), detail::partial_slots(h));
-    if (blocks <= 1) {
-      sum_blocks<T, T><<<1, kThreads, 0, detail::cuda_stream(h)>>>(xt, n, nullptr, static_cast<T*>(y), 1.0);
-      WEFT_LAUNCH_CHECK();
-      return;
-    }
+    if (blocks <= 1) return sum_pass<T>(h, xt, n, 1, nullptr, static_cast<T*>(y));
     auto* partials = static_cast<double*>(h.workspace);
-    sum_blocks<T, T><<<static_cast<unsigned>(blocks), kThreads, 0, detail::cuda_stream(h)>>>(xt, n, partials,
-                                                                                              nullptr, 1.0);
-    WEFT_LAUNCH_CHECK();
+    sum_pass<T>(h, xt, n, blocks, partials, nullptr);
     detail::finish_partials(h, partials, blocks, 1.0, t, y);
   });
 }
