@@ -16,6 +16,13 @@
 // (matmul_bf16_N: bfloat16 tensors against cublasGemmEx on bfloat16 data with
 // float32 accumulation); target ratio >= 0.95 at 4096^2.
 //
+// bw_<kernel>_<dtype> (GPU): bytes moved per second by the bfloat16 and
+// float16 elementwise (add, mul_scalar, relu_grad), cast (from and to
+// float32) and reduction (sum) kernels called directly, against a
+// device-to-device copy (cudaMemcpyAsync) of the same element count measured
+// in the same call, interleaved; bytes = what the kernel must read and write
+// (a copy: twice its size); ratio = kernel_gbps / copy_gbps (target >= 0.8).
+//
 // adamw_step_<model>: one AdamW step (weft::optim) over a model's parameter
 // list (LeNet: 8 tensors; ResNet-18: 62) as one foreach op per device against
 // one op per parameter, same kernels, interleaved; ratio = per-parameter /
@@ -24,6 +31,7 @@
 // Output: a table, or with --json one line per case:
 //   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
 //   {"case":"adamw_step_resnet18", "tensors":..., "foreach_us":..., "per_parameter_us":..., "ratio":..., ...}
+//   {"case":"bw_add_bf16", "elements":..., "kernel_gbps":..., "copy_gbps":..., "ratio":..., ...}
 #include <cblas.h>
 
 #include <chrono>
@@ -223,7 +231,99 @@ void cpu_cases(const Options& o, weft::Engine& engine, weft::Engine& serial, std
   }
 }
 
+// A kernel's bandwidth against a device-to-device copy of the same elements.
+struct BandwidthRow {
+  std::string name;
+  std::int64_t elements = 0;
+  double kernel_bytes = 0, copy_bytes = 0;  // per call
+  weft_bench::Summary kernel_s, copy_s;     // seconds per call
+};
+
+void print_bandwidth(const Options& o, const std::vector<BandwidthRow>& rows) {
+  if (!o.json && !rows.empty())
+    std::printf("%-22s %10s %12s %12s %10s %10s %8s\n", "case", "elements", "kernel_MB", "copy_MB", "kernel_GBps",
+                "copy_GBps", "ratio");
+  for (const BandwidthRow& r : rows) {
+    const double k = r.kernel_bytes / r.kernel_s.median / 1e9, c = r.copy_bytes / r.copy_s.median / 1e9;
+    if (o.json)
+      std::printf(
+          "{\"case\":\"%s\",\"device\":\"gpu\",\"elements\":%lld,\"kernel_bytes\":%.0f,\"copy_bytes\":%.0f,"
+          "\"kernel_us\":%.2f,\"copy_us\":%.2f,\"kernel_gbps\":%.1f,\"copy_gbps\":%.1f,\"ratio\":%.4f,"
+          "\"kernel_gbps_max\":%.1f,\"copy_gbps_max\":%.1f,\"reps\":%d}\n",
+          r.name.c_str(), static_cast<long long>(r.elements), r.kernel_bytes, r.copy_bytes, r.kernel_s.median * 1e6,
+          r.copy_s.median * 1e6, k, c, k / c, r.kernel_bytes / r.kernel_s.min / 1e9, r.copy_bytes / r.copy_s.min / 1e9,
+          o.reps);
+    else
+      std::printf("%-22s %10lld %12.1f %12.1f %10.1f %10.1f %8.3f\n", r.name.c_str(),
+                  static_cast<long long>(r.elements), r.kernel_bytes / 1e6, r.copy_bytes / 1e6, k, c, k / c);
+  }
+}
+
 #if WEFT_HAVE_CUDA
+// The half kernels' bandwidth (bw_*): each kernel and the copy run `calls`
+// times back to back per timing, then the stream is synchronized; kernel and
+// copy alternate, and the medians per call are kept.
+void bandwidth_cases(const Options& o, weft::gpu::StreamResources& direct, weft::Allocator& alloc,
+                     std::vector<BandwidthRow>& rows) {
+  namespace k = weft::kernels::gpu;
+  using weft::DType;
+  const auto& h = direct.handles();
+  const std::int64_t n = o.quick ? (std::int64_t{1} << 22) : (std::int64_t{1} << 26);
+  const int calls = o.quick ? 3 : 20;
+  const std::size_t n_bytes = static_cast<std::size_t>(n);
+  // Half inputs a and b (made from float32 values in src32), outputs in y
+  // (float32-sized, for the casts to float32), the copy's own destination.
+  weft::Block src32 = alloc.allocate(n_bytes * 4, h.stream), a = alloc.allocate(n_bytes * 2, h.stream),
+              b = alloc.allocate(n_bytes * 2, h.stream), y = alloc.allocate(n_bytes * 4, h.stream),
+              copy_dst = alloc.allocate(n_bytes * 2, h.stream), out = alloc.allocate(16, h.stream);
+  k::uniform(h, static_cast<float*>(src32.ptr), n, -1, 1, 1);
+  struct Half {
+    const char* suffix;
+    DType t;
+  };
+  for (const Half& half : {Half{"bf16", DType::bfloat16}, Half{"fp16", DType::float16}}) {
+    const DType t = half.t;
+    const double e = static_cast<double>(weft::dtype_size(t)), f = 4.0, count = static_cast<double>(n);
+    k::cast(h, a.ptr, t, src32.ptr, DType::float32, n);
+    k::cast(h, b.ptr, t, src32.ptr, DType::float32, n);
+    k::mul_scalar(h, t, b.ptr, b.ptr, -0.5f, n);
+    direct.synchronize();
+    struct Case {
+      std::string name;
+      double bytes;
+      std::function<void()> run;
+    };
+    const std::vector<Case> cases{
+        {"bw_add_", 3 * e * count, [&] { k::add(h, t, y.ptr, a.ptr, b.ptr, n); }},
+        {"bw_mul_scalar_", 2 * e * count, [&] { k::mul_scalar(h, t, y.ptr, a.ptr, 0.5f, n); }},
+        {"bw_relu_grad_", 3 * e * count, [&] { k::relu_grad(h, t, y.ptr, a.ptr, b.ptr, n); }},
+        {"bw_cast_from_f32_", (f + e) * count, [&] { k::cast(h, y.ptr, t, src32.ptr, DType::float32, n); }},
+        {"bw_cast_to_f32_", (f + e) * count, [&] { k::cast(h, y.ptr, DType::float32, a.ptr, t, n); }},
+        {"bw_sum_", e * count, [&] { k::sum(h, t, out.ptr, a.ptr, n); }},
+    };
+    for (const Case& c : cases) {
+      // The copy moves the half tensor's bytes: read once, written once.
+      const auto copy = [&] { k::cast(h, copy_dst.ptr, t, a.ptr, t, n); };
+      const auto time = [&](const std::function<void()>& fn) {
+        Stopwatch w;
+        for (int i = 0; i < calls; ++i) fn();
+        direct.synchronize();
+        return w.seconds() / calls;
+      };
+      c.run();  // warm-up
+      copy();
+      direct.synchronize();
+      std::vector<double> ks, cs;
+      for (int r = 0; r < o.reps; ++r) {
+        ks.push_back(time(c.run));
+        cs.push_back(time(copy));
+      }
+      rows.push_back(BandwidthRow{c.name + half.suffix, n, c.bytes, 2 * e * count, summarize(ks), summarize(cs)});
+    }
+  }
+  for (weft::Block* blk : {&src32, &a, &b, &y, &copy_dst, &out}) alloc.free(*blk);
+}
+
 void gpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
   const weft::Device gpu = weft::Device::gpu(0);
   weft::gpu::StreamResources direct(0, weft::gpu::StreamRole::compute, std::size_t{64} << 20);
@@ -319,7 +419,9 @@ int main(int argc, char** argv) {
           "  matmul through the engine vs the BLAS library called directly (ratio = direct/engine).\n"
           "  GPU cases (kernel launch; cuBLAS GEMM in float32, TF32 and bfloat16) run when a GPU answers.\n"
           "  adamw_step_<model>: an AdamW step as one foreach op vs one op per parameter (ratio = per-parameter\n"
-          "  / foreach).\n");
+          "  / foreach).\n"
+          "  bw_<kernel>_<bf16|fp16> (GPU): the half kernels' bytes per second against a device-to-device copy\n"
+          "  measured in the same run (ratio = kernel / copy).\n");
       return 0;
     } else {
       std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());
@@ -331,8 +433,13 @@ int main(int argc, char** argv) {
     auto serial = weft::Engine::create(weft::EngineConfig{.kind = "threaded", .workers_per_cpu_device = 1});
     std::vector<Row> rows;
     cpu_cases(o, *engine, *serial, rows);
+    std::vector<BandwidthRow> bandwidth_rows;
 #if WEFT_HAVE_CUDA
     if (weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
+    if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated) {
+      weft::gpu::StreamResources direct(0, weft::gpu::StreamRole::compute, std::size_t{64} << 20);
+      bandwidth_cases(o, direct, engine->allocator(weft::Device::gpu(0)), bandwidth_rows);
+    }
 #endif
     std::vector<OptimizerRow> optimizer_rows;
     optimizer_cases(o, *engine, weft::Device::cpu(0), optimizer_rows);
@@ -343,6 +450,7 @@ int main(int argc, char** argv) {
                   std::thread::hardware_concurrency(), weft::gpu::device_count(), o.reps);
     print(o, rows);
     print_optimizer(o, optimizer_rows);
+    print_bandwidth(o, bandwidth_rows);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-bench-ops: %s\n", e.what());
     return 1;
