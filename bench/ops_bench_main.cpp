@@ -68,6 +68,7 @@ using weft_bench::summarize;
 struct Options {
   bool json = false;
   bool quick = false;
+  bool bandwidth_only = false;  // --bandwidth: the bw_* cases alone
   int reps = 5;
 };
 
@@ -98,7 +99,7 @@ Row measure(std::string name, std::string device, std::int64_t ops, int reps, co
 }
 
 void print(const Options& o, const std::vector<Row>& rows) {
-  if (!o.json) {
+  if (!o.json && !rows.empty()) {
     std::printf("%-16s %-8s %10s %12s %12s %8s\n", "case", "device", "ops", "engine_ns", "direct_ns", "ratio");
   }
   for (const Row& r : rows) {
@@ -404,6 +405,7 @@ int main(int argc, char** argv) {
     const std::string& a = args.flag();
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.quick = true, o.reps = 3;
+    else if (a == "--bandwidth") o.bandwidth_only = true;
     else if (a == "--reps") {
       const std::optional<std::string> v = args.value();
       const auto n = v ? weft::examples::ArgCursor::parse_int(*v, 1, 1000) : std::nullopt;
@@ -414,14 +416,14 @@ int main(int argc, char** argv) {
       o.reps = static_cast<int>(*n);
     } else if (a == "--help" || a == "-h") {
       std::printf(
-          "weft-bench-ops [--json] [--quick] [--reps N]\n"
+          "weft-bench-ops [--json] [--quick] [--reps N] [--bandwidth]\n"
           "  Per-op dispatch cost of small ops through the engine vs calling the kernel directly, and\n"
           "  matmul through the engine vs the BLAS library called directly (ratio = direct/engine).\n"
           "  GPU cases (kernel launch; cuBLAS GEMM in float32, TF32 and bfloat16) run when a GPU answers.\n"
           "  adamw_step_<model>: an AdamW step as one foreach op vs one op per parameter (ratio = per-parameter\n"
           "  / foreach).\n"
           "  bw_<kernel>_<bf16|fp16> (GPU): the half kernels' bytes per second against a device-to-device copy\n"
-          "  measured in the same run (ratio = kernel / copy).\n");
+          "  measured in the same run (ratio = kernel / copy); --bandwidth runs these alone.\n");
       return 0;
     } else {
       std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());
@@ -432,19 +434,21 @@ int main(int argc, char** argv) {
     auto engine = weft::Engine::create(weft::EngineConfig{.kind = "threaded"});
     auto serial = weft::Engine::create(weft::EngineConfig{.kind = "threaded", .workers_per_cpu_device = 1});
     std::vector<Row> rows;
-    cpu_cases(o, *engine, *serial, rows);
+    if (!o.bandwidth_only) cpu_cases(o, *engine, *serial, rows);
     std::vector<BandwidthRow> bandwidth_rows;
 #if WEFT_HAVE_CUDA
-    if (weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
+    if (!o.bandwidth_only && weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
     if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated) {
       weft::gpu::StreamResources direct(0, weft::gpu::StreamRole::compute, std::size_t{64} << 20);
       bandwidth_cases(o, direct, engine->allocator(weft::Device::gpu(0)), bandwidth_rows);
     }
 #endif
     std::vector<OptimizerRow> optimizer_rows;
-    optimizer_cases(o, *engine, weft::Device::cpu(0), optimizer_rows);
-    if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated)
-      optimizer_cases(o, *engine, weft::Device::gpu(0), optimizer_rows);
+    if (!o.bandwidth_only) {
+      optimizer_cases(o, *engine, weft::Device::cpu(0), optimizer_rows);
+      if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated)
+        optimizer_cases(o, *engine, weft::Device::gpu(0), optimizer_rows);
+    }
     if (!o.json)
       std::printf("weft-bench-ops: %u hardware threads, %d GPU(s); medians of %d, interleaved\n",
                   std::thread::hardware_concurrency(), weft::gpu::device_count(), o.reps);

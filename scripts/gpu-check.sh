@@ -268,6 +268,18 @@ for s in "${steps[@]}"; do
       step "per-op cost and GEMM through the engine vs direct; allreduce with NCCL beside ncclAllReduce"
       run 300 "$(find_bin weft-bench-ops)" --json --quick
       run 300 "$(find_bin weft-bench-allreduce)" --members 1 --json
+      step "half kernels' bandwidth against a device-to-device copy (bw_*: ratio >= 0.8 each)"
+      run 120 "$(find_bin weft-bench-ops)" --json --bandwidth --reps 7 > /tmp/weft-gpu-check-bandwidth.jsonl
+      cat /tmp/weft-gpu-check-bandwidth.jsonl
+      run 30 python3 -c '
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+rows = [r for r in rows if r["case"].startswith("bw_")]
+low = [r for r in rows if r["ratio"] < 0.8]
+for r in rows:
+    print("%-22s %8.1f GB/s  copy %8.1f GB/s  ratio %.3f%s" % (r["case"], r["kernel_gbps"], r["copy_gbps"],
+          r["ratio"], "  BELOW 0.8" if r["ratio"] < 0.8 else ""))
+sys.exit(1 if low or not rows else 0)' /tmp/weft-gpu-check-bandwidth.jsonl
       ;;
     gemm)
       step "GEMM through the engine vs cuBLAS direct: float32, TF32, bfloat16 (matmul_*, matmul_tf32_*, matmul_bf16_*)"
