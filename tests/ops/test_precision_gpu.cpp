@@ -4,7 +4,8 @@
 // (bfloat16: 2^-8 relative per rounding, float16: 2^-11) times a few units
 // for the op, plus float32 accumulation over the reduction's length; TF32
 // GEMMs, the loss-scaling ops, and LeNet's gradients under each precision
-// against float32's on the CPU. On CUDA these are cuBLAS, cuDNN (convolutions,
+// against float32's on the CPU, and the kernels' packed and one-element paths
+// (aligned and misaligned views, every tail length). On CUDA these are cuBLAS, cuDNN (convolutions,
 // batch norm) and the CUDA kernels; on simulated GPUs the CPU kernels, which
 // the same references check. Each scenario over the naive engine and the
 // threaded one at several worker counts.
@@ -364,4 +365,82 @@ TEST_CASE("gpu precision - deterministic convolution algorithms repeat bitwise o
       CHECK(runs[0] == runs[1]);
     }
   }
+}
+
+TEST_CASE("gpu precision - packed and one-element kernel paths: views at odd offsets and lengths with tails match "
+          "float64 references") {
+  // The CUDA kernels move 16 bytes per access when every pointer of a call is
+  // 16-byte aligned, with a one-by-one tail for the last n % 8 (halves) or
+  // n % 4 (float32) elements, and one element per access otherwise: views at
+  // offsets 1, 3 and 5 take the latter, offset 0 and 8 the former, and the
+  // lengths leave every tail size. Softmax rows of 13 columns start
+  // misaligned, rows of 16 aligned. Each result against a float64 reference
+  // computed here from the view's own values.
+  WEFT_REQUIRE_GPU();
+  with_each_gpu_engine(1, [](Engine& e) {
+    const Device g = Device::gpu(0);
+    for (DType t : {DType::bfloat16, DType::float16, DType::float32}) {
+      for (std::int64_t offset : {0, 1, 3, 5, 8}) {
+        for (std::int64_t n : {1, 7, 8, 9, 15, 1003, 4096}) {
+          const std::string at = ", offset " + std::to_string(offset) + ", " + std::to_string(n) + " elements";
+          const auto view = [&](std::uint64_t draw) {
+            return precision_data(e, g, Shape{offset + n + 9}, draw, t).view(offset, Shape{n});
+          };
+          const Tensor a = view(1), b = view(2), c = view(4), d = view(5);
+          const Ref av = values_of(a), bv = values_of(b), cv = values_of(c), dv = values_of(d);
+          const auto n_ = static_cast<std::size_t>(n);
+          Ref sum(n_), prod(n_), scaled(n_), relu(n_), grad(n_);
+          double total = 0;
+          for (std::size_t i = 0; i < n_; ++i) {
+            sum[i] = av[i] + bv[i];
+            prod[i] = av[i] * bv[i];
+            scaled[i] = av[i] * static_cast<double>(0.37f);
+            relu[i] = std::max(cv[i], 0.0);
+            grad[i] = cv[i] > 0 ? dv[i] : 0.0;
+            total += av[i];
+          }
+          // Data of one sign could leave a relu of zeros (which proves nothing):
+          // the reference of relu and relu_grad is checked only when nonzero.
+          const bool any_positive = std::any_of(cv.begin(), cv.end(), [](double v) { return v > 0; });
+          expect_near_reference(ops::add(a, b), sum, 1, 0, "add" + at);
+          expect_near_reference(ops::mul(a, b), prod, 1, 0, "mul" + at);
+          expect_near_reference(ops::mul_scalar(a, 0.37f), scaled, 1, 0, "mul_scalar" + at);
+          if (any_positive) {
+            expect_near_reference(ops::relu(c), relu, 0, 0, "relu" + at);
+            expect_near_reference(ops::relu_grad(c, d), grad, 0, 0, "relu_grad" + at);
+          }
+          const DType to = t == DType::float32 ? DType::bfloat16 : DType::float32;
+          expect_near_reference(ops::cast(a, to), av, to == DType::float32 ? 0 : 1, 0, "cast" + at);
+          // The sum's tolerance is relative to |sum|: bound it by the sum of
+          // magnitudes instead, as float32 accumulation errs in proportion.
+          double magnitude = 0;
+          for (double v : av) magnitude += std::abs(v);
+          const std::vector<float> got = ops::sum(a).to_host();
+          CHECK_MESSAGE(std::abs(got[0] - total) <= (2 * half_unit(t) + static_cast<double>(n) * 0x1p-24) * magnitude,
+                        "sum" << at << " in " << weft::to_string(t) << ": gpu " << got[0] << ", float64 " << total);
+        }
+      }
+      for (std::int64_t cols : {13, 16}) {
+        const std::size_t rows = 37, k = static_cast<std::size_t>(cols);
+        const Tensor logits = precision_data(e, g, Shape{37, cols}, 8, t);
+        const std::vector<float> labels(rows, static_cast<float>(cols - 2));
+        const Ref z = values_of(logits);
+        Ref d(z.size());
+        double loss = 0;
+        for (std::size_t r = 0; r < rows; ++r) {
+          double zmax = z[r * k], denom = 0;
+          for (std::size_t j = 0; j < k; ++j) zmax = std::max(zmax, z[r * k + j]);
+          for (std::size_t j = 0; j < k; ++j) denom += std::exp(z[r * k + j] - zmax);
+          loss += (std::log(denom) + zmax - z[r * k + static_cast<std::size_t>(labels[r])]) / static_cast<double>(rows);
+          for (std::size_t j = 0; j < k; ++j)
+            d[r * k + j] = (std::exp(z[r * k + j] - zmax) / denom - (static_cast<float>(j) == labels[r] ? 1.0 : 0.0)) /
+                           static_cast<double>(rows);
+        }
+        const ops::SoftmaxCrossEntropy ce = ops::softmax_cross_entropy(logits, Tensor::from_host(e, Shape{37}, labels, g));
+        const std::string what = "softmax_cross_entropy, " + std::to_string(cols) + " columns";
+        expect_near_reference(ce.loss, Ref{loss}, 4, 100, what + ": loss");
+        expect_near_reference(ce.dlogits, d, 2, cols, what + ": dlogits");
+      }
+    }
+  });
 }
