@@ -39,7 +39,7 @@ __global__ void sum_blocks(const In* x, std::int64_t n, double* partials, Out* o
   double acc = 0.0;
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const std::int64_t packs = n / N;
+  const std::int64_t packs = N > 1 ? n / N : 0;  // N == 1: the loop below takes every element
   if constexpr (N > 1) {
     for (std::int64_t p = first; p < packs; p += stride) {
       const detail::Pack<In, N> v = reinterpret_cast<const detail::Pack<In, N>*>(x)[p];
