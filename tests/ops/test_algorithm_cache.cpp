@@ -165,6 +165,26 @@ TEST_CASE("algorithm cache - a key first seen while capturing is provisional, ne
   const AlgoCache::Stats s = cache.stats();
   CHECK(s.estimated == 1);
   CHECK(s.measured == 2);
+
+  // While another worker measures a provisional key, a capturing caller takes
+  // the provisional choice at once (it does not wait on a trial run).
+  CHECK(cache.get(algo_key(2), true, algo_never, [] { return 30; }) == 30);
+  std::atomic<bool> measuring{false}, captured{false};
+  std::thread worker([&] {
+    CHECK(cache.get(algo_key(2), false,
+                    [&] {
+                      measuring = true;
+                      CHECK(algo_wait_until([&] { return captured.load(); }));
+                      return 31;
+                    },
+                    algo_never) == 31);
+  });
+  CHECK(algo_wait_until([&] { return measuring.load(); }));
+  CHECK(cache.get(algo_key(2), true, algo_never, algo_never) == 30);
+  captured = true;
+  worker.join();
+  CHECK(cache.get(algo_key(2), true, algo_never, algo_never) == 31);
+  CHECK_FALSE(cache.provisional(algo_key(2)));
 }
 
 TEST_CASE("algorithm cache - under concurrent captured and uncaptured callers no measurement runs while capturing" *

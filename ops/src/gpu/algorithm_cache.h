@@ -10,8 +10,9 @@
 //     - a missing key is chosen once: by measure() (trial runs) outside
 //       capture, by estimate() (no trial runs, no synchronization) while the
 //       caller's stream is capturing; the latter entry is provisional;
-//     - a provisional entry serves capturing callers, and the first caller
-//       outside capture measures it again and makes it final;
+//     - a provisional entry serves capturing callers (also while it is
+//       being measured), and the first caller outside capture measures it
+//       again and makes it final;
 //     - one caller chooses a key at a time: others asking for it wait and
 //       take its result; a choice that throws leaves the key as it was
 //       (others then retry) and the exception goes to its caller;
@@ -107,13 +108,18 @@ class AlgorithmCache {
         break;
       }
       Entry& e = it->second;
+      if (capturing && e.plan) {  // final or provisional, even while being measured
+        touch_locked(e);
+        ++stats_.hits;
+        return *e.plan;
+      }
       if (e.pending) {
         ++stats_.waits;
         cv_.wait(lock);
         continue;  // the entry may have been chosen, dropped (a throw) or evicted meanwhile
       }
       touch_locked(e);
-      if (!e.provisional || capturing) {
+      if (!e.provisional) {
         ++stats_.hits;
         return *e.plan;
       }
