@@ -17,6 +17,7 @@
 // put back before the next one of that micro-batch (restore_saved).
 #include <algorithm>
 #include <any>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "weft/error.h"
+#include "weft/nn_ops.h"
 #include "weft/ops.h"
 #include "weft/parallel/pipeline.h"
 
@@ -85,6 +87,8 @@ struct Rank {
   Var order;  // read by every op of an action, written once the action's ops are done
   Var arrivals;  // in one process: written by each receive's copy (they start in list order)
   int saved_now = 0, saved_peak = 0;
+  // Loss scaling: the scaler's state on the rank's device ([1] float32 each).
+  Tensor scale, growth_tracker, skipped;
 };
 
 // A transfer between model stages, as both ends name it (the name is part
@@ -145,6 +149,11 @@ struct Pipeline::Impl {
   Rank& rank_of(const Stage& s) { return ranks[static_cast<std::size_t>(s.rank)]; }
   bool distributed() const { return my_rank >= 0; }
   const Communicator& comm() const { return *options.ranks; }
+  Precision policy = Precision::fp32;  // the model's precision (options.precision, or the model's own)
+  // Across processes: the dtype activations and gradients travel in (the
+  // layers' compute dtype), so a receive knows what to allocate.
+  DType wire_dtype() const { return compute_dtype(policy); }
+  Tensor on_wire(const Tensor& t) const { return t.dtype() == wire_dtype() ? t : ops::cast(t, wire_dtype()); }
 
   void move_layers_to(Stage& s) {
     for (nn::Layer* layer : s.layers) {
@@ -227,10 +236,15 @@ struct Pipeline::Impl {
       hold(s, m);
     }
     if (index + 1 == stage_count()) {
-      // The loss of this micro-batch, weighted by its share of the rows.
-      MicroBatchLoss l = loss(m.output, labels[static_cast<std::size_t>(mb)]);
+      // The loss of this micro-batch (on float32 logits), weighted by its
+      // share of the rows and, with loss scaling, multiplied by the scale;
+      // the gradient enters backward in the output's dtype.
+      const Tensor logits = m.output.dtype() == DType::float32 ? m.output : ops::cast(m.output, DType::float32);
+      MicroBatchLoss l = loss(logits, labels[static_cast<std::size_t>(mb)]);
       const float w = static_cast<float>(weight[static_cast<std::size_t>(mb)]);
-      m.grad_out = ops::mul_scalar(l.dlogits, w);
+      Tensor g = ops::mul_scalar(l.dlogits, w);
+      if (options.loss_scaling) g = ops::scale_by(g, rank_of(s).scale);
+      m.grad_out = g.dtype() == m.output.dtype() ? g : ops::cast(g, m.output.dtype());
       const Tensor part = ops::mul_scalar(l.loss, w);
       total_loss = total_loss.defined() ? total_loss + part : part;
     }
@@ -330,7 +344,7 @@ struct Pipeline::Impl {
       (gradient ? m.grad_out : m.input) = t;
       return;
     }
-    send(comm(), t, dst.rank, {.name = message_name({gradient, to, mb}), .priority = kForwardPriority});
+    send(comm(), on_wire(t), dst.rank, {.name = message_name({gradient, to, mb}), .priority = kForwardPriority});
   }
 
   // In one process: the receive copies what its sender handed over to its
@@ -362,7 +376,7 @@ struct Pipeline::Impl {
       Stage& dst = stage(msg.to);
       const Shape shape =
           input_shape(msg.gradient ? msg.to + 1 : msg.to, rows[static_cast<std::size_t>(msg.micro_batch)]);
-      Tensor t = Tensor::empty(*engine, shape, dst.device).set_name(message_name(msg));
+      Tensor t = Tensor::empty(*engine, shape, dst.device, wire_dtype()).set_name(message_name(msg));
       recv(comm(), t, peer, {.name = message_name(msg), .priority = kForwardPriority});
       Micro& m = dst.micro[static_cast<std::size_t>(msg.micro_batch)];
       (msg.gradient ? m.grad_out : m.input) = t;
@@ -429,12 +443,38 @@ struct Pipeline::Impl {
     }
   }
 
+  void make_loss_scaler();
+  void step(float lr);
+  const Rank& local_rank(int rank, const char* what) const {
+    if (rank < 0 || rank >= rank_count())
+      throw InvalidArgument(std::string("Pipeline::") + what + ": rank " + std::to_string(rank) + " of " +
+                            std::to_string(rank_count()));
+    const Rank& r = ranks[static_cast<std::size_t>(rank)];
+    if (!r.local)
+      throw InvalidArgument(std::string("Pipeline::") + what + ": rank " + std::to_string(rank) + " runs in another process");
+    return r;
+  }
+  int first_local_rank() const { return distributed() ? my_rank : 0; }
+
   // Across processes: every member's plan, compared before any data moves.
   void check_plans() {
     std::string plan = schedule.describe() + "\nbalance";
-    for (int b : options.balance) plan += " " + std::to_string(b);
+    for (int b : options.balance) {
+      plan += ' ';
+      plan += std::to_string(b);
+    }
     plan += "\nchunks " + std::to_string(options.chunks) + " checkpoint " + std::string(to_string(options.checkpoint)) +
             " layers " + std::to_string(model->size());
+    plan += " precision ";
+    plan += to_string(policy);
+    if (const auto& ls = options.loss_scaling) {
+      plan += " loss scaling ";
+      for (const double v : {static_cast<double>(ls->init_scale), static_cast<double>(ls->rule.growth_factor),
+                             static_cast<double>(ls->rule.backoff_factor), static_cast<double>(ls->rule.growth_interval)}) {
+        plan += std::to_string(v);
+        plan += ' ';
+      }
+    }
     const std::uint64_t hash = fnv1a(plan);
     // 16-bit pieces and small integers are exact in float32.
     constexpr int kNameChars = 16, kWords = 4 + 4 + kNameChars;
@@ -468,7 +508,7 @@ struct Pipeline::Impl {
         const bool same_summary = std::equal(w + 4, w + kWords, mine.data() + 4);
         throw CommunicationError("Pipeline: the plans of ranks " + std::to_string(my_rank) + " and " + std::to_string(r) +
                                      " differ: " + describe_plan(my_rank) + ", " + describe_plan(r) +
-                                     (same_summary ? " (the same sizes: the action lists, balance or checkpointing differ)" : "") +
+                                     (same_summary ? " (the same sizes: the action lists, balance, checkpointing, precision or loss scaling differ)" : "") +
                                      "; every member must build the same pipeline",
                                  my_rank, r);
       }
@@ -499,6 +539,26 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
     throw InvalidArgument("Pipeline: the balance sums to " + std::to_string(total) + " layers but the model has " +
                           std::to_string(layers));
   if (options.chunks < 1) throw InvalidArgument("Pipeline: chunks must be at least 1, got " + std::to_string(options.chunks));
+  if (options.precision) model.set_precision(*options.precision);
+  m.policy = options.precision ? *options.precision : model.precision();
+  if (const auto& ls = options.loss_scaling) {
+    if (!(ls->init_scale > 0.0f) || !std::isfinite(ls->init_scale))
+      throw InvalidArgument("Pipeline: LossScaling::init_scale " + std::to_string(ls->init_scale) +
+                            " must be a positive finite number");
+    const ops::LossScaleRule& rule = ls->rule;
+    if (!(rule.growth_factor >= 1.0f) || !std::isfinite(rule.growth_factor) || !(rule.backoff_factor > 0.0f) ||
+        !(rule.backoff_factor <= 1.0f) || rule.growth_interval < 1)
+      throw InvalidArgument("Pipeline: LossScaling::rule with growth_factor " + std::to_string(rule.growth_factor) +
+                            ", backoff_factor " + std::to_string(rule.backoff_factor) + ", growth_interval " +
+                            std::to_string(rule.growth_interval) +
+                            " cannot work (want a finite growth_factor >= 1, 0 < backoff_factor <= 1, growth_interval >= 1)");
+  } else {
+    for (std::size_t i = 0; i < model.size(); ++i)
+      if (needs_loss_scaling(model[i].precision()))
+        throw InvalidArgument("Pipeline: layer " + std::to_string(i) + " (" + model[i].describe() +
+                              ") computes in fp16, whose gradients underflow without a loss scale: set "
+                              "PipelineOptions::loss_scaling (or use bf16)");
+  }
   if (options.virtual_stages < 1)
     throw InvalidArgument("Pipeline: virtual_stages must be at least 1, got " + std::to_string(options.virtual_stages));
   const std::vector<Device> known = engine.devices();
@@ -593,12 +653,26 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
   }
   m.options = std::move(options);
   if (m.distributed()) m.check_plans();
+  m.make_loss_scaler();
   // Last: nothing throws after them (a constructor that throws runs no destructor).
   for (int r = 0; r < rank_count; ++r) {
     Rank& rank = m.ranks[static_cast<std::size_t>(r)];
     if (!rank.local) continue;
     rank.order = engine.new_var("pipeline stage " + std::to_string(r) + " order");
     rank.arrivals = engine.new_var("pipeline stage " + std::to_string(r) + " arrivals");
+  }
+}
+
+void Pipeline::Impl::make_loss_scaler() {
+  const auto& ls = options.loss_scaling;
+  if (!ls) return;
+  for (int r = 0; r < rank_count(); ++r) {
+    Rank& rank = ranks[static_cast<std::size_t>(r)];
+    if (!rank.local) continue;
+    const std::string at = " (pipeline stage " + std::to_string(r) + ")";
+    rank.scale = Tensor::full(*engine, Shape{1}, ls->init_scale, rank.device).set_name("loss scale" + at);
+    rank.growth_tracker = Tensor::zeros(*engine, Shape{1}, rank.device).set_name("loss scale growth tracker" + at);
+    rank.skipped = Tensor::zeros(*engine, Shape{1}, rank.device).set_name("skipped steps" + at);
   }
 }
 
@@ -739,7 +813,7 @@ Tensor Pipeline::forward(const Tensor& x) {
     }
     const std::string name = "pipeline forward " + std::to_string(k - 1) + "->" + std::to_string(k);
     if (k > 0 && !m.stage(k - 1).local) {
-      y = Tensor::empty(*m.engine, m.input_shape(k, x.shape()[0]), s.device).set_name(name);
+      y = Tensor::empty(*m.engine, m.input_shape(k, x.shape()[0]), s.device, m.wire_dtype()).set_name(name);
       recv(m.comm(), y, m.stage(k - 1).rank, {.name = name});
     } else if (y.device() != s.device) {
       y = y.copy_to(s.device);
@@ -750,16 +824,84 @@ Tensor Pipeline::forward(const Tensor& x) {
       layer->train(true);
     }
     if (k + 1 < m.stage_count() && !m.stage(k + 1).local)
-      send(m.comm(), y, m.stage(k + 1).rank, {.name = "pipeline forward " + std::to_string(k) + "->" + std::to_string(k + 1)});
+      send(m.comm(), m.on_wire(y), m.stage(k + 1).rank,
+           {.name = "pipeline forward " + std::to_string(k) + "->" + std::to_string(k + 1)});
   }
   return m.stages.back().local ? y : Tensor();
 }
 
 void Pipeline::step() { step(impl_->options.optimizer.lr); }
 
-void Pipeline::step(float lr) {
-  for (Stage& s : impl_->stages)
-    if (s.optimizer) s.optimizer->step(lr);
+void Pipeline::step(float lr) { impl_->step(lr); }
+
+// With loss scaling: each rank unscales its stages' gradients and flags an
+// Inf or NaN; the flags are agreed (in one process summed over the ranks'
+// devices, across processes the largest over the ranks and the replicas),
+// so every stage skips the same step and every rank's scale moves alike.
+void Pipeline::Impl::step(float lr) {
+  if (!options.loss_scaling) {
+    for (Stage& s : stages)
+      if (s.optimizer) s.optimizer->step(lr);
+    return;
+  }
+  const auto kc = static_cast<std::size_t>(rank_count());
+  std::vector<Tensor> found(kc);
+  for (std::size_t r = 0; r < kc; ++r) {
+    Rank& rank = ranks[r];
+    if (!rank.local) continue;
+    std::vector<Tensor> grads;
+    for (const Stage& s : stages)
+      if (s.rank == static_cast<int>(r))
+        for (const nn::Parameter* p : s.params) {
+          if (!p->grad.defined())
+            throw InvalidArgument("Pipeline::step: parameter '" + p->name + "' has no gradient (run train_step first)");
+          grads.push_back(p->grad);
+        }
+    ops::PushScope scope(kBackwardPriority, "pipeline loss scaling of stage " + std::to_string(r));
+    found[r] = grads.empty() ? Tensor::zeros(*engine, Shape{1}, rank.device)
+                             : ops::unscale_and_check(grads, rank.scale).set_name("found inf (pipeline stage " + std::to_string(r) + ")");
+  }
+  std::vector<Tensor> agreed(kc);
+  if (distributed()) {
+    std::vector<Tensor> mine{found[static_cast<std::size_t>(my_rank)]};
+    allreduce(comm(), mine, ReduceOp::max, {.name = "pipeline found inf"});
+    agreed[static_cast<std::size_t>(my_rank)] = mine.front();
+  } else {
+    // Flags are 0 or 1: a sum above 0 is the same verdict as the largest.
+    for (std::size_t r = 0; r < kc; ++r) {
+      Tensor sum;
+      for (std::size_t q = 0; q < kc; ++q) {
+        const Tensor f = found[q].device() == ranks[r].device ? found[q] : found[q].copy_to(ranks[r].device);
+        sum = sum.defined() ? ops::add(sum, f) : f;
+      }
+      agreed[r] = sum;
+    }
+  }
+  if (options.replicas)
+    for (std::size_t r = 0; r < kc; ++r)
+      if (ranks[r].local) {
+        std::vector<Tensor> mine{agreed[r]};
+        allreduce(*options.replicas, mine, ReduceOp::max, {.name = "pipeline found inf (replicas)"});
+        agreed[r] = mine.front();
+      }
+  for (Stage& s : stages)
+    if (s.optimizer) s.optimizer->step(lr, optim::StepInputs{.skip = {agreed[static_cast<std::size_t>(s.rank)]}});
+  for (std::size_t r = 0; r < kc; ++r) {
+    Rank& rank = ranks[r];
+    if (rank.local)
+      ops::update_loss_scale(rank.scale, rank.growth_tracker, rank.skipped, agreed[r], options.loss_scaling->rule);
+  }
+}
+
+float Pipeline::loss_scale() const { return loss_scale(impl_->first_local_rank()); }
+float Pipeline::loss_scale(int rank) const {
+  const Rank& r = impl_->local_rank(rank, "loss_scale");
+  return r.scale.defined() ? r.scale.item() : 1.0f;
+}
+std::int64_t Pipeline::skipped_steps() const { return skipped_steps(impl_->first_local_rank()); }
+std::int64_t Pipeline::skipped_steps(int rank) const {
+  const Rank& r = impl_->local_rank(rank, "skipped_steps");
+  return r.skipped.defined() ? static_cast<std::int64_t>(r.skipped.item()) : 0;
 }
 
 std::vector<nn::Buffer*> Pipeline::optimizer_state() {

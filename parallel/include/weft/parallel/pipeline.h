@@ -27,8 +27,10 @@
 #include <vector>
 
 #include "weft/nn.h"
-#include "weft/parallel/collectives.h"
 #include "weft/optim.h"
+#include "weft/parallel/collectives.h"
+#include "weft/parallel/data_parallel.h"  // LossScaling
+#include "weft/precision.h"
 #include "weft/tensor.h"
 
 namespace weft::parallel {
@@ -135,6 +137,7 @@ std::vector<int> partition(const std::vector<double>& costs, int parts);
 // device the model's parameters are on), the median of `reps` runs after a
 // warm-up run; the model is left as it was (training mode, gradients set).
 // On simulated GPUs whose kernels are modeled, modeled time.
+// Give it one micro-batch: layers' shares of the time change with the rows.
 std::vector<double> layer_times(nn::Sequential& model, const Tensor& sample, int reps = 3);
 // Per layer: its parameters' bytes plus its output's bytes for `sample`'s
 // shape (what a stage keeps per micro-batch).
@@ -180,6 +183,18 @@ struct PipelineOptions {
   // The update step() pushes on each stage's parameters, on its device
   // (weft/optim.h; default: plain SGD).
   optim::OptimizerOptions optimizer;
+  // How the layers compute (weft/precision.h): set, the whole model gets it
+  // (Layer::set_precision); unset, the layers keep theirs. Parameters and
+  // the optimizer stay float32 (master weights); under bf16 / fp16 the loss
+  // is taken on float32 logits. Across processes activations and gradients
+  // travel in the layers' compute dtype.
+  std::optional<Precision> precision;
+  // Set: dynamic loss scaling (GradScaler's rules, LossScaling): the last
+  // stage's loss gradient is multiplied by the scale; step() unscales every
+  // stage's gradients, and the found-Inf/NaN flags are agreed over all
+  // ranks (and replicas), so every stage skips the same steps and the scale
+  // stays the same everywhere. Required when a layer computes in fp16.
+  std::optional<LossScaling> loss_scaling;
 };
 
 // Loss of one micro-batch: its logits and labels -> the mean loss over its
@@ -196,7 +211,9 @@ class Pipeline {
   // now on). Throws weft::InvalidArgument for a balance that does not sum
   // to the layer count or has an empty stage, fewer devices than stages, a
   // device the engine lacks, chunks < 1, an unknown or invalid schedule, a
-  // schedule whose ranks differ from the communicator's members. Across
+  // schedule whose ranks differ from the communicator's members, fp16
+  // without loss scaling, or a loss scale (init_scale, rule) that cannot
+  // work. Across
   // processes the constructor is collective over `ranks`: a plan (schedule,
   // balance, chunks) that differs between members throws
   // weft::CommunicationError on each, naming both sides, before any data
@@ -224,8 +241,18 @@ class Pipeline {
   Tensor forward(const Tensor& x);
   // The optimizer's update of every stage's parameters at rate `lr`
   // (options().optimizer.lr when omitted): one op per stage (foreach).
+  // With loss scaling: first unscaled and checked, the verdict agreed over
+  // all ranks and replicas, the update skipped on the device on Inf/NaN and
+  // the scale grown or backed off (nothing waits on the host).
   void step();
   void step(float lr);
+  // With loss scaling: the current scale and the steps skipped so far of a
+  // local rank (waits for the steps pushed; the same on every rank); no
+  // argument: this process's first rank. Without: 1 and 0.
+  float loss_scale() const;
+  float loss_scale(int rank) const;
+  std::int64_t skipped_steps() const;
+  std::int64_t skipped_steps(int rank) const;
   // Every stage's optimizer state ("<parameter>.<state>"), for checkpoints.
   std::vector<nn::Buffer*> optimizer_state();
 
