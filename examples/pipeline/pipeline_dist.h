@@ -7,6 +7,7 @@
 #include <string>
 
 #include "weft/device.h"
+#include "weft/precision.h"
 
 namespace weft::examples {
 
@@ -31,6 +32,9 @@ struct DistRun {
   std::string checkpoint;
   int checkpoint_every = 0;
   std::string resume;
+  // How the pipeline computes (PipelineOptions::precision; fp16 with
+  // dynamic loss scaling); --check trains the one-device model alike.
+  Precision precision = Precision::fp32;
 };
 
 // Runs the job on this process's rank; prints on rank 0. Returns the exit

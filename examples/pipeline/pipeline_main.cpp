@@ -25,6 +25,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -76,6 +77,7 @@ struct Options {
   std::string checkpoint, resume;  // --dist
   int checkpoint_every = 0;        // --dist
   bool devices_given = false;
+  weft::Precision precision = weft::Precision::fp32;  // the pipelines' PipelineOptions::precision
   weft::examples::SimFlags sim;
   bool wants(char sweep) const { return sweeps.find(sweep) != std::string::npos; }
 };
@@ -109,6 +111,8 @@ void usage(std::FILE* out) {
                "  --checkpoint DIR   with --dist: each stage's process saves its stage's parameters and\n"
                "                     optimizer state as its shard of DIR/step-<steps> after the last step\n"
                "                     (and every --checkpoint-every N steps); DIR/latest names the newest\n"
+               "  --precision P      fp32 (default), tf32, bf16 or fp16 (PipelineOptions::precision; fp16\n"
+               "                     with dynamic loss scaling), also with --dist\n"
                "  --resume DIR       with --dist: continue from DIR's newest checkpoint (or DIR itself, a\n"
                "                     checkpoint) on the same grid and plan; the warm-up and --steps count\n"
                "                     from the job's start, the steps already trained are not run again\n"
@@ -119,7 +123,7 @@ void usage(std::FILE* out) {
                "%s"
                "  --help             this text\n"
                "\n"
-               "JSON keys: sweep, model, schedule, checkpoint, stages, virtual_stages, chunks, ranks,\n"
+               "JSON keys: sweep, model, precision, schedule, checkpoint, stages, virtual_stages, chunks, ranks,\n"
                "balance, batch, samples_per_sec, step_ms, bubble_measured (mean over stages),\n"
                "bubble_per_stage, bubble_predicted (the schedule's theory), peak_bytes (per device), for\n"
                "the fit sweep max_batch; --dist adds replicas and, with --check, max_diff.\n"
@@ -221,6 +225,12 @@ bool parse(int argc, char** argv, Options& o) {
       o.checkpoint_every = static_cast<int>(number(1, 1 << 30));
     } else if (arg == "--resume") {
       o.resume = text();
+    } else if (arg == "--precision") {
+      try {
+        o.precision = weft::parse_precision(text(), "--precision");
+      } catch (const weft::Error& e) {
+        throw UsageError{e.what()};
+      }
     } else if (!o.sim.parse(args)) {
       throw UsageError{"unknown argument '" + arg + "'"};
     }
@@ -244,7 +254,14 @@ struct Model {
   std::function<std::unique_ptr<nn::Sequential>(Engine&, Device)> make;
   std::vector<std::int64_t> example;  // one input's shape
   std::int64_t batch = 0;
+  weft::Precision precision = weft::Precision::fp32;  // how the pipelines (and the balance probes) compute
 };
+
+// Dynamic loss scaling where the precision needs it (fp16).
+std::optional<par::LossScaling> loss_scaling_for(weft::Precision p) {
+  if (!weft::needs_loss_scaling(p)) return std::nullopt;
+  return par::LossScaling{};
+}
 
 struct Batch {
   Tensor x, y;
@@ -306,6 +323,8 @@ Result run(Engine& e, const Model& m, const std::vector<Device>& devices, const 
   auto net = m.make(e, devices[0]);
   par::PipelineOptions options{.balance = c.balance, .devices = devices, .chunks = c.chunks,
                                .virtual_stages = c.virtual_stages, .checkpoint = c.checkpoint, .schedule = c.schedule};
+  options.precision = m.precision;
+  options.loss_scaling = loss_scaling_for(m.precision);
   if (is_schedule_file(c.schedule)) {
     const par::Schedule file = par::Schedule::from_file(c.schedule);
     options.custom = [file](int, int) { return file; };
@@ -423,10 +442,10 @@ class Report {
       return entry;
     });
     std::printf(
-        "{\"sweep\":\"%s\",\"model\":\"%s\",\"schedule\":\"%s\",\"checkpoint\":\"%s\",\"stages\":%zu,"
+        "{\"sweep\":\"%s\",\"model\":\"%s\",\"precision\":\"%s\",\"schedule\":\"%s\",\"checkpoint\":\"%s\",\"stages\":%zu,"
         "\"virtual_stages\":%d,\"chunks\":%d,\"ranks\":1,\"balance\":%s,\"balance_by\":\"%s\",\"batch\":%lld,\"samples_per_sec\":%s,\"step_ms\":%s,"
         "\"bubble_measured\":%s,\"bubble_per_stage\":%s],\"bubble_predicted\":%s,\"peak_bytes\":%s}%s%s}\n",
-        c.sweep.c_str(), m.name.c_str(), schedule_label(c.schedule).c_str(),
+        c.sweep.c_str(), m.name.c_str(), std::string(weft::to_string(m.precision)).c_str(), schedule_label(c.schedule).c_str(),
         std::string(par::to_string(c.checkpoint)).c_str(), devices_.size(), c.virtual_stages, c.chunks,
         balance_str(c.balance).c_str(), c.balance_by.c_str(),
         static_cast<long long>(c.batch), num(r.samples_per_sec).c_str(), num(r.step_ms).c_str(),
@@ -446,6 +465,12 @@ class Report {
   std::vector<Device> devices_;
 };
 
+// The rows of a batch's largest micro-batch (Pipeline gives the first
+// rows % chunks micro-batches one row more).
+std::int64_t micro_rows(std::int64_t batch, int chunks) {
+  return std::max<std::int64_t>(1, (batch + chunks - 1) / chunks);
+}
+
 std::vector<int> even_split(int layers, int stages) {
   std::vector<int> out;
   for (int k = 0; k < stages; ++k) out.push_back(layers / stages + (k < layers % stages ? 1 : 0));
@@ -464,7 +489,8 @@ std::int64_t largest_batch(const Model& m, const std::vector<Device>& devices, c
     try {
       auto net = m.make(*e, devices[0]);
       const int micro = static_cast<int>(std::min<std::int64_t>(chunks, batch));
-      par::Pipeline pipe(*e, *net, {.balance = balance, .devices = devices, .chunks = micro, .checkpoint = cp});
+      par::Pipeline pipe(*e, *net, {.balance = balance, .devices = devices, .chunks = micro, .checkpoint = cp,
+                                    .precision = m.precision, .loss_scaling = loss_scaling_for(m.precision)});
       const Batch b = synthetic(*e, m, batch);
       pipe.train_step(b.x, b.y).wait_to_read();
       e->wait_all();
@@ -494,28 +520,45 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
                  bool first_model) {
   const int k_count = static_cast<int>(devices.size());
   auto probe = m.make(e, devices[0]);
+  probe->set_precision(m.precision);
   const int layers = static_cast<int>(probe->size());
   if (layers < k_count)
     throw weft::InvalidArgument(m.name + " has " + std::to_string(layers) + " layers, fewer than the " +
                                 std::to_string(k_count) + " stages");
-  // Balance by time on the sample batch (on the first device), by memory,
-  // and the naive even split.
-  const Batch sample = synthetic(e, m, std::min<std::int64_t>(m.batch, 32), devices[0]);
-  const std::vector<int> by_time = par::balance_by_time(*probe, sample.x, k_count, o.quick ? 1 : 3);
+  const int steps = o.quick ? std::max(1, o.steps - 1) : o.steps;
+  const int pipelined_chunks = static_cast<int>(std::min<std::int64_t>(4 * k_count, m.batch));
+  const bool heavy = m.name == "resnet18";
+  std::vector<int> chunk_sweep = {1, 2, 4, 8, 16, 32};
+  if (o.quick) chunk_sweep = heavy ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
+  // Balance by time (on the first device) at the micro-batch each
+  // configuration runs, by memory, and the naive even split. A layer's share
+  // of the time depends on its rows (ResNet-18's last blocks weigh about
+  // twice as much against the first ones at two rows as at sixteen), so a
+  // split timed on the whole batch leaves a pipeline of small micro-batches
+  // with one stage idle half the time.
+  std::map<std::int64_t, std::vector<int>> by_time_at;  // micro-batch rows -> balance
+  auto by_time = [&](int chunks) { return by_time_at.at(micro_rows(m.batch, chunks)); };
+  {
+    std::vector<int> chunk_counts = chunk_sweep;
+    chunk_counts.push_back(pipelined_chunks);
+    for (int chunks : chunk_counts) {
+      const std::int64_t rows = micro_rows(m.batch, chunks);
+      if (chunks > m.batch || by_time_at.count(rows)) continue;
+      const Batch sample = synthetic(e, m, rows, devices[0]);
+      by_time_at[rows] = par::balance_by_time(*probe, sample.x, k_count, 3);
+    }
+  }
   std::vector<std::int64_t> dims{m.batch};
   dims.insert(dims.end(), m.example.begin(), m.example.end());
   const std::vector<int> by_size = par::balance_by_size(*probe, Shape(dims), k_count);
   const std::vector<int> even = even_split(layers, k_count);
   probe.reset();
   e.wait_all();
-  const int steps = o.quick ? std::max(1, o.steps - 1) : o.steps;
-  const int pipelined_chunks = static_cast<int>(std::min<std::int64_t>(4 * k_count, m.batch));
-  const bool heavy = m.name == "resnet18";
 
   if (!o.json)
-    std::printf("\n== %s, batch %lld, %d stages on %s; balance by time %s, by size %s, even %s ==\n", m.name.c_str(),
-                static_cast<long long>(m.batch), k_count, weft::examples::device_list_str(devices).c_str(),
-                balance_str(by_time).c_str(), balance_str(by_size).c_str(), balance_str(even).c_str());
+    std::printf("\n== %s, batch %lld, %d stages on %s; balance by time (M = %d) %s, by size %s, even %s ==\n",
+                m.name.c_str(), static_cast<long long>(m.batch), k_count, weft::examples::device_list_str(devices).c_str(),
+                pipelined_chunks, balance_str(by_time(pipelined_chunks)).c_str(), balance_str(by_size).c_str(), balance_str(even).c_str());
 
   // 1. Model parallelism vs the pipeline.
   if (o.wants('1')) {
@@ -523,7 +566,7 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   rep.header("   chunks  samples/s   ms/step  bubble measured / predicted");
   double base = 0;
   for (int chunks : {1, pipelined_chunks}) {
-    const Config c{"model_parallel", by_time, "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
+    const Config c{"model_parallel", by_time(chunks), "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
     const Result r = run(e, m, devices, c, steps, chunks > 1 && first_model && !o.trace.empty() ? o.trace + "-gpipe.json" : "");
     if (chunks == 1) base = r.samples_per_sec;
     const std::string speedup = chunks > 1 ? "   (speed-up " + fixed(r.samples_per_sec / base, "%.2f") + "x)" : "";
@@ -539,11 +582,9 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   if (o.wants('2')) {
   rep.title("2. micro-batches: bubble per stage from the trace vs (K - 1) / (M + K - 1), GPipe, balance by time");
   rep.header("   chunks  samples/s   ms/step  bubble per stage           mean / predicted");
-  std::vector<int> sweep = {1, 2, 4, 8, 16, 32};
-  if (o.quick) sweep = heavy ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8};
-  for (int chunks : sweep) {
+  for (int chunks : chunk_sweep) {
     if (chunks > m.batch) break;
-    const Config c{"chunks", by_time, "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
+    const Config c{"chunks", by_time(chunks), "time", chunks, "gpipe", par::Checkpoint::never, m.batch};
     const Result r = run(e, m, devices, c, steps);
     char line[200];
     std::snprintf(line, sizeof line, "   %6d  %9.1f  %8.1f  %-26s %.3f / %.3f", chunks, r.samples_per_sec, r.step_ms,
@@ -558,7 +599,7 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   if (o.wants('3')) {
   rep.title("3. balance: naive even split vs by time vs by memory (GPipe, M = 4K)");
   rep.header("   balance by  layers per stage  samples/s   ms/step  bubble per stage");
-  for (const auto& [name, balance] : {std::pair<std::string, std::vector<int>>{"even", even}, {"time", by_time},
+  for (const auto& [name, balance] : {std::pair<std::string, std::vector<int>>{"even", even}, {"time", by_time(pipelined_chunks)},
                                       {"size", by_size}}) {
     const Config c{"balance", balance, name, pipelined_chunks, "gpipe", par::Checkpoint::never, m.batch};
     const Result r = run(e, m, devices, c, steps);
@@ -576,7 +617,7 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   rep.header("   schedule  checkpoint   samples/s  peak MiB per device");
   for (const char* schedule : {"gpipe", "1f1b"})
     for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::except_last, par::Checkpoint::always}) {
-      const Config c{"memory", by_time, "time", pipelined_chunks, schedule, cp, m.batch};
+      const Config c{"memory", by_time(pipelined_chunks), "time", pipelined_chunks, schedule, cp, m.batch};
       const bool traced = first_model && !o.trace.empty() && cp == par::Checkpoint::never && schedule[0] == '1';
       const Result r = run(e, m, devices, c, steps, traced ? o.trace + "-1f1b.json" : "");
       char line[200];
@@ -602,12 +643,12 @@ void sweep_model(const Options& o, Engine& e, const Model& m, const std::vector<
   e.wait_all();
   for (Device d : devices) e.allocator(d).release_cached();
   for (par::Checkpoint cp : {par::Checkpoint::never, par::Checkpoint::always}) {
-    const std::int64_t most = largest_batch(m, devices, by_time, cp, pipelined_chunks, heavy ? 4096 : 65536);
+    const std::int64_t most = largest_batch(m, devices, by_time(pipelined_chunks), cp, pipelined_chunks, heavy ? 4096 : 65536);
     char line[120];
     std::snprintf(line, sizeof line, "   checkpoint %-11s largest batch %lld", std::string(par::to_string(cp)).c_str(),
                   static_cast<long long>(most));
     rep.row(line);
-    Config c{"fit", by_time, "time", pipelined_chunks, "gpipe", cp, most};
+    Config c{"fit", by_time(pipelined_chunks), "time", pipelined_chunks, "gpipe", cp, most};
     rep.json(m, c, Result{}, ",\"max_batch\":" + std::to_string(most));
   }
 }
@@ -626,17 +667,24 @@ void sweep_schedules(const Options& o, Engine& e, const Model& m, const std::vec
     const std::vector<Device> devices(all_devices.begin(), all_devices.begin() + k_count);
     rep.set_devices(devices);
     auto probe = m.make(e, devices[0]);
+    probe->set_precision(m.precision);
     const int layers = static_cast<int>(probe->size());
-    const Batch sample = synthetic(e, m, std::min<std::int64_t>(m.batch, 32), devices[0]);
-    const std::vector<double> times = par::layer_times(*probe, sample.x, o.quick ? 1 : 3);
+    const int steps = o.quick ? std::max(1, o.steps - 1) : o.steps;
+    std::vector<int> counts = {k_count, 2 * k_count, 4 * k_count};
+    if (o.quick) counts = {2 * k_count};
+    // Layer times at each micro-batch size run (see sweep_model).
+    std::map<std::int64_t, std::vector<double>> times_at;
+    for (int chunks : counts) {
+      const std::int64_t rows = micro_rows(m.batch, chunks);
+      if (chunks > m.batch || times_at.count(rows)) continue;
+      times_at[rows] = par::layer_times(*probe, synthetic(e, m, rows, devices[0]).x, 3);
+    }
+    if (times_at.empty()) times_at[m.batch] = par::layer_times(*probe, synthetic(e, m, m.batch, devices[0]).x, 3);
     probe.reset();
     e.wait_all();
-    const int steps = o.quick ? std::max(1, o.steps - 1) : o.steps;
     rep.title("6. schedules on " + std::to_string(k_count) +
               " stages: bubble measured / theory, peak allocated MiB per device, samples/s (balance by time)");
     rep.header("   schedule           v  chunks  samples/s   ms/step  bubble / theory  peak MiB per device");
-    std::vector<int> counts = {k_count, 2 * k_count, 4 * k_count};
-    if (o.quick) counts = {2 * k_count};
     for (const std::string& schedule : o.schedules) {
       const bool file = is_schedule_file(schedule);
       std::optional<par::Schedule> from_file;
@@ -647,7 +695,6 @@ void sweep_schedules(const Options& o, Engine& e, const Model& m, const std::vec
                 " model stages");
         continue;
       }
-      const std::vector<int> balance = par::partition(times, k_count * v);
       for (int chunks : counts) {
         if (file) {
           // A file's lists fix the micro-batch count: the most it names.
@@ -658,6 +705,9 @@ void sweep_schedules(const Options& o, Engine& e, const Model& m, const std::vec
           chunks = most;
         }
         if (chunks > m.batch) break;
+        const auto timed = times_at.lower_bound(micro_rows(m.batch, chunks));  // a file's count: the nearest above
+        const std::vector<int> balance =
+            par::partition(timed == times_at.end() ? times_at.rbegin()->second : timed->second, k_count * v);
         Config c{"schedules", balance, "time", chunks, schedule, par::Checkpoint::never, m.batch, v};
         const std::string trace = o.trace.empty() ? "" : o.trace + "-" + schedule_label(schedule) + "-k" +
                                                              std::to_string(k_count) + "-m" + std::to_string(chunks) + ".json";
@@ -700,7 +750,7 @@ int main(int argc, char** argv) {
                                 .replicas = o.replicas, .virtual_stages = o.virtual_stages, .chunks = o.chunks,
                                 .batch = o.lenet_batch, .steps = o.steps, .check = o.check, .json = o.json,
                                 .device = devices.front(), .optimizer = o.optimizer, .checkpoint = o.checkpoint,
-                                .checkpoint_every = o.checkpoint_every, .resume = o.resume};
+                                .checkpoint_every = o.checkpoint_every, .resume = o.resume, .precision = o.precision};
     if (!o.devices_given) run.device = Device::cpu(0);
     try {
       return weft::examples::run_distributed(run);
@@ -765,6 +815,7 @@ int main(int argc, char** argv) {
     if (o.models == "resnet18" || o.models == "all")
       models.push_back({"resnet18", [](Engine& e, Device d) { return nn::resnet18(e, d, 0); }, {1, 28, 28},
                         o.resnet_batch});
+    for (Model& m : models) m.precision = o.precision;
     if (!o.json)
       std::printf("weft-pipeline: %zu stages on %s, %d timed steps per configuration, %d thread(s) per CPU kernel\n",
                   devices.size(), weft::examples::device_list_str(devices).c_str(), o.steps, o.kernel_threads);
