@@ -11,7 +11,8 @@
 // device on the whole batch. In bf16 and in fp16 with loss scaling the
 // pipeline equals one device in the same precision within 1e-3; an Inf in
 // rank 0's gradients only makes every rank skip the step and halve its
-// scale.
+// scale, and on the 2 x 2 grid an Inf in one replica's rows every rank of
+// both replicas.
 #include <doctest/doctest.h>
 
 #include <cstdio>
@@ -334,6 +335,45 @@ TEST_CASE("distributed pipeline: an Inf on one rank's stage makes every rank ski
   CHECK(pipe.skipped_steps() == 1);
   // A clean batch: every rank updates, the scale holds.
   const Batch good = random_batch(6, {20}, 5, 5);
+  (void)pipe.train_step(rows_of(*e, good, 0, 6), labels_of(*e, good, 0, 6));
+  pipe.step(0.1f);
+  // (A rank whose stage is a ReLU has nothing to update.)
+  bool has_parameters = false;
+  for (int k = 0; k < pipe.stages(); ++k)
+    for (int i = pipe.layers(k).first; pipe.is_local(k) && i < pipe.layers(k).second; ++i)
+      has_parameters = has_parameters || !(*net)[static_cast<std::size_t>(i)].parameters().empty();
+  CHECK((values_of(*net) != before) == has_parameters);
+  CHECK(pipe.loss_scale() == 32768.0f);
+  CHECK(pipe.skipped_steps() == 1);
+  e->wait_all();
+  mpi_test::sync_ranks(*e);
+}
+
+TEST_CASE("distributed pipeline x data parallel: an Inf in one replica's first stage makes all four ranks skip alike" *
+          doctest::timeout(300)) {
+  auto e = Engine::create(EngineConfig{.kind = "threaded"});
+  const par::Communicator world = par::Communicator::mpi(*e, Device::cpu(0));
+  if (world.size() != 4) {
+    std::printf("[weft-skip] %d rank(s): this case is a 2 x 2 grid of four (ctest runs it at np4)\n", world.size());
+    return;
+  }
+  const int me = world.local_ranks().front();
+  const int replica = me / 2;
+  const par::Communicator pipeline_ranks = world.split({0, 0, 1, 1});
+  const par::Communicator replicas = world.split({0, 1, 0, 1});
+  auto net = mlp_model()(*e, Device::cpu(0), 0);
+  pipe_precision::zero_first_column(*net);
+  par::Pipeline pipe(*e, *net, {.balance = {2, 3}, .chunks = 3, .schedule = "zb-h1", .ranks = pipeline_ranks,
+                                .replicas = replicas, .loss_scaling = par::LossScaling{.init_scale = 65536.0f}});
+  const std::vector<std::vector<float>> before = values_of(*net);
+  // Replica 0 trains on the overflowing rows, replica 1 on clean ones.
+  const Batch b = replica == 0 ? pipe_precision::overflowing_batch(6) : random_batch(6, {20}, 5, 5);
+  (void)pipe.train_step(rows_of(*e, b, 0, 6), labels_of(*e, b, 0, 6));
+  pipe.step(0.1f);
+  CHECK(values_of(*net) == before);  // every rank of both replicas skipped
+  CHECK(pipe.loss_scale() == 32768.0f);
+  CHECK(pipe.skipped_steps() == 1);
+  const Batch good = random_batch(6, {20}, 5, 7 + static_cast<std::uint64_t>(replica));
   (void)pipe.train_step(rows_of(*e, good, 0, 6), labels_of(*e, good, 0, 6));
   pipe.step(0.1f);
   CHECK(values_of(*net) != before);
