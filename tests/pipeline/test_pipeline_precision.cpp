@@ -172,8 +172,9 @@ TEST_CASE("pipeline precision: fp16 without loss scaling and scaling rules that 
     return o;
   };
   CHECK_THROWS_WITH_AS(par::Pipeline(*e, *net, with([](auto& o) { o.precision = Precision::fp16; })),
-                       doctest::Contains("computes in fp16, whose gradients underflow without a loss scale"),
+                       doctest::Contains("precision fp16, whose gradients underflow without a loss scale"),
                        weft::InvalidArgument);
+  CHECK((*net)[0].precision() == Precision::fp32);  // a refused pipeline leaves the model as it was
   // A model set to fp16 by hand is judged alike.
   net->set_precision(Precision::fp16);
   CHECK_THROWS_WITH_AS(par::Pipeline(*e, *net, base), doctest::Contains("layer 0 (Dense"), weft::InvalidArgument);

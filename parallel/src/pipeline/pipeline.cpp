@@ -539,7 +539,7 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
     throw InvalidArgument("Pipeline: the balance sums to " + std::to_string(total) + " layers but the model has " +
                           std::to_string(layers));
   if (options.chunks < 1) throw InvalidArgument("Pipeline: chunks must be at least 1, got " + std::to_string(options.chunks));
-  if (options.precision) model.set_precision(*options.precision);
+  // The model's precision is set once nothing else can be refused (below).
   m.policy = options.precision ? *options.precision : model.precision();
   if (const auto& ls = options.loss_scaling) {
     if (!(ls->init_scale > 0.0f) || !std::isfinite(ls->init_scale))
@@ -552,7 +552,10 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
                             ", backoff_factor " + std::to_string(rule.backoff_factor) + ", growth_interval " +
                             std::to_string(rule.growth_interval) +
                             " cannot work (want a finite growth_factor >= 1, 0 < backoff_factor <= 1, growth_interval >= 1)");
-  } else {
+  } else if (options.precision && needs_loss_scaling(*options.precision)) {
+    throw InvalidArgument("Pipeline: precision fp16, whose gradients underflow without a loss scale: set "
+                          "PipelineOptions::loss_scaling (or use bf16)");
+  } else if (!options.precision) {
     for (std::size_t i = 0; i < model.size(); ++i)
       if (needs_loss_scaling(model[i].precision()))
         throw InvalidArgument("Pipeline: layer " + std::to_string(i) + " (" + model[i].describe() +
@@ -623,6 +626,7 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
       throw InvalidArgument("Pipeline: this process's replica member is on " + theirs.str() + " but its stage on " +
                             mine.str() + " (" + replicas.str() + ")");
   }
+  if (options.precision) model.set_precision(*options.precision);
   for (int r = 0; r < rank_count; ++r) {
     Rank rank;
     rank.local = !options.ranks || r == m.my_rank;
