@@ -139,6 +139,18 @@ TEST_CASE("pipeline loss scaling: an Inf in one stage's gradients makes every st
           CHECK(pipe.loss_scale(rank) == 32768.0f);
           CHECK(pipe.skipped_steps(rank) == 1);
         }
+        // The scaler's state goes with the optimizer's into checkpoints.
+        std::vector<std::string> names;
+        for (const nn::Buffer* b : pipe.optimizer_state())
+          if (b->name.find(".loss_scale.") != std::string::npos) {
+            names.push_back(b->name);
+            if (b->name.ends_with(".scale")) CHECK(b->value.item() == 32768.0f);
+            if (b->name.ends_with(".skipped")) CHECK(b->value.item() == 1.0f);
+          }
+        CHECK(names == std::vector<std::string>{"pipeline.stage0.loss_scale.scale", "pipeline.stage0.loss_scale.growth_tracker",
+                                                "pipeline.stage0.loss_scale.skipped", "pipeline.stage1.loss_scale.scale",
+                                                "pipeline.stage1.loss_scale.growth_tracker",
+                                                "pipeline.stage1.loss_scale.skipped"});
         // A clean batch: every stage updates; the scale holds.
         const Batch good = dp_test::random_batch(6, {20}, 5, 5);
         (void)pipe.train_step(Tensor::from_host(e, good.x_shape, good.x), Tensor::from_host(e, Shape{6}, good.y));

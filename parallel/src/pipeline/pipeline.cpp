@@ -87,8 +87,9 @@ struct Rank {
   Var order;  // read by every op of an action, written once the action's ops are done
   Var arrivals;  // in one process: written by each receive's copy (they start in list order)
   int saved_now = 0, saved_peak = 0;
-  // Loss scaling: the scaler's state on the rank's device ([1] float32 each).
-  Tensor scale, growth_tracker, skipped;
+  // Loss scaling: the scaler's state on the rank's device ([1] float32 each),
+  // as buffers for checkpoints ("pipeline.stage<r>.loss_scale.scale", ...).
+  nn::Buffer scale, growth_tracker, skipped;
 };
 
 // A transfer between model stages, as both ends name it (the name is part
@@ -243,7 +244,7 @@ struct Pipeline::Impl {
       MicroBatchLoss l = loss(logits, labels[static_cast<std::size_t>(mb)]);
       const float w = static_cast<float>(weight[static_cast<std::size_t>(mb)]);
       Tensor g = ops::mul_scalar(l.dlogits, w);
-      if (options.loss_scaling) g = ops::scale_by(g, rank_of(s).scale);
+      if (options.loss_scaling) g = ops::scale_by(g, rank_of(s).scale.value);
       m.grad_out = g.dtype() == m.output.dtype() ? g : ops::cast(g, m.output.dtype());
       const Tensor part = ops::mul_scalar(l.loss, w);
       total_loss = total_loss.defined() ? total_loss + part : part;
@@ -674,9 +675,11 @@ void Pipeline::Impl::make_loss_scaler() {
     Rank& rank = ranks[static_cast<std::size_t>(r)];
     if (!rank.local) continue;
     const std::string at = " (pipeline stage " + std::to_string(r) + ")";
-    rank.scale = Tensor::full(*engine, Shape{1}, ls->init_scale, rank.device).set_name("loss scale" + at);
-    rank.growth_tracker = Tensor::zeros(*engine, Shape{1}, rank.device).set_name("loss scale growth tracker" + at);
-    rank.skipped = Tensor::zeros(*engine, Shape{1}, rank.device).set_name("skipped steps" + at);
+    const std::string prefix = "pipeline.stage" + std::to_string(r) + ".loss_scale.";
+    rank.scale = {prefix + "scale", Tensor::full(*engine, Shape{1}, ls->init_scale, rank.device).set_name("loss scale" + at)};
+    rank.growth_tracker = {prefix + "growth_tracker",
+                           Tensor::zeros(*engine, Shape{1}, rank.device).set_name("loss scale growth tracker" + at)};
+    rank.skipped = {prefix + "skipped", Tensor::zeros(*engine, Shape{1}, rank.device).set_name("skipped steps" + at)};
   }
 }
 
@@ -863,7 +866,7 @@ void Pipeline::Impl::step(float lr) {
         }
     ops::PushScope scope(kBackwardPriority, "pipeline loss scaling of stage " + std::to_string(r));
     found[r] = grads.empty() ? Tensor::zeros(*engine, Shape{1}, rank.device)
-                             : ops::unscale_and_check(grads, rank.scale).set_name("found inf (pipeline stage " + std::to_string(r) + ")");
+                             : ops::unscale_and_check(grads, rank.scale.value).set_name("found inf (pipeline stage " + std::to_string(r) + ")");
   }
   std::vector<Tensor> agreed(kc);
   if (distributed()) {
@@ -893,19 +896,20 @@ void Pipeline::Impl::step(float lr) {
   for (std::size_t r = 0; r < kc; ++r) {
     Rank& rank = ranks[r];
     if (rank.local)
-      ops::update_loss_scale(rank.scale, rank.growth_tracker, rank.skipped, agreed[r], options.loss_scaling->rule);
+      ops::update_loss_scale(rank.scale.value, rank.growth_tracker.value, rank.skipped.value, agreed[r],
+                             options.loss_scaling->rule);
   }
 }
 
 float Pipeline::loss_scale() const { return loss_scale(impl_->first_local_rank()); }
 float Pipeline::loss_scale(int rank) const {
   const Rank& r = impl_->local_rank(rank, "loss_scale");
-  return r.scale.defined() ? r.scale.item() : 1.0f;
+  return r.scale.value.defined() ? r.scale.value.item() : 1.0f;
 }
 std::int64_t Pipeline::skipped_steps() const { return skipped_steps(impl_->first_local_rank()); }
 std::int64_t Pipeline::skipped_steps(int rank) const {
   const Rank& r = impl_->local_rank(rank, "skipped_steps");
-  return r.skipped.defined() ? static_cast<std::int64_t>(r.skipped.item()) : 0;
+  return r.skipped.value.defined() ? static_cast<std::int64_t>(r.skipped.value.item()) : 0;
 }
 
 std::vector<nn::Buffer*> Pipeline::optimizer_state() {
@@ -913,6 +917,9 @@ std::vector<nn::Buffer*> Pipeline::optimizer_state() {
   for (Stage& s : impl_->stages)
     if (s.optimizer)
       for (nn::Buffer* b : s.optimizer->state()) out.push_back(b);
+  for (Rank& r : impl_->ranks)
+    if (r.scale.value.defined())
+      for (nn::Buffer* b : {&r.scale, &r.growth_tracker, &r.skipped}) out.push_back(b);
   return out;
 }
 

@@ -2,8 +2,9 @@
 // on a device list or on the members of a communicator (one per process),
 // each batch split into micro-batches that flow through the stages (GPipe,
 // 1F1B, ZB-H1, interleaved 1F1B, or a schedule of your own), with
-// recomputation, the balance that decides the split, and data parallelism
-// over replicas of each stage.
+// recomputation, the balance that decides the split, data parallelism
+// over replicas of each stage, and any precision (with dynamic loss
+// scaling agreed over every stage).
 //
 //   nn::Sequential& model = ...;                     // built anywhere; its layers move to the stages' devices
 //   Pipeline pipe(*engine, model, {.balance = {5, 9}, .devices = {gpu(0), gpu(1)}, .chunks = 8});
@@ -253,7 +254,9 @@ class Pipeline {
   float loss_scale(int rank) const;
   std::int64_t skipped_steps() const;
   std::int64_t skipped_steps(int rank) const;
-  // Every stage's optimizer state ("<parameter>.<state>"), for checkpoints.
+  // Every stage's optimizer state ("<parameter>.<state>"), for checkpoints;
+  // with loss scaling also each local rank's scaler
+  // ("pipeline.stage<r>.loss_scale.scale", ".growth_tracker", ".skipped").
   std::vector<nn::Buffer*> optimizer_state();
 
   int stages() const noexcept;  // model stages (ranks x virtual stages)
