@@ -17,6 +17,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "weft/checkpoint.h"
@@ -130,7 +131,8 @@ int run_distributed(const DistRun& run) {
                                   {"weft.chunks", std::to_string(chunks)},
                                   {"weft.schedule", schedule_name},
                                   {"weft.batch", std::to_string(run.batch)},
-                                  {"weft.optimizer", pipe.options().optimizer.str()}};
+                                  {"weft.optimizer", pipe.options().optimizer.str()},
+                                  {"weft.precision", std::string(to_string(run.precision))}};
   // The job trains steps 0 .. run.steps (step 0 the warm-up); `start` of them
   // are done already when resuming.
   const int total = run.steps + 1;
@@ -142,15 +144,18 @@ int run_distributed(const DistRun& run) {
       const checkpoint::Reader reader = checkpoint::Reader::open(from);
       const checkpoint::Metadata& meta = reader.metadata();
       for (const char* key : {"weft.model", "weft.stages", "weft.replicas", "weft.virtual_stages", "weft.schedule",
-                              "weft.chunks", "weft.batch", "weft.optimizer"}) {
+                              "weft.chunks", "weft.batch", "weft.optimizer", "weft.precision"}) {
         const std::string& want = plan.at(key);
         const auto found = meta.find(key);
-        if (found == meta.end())
+        const bool precision = std::string_view(key) == "weft.precision";
+        if (found == meta.end() && !precision)
           throw InvalidArgument("checkpoint '" + reader.path().string() + "' has no '" + key +
                                 "' in its metadata (not a checkpoint of weft-pipeline --dist)");
-        if (found->second != want)
-            throw InvalidArgument("checkpoint '" + reader.path().string() + "' was saved with " + key + " " +
-                                found->second + ", this run has " + want + " (resume on the same grid and plan)");
+        // Checkpoints from before --precision were trained in fp32.
+        const std::string saved = found == meta.end() ? "fp32" : found->second;
+        if (saved != want)
+          throw InvalidArgument("checkpoint '" + reader.path().string() + "' was saved with " + key + " " + saved +
+                                ", this run has " + want + " (resume on the same grid and plan)");
       }
       const auto steps_saved = meta.find("weft.steps");
       if (steps_saved == meta.end())
