@@ -53,7 +53,7 @@ TEST_CASE("gpu pipeline - LeNet over two GPUs, and a CPU device and a GPU, equal
   });
 }
 
-TEST_CASE("gpu pipeline - bf16 and fp16 with loss scaling over two GPUs equal one device; an Inf skips on both" *
+TEST_CASE("gpu pipeline - bf16 and fp16 with loss scaling over two GPUs equal one device, and an Inf skips on both" *
           doctest::timeout(600)) {
   WEFT_REQUIRE_GPU();
   const std::vector<Batch> batches = lenet_batches(2, 12);
