@@ -27,6 +27,7 @@
 #include "launch.h"
 #include "storage.h"
 #include "weft/error.h"
+#include "weft/ops.h"
 
 namespace weft::checkpoint {
 
@@ -719,7 +720,9 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
       if (!whole) pieces[key] = {{"name", name}, {"shape", r.shape.dims()}, {"begin", r.begin}, {"end", r.end}};
       // The snapshot: a copy ordered after the writes pushed before (GPU
       // memory comes to page-locked host memory in one copy).
-      const Tensor& t = r.entry->tensor;
+      // A channels_last tensor is written in its logical NCHW order, as
+      // safetensors readers expect: converted first (one op on its device).
+      const Tensor t = ops::contiguous(r.entry->tensor);
       const Device to = t.device().is_gpu() ? Device::cpu_pinned(0) : t.device();
       Tensor snapshot = t.copy_to(to);
       reads.push_back(snapshot.var());
@@ -960,6 +963,15 @@ namespace {
 // Pushes the write of `bytes` (the tensor's whole data) into `target`.
 void push_bytes(Tensor& target, std::vector<std::byte> bytes, const std::string& name) {
   using weft::detail::Body;
+  if (target.memory_format() != MemoryFormat::contiguous) {
+    // The file holds NCHW order: written into a contiguous tensor, converted into the target.
+    Tensor staging = Tensor::wrap(std::make_shared<weft::detail::Storage>(target.engine(), target.device(),
+                                                                          target.dtype(), target.nbytes(), ""),
+                                  target.shape());
+    push_bytes(staging, std::move(bytes), name);
+    target.copy_from(ops::to_memory_format(staging, target.memory_format()));
+    return;
+  }
   using weft::detail::OpIO;
   const std::string op = "checkpoint load '" + name + "'";
   const std::uint64_t n = bytes.size();

@@ -16,15 +16,17 @@ namespace cpu = kernels::cpu;
 
 namespace {
 
+// The output takes a's memory format; b in the other one is converted first.
 template <class Cpu, class Gpu>
-Tensor binary(const char* op, const Tensor& a, const Tensor& b, Cpu cpu_kernel, Gpu gpu_kernel,
+Tensor binary(const char* op, const Tensor& a, const Tensor& b_in, Cpu cpu_kernel, Gpu gpu_kernel,
               const char* what_a = "a", const char* what_b = "b") {
   detail::check_floating(op, a, what_a);
-  detail::check_floating(op, b, what_b);
-  detail::check_same_device(op, a, b);
-  detail::check_same_dtype(op, a, what_a, b, what_b);
-  detail::check_same_shape(op, a, b);
-  Tensor y = detail::make_like(a, a.shape());
+  detail::check_floating(op, b_in, what_b);
+  detail::check_same_device(op, a, b_in);
+  detail::check_same_dtype(op, a, what_a, b_in, what_b);
+  detail::check_same_shape(op, a, b_in);
+  const Tensor b = detail::as_format(b_in, a.memory_format());
+  Tensor y = detail::make_like(a, a.shape(), a.dtype(), a.memory_format());
   const std::int64_t n = a.numel();
   [[maybe_unused]] const DType t = a.dtype();
   launch(op, detail::exec_device(a.device()), {&a, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
@@ -39,7 +41,7 @@ Tensor binary(const char* op, const Tensor& a, const Tensor& b, Cpu cpu_kernel, 
 template <class Cpu, class Gpu>
 Tensor unary(const char* op, const Tensor& x, Cpu cpu_kernel, Gpu gpu_kernel) {
   detail::check_floating(op, x, "x");
-  Tensor y = detail::make_like(x, x.shape());
+  Tensor y = detail::make_like(x, x.shape(), x.dtype(), x.memory_format());
   const std::int64_t n = x.numel();
   [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
@@ -109,7 +111,7 @@ Tensor cast(const Tensor& x, DType dtype) {
   if (!has_kernels(dtype))
     throw InvalidArgument("cast: to dtype " + std::string(to_string(dtype)) + " for x " + detail::describe_on(x) +
                           "; float32, bfloat16 and float16 are supported");
-  Tensor y = detail::make_like(x, x.shape(), dtype);
+  Tensor y = detail::make_like(x, x.shape(), dtype, x.memory_format());
   const std::int64_t n = x.numel();
   const DType from = x.dtype();
   launch(std::string("cast to ") + std::string(to_string(dtype)), detail::exec_device(x.device()), {&x}, {&y},
@@ -129,7 +131,7 @@ Tensor scale_by(const Tensor& x, const Tensor& factor) {
   detail::check_same_device("scale_by", x, factor);
   if (factor.numel() != 1)
     throw InvalidArgument("scale_by: factor " + detail::describe(factor) + " must hold one element");
-  Tensor y = detail::make_like(x, x.shape());
+  Tensor y = detail::make_like(x, x.shape(), x.dtype(), x.memory_format());
   const std::int64_t n = x.numel();
   [[maybe_unused]] const DType t = x.dtype();
   launch("scale_by", detail::exec_device(x.device()), {&x, &factor}, {&y}, [=](RunContext& ctx, OpIO& io) {
@@ -141,12 +143,13 @@ Tensor scale_by(const Tensor& x, const Tensor& factor) {
   return y;
 }
 
-void axpy(float alpha, const Tensor& x, Tensor& y) {
-  detail::check_floating("axpy", x, "x");
+void axpy(float alpha, const Tensor& x_in, Tensor& y) {
+  detail::check_floating("axpy", x_in, "x");
   detail::check_floating("axpy", y, "y");
-  detail::check_same_device("axpy", x, y);
-  detail::check_same_dtype("axpy", x, "x", y, "y");
-  detail::check_same_shape("axpy", x, y);
+  detail::check_same_device("axpy", x_in, y);
+  detail::check_same_dtype("axpy", x_in, "x", y, "y");
+  detail::check_same_shape("axpy", x_in, y);
+  const Tensor x = detail::as_format(x_in, y.memory_format());
   const std::int64_t n = x.numel();
   [[maybe_unused]] const DType t = x.dtype();
   launch("axpy", detail::exec_device(y.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
@@ -167,6 +170,7 @@ std::int64_t check_runs(const char* op, const std::vector<Tensor>& runs, const c
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const std::string name = std::string(what) + " " + std::to_string(k);
     detail::check_float32(op, runs[k], name.c_str());
+    detail::check_not_channels_last(op, runs[k], name.c_str());
     if (runs[k].device() != flat.device())
       throw InvalidArgument(std::string(op) + ": " + name + " " + detail::describe_on(runs[k]) + " is not on " +
                             flat.device().str() + ", where the packed tensor " + detail::describe(flat) + " is");
@@ -227,7 +231,8 @@ Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end) {
                           ", which has " + std::to_string(rows));
   std::vector<std::int64_t> dims = x.shape().dims();
   dims[0] = end - begin;
-  Tensor y = detail::make_like(x, Shape(std::move(dims)));
+  // Rows are whole images in both formats: the slice keeps x's.
+  Tensor y = detail::make_like(x, Shape(std::move(dims)), x.dtype(), x.memory_format());
   const std::int64_t row = rows > 0 ? x.numel() / rows : 0, offset = begin * row, n = y.numel();
   [[maybe_unused]] const DType t = x.dtype();
   launch("slice_rows", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {

@@ -257,6 +257,13 @@ void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* w
 // An uninitialized output on x's device, of x's dtype (or `dtype`).
 Tensor make_like(const Tensor& x, Shape shape);
 Tensor make_like(const Tensor& x, Shape shape, DType dtype);
+// The same in memory format `format` (channels_last: a 4-D shape).
+Tensor make_like(const Tensor& x, Shape shape, DType dtype, MemoryFormat format);
+// x in memory format `format`: x itself, or ops::to_memory_format's op.
+Tensor as_format(const Tensor& x, MemoryFormat format);
+// Throws for a channels_last `t`: the op `op` reads its memory in the
+// shape's order (flat or rank-2 kernels), naming the tensor and its layout.
+void check_not_channels_last(const char* op, const Tensor& t, const char* what);
 
 [[noreturn]] void no_gpu_kernels(const char* op);
 

@@ -61,8 +61,11 @@ kernels::ConvGeometry with_math(kernels::ConvGeometry g, const Tensor& data) {
   g.dtype = data.dtype();
   g.tf32 = tf32_for(data);
   g.algo = data.engine().conv_algo();
+  g.nhwc = data.memory_format() == MemoryFormat::channels_last;
   return g;
 }
+
+bool channels_last(const Tensor& t) { return t.memory_format() == MemoryFormat::channels_last; }
 
 // A convolution's multiply-adds, counted twice (forward, and each backward pass alike).
 double conv_flops(const kernels::ConvGeometry& g) {
@@ -101,7 +104,7 @@ kernels::ConvGeometry conv_geometry(const char* op, const Operand& input, const 
   return g;
 }
 
-kernels::PoolGeometry pool_geometry(const char* op, const Operand& input, Pool2dParams p) {
+kernels::PoolGeometry pool_geometry(const char* op, const Operand& input, Pool2dParams p, MemoryFormat format) {
   const Shape& x = input.shape;
   if (x.rank() != 4) throw Error(std::string(op) + ": input must be [N, C, H, W], got " + input.shown);
   if (p.kernel < 1 || p.stride < 1 || p.pad < 0 || 2 * p.pad > p.kernel)
@@ -110,7 +113,8 @@ kernels::PoolGeometry pool_geometry(const char* op, const Operand& input, Pool2d
   if (p.kernel > x[2] + 2 * p.pad || p.kernel > x[3] + 2 * p.pad)
     throw Error(std::string(op) + ": window " + std::to_string(p.kernel) + " stride " + std::to_string(p.stride) +
                 " pad " + std::to_string(p.pad) + " does not fit input " + input.shown);
-  return kernels::PoolGeometry{x[0], x[1], x[2], x[3], p.kernel, p.stride, p.pad};
+  return kernels::PoolGeometry{x[0], x[1], x[2], x[3], p.kernel, p.stride, p.pad,
+                               format == MemoryFormat::channels_last};
 }
 
 kernels::BatchNormGeometry batch_norm_geometry(const char* op, const Tensor& x,
@@ -128,7 +132,8 @@ kernels::BatchNormGeometry batch_norm_geometry(const char* op, const Tensor& x,
     throw Error(std::string(op) + ": eps must be a positive number, got " + std::to_string(p.eps));
   if (!(p.momentum >= 0.0f && p.momentum <= 1.0f))
     throw Error(std::string(op) + ": momentum must be in [0, 1], got " + std::to_string(p.momentum));
-  return kernels::BatchNormGeometry{s[0], c, s.rank() == 4 ? s[2] * s[3] : 1};
+  return kernels::BatchNormGeometry{s[0], c, s.rank() == 4 ? s[2] * s[3] : 1,
+                                    x.memory_format() == MemoryFormat::channels_last};
 }
 
 }  // namespace
@@ -227,12 +232,13 @@ DenseWeightGrads dense_backward_weight(const Tensor& x, const Tensor& dy) {
   return g;
 }
 
-Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p) {
-  check_all("conv2d", {{&x, "x"}, {&w, "w"}, {&b, "b"}});
-  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d", x, w, p), x);
+Tensor conv2d(const Tensor& x, const Tensor& w_in, const Tensor& b, Conv2dParams p) {
+  check_all("conv2d", {{&x, "x"}, {&w_in, "w"}, {&b, "b"}});
+  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d", x, w_in, p), x);
   if (b.defined() && b.shape() != Shape{g.o})
     throw Error("conv2d: bias " + describe(b) + " does not match " + std::to_string(g.o) + " output channels");
-  Tensor y = detail::make_like(x, Shape{g.n, g.o, g.out_h(), g.out_w()});
+  const Tensor w = detail::as_format(w_in, x.memory_format());  // the filter in the data's layout
+  Tensor y = detail::make_like(x, Shape{g.n, g.o, g.out_h(), g.out_w()}, x.dtype(), x.memory_format());
   const bool has_b = b.defined();
   launch("conv2d", detail::exec_device(x.device()), {&x, &w, &b}, {&y}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -245,13 +251,14 @@ Tensor conv2d(const Tensor& x, const Tensor& w, const Tensor& b, Conv2dParams p)
   return y;
 }
 
-Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_shape, Conv2dParams p) {
-  check_all("conv2d_backward_data", {{&dy, "dy"}, {&w, "w"}});
-  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d_backward_data", x_shape, w, p), dy);
+Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w_in, const Shape& x_shape, Conv2dParams p) {
+  check_all("conv2d_backward_data", {{&dy, "dy"}, {&w_in, "w"}});
+  const kernels::ConvGeometry g = with_math(conv_geometry("conv2d_backward_data", x_shape, w_in, p), dy);
   if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
     throw Error("conv2d_backward_data: dy " + describe(dy) + " does not match the output of input " + x_shape.str() +
-                " and filter " + describe(w));
-  Tensor dx = detail::make_like(dy, x_shape);
+                " and filter " + describe(w_in));
+  const Tensor w = detail::as_format(w_in, dy.memory_format());
+  Tensor dx = detail::make_like(dy, x_shape, dy.dtype(), dy.memory_format());
   launch("conv2d_backward_data", detail::exec_device(dy.device()), {&dy, &w}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
       WEFT_GPU_KERNEL("conv2d_backward_data", conv2d_backward_data(*ctx.gpu, io.out[0], io.in[0], io.in[1], g));
@@ -263,13 +270,16 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
   return dx;
 }
 
-ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape, Conv2dParams p) {
-  check_all("conv2d_backward_filter", {{&x, "x"}, {&dy, "dy"}});
+ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy_in, const Shape& w_shape, Conv2dParams p,
+                                       MemoryFormat w_format) {
+  check_all("conv2d_backward_filter", {{&x, "x"}, {&dy_in, "dy"}});
   const kernels::ConvGeometry g = with_math(conv_geometry("conv2d_backward_filter", x, w_shape, p), x);
-  if (dy.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
-    throw Error("conv2d_backward_filter: dy " + describe(dy) + " does not match the output of input " + describe(x) +
-                " and filter " + w_shape.str());
-  ConvFilterGrads out{detail::make_like(x, w_shape), detail::make_like(x, Shape{g.o})};
+  if (dy_in.shape() != Shape{g.n, g.o, g.out_h(), g.out_w()})
+    throw Error("conv2d_backward_filter: dy " + describe(dy_in) + " does not match the output of input " +
+                describe(x) + " and filter " + w_shape.str());
+  const Tensor dy = detail::as_format(dy_in, x.memory_format());
+  // The kernel writes dw in the data's layout; a filter of the other format gets it converted after.
+  ConvFilterGrads out{detail::make_like(x, w_shape, x.dtype(), x.memory_format()), detail::make_like(x, Shape{g.o})};
   launch("conv2d_backward_filter", detail::exec_device(x.device()), {&x, &dy}, {&out.dw, &out.db},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu)
@@ -280,14 +290,15 @@ ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const 
          }, OpProperty::normal, 0, detail::Body::kernels, g.tf32,
          detail::OpCost{conv_flops(g), 0,
                         conv_outputs(g, 2)});
+  out.dw = detail::as_format(out.dw, w_format);
   return out;
 }
 
 #define WEFT_POOL_FORWARD(name, kernel)                                                                      \
   Tensor name(const Tensor& x, Pool2dParams p) {                                                             \
     check_all(#name, {{&x, "x"}});                                                                           \
-    const kernels::PoolGeometry g = pool_geometry(#name, x, p);                                              \
-    Tensor y = detail::make_like(x, Shape{g.n, g.c, g.out_h(), g.out_w()});                                  \
+    const kernels::PoolGeometry g = pool_geometry(#name, x, p, x.memory_format());                           \
+    Tensor y = detail::make_like(x, Shape{g.n, g.c, g.out_h(), g.out_w()}, x.dtype(), x.memory_format());    \
     [[maybe_unused]] const DType t = x.dtype();                                                                               \
     launch(#name, detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {              \
       if (ctx.gpu)                                                                                           \
@@ -303,10 +314,10 @@ WEFT_POOL_FORWARD(max_pool2d, max_pool2d_forward)
 
 Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams p) {
   check_all("avg_pool2d_backward", {{&dy, "dy"}});
-  const kernels::PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, p);
+  const kernels::PoolGeometry g = pool_geometry("avg_pool2d_backward", x_shape, p, dy.memory_format());
   if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
     throw Error("avg_pool2d_backward: dy " + describe(dy) + " does not match input " + x_shape.str());
-  Tensor dx = detail::make_like(dy, x_shape);
+  Tensor dx = detail::make_like(dy, x_shape, dy.dtype(), dy.memory_format());
   [[maybe_unused]] const DType t = dy.dtype();
   launch("avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -317,12 +328,13 @@ Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams 
   return dx;
 }
 
-Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p) {
-  check_all("max_pool2d_backward", {{&x, "x"}, {&dy, "dy"}});
-  const kernels::PoolGeometry g = pool_geometry("max_pool2d_backward", x, p);
-  if (dy.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
-    throw Error("max_pool2d_backward: dy " + describe(dy) + " does not match input " + describe(x));
-  Tensor dx = detail::make_like(x, x.shape());
+Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy_in, Pool2dParams p) {
+  check_all("max_pool2d_backward", {{&x, "x"}, {&dy_in, "dy"}});
+  const kernels::PoolGeometry g = pool_geometry("max_pool2d_backward", x, p, x.memory_format());
+  if (dy_in.shape() != Shape{g.n, g.c, g.out_h(), g.out_w()})
+    throw Error("max_pool2d_backward: dy " + describe(dy_in) + " does not match input " + describe(x));
+  const Tensor dy = detail::as_format(dy_in, x.memory_format());
+  Tensor dx = detail::make_like(x, x.shape(), x.dtype(), x.memory_format());
   [[maybe_unused]] const DType t = x.dtype();
   launch("max_pool2d_backward", detail::exec_device(x.device()), {&x, &dy}, {&dx}, [=](RunContext& ctx, OpIO& io) {
     if (ctx.gpu)
@@ -337,31 +349,45 @@ Tensor global_avg_pool2d(const Tensor& x) {
   check_all("global_avg_pool2d", {{&x, "x"}});
   detail::check_rank("global_avg_pool2d", x, 4, "x");
   const Shape& s = x.shape();
-  const std::int64_t planes = s[0] * s[1], hw = s[2] * s[3];
-  Tensor y = detail::make_like(x, Shape{s[0], s[1], 1, 1});
+  const std::int64_t planes = s[0] * s[1], hw = s[2] * s[3], n = s[0], c = s[1];
+  const bool nhwc = channels_last(x);
+  // [N, C, 1, 1] lies alike in both formats; y keeps x's.
+  Tensor y = detail::make_like(x, Shape{s[0], s[1], 1, 1}, x.dtype(), x.memory_format());
   [[maybe_unused]] const DType t = x.dtype();
   launch("global_avg_pool2d", detail::exec_device(x.device()), {&x}, {&y}, [=](RunContext& ctx, OpIO& io) {
-    if (ctx.gpu)
+    if (ctx.gpu && nhwc)
+      WEFT_GPU_KERNEL("global_avg_pool2d", global_avg_pool2d_forward_nhwc(*ctx.gpu, t, io.out[0], io.in[0], n, hw, c));
+    else if (ctx.gpu)
       WEFT_GPU_KERNEL("global_avg_pool2d", global_avg_pool2d_forward(*ctx.gpu, t, io.out[0], io.in[0], planes, hw));
+    else if (nhwc)
+      cpu::global_avg_pool2d_forward_nhwc(io.o(0), io.i(0), n, hw, c);
     else
       cpu::global_avg_pool2d_forward(io.o(0), io.i(0), planes, hw);
   });
   return y;
 }
 
-Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape) {
+Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, MemoryFormat x_format) {
   check_all("global_avg_pool2d_backward", {{&dy, "dy"}});
   if (x_shape.rank() != 4 || dy.shape() != Shape{x_shape[0], x_shape[1], 1, 1})
     throw Error("global_avg_pool2d_backward: dy " + describe(dy) + " does not match input " + x_shape.str() +
                 " (want [N, C, 1, 1] of an [N, C, H, W] input)");
-  const std::int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
-  Tensor dx = detail::make_like(dy, x_shape);
+  const std::int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3], n = x_shape[0],
+                     c = x_shape[1];
+  // dy [N, C, 1, 1] lies alike in both formats: read as is whatever its label.
+  const bool nhwc = x_format == MemoryFormat::channels_last;
+  Tensor dx = detail::make_like(dy, x_shape, dy.dtype(), x_format);
   [[maybe_unused]] const DType t = dy.dtype();
   launch("global_avg_pool2d_backward", detail::exec_device(dy.device()), {&dy}, {&dx},
          [=](RunContext& ctx, OpIO& io) {
-           if (ctx.gpu)
+           if (ctx.gpu && nhwc)
+             WEFT_GPU_KERNEL("global_avg_pool2d_backward",
+                             global_avg_pool2d_backward_nhwc(*ctx.gpu, t, io.out[0], io.in[0], n, hw, c));
+           else if (ctx.gpu)
              WEFT_GPU_KERNEL("global_avg_pool2d_backward",
                              global_avg_pool2d_backward(*ctx.gpu, t, io.out[0], io.in[0], planes, hw));
+           else if (nhwc)
+             cpu::global_avg_pool2d_backward_nhwc(io.o(0), io.i(0), n, hw, c);
            else
              cpu::global_avg_pool2d_backward(io.o(0), io.i(0), planes, hw);
          });
@@ -380,7 +406,8 @@ BatchNormTrain batch_norm_train(const Tensor& x, const Tensor& gamma, const Tens
     throw Error(std::string(op) + ": x " + describe(x) + " has " + std::to_string(g.per_channel()) +
                 " value(s) per channel; batch statistics need at least 2 (a larger batch, or inference mode)");
   const Shape stats{g.c};
-  BatchNormTrain out{detail::make_like(x, x.shape()), detail::make_like(x, stats, DType::float32),
+  BatchNormTrain out{detail::make_like(x, x.shape(), x.dtype(), x.memory_format()),
+                     detail::make_like(x, stats, DType::float32),
                      detail::make_like(x, stats, DType::float32)};
   const float eps = p.eps, momentum = p.momentum;
   [[maybe_unused]] const DType t = x.dtype();
@@ -404,7 +431,7 @@ Tensor batch_norm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta
                                {&running_var, "running_var"}});
   const kernels::BatchNormGeometry g = batch_norm_geometry(
       op, x, {{&gamma, "gamma"}, {&beta, "beta"}, {&running_mean, "running_mean"}, {&running_var, "running_var"}}, p);
-  Tensor y = detail::make_like(x, x.shape());
+  Tensor y = detail::make_like(x, x.shape(), x.dtype(), x.memory_format());
   const float eps = p.eps;
   [[maybe_unused]] const DType t = x.dtype();
   launch(op, detail::exec_device(x.device()), {&x, &gamma, &beta, &running_mean, &running_var}, {&y},
@@ -418,16 +445,18 @@ Tensor batch_norm_infer(const Tensor& x, const Tensor& gamma, const Tensor& beta
   return y;
 }
 
-BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& gamma, const Tensor& save_mean,
+BatchNormGrads batch_norm_backward(const Tensor& x, const Tensor& dy_in, const Tensor& gamma, const Tensor& save_mean,
                                    const Tensor& save_invstd, BatchNormParams p) {
   constexpr const char* op = "batch_norm_backward";
-  check_all(op, {{&x, "x"}, {&dy, "dy"}});
+  check_all(op, {{&x, "x"}, {&dy_in, "dy"}});
   check_float32_beside(op, x, {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}});
   const kernels::BatchNormGeometry g =
       batch_norm_geometry(op, x, {{&gamma, "gamma"}, {&save_mean, "save_mean"}, {&save_invstd, "save_invstd"}}, p);
-  if (dy.shape() != x.shape())
-    throw Error(std::string(op) + ": dy " + describe(dy) + " does not match x " + describe(x));
-  BatchNormGrads out{detail::make_like(x, x.shape()), detail::make_like(x, gamma.shape(), DType::float32),
+  if (dy_in.shape() != x.shape())
+    throw Error(std::string(op) + ": dy " + describe(dy_in) + " does not match x " + describe(x));
+  const Tensor dy = detail::as_format(dy_in, x.memory_format());
+  BatchNormGrads out{detail::make_like(x, x.shape(), x.dtype(), x.memory_format()),
+                     detail::make_like(x, gamma.shape(), DType::float32),
                      detail::make_like(x, gamma.shape(), DType::float32)};
   [[maybe_unused]] const float eps = p.eps;  // cuDNN wants it; the CPU uses the saved statistics
   [[maybe_unused]] const DType t = x.dtype();
@@ -473,6 +502,10 @@ void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay, const 
   detail::check_float32("sgd_update", w, "w");
   check_float32_beside("sgd_update", w, {{&g, "grad"}});
   detail::check_same_shape("sgd_update", w, g);
+  if (g.memory_format() != w.memory_format())
+    throw InvalidArgument("sgd_update: grad " + describe(g) + " is " + std::string(to_string(g.memory_format())) +
+                          " but w " + describe(w) + " is " + std::string(to_string(w.memory_format())) +
+                          " (ops::to_memory_format converts)");
   const bool has_skip = skip.defined();
   if (has_skip) {
     check_float32_beside("sgd_update", w, {{&skip, "skip"}});

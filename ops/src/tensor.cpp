@@ -137,7 +137,8 @@ void track_values(const std::vector<StoragePtr>& in, const std::vector<StoragePt
 std::string describe(const Tensor& t) {
   if (!t.defined()) return "(none)";
   const std::string& name = t.storage()->name;
-  return (name.empty() ? std::string() : "'" + name + "' ") + t.shape().str();
+  return (name.empty() ? std::string() : "'" + name + "' ") + t.shape().str() +
+         (t.memory_format() == MemoryFormat::channels_last ? " channels_last" : "");
 }
 
 std::string describe_on(const Tensor& t) {
@@ -241,8 +242,12 @@ void check_rank(const char* op, const Tensor& t, std::size_t rank, const char* w
 Tensor make_like(const Tensor& x, Shape shape) { return make_like(x, std::move(shape), x.dtype()); }
 
 Tensor make_like(const Tensor& x, Shape shape, DType dtype) {
+  return make_like(x, std::move(shape), dtype, MemoryFormat::contiguous);
+}
+
+Tensor make_like(const Tensor& x, Shape shape, DType dtype, MemoryFormat format) {
   const auto bytes = static_cast<std::size_t>(shape.numel()) * dtype_size(dtype);
-  return Tensor::wrap(std::make_shared<Storage>(x.engine(), x.device(), dtype, bytes, ""), std::move(shape));
+  return Tensor::wrap(std::make_shared<Storage>(x.engine(), x.device(), dtype, bytes, ""), std::move(shape), format);
 }
 
 void no_gpu_kernels(const char* op) {
@@ -291,11 +296,24 @@ Tensor create(Engine& engine, Shape shape, Device device, DType dtype, const cha
 
 }  // namespace
 
-Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape) {
+Tensor Tensor::wrap(std::shared_ptr<Storage> storage, Shape shape, MemoryFormat format) {
+  if (format == MemoryFormat::channels_last && shape.rank() != 4)
+    throw InvalidArgument("channels_last: a tensor of shape " + shape.str() +
+                          " cannot be channels_last (only 4-D [N, C, H, W] tensors can)");
   Tensor t;
   t.storage_ = std::move(storage);
   t.shape_ = std::move(shape);
+  t.format_ = format;
   return t;
+}
+
+std::string_view to_string(MemoryFormat f) noexcept {
+  return f == MemoryFormat::channels_last ? "channels_last" : "contiguous";
+}
+
+MemoryFormat Tensor::memory_format() const {
+  checked();
+  return format_;
 }
 
 Tensor Tensor::empty(Engine& engine, Shape shape, Device device, DType dtype) {
@@ -417,6 +435,12 @@ std::vector<float> Tensor::to_host() const {
     kernels::cpu::cast(out.data(), DType::float32,
                        static_cast<const unsigned char*>(storage_->data()) + offset_ * dtype_size(dtype()), dtype(),
                        numel());
+  if (format_ == MemoryFormat::channels_last && !out.empty()) {  // NHWC memory -> NCHW order
+    std::vector<float> nchw(out.size());
+    kernels::cpu::to_channels_first(nchw.data(), out.data(), shape_[0], shape_[1], shape_[2] * shape_[3],
+                                    sizeof(float));
+    return nchw;
+  }
   return out;
 }
 
@@ -426,22 +450,40 @@ float Tensor::item() const {
   return to_host()[0];
 }
 
+namespace {
+// Whether a channels_last tensor's memory holds its values in NCHW order too
+// (one channel, or one position per image), so a view of it reinterprets nothing.
+bool nchw_order_too(const Shape& s) { return s.rank() == 4 && (s[1] == 1 || s[2] * s[3] == 1); }
+}  // namespace
+
 Tensor Tensor::reshape(Shape shape) const {
   if (shape.numel() != numel())
     throw Error("reshape: " + detail::describe(*this) + " cannot become " + shape.str() + " (" +
                 std::to_string(numel()) + " vs " + std::to_string(shape.numel()) + " elements)");
-  Tensor t = wrap(storage_, std::move(shape));
+  MemoryFormat format = MemoryFormat::contiguous;
+  if (format_ == MemoryFormat::channels_last) {
+    if (shape == shape_) format = format_;
+    else if (!nchw_order_too(shape_))
+      throw Error("reshape: " + detail::describe(*this) + " is channels_last (NHWC in memory) and cannot become " +
+                  shape.str() + " without reordering; convert it first (ops::contiguous)");
+  }
+  Tensor t = wrap(storage_, std::move(shape), format);
   t.offset_ = offset_;
   return t;
 }
 
 Tensor Tensor::view(std::int64_t offset, Shape shape) const {
   detail::check_defined("view", *this, "tensor");
+  if (format_ == MemoryFormat::channels_last && !(offset == 0 && shape == shape_) && !nchw_order_too(shape_))
+    throw InvalidArgument("view: " + detail::describe(*this) + " is channels_last (NHWC in memory); elements [" +
+                          std::to_string(offset) + ", " + std::to_string(offset + shape.numel()) + ") as " +
+                          shape.str() + " would reorder its values; convert it first (ops::contiguous)");
   if (offset < 0 || shape.numel() > numel() - offset)
     throw InvalidArgument("view: elements [" + std::to_string(offset) + ", " + std::to_string(offset + shape.numel()) +
                           ") as " + shape.str() + " do not lie within " + detail::describe(*this) + " (" +
                           std::to_string(numel()) + " elements)");
-  Tensor t = wrap(storage_, std::move(shape));
+  const MemoryFormat format = offset == 0 && shape == shape_ ? format_ : MemoryFormat::contiguous;
+  Tensor t = wrap(storage_, std::move(shape), format);
   t.offset_ = offset_ + offset;
   return t;
 }
@@ -461,7 +503,7 @@ bool Tensor::overlaps(const Tensor& other) const {
 Tensor Tensor::copy_to(Device device) const {
   detail::check_defined("copy_to", *this, "source");
   check_device(engine(), device, "copy_to", this);
-  Tensor dst = Tensor::wrap(std::make_shared<Storage>(engine(), device, dtype(), nbytes(), ""), shape_);
+  Tensor dst = Tensor::wrap(std::make_shared<Storage>(engine(), device, dtype(), nbytes(), ""), shape_, format_);
   dst.copy_from(*this);
   return dst;
 }
@@ -472,6 +514,10 @@ void Tensor::copy_from(const Tensor& src) {
   detail::check_same_shape("copy_from", *this, src);
   detail::check_same_dtype("copy_from", *this, "destination", src, "source");
   detail::check_same_engine("copy_from", *this, src);
+  if (src.format_ != format_)
+    throw InvalidArgument("copy_from: source " + detail::describe(src) + " is " + std::string(to_string(src.format_)) +
+                          " but destination " + detail::describe(*this) + " is " + std::string(to_string(format_)) +
+                          " (ops::to_memory_format converts)");
   if (src.storage_ == storage_ && src.offset_ == offset_) return;  // same memory: nothing to copy
   if (overlaps(src))
     throw InvalidArgument("copy_from: source " + detail::describe(src) + " and destination " + detail::describe(*this) +

@@ -126,9 +126,23 @@ class Layer {
   virtual void set_precision(Precision p) { precision_ = p; }
   Precision precision() const noexcept { return precision_; }
 
+  // The memory format of the layer's 4-D activations (weft/tensor.h;
+  // default contiguous). Under channels_last, Conv2d, BatchNorm and the
+  // pooling layers convert a contiguous 4-D input first (one
+  // to_channels_last op: a model converts its input once, and the ops keep
+  // the format from there), Flatten converts back before its reshape, and
+  // layers on 2-D inputs (Dense, ReLU on [N, F]) are unaffected. Parameters
+  // stay contiguous (OIHW filters, which the convolutions convert for
+  // themselves). Containers set it on every child; a Sequential whose input
+  // shape is known and not 4-D refuses channels_last (weft::InvalidArgument
+  // naming the model, its input shape and the format).
+  virtual void set_memory_format(MemoryFormat f) { memory_format_ = f; }
+  MemoryFormat memory_format() const noexcept { return memory_format_; }
+
  protected:
   bool training_ = true;
   Precision precision_ = Precision::fp32;
+  MemoryFormat memory_format_ = MemoryFormat::contiguous;
 };
 
 // y = x w^T + b; x [N, in], w [out, in], b [out].
@@ -281,10 +295,12 @@ class GlobalAvgPool2d : public Layer {
 
  private:
   Shape x_shape_;
+  MemoryFormat x_format_ = MemoryFormat::contiguous;
   bool have_x_ = false;
 };
 
-// [N, d1, d2, ...] -> [N, d1 * d2 * ...] (a reshape: shares the storage).
+// [N, d1, d2, ...] -> [N, d1 * d2 * ...] (a reshape: shares the storage; a
+// channels_last input is converted to contiguous first, and dx back).
 class Flatten : public Layer {
  public:
   Tensor forward(const Tensor& x) override;
@@ -296,6 +312,7 @@ class Flatten : public Layer {
 
  private:
   Shape x_shape_;
+  MemoryFormat x_format_ = MemoryFormat::contiguous;
   bool have_x_ = false;
 };
 
@@ -321,6 +338,7 @@ class Residual : public Layer {
   std::string describe() const override;
   void train(bool on) override;
   void set_precision(Precision p) override;
+  void set_memory_format(MemoryFormat f) override;
   Tensor backward_input(const Tensor& dy) override;
   void backward_weight() override;
   std::any take_saved() override;
@@ -362,6 +380,7 @@ class Bottleneck : public Layer {
   std::string describe() const override;  // "Bottleneck(256 -> 128 -> 512, stride 2, 1x1 projection)"
   void train(bool on) override;
   void set_precision(Precision p) override;
+  void set_memory_format(MemoryFormat f) override;
   Tensor backward_input(const Tensor& dy) override;
   void backward_weight() override;
   std::any take_saved() override;
@@ -400,6 +419,7 @@ class Sequential : public Layer {
   std::string describe() const override;
   void train(bool on) override;
   void set_precision(Precision p) override;
+  void set_memory_format(MemoryFormat f) override;
   Tensor backward_input(const Tensor& dy) override;  // every layer's, in reverse
   void backward_weight() override;                   // every layer's, in reverse
   std::any take_saved() override;
@@ -454,6 +474,7 @@ class Recompute : public Layer {
   std::string describe() const override;  // "Recompute(Dense(784 -> 512), ReLU, ...)"
   void train(bool on) override;
   void set_precision(Precision p) override;
+  void set_memory_format(MemoryFormat f) override;
   std::any take_saved() override;
   void restore_saved(std::any saved) override;
   void freeze_running_stats(bool frozen) override;

@@ -1,7 +1,11 @@
 // The layer ops the nn building blocks push: dense, 2-D convolution, pooling,
 // batch normalization, softmax cross-entropy and SGD, forward and backward,
 // and dynamic loss scaling. Layouts: NCHW activations, OIHW filters, [out, in]
-// dense weights (y = x w^T + b). Data tensors are float32, bfloat16 or
+// dense weights (y = x w^T + b), each 4-D tensor in either memory format
+// (weft/tensor.h): convolutions, pooling and batch norm compute in their data
+// input's format (x; dy for the ops without x) and give outputs in it; a
+// filter or dy in the other format is converted first (ops::to_memory_format's
+// op, in traces). conv2d_backward_filter gives dw in `w_format`. Data tensors are float32, bfloat16 or
 // float16, one dtype per op (weft/ops.h); batch norm's per-channel tensors,
 // losses, labels, SGD's weights and the loss-scaling state are float32.
 // Dense and convolutions of float32 data run as TF32 under ops::AllowTf32;
@@ -50,7 +54,8 @@ Tensor conv2d_backward_data(const Tensor& dy, const Tensor& w, const Shape& x_sh
 struct ConvFilterGrads {
   Tensor dw, db;
 };
-ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape, Conv2dParams p = {});
+ConvFilterGrads conv2d_backward_filter(const Tensor& x, const Tensor& dy, const Shape& w_shape, Conv2dParams p = {},
+                                       MemoryFormat w_format = MemoryFormat::contiguous);
 
 Tensor avg_pool2d(const Tensor& x, Pool2dParams p = {});
 Tensor avg_pool2d_backward(const Tensor& dy, const Shape& x_shape, Pool2dParams p = {});
@@ -58,9 +63,11 @@ Tensor max_pool2d(const Tensor& x, Pool2dParams p = {});
 Tensor max_pool2d_backward(const Tensor& x, const Tensor& dy, Pool2dParams p = {});
 
 // x [N, C, H, W] -> [N, C, 1, 1], the mean of each plane (PyTorch's
-// AdaptiveAvgPool2d((1, 1))); backward spreads dy / (H * W) over the plane.
+// AdaptiveAvgPool2d((1, 1))); backward spreads dy / (H * W) over the plane,
+// giving dx in `x_format` (dy [N, C, 1, 1] lies alike in both).
 Tensor global_avg_pool2d(const Tensor& x);
-Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape);
+Tensor global_avg_pool2d_backward(const Tensor& dy, const Shape& x_shape,
+                                  MemoryFormat x_format = MemoryFormat::contiguous);
 
 // Batch normalization (Ioffe and Szegedy 2015) per channel of x [N, C, H, W]
 // or [N, C], with gamma and beta [C]:

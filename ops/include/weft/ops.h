@@ -86,7 +86,17 @@ int cpu_kernel_threads();
 // cast to x's own dtype is a copy.
 Tensor cast(const Tensor& x, DType dtype);
 
-// Elementwise, same shapes.
+// ---- memory formats (weft/tensor.h's MemoryFormat) ----------------------
+// x's values stored in `format`: one op, "to_channels_last" or
+// "to_contiguous" in traces, writing a new tensor of x's shape and dtype;
+// x itself when it already is. channels_last takes a 4-D x only (else a
+// weft::InvalidArgument naming the tensor and the format).
+Tensor to_memory_format(const Tensor& x, MemoryFormat format);
+inline Tensor contiguous(const Tensor& x) { return to_memory_format(x, MemoryFormat::contiguous); }
+
+// Elementwise, same shapes. The output takes a's memory format; a b (or x
+// of axpy, dy of relu_grad) in the other format is converted to it first
+// (to_memory_format's op). Reductions read any format.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
@@ -106,10 +116,12 @@ Tensor relu_grad(const Tensor& x, const Tensor& dy);  // dy where x > 0
 // device, dtype or size does not fit (or for no srcs).
 void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha = 1.0f, bool accumulate = false);
 // The inverse: each dsts[k] becomes its run of `src` (the same layout as
-// pack's). One op reading src and writing every dst; the dsts are distinct.
+// pack's). One op reading src and writing every dst; the dsts are distinct
+// and contiguous.
 void unpack(const Tensor& src, const std::vector<Tensor>& dsts);
 
-// Rows [begin, end) of x (along dim 0) as a new tensor on x's device.
+// Rows [begin, end) of x (along dim 0) as a new tensor on x's device, in
+// x's memory format.
 Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end);
 
 // Reductions.

@@ -1,4 +1,6 @@
-// Batch normalization over [N, C, HW]: statistics per channel. Channels are
+// Batch normalization over [N, C, HW] (or [N, HW, C] channels last, the same
+// arithmetic in the same order through BatchNormGeometry::base/step, so both
+// layouts give the same bits): statistics per channel. Channels are
 // the parallel axis; each channel's sums run in double over its values in
 // (image, position) order, so results do not depend on the thread count.
 // The conventions are cuDNN's (and PyTorch's): the batch variance that
@@ -21,12 +23,6 @@ void check(const BatchNormGeometry& g, const char* op) {
                 ", hw " + std::to_string(g.hw) + ")");
 }
 
-// body(pointer to the first value of channel c in image i) for every image,
-// in image order; a channel's values in one image are hw consecutive floats.
-template <class T, class Body>
-void for_channel(T* base, const BatchNormGeometry& g, std::int64_t c, const Body& body) {
-  for (std::int64_t i = 0; i < g.n; ++i) body(base + (i * g.c + c) * g.hw);
-}
 
 template <class Body>
 void parallel_channels(const BatchNormGeometry& g, const Body& body) {
@@ -44,27 +40,30 @@ void batch_norm_forward_train(float* y, float* save_mean, float* save_invstd, fl
   const std::int64_t m = g.per_channel();
   if (m < 2) throw Error("batch_norm_forward_train: training needs at least 2 values per channel, got " + std::to_string(m));
   parallel_channels(g, [&](std::int64_t c) {
+    const std::int64_t st = g.step();
     double s = 0.0;
-    for_channel(x, g, c, [&](const float* p) {
-      for (std::int64_t j = 0; j < g.hw; ++j) s += p[j];
-    });
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      const float* p = x + g.base(i, c);
+      for (std::int64_t j = 0; j < g.hw; ++j) s += p[j * st];
+    }
     const double mean = s / static_cast<double>(m);
     double ss = 0.0;  // second pass: no cancellation of large means
-    for_channel(x, g, c, [&](const float* p) {
+    for (std::int64_t i = 0; i < g.n; ++i) {
+      const float* p = x + g.base(i, c);
       for (std::int64_t j = 0; j < g.hw; ++j) {
-        const double d = p[j] - mean;
+        const double d = p[j * st] - mean;
         ss += d * d;
       }
-    });
+    }
     const double var = ss / static_cast<double>(m);
     const double invstd = 1.0 / std::sqrt(var + static_cast<double>(eps));
     // y = (x - mean) * scale + beta: subtracting first keeps a large mean
     // from cancelling against the shift.
     const float meanf = static_cast<float>(mean), scale = static_cast<float>(gamma[c] * invstd), shift = beta[c];
     for (std::int64_t i = 0; i < g.n; ++i) {
-      const float* xp = x + (i * g.c + c) * g.hw;
-      float* yp = y + (i * g.c + c) * g.hw;
-      for (std::int64_t j = 0; j < g.hw; ++j) yp[j] = (xp[j] - meanf) * scale + shift;
+      const float* xp = x + g.base(i, c);
+      float* yp = y + g.base(i, c);
+      for (std::int64_t j = 0; j < g.hw; ++j) yp[j * st] = (xp[j * st] - meanf) * scale + shift;
     }
     save_mean[c] = static_cast<float>(mean);
     save_invstd[c] = static_cast<float>(invstd);
@@ -82,10 +81,11 @@ void batch_norm_forward_infer(float* y, const float* x, const float* gamma, cons
   parallel_channels(g, [&](std::int64_t c) {
     const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + static_cast<double>(eps));
     const float mean = running_mean[c], scale = static_cast<float>(gamma[c] * invstd), shift = beta[c];
+    const std::int64_t st = g.step();
     for (std::int64_t i = 0; i < g.n; ++i) {
-      const float* xp = x + (i * g.c + c) * g.hw;
-      float* yp = y + (i * g.c + c) * g.hw;
-      for (std::int64_t j = 0; j < g.hw; ++j) yp[j] = (xp[j] - mean) * scale + shift;
+      const float* xp = x + g.base(i, c);
+      float* yp = y + g.base(i, c);
+      for (std::int64_t j = 0; j < g.hw; ++j) yp[j * st] = (xp[j * st] - mean) * scale + shift;
     }
   });
 }
@@ -97,13 +97,14 @@ void batch_norm_backward(float* dx, float* dgamma, float* dbeta, const float* x,
   parallel_channels(g, [&](std::int64_t c) {
     const double mean = save_mean[c], invstd = save_invstd[c];
     // dbeta = sum dy, dgamma = sum dy * xhat with xhat = (x - mean) * invstd.
+    const std::int64_t st = g.step();
     double sdy = 0.0, sdyx = 0.0;
     for (std::int64_t i = 0; i < g.n; ++i) {
-      const float* xp = x + (i * g.c + c) * g.hw;
-      const float* dyp = dy + (i * g.c + c) * g.hw;
+      const float* xp = x + g.base(i, c);
+      const float* dyp = dy + g.base(i, c);
       for (std::int64_t j = 0; j < g.hw; ++j) {
-        sdy += dyp[j];
-        sdyx += dyp[j] * (xp[j] - mean);
+        sdy += dyp[j * st];
+        sdyx += dyp[j * st] * (xp[j * st] - mean);
       }
     }
     dbeta[c] = static_cast<float>(sdy);
@@ -118,10 +119,10 @@ void batch_norm_backward(float* dx, float* dgamma, float* dbeta, const float* x,
     const float k = static_cast<float>(-gi * sdy * inv_m);
     const float meanf = static_cast<float>(mean);
     for (std::int64_t i = 0; i < g.n; ++i) {
-      const float* xp = x + (i * g.c + c) * g.hw;
-      const float* dyp = dy + (i * g.c + c) * g.hw;
-      float* dxp = dx + (i * g.c + c) * g.hw;
-      for (std::int64_t j = 0; j < g.hw; ++j) dxp[j] = a * dyp[j] + b * (xp[j] - meanf) + k;
+      const float* xp = x + g.base(i, c);
+      const float* dyp = dy + g.base(i, c);
+      float* dxp = dx + g.base(i, c);
+      for (std::int64_t j = 0; j < g.hw; ++j) dxp[j * st] = a * dyp[j * st] + b * (xp[j * st] - meanf) + k;
     }
   });
 }

@@ -139,6 +139,7 @@ void gather_planes(float* m, const float* t, std::int64_t first, std::int64_t im
 }  // namespace
 
 void conv2d_forward(float* y, const float* x, const float* w, const float* b, const ConvGeometry& g) {
+  if (g.nhwc) return conv2d_forward_nhwc(y, x, w, b, g);
   const Dims d = dims(g);
   if (g.n == 0 || g.o == 0 || d.ohw == 0) return;
   detail::parallel_for(groups_of(g, d), detail::grain_for(group_cost(g, d)), [&](std::int64_t lo, std::int64_t hi) {
@@ -173,6 +174,7 @@ void conv2d_forward(float* y, const float* x, const float* w, const float* b, co
 }
 
 void conv2d_backward_data(float* dx, const float* dy, const float* w, const ConvGeometry& g) {
+  if (g.nhwc) return conv2d_backward_data_nhwc(dx, dy, w, g);
   const Dims d = dims(g);
   if (g.n == 0 || g.c == 0 || d.hw == 0) return;
   detail::parallel_for(groups_of(g, d), detail::grain_for(group_cost(g, d)), [&](std::int64_t lo, std::int64_t hi) {
@@ -195,6 +197,7 @@ void conv2d_backward_data(float* dx, const float* dy, const float* w, const Conv
 }
 
 void conv2d_backward_filter(float* dw, float* db, const float* x, const float* dy, const ConvGeometry& g) {
+  if (g.nhwc) return conv2d_backward_filter_nhwc(dw, db, x, dy, g);
   const Dims d = dims(g);
   const std::int64_t wsize = g.o * d.ckk;
   if (db) {

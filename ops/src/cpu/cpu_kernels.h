@@ -24,6 +24,10 @@ void copy(float* y, const float* x, std::int64_t n);
 // y (yt) = x (xt) converted (weft/dtype.h's rounding); float32, bfloat16 or
 // float16 each (else a weft::Error).
 void cast(void* y, DType yt, const void* x, DType xt, std::int64_t n);
+// Memory formats (layout.cpp): y = x of n images, c channels and hw
+// positions, elements of `elem` bytes, NCHW -> NHWC and NHWC -> NCHW.
+void to_channels_last(void* y, const void* x, std::int64_t n, std::int64_t c, std::int64_t hw, std::size_t elem);
+void to_channels_first(void* y, const void* x, std::int64_t n, std::int64_t c, std::int64_t hw, std::size_t elem);
 // y = x with each mantissa rounded to TF32's 10 bits (y may be x).
 void round_to_tf32(float* y, const float* x, std::int64_t n);
 
@@ -59,12 +63,17 @@ void dense_forward(float* y, const float* x, const float* w, const float* b, std
 void dense_backward(float* dx, float* dw, float* db, const float* x, const float* w, const float* dy,
                     std::int64_t batch, std::int64_t in, std::int64_t out);
 
-// y[N, O, OH, OW] = conv(x[N, C, H, W], w[O, C, KH, KW]) + b[O]  (b may be null)
+// y[N, O, OH, OW] = conv(x[N, C, H, W], w[O, C, KH, KW]) + b[O]  (b may be null);
+// with g.nhwc, x, y, dx, dy NHWC and w, dw OHWI (the *_nhwc kernels,
+// conv_nhwc.cpp, which these call then).
 void conv2d_forward(float* y, const float* x, const float* w, const float* b, const ConvGeometry& g);
 // dx = gradient with respect to the input, given dy and w.
 void conv2d_backward_data(float* dx, const float* dy, const float* w, const ConvGeometry& g);
 // dw (and db when not null) = gradient with respect to the filter and bias.
 void conv2d_backward_filter(float* dw, float* db, const float* x, const float* dy, const ConvGeometry& g);
+void conv2d_forward_nhwc(float* y, const float* x, const float* w, const float* b, const ConvGeometry& g);
+void conv2d_backward_data_nhwc(float* dx, const float* dy, const float* w, const ConvGeometry& g);
+void conv2d_backward_filter_nhwc(float* dw, float* db, const float* x, const float* dy, const ConvGeometry& g);
 
 // Pooling windows are clipped to the input (PoolGeometry: padded positions
 // never win a max; an average divides by kernel^2 all the same).
@@ -77,8 +86,12 @@ void max_pool2d_backward(float* dx, const float* x, const float* dy, const PoolG
 // dy[p] / hw over the plane (overwrites dx).
 void global_avg_pool2d_forward(float* y, const float* x, std::int64_t planes, std::int64_t hw);
 void global_avg_pool2d_backward(float* dx, const float* dy, std::int64_t planes, std::int64_t hw);
+// The same on NHWC x / dx of n images, hw positions, c channels (y, dy [n, c]).
+void global_avg_pool2d_forward_nhwc(float* y, const float* x, std::int64_t n, std::int64_t hw, std::int64_t c);
+void global_avg_pool2d_backward_nhwc(float* dx, const float* dy, std::int64_t n, std::int64_t hw, std::int64_t c);
 
-// Batch normalization, per channel of x [N, C, HW] (BatchNormGeometry).
+// Batch normalization, per channel of x [N, C, HW] (or [N, HW, C] with
+// g.nhwc; BatchNormGeometry).
 // Training: normalizes by the batch's mean and biased variance, writes them
 // as save_mean and save_invstd = 1 / sqrt(var + eps), and folds the mean and
 // the unbiased variance into running_mean / running_var with `momentum`

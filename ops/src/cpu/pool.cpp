@@ -3,6 +3,9 @@
 // backward walks one plane's windows in order, which keeps overlapping
 // windows (stride < kernel) deterministic.
 //
+// Channels-last data (PoolGeometry::nhwc) goes through the same loops with
+// strided planes (Planes below), so both layouts give the same bits.
+//
 // A window is clipped to the input: padded positions never win a max, and an
 // average divides by kernel * kernel whatever the clipping (PyTorch's
 // count_include_pad, the default of its AvgPool2d).
@@ -55,12 +58,12 @@ Window window(const PoolGeometry& g, std::int64_t oh, std::int64_t ow) {
 // Plane offset of the window's first largest element in row-major order.
 // Forward and backward both use it, so the gradient goes exactly where the
 // forward value came from.
-std::int64_t first_max(const float* plane, std::int64_t w, const Window& win) {
+std::int64_t first_max(const float* plane, std::int64_t w, const Window& win, std::int64_t st) {
   std::int64_t best = win.r0 * w + win.c0;
-  float best_v = plane[best];
+  float best_v = plane[best * st];
   for (std::int64_t i = win.r0; i < win.r1; ++i)
     for (std::int64_t j = win.c0; j < win.c1; ++j) {
-      const float v = plane[i * w + j];
+      const float v = plane[(i * w + j) * st];
       if (v > best_v) {
         best_v = v;
         best = i * w + j;
@@ -81,22 +84,34 @@ void for_planes(const PoolGeometry& g, const Dims& d, const Body& body) {
   });
 }
 
+// Where plane p (image p / C, channel p % C) starts in the input (hw
+// values) and in the output (ohw values), and the step between its values.
+struct Planes {
+  std::int64_t c, hw, ohw, step;
+  bool nhwc;
+  std::int64_t in(std::int64_t p) const noexcept { return nhwc ? (p / c) * hw * c + p % c : p * hw; }
+  std::int64_t out(std::int64_t p) const noexcept { return nhwc ? (p / c) * ohw * c + p % c : p * ohw; }
+};
+Planes planes(const PoolGeometry& g, const Dims& d) { return Planes{g.c, d.hw, d.ohw, g.nhwc ? g.c : 1, g.nhwc}; }
+
 }  // namespace
 
 void avg_pool2d_forward(float* y, const float* x, const PoolGeometry& g) {
   const Dims d = dims(g);
   if (d.ohw == 0) return;
   const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  const Planes pl = planes(g, d);
+  const std::int64_t st = pl.step;
   for_planes(g, d, [&](std::int64_t p) {
-    const float* xp = x + p * d.hw;
-    float* yp = y + p * d.ohw;
+    const float* xp = x + pl.in(p);
+    float* yp = y + pl.out(p);
     for (std::int64_t oh = 0; oh < d.oh; ++oh)
       for (std::int64_t ow = 0; ow < d.ow; ++ow) {
         const Window win = window(g, oh, ow);
         float s = 0.0f;
         for (std::int64_t i = win.r0; i < win.r1; ++i)
-          for (std::int64_t j = win.c0; j < win.c1; ++j) s += xp[i * g.w + j];
-        yp[oh * d.ow + ow] = s * inv;
+          for (std::int64_t j = win.c0; j < win.c1; ++j) s += xp[(i * g.w + j) * st];
+        yp[(oh * d.ow + ow) * st] = s * inv;
       }
   });
 }
@@ -104,16 +119,18 @@ void avg_pool2d_forward(float* y, const float* x, const PoolGeometry& g) {
 void avg_pool2d_backward(float* dx, const float* dy, const PoolGeometry& g) {
   const Dims d = dims(g);
   const float inv = 1.0f / static_cast<float>(g.kernel * g.kernel);
+  const Planes pl = planes(g, d);
+  const std::int64_t st = pl.step;
   for_planes(g, d, [&](std::int64_t p) {
-    float* dxp = dx + p * d.hw;
-    const float* dyp = dy + p * d.ohw;
-    std::fill(dxp, dxp + d.hw, 0.0f);
+    float* dxp = dx + pl.in(p);
+    const float* dyp = dy + pl.out(p);
+    for (std::int64_t i = 0; i < d.hw; ++i) dxp[i * st] = 0.0f;
     for (std::int64_t oh = 0; oh < d.oh; ++oh)
       for (std::int64_t ow = 0; ow < d.ow; ++ow) {
         const Window win = window(g, oh, ow);
-        const float gv = dyp[oh * d.ow + ow] * inv;
+        const float gv = dyp[(oh * d.ow + ow) * st] * inv;
         for (std::int64_t i = win.r0; i < win.r1; ++i)
-          for (std::int64_t j = win.c0; j < win.c1; ++j) dxp[i * g.w + j] += gv;
+          for (std::int64_t j = win.c0; j < win.c1; ++j) dxp[(i * g.w + j) * st] += gv;
       }
   });
 }
@@ -121,23 +138,29 @@ void avg_pool2d_backward(float* dx, const float* dy, const PoolGeometry& g) {
 void max_pool2d_forward(float* y, const float* x, const PoolGeometry& g) {
   const Dims d = dims(g);
   if (d.ohw == 0) return;
+  const Planes pl = planes(g, d);
+  const std::int64_t st = pl.step;
   for_planes(g, d, [&](std::int64_t p) {
-    const float* xp = x + p * d.hw;
-    float* yp = y + p * d.ohw;
+    const float* xp = x + pl.in(p);
+    float* yp = y + pl.out(p);
     for (std::int64_t oh = 0; oh < d.oh; ++oh)
-      for (std::int64_t ow = 0; ow < d.ow; ++ow) yp[oh * d.ow + ow] = xp[first_max(xp, g.w, window(g, oh, ow))];
+      for (std::int64_t ow = 0; ow < d.ow; ++ow)
+        yp[(oh * d.ow + ow) * st] = xp[first_max(xp, g.w, window(g, oh, ow), st) * st];
   });
 }
 
 void max_pool2d_backward(float* dx, const float* x, const float* dy, const PoolGeometry& g) {
   const Dims d = dims(g);
+  const Planes pl = planes(g, d);
+  const std::int64_t st = pl.step;
   for_planes(g, d, [&](std::int64_t p) {
-    const float* xp = x + p * d.hw;
-    float* dxp = dx + p * d.hw;
-    const float* dyp = dy + p * d.ohw;
-    std::fill(dxp, dxp + d.hw, 0.0f);
+    const float* xp = x + pl.in(p);
+    float* dxp = dx + pl.in(p);
+    const float* dyp = dy + pl.out(p);
+    for (std::int64_t i = 0; i < d.hw; ++i) dxp[i * st] = 0.0f;
     for (std::int64_t oh = 0; oh < d.oh; ++oh)
-      for (std::int64_t ow = 0; ow < d.ow; ++ow) dxp[first_max(xp, g.w, window(g, oh, ow))] += dyp[oh * d.ow + ow];
+      for (std::int64_t ow = 0; ow < d.ow; ++ow)
+        dxp[first_max(xp, g.w, window(g, oh, ow), st) * st] += dyp[(oh * d.ow + ow) * st];
   });
 }
 
@@ -162,6 +185,35 @@ void global_avg_pool2d_backward(float* dx, const float* dy, std::int64_t planes,
   const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
   detail::parallel_for(planes, detail::grain_for(hw), [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t p = lo; p < hi; ++p) std::fill(dx + p * hw, dx + (p + 1) * hw, dy[p] * inv);
+  });
+}
+
+void global_avg_pool2d_forward_nhwc(float* y, const float* x, std::int64_t n, std::int64_t hw, std::int64_t c) {
+  if (hw <= 0) {
+    std::fill(y, y + std::max<std::int64_t>(n * c, 0), 0.0f);
+    return;
+  }
+  const double inv = 1.0 / static_cast<double>(hw);
+  // Each (image, channel) in NCHW's order of values, so the sums are NCHW's bits.
+  detail::parallel_for(n * c, detail::grain_for(hw), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t p = lo; p < hi; ++p) {
+      const float* xp = x + (p / c) * hw * c + p % c;
+      double s = 0.0;
+      for (std::int64_t i = 0; i < hw; ++i) s += xp[i * c];
+      y[p] = static_cast<float>(s * inv);
+    }
+  });
+}
+
+void global_avg_pool2d_backward_nhwc(float* dx, const float* dy, std::int64_t n, std::int64_t hw, std::int64_t c) {
+  if (hw <= 0) return;
+  const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
+  detail::parallel_for(n * hw, detail::grain_for(c), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      const float* dyi = dy + (r / hw) * c;
+      float* dxr = dx + r * c;
+      for (std::int64_t k = 0; k < c; ++k) dxr[k] = dyi[k] * inv;
+    }
   });
 }
 

@@ -4,7 +4,8 @@
 // shipped and are what frameworks on cuDNN 9 call, so the deprecation warning
 // is silenced here, in this one file.
 //
-// Conventions, matching the CPU kernels: x viewed as [N, C, HW, 1]; the
+// Conventions, matching the CPU kernels: x viewed as [N, C, HW, 1] (NCHW, or
+// NHWC for channels-last data: BatchNormGeometry::nhwc); the
 // scale/bias/statistics descriptor [1, C, 1, 1]; the running variance takes
 // the unbiased batch variance; exponentialAverageFactor = momentum; the
 // saved statistics are the batch mean and 1 / sqrt(var + eps), which the
@@ -31,7 +32,6 @@ namespace weft::kernels::gpu {
 namespace {
 
 using detail::cudnn_type;
-using detail::nchw_tensor;
 using detail::TensorDescriptor;
 using detail::to_int;
 
@@ -49,8 +49,8 @@ Descriptors descriptors(DType t, const BatchNormGeometry& g, const char* op) {
   if (g.n < 0 || g.c < 0 || g.hw < 0)
     throw weft::Error(std::string(op) + ": invalid geometry (n " + std::to_string(g.n) + ", c " +
                       std::to_string(g.c) + ", hw " + std::to_string(g.hw) + ")");
-  Descriptors d{nchw_tensor(to_int(g.n, "n", op), to_int(g.c, "c", op), to_int(g.hw, "h*w", op), 1,
-                            cudnn_type(t, op)),
+  Descriptors d{detail::tensor_4d(g.nhwc, to_int(g.n, "n", op), to_int(g.c, "c", op), to_int(g.hw, "h*w", op), 1,
+                                  cudnn_type(t, op)),
                 {}};
   WEFT_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(d.stats, d.x, CUDNN_BATCHNORM_SPATIAL));
   return d;

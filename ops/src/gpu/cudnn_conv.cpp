@@ -1,6 +1,10 @@
 // 2-D convolution through cuDNN 9's legacy API, in float32, bfloat16 or
 // float16 data (ConvGeometry::dtype) with float32 accumulation.
 //
+// Layout: ConvGeometry::nhwc gives x, y NHWC descriptors and an NHWC (KRSC)
+// filter descriptor, the layout of cuDNN's tensor-core kernels; the bias is
+// then added and summed by own kernels over [N*OH*OW, O] rows.
+//
 // Algorithm choices live in one cache per device (algorithm_cache.h), shared
 // by the device's workers, least recently used out first beyond
 // WEFT_CUDNN_CACHE_SIZE entries, keyed by geometry, dtype, layout, math,
@@ -53,6 +57,7 @@ using detail::ConvolutionDescriptor;
 using detail::cudnn_type;
 using detail::FilterDescriptor;
 using detail::nchw_tensor;
+using detail::tensor_4d;
 using detail::TensorDescriptor;
 using detail::to_int;
 
@@ -106,15 +111,16 @@ std::string bytes_text(std::size_t bytes) {
   return buf;
 }
 
-// "n256 c64 h28 w28 o64 k3x3 s1 p1 bfloat16": the geometry as errors and
-// notes name it.
+// "n256 c64 h28 w28 o64 k3x3 s1 p1 bfloat16 nhwc": the geometry as errors
+// and notes name it.
 std::string geometry_text(const ConvGeometry& g) {
   char buf[192];
-  std::snprintf(buf, sizeof buf, "n%lld c%lld h%lld w%lld o%lld k%lldx%lld s%lld p%lld %s%s",
+  std::snprintf(buf, sizeof buf, "n%lld c%lld h%lld w%lld o%lld k%lldx%lld s%lld p%lld %s%s%s",
                 static_cast<long long>(g.n), static_cast<long long>(g.c), static_cast<long long>(g.h),
                 static_cast<long long>(g.w), static_cast<long long>(g.o), static_cast<long long>(g.kh),
                 static_cast<long long>(g.kw), static_cast<long long>(g.stride), static_cast<long long>(g.pad),
-                std::string(to_string(g.dtype)).c_str(), g.dtype == DType::float32 && g.tf32 ? " tf32" : "");
+                std::string(to_string(g.dtype)).c_str(), g.dtype == DType::float32 && g.tf32 ? " tf32" : "",
+                g.nhwc ? " nhwc" : "");
   return buf;
 }
 
@@ -156,9 +162,6 @@ Shape check_shape(const ConvGeometry& g, const char* op) {
   return s;
 }
 
-// The memory layout of x, y and w in a key (NCHW is the one described here).
-constexpr std::int64_t kLayoutNchw = 0;
-
 // A worker's descriptors for one geometry: n, c, h, w, o, kh, kw, stride,
 // pad, dtype, layout, tf32.
 using PlanKey = std::array<std::int64_t, 12>;
@@ -173,7 +176,7 @@ using PlanCache = AlgorithmCache<PlanKey, std::shared_ptr<ConvPlan>>;
 PlanKey plan_key(const ConvGeometry& g) {
   const bool tf32 = g.dtype == DType::float32 && g.tf32;  // ignored for halves
   return PlanKey{g.n, g.c, g.h, g.w, g.o, g.kh, g.kw, g.stride, g.pad, static_cast<std::int64_t>(g.dtype),
-                 kLayoutNchw, tf32 ? 1 : 0};
+                 g.nhwc ? 1 : 0, tf32 ? 1 : 0};
 }
 
 std::size_t usable_workspace(const WorkerHandles& h) { return h.workspace == nullptr ? 0 : h.workspace_bytes; }
@@ -219,10 +222,11 @@ std::shared_ptr<ConvPlan> make_plan(const ConvGeometry& g, const Shape& s, const
   const int o = to_int(g.o, "o", op), kh = to_int(g.kh, "kh", op), kw = to_int(g.kw, "kw", op);
   const int oh = to_int(s.oh, "out_h", op), ow = to_int(s.ow, "out_w", op);
   const int stride = to_int(g.stride, "stride", op), pad = to_int(g.pad, "pad", op);
-  plan->x = nchw_tensor(n, c, hh, w, type);
-  plan->y = nchw_tensor(n, o, oh, ow, type);
+  plan->x = tensor_4d(g.nhwc, n, c, hh, w, type);
+  plan->y = tensor_4d(g.nhwc, n, o, oh, ow, type);
   plan->bias = nchw_tensor(1, o, 1, 1, type);
-  WEFT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(plan->w, type, CUDNN_TENSOR_NCHW, o, c, kh, kw));
+  WEFT_CUDNN_CHECK(
+      cudnnSetFilter4dDescriptor(plan->w, type, g.nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, o, c, kh, kw));
   // Cross-correlation (no filter flip) is what the CPU kernel and every deep
   // learning framework call convolution; the compute type is float32 for
   // every data type.
@@ -386,17 +390,19 @@ using detail::kOne;
 using detail::kZero;
 
 // y += b broadcast over N, H, W: cuDNN for float32, a float32-sum kernel for
-// the halves.
+// the halves; NHWC y is [N*OH*OW, O] rows, each getting b.
 void add_channel_bias(const WorkerHandles& h, const ConvGeometry& g, const Shape& s,
                       cudnnTensorDescriptor_t bias_desc, const void* b, cudnnTensorDescriptor_t y_desc, void* y) {
+  if (g.nhwc) return detail::add_row_bias(h, g.dtype, y, b, g.n * s.oh * s.ow, g.o);
   if (g.dtype != DType::float32) return detail::add_channel_bias(h, g.dtype, y, b, g.n, g.o, s.oh * s.ow);
   WEFT_CUDNN_CHECK(cudnnAddTensor(h.cudnn, &kOne, bias_desc, b, &kOne, y_desc, y));
 }
 
 // db = dy summed over N, H, W: cuDNN for float32, a double-accumulating
-// kernel for the halves.
+// kernel for the halves; NHWC dy's column sums.
 void channel_sums(const WorkerHandles& h, const ConvGeometry& g, const Shape& s, cudnnTensorDescriptor_t dy_desc,
                   const void* dy, cudnnTensorDescriptor_t db_desc, void* db) {
+  if (g.nhwc) return detail::column_sums(h, g.dtype, db, dy, g.n * s.oh * s.ow, g.o);
   if (g.dtype != DType::float32) return detail::channel_sums(h, g.dtype, db, dy, g.n, g.o, s.oh * s.ow);
   WEFT_CUDNN_CHECK(cudnnConvolutionBackwardBias(h.cudnn, &kOne, dy_desc, dy, &kZero, db_desc, db));
 }
@@ -414,8 +420,8 @@ void conv2d_forward(const WorkerHandles& h, void* y, const void* x, const void* 
     detail::zero(h, g.dtype, y, g.n * g.o * s.oh * s.ow);
     if (b != nullptr) {
       const cudnnDataType_t type = cudnn_type(g.dtype, op);
-      const TensorDescriptor yd = nchw_tensor(to_int(g.n, "n", op), to_int(g.o, "o", op), to_int(s.oh, "out_h", op),
-                                              to_int(s.ow, "out_w", op), type);
+      const TensorDescriptor yd = tensor_4d(g.nhwc, to_int(g.n, "n", op), to_int(g.o, "o", op),
+                                            to_int(s.oh, "out_h", op), to_int(s.ow, "out_w", op), type);
       const TensorDescriptor bd = nchw_tensor(1, to_int(g.o, "o", op), 1, 1, type);
       add_channel_bias(h, g, s, bd, b, yd, y);
     }
@@ -462,8 +468,8 @@ void conv2d_backward_filter(const WorkerHandles& h, void* dw, void* db, const vo
         detail::zero(h, g.dtype, db, g.o);
       } else {
         const cudnnDataType_t type = cudnn_type(g.dtype, op);
-        const TensorDescriptor yd = nchw_tensor(to_int(g.n, "n", op), to_int(g.o, "o", op),
-                                                to_int(s.oh, "out_h", op), to_int(s.ow, "out_w", op), type);
+        const TensorDescriptor yd = tensor_4d(g.nhwc, to_int(g.n, "n", op), to_int(g.o, "o", op),
+                                              to_int(s.oh, "out_h", op), to_int(s.ow, "out_w", op), type);
         const TensorDescriptor bd = nchw_tensor(1, to_int(g.o, "o", op), 1, 1, type);
         channel_sums(h, g, s, yd, dy, bd, db);
       }

@@ -53,6 +53,15 @@ inline TensorDescriptor nchw_tensor(int n, int c, int h, int w, cudnnDataType_t 
   return d;
 }
 
+// A dense 4-D tensor of sizes [n, c, h, w] stored NCHW, or NHWC with `nhwc`
+// (CUDNN_TENSOR_NHWC: channels last, what the tensor-core kernels want).
+inline TensorDescriptor tensor_4d(bool nhwc, int n, int c, int h, int w, cudnnDataType_t type = CUDNN_DATA_FLOAT) {
+  TensorDescriptor d;
+  WEFT_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(d, nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, type, n, c, h, w));
+  return d;
+}
+
 // cuDNN's data type for a tensor of dtype t; dtypes without GPU kernels throw
 // weft::Error naming `op` and the dtype.
 inline cudnnDataType_t cudnn_type(DType t, const char* op) {

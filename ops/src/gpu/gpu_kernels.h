@@ -32,6 +32,13 @@ void normal(const WorkerHandles& h, float* y, std::int64_t n, float mean, float 
 // stays NaN and overflow becomes Inf; half -> float32 is exact.
 void cast(const WorkerHandles& h, void* y, DType yt, const void* x, DType xt, std::int64_t n);
 
+// Memory formats (layout.cu): y = x of n images, c channels, hw positions,
+// elements of `elem` bytes (2 or 4), NCHW -> NHWC and NHWC -> NCHW.
+void to_channels_last(const WorkerHandles& h, void* y, const void* x, std::int64_t n, std::int64_t c, std::int64_t hw,
+                      std::size_t elem);
+void to_channels_first(const WorkerHandles& h, void* y, const void* x, std::int64_t n, std::int64_t c,
+                       std::int64_t hw, std::size_t elem);
+
 void add(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
 void sub(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
 void mul(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
@@ -59,8 +66,9 @@ void dense_forward(const WorkerHandles& h, DType t, bool tf32, void* y, const vo
 void dense_backward(const WorkerHandles& h, DType t, bool tf32, void* dx, void* dw, void* db, const void* x,
                     const void* w, const void* dy, std::int64_t batch, std::int64_t in, std::int64_t out);
 
-// cuDNN. The geometry carries the element type, tf32 and how the algorithm
-// is chosen (ConvGeometry::algo).
+// cuDNN. The geometry carries the element type, tf32, how the algorithm is
+// chosen (ConvGeometry::algo) and the layout (ConvGeometry::nhwc: NHWC data
+// and OHWI filters, CUDNN_TENSOR_NHWC descriptors).
 void conv2d_forward(const WorkerHandles& h, void* y, const void* x, const void* w, const void* b,
                     const ConvGeometry& g);
 void conv2d_backward_data(const WorkerHandles& h, void* dx, const void* dy, const void* w, const ConvGeometry& g);
@@ -75,9 +83,14 @@ void global_avg_pool2d_forward(const WorkerHandles& h, DType t, void* y, const v
                                std::int64_t hw);
 void global_avg_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const void* dy, std::int64_t planes,
                                 std::int64_t hw);
+// NHWC x / dx of n images, hw positions, c channels (y, dy [n, c]).
+void global_avg_pool2d_forward_nhwc(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n,
+                                    std::int64_t hw, std::int64_t c);
+void global_avg_pool2d_backward_nhwc(const WorkerHandles& h, DType t, void* dx, const void* dy, std::int64_t n,
+                                     std::int64_t hw, std::int64_t c);
 
 // cuDNN's spatial batch normalization (the same conventions as the CPU
-// kernels): x, y, dx, dy of dtype t; gamma, beta, the saved and running
+// kernels; BatchNormGeometry::nhwc picks NHWC descriptors): x, y, dx, dy of dtype t; gamma, beta, the saved and running
 // statistics and their gradients float32.
 void batch_norm_forward_train(const WorkerHandles& h, DType t, void* y, float* save_mean, float* save_invstd,
                               float* running_mean, float* running_var, const void* x, const float* gamma,

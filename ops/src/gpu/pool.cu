@@ -6,6 +6,10 @@
 // kernel is templated on the element type: loads into float32, sums in
 // float32 (global average: double), one rounding on store.
 //
+// Channels-last data (PoolGeometry::nhwc) takes the same loops with strided
+// planes: a thread's element is decomposed in the layout's order, and the
+// values of its plane lie `step` (C) apart.
+//
 // Backward kernels gather: one thread per dx element visits the windows that
 // cover it. Overlapping windows (stride < kernel) then need no atomics, the
 // result is deterministic, and every dx element is written (overwrite
@@ -31,7 +35,39 @@ using detail::kThreads;
 
 struct Dims {
   std::int64_t h, w, oh, ow, k, s, pad;
+  std::int64_t c;  // channels
+  bool nhwc;
+  __host__ __device__ std::int64_t step() const { return nhwc ? c : 1; }
 };
+
+// Element i of an [n, c, rows, cols] tensor in d's layout: its image, channel,
+// row and column, and where its plane starts.
+struct Place {
+  std::int64_t n, ch, r, col, base;
+};
+__device__ inline Place place_of(const Dims& d, std::int64_t i, std::int64_t rows, std::int64_t cols) {
+  Place p;
+  if (d.nhwc) {
+    p.ch = i % d.c;
+    p.col = (i / d.c) % cols;
+    p.r = (i / (d.c * cols)) % rows;
+    p.n = i / (d.c * cols * rows);
+    p.base = p.n * rows * cols * d.c + p.ch;
+  } else {
+    p.col = i % cols;
+    p.r = (i / cols) % rows;
+    const std::int64_t plane = i / (cols * rows);
+    p.n = plane / d.c;
+    p.ch = plane % d.c;
+    p.base = plane * rows * cols;
+  }
+  return p;
+}
+// Where the plane of (n, ch) starts in a tensor of rows x cols planes.
+__device__ inline std::int64_t plane_base(const Dims& d, std::int64_t n, std::int64_t ch, std::int64_t rows,
+                                          std::int64_t cols) {
+  return d.nhwc ? n * rows * cols * d.c + ch : (n * d.c + ch) * rows * cols;
+}
 
 // The part of window (oh, ow) inside the input, as on the CPU: rows [r0, r1),
 // columns [c0, c1).
@@ -54,11 +90,12 @@ template <class T>
 __device__ inline std::int64_t first_max_offset(const T* plane, const Dims& d, std::int64_t oh, std::int64_t ow,
                                                 float* value) {
   const Window win = window_of(d, oh, ow);
+  const std::int64_t st = d.step();
   std::int64_t at = win.r0 * d.w + win.c0;
-  float best = load(plane, at);
+  float best = load(plane, at * st);
   for (std::int64_t i = win.r0; i < win.r1; ++i)
     for (std::int64_t j = win.c0; j < win.c1; ++j) {
-      const float v = load(plane, i * d.w + j);
+      const float v = load(plane, (i * d.w + j) * st);
       if (v > best) {
         best = v;
         at = i * d.w + j;
@@ -72,10 +109,9 @@ template <bool Max, class T>
 __global__ void pool_forward_kernel(T* y, const T* x, std::int64_t total, Dims d) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const std::int64_t ow = i % d.ow;
-    const std::int64_t oh = (i / d.ow) % d.oh;
-    const std::int64_t plane = i / (d.ow * d.oh);
-    const T* xp = x + plane * d.h * d.w;
+    const Place at = place_of(d, i, d.oh, d.ow);
+    const std::int64_t ow = at.col, oh = at.r, st = d.step();
+    const T* xp = x + plane_base(d, at.n, at.ch, d.h, d.w);
     if constexpr (Max) {
       float best;
       first_max_offset(xp, d, oh, ow, &best);
@@ -84,7 +120,7 @@ __global__ void pool_forward_kernel(T* y, const T* x, std::int64_t total, Dims d
       const Window win = window_of(d, oh, ow);
       float acc = 0.0f;
       for (std::int64_t a = win.r0; a < win.r1; ++a)
-        for (std::int64_t b = win.c0; b < win.c1; ++b) acc += load(xp, a * d.w + b);
+        for (std::int64_t b = win.c0; b < win.c1; ++b) acc += load(xp, (a * d.w + b) * st);
       store(y, i, acc * (1.0f / static_cast<float>(d.k * d.k)));
     }
   }
@@ -107,10 +143,9 @@ __global__ void pool_backward_kernel(T* dx, const T* x, const T* dy, std::int64_
   // CPU's arithmetic: the gather gives its sums bit for bit.
   const float inv_area = 1.0f / static_cast<float>(d.k * d.k);
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const std::int64_t iw = i % d.w;
-    const std::int64_t ih = (i / d.w) % d.h;
-    const std::int64_t plane = i / (d.w * d.h);
-    const T* dyp = dy + plane * d.oh * d.ow;
+    const Place at = place_of(d, i, d.h, d.w);
+    const std::int64_t iw = at.col, ih = at.r, st = d.step();
+    const T* dyp = dy + plane_base(d, at.n, at.ch, d.oh, d.ow);
     std::int64_t oh0, oh1, ow0, ow1;
     covering(ih, d.k, d.s, d.pad, d.oh, oh0, oh1);
     covering(iw, d.k, d.s, d.pad, d.ow, ow0, ow1);
@@ -118,10 +153,10 @@ __global__ void pool_backward_kernel(T* dx, const T* x, const T* dy, std::int64_
     for (std::int64_t oh = oh0; oh <= oh1; ++oh)
       for (std::int64_t ow = ow0; ow <= ow1; ++ow) {
         if constexpr (Max) {
-          if (first_max_offset(x + plane * d.h * d.w, d, oh, ow, nullptr) == ih * d.w + iw)
-            acc += load(dyp, oh * d.ow + ow);
+          if (first_max_offset(x + at.base, d, oh, ow, nullptr) == ih * d.w + iw)
+            acc += load(dyp, (oh * d.ow + ow) * st);
         } else {
-          acc += load(dyp, oh * d.ow + ow) * inv_area;
+          acc += load(dyp, (oh * d.ow + ow) * st) * inv_area;
         }
       }
     store(dx, i, acc);
@@ -144,6 +179,30 @@ __global__ void global_avg_forward_kernel(T* y, const T* x, std::int64_t planes,
   }
 }
 
+// NHWC: plane p = (image p / c, channel p % c), its values c apart.
+template <class T>
+__global__ void global_avg_forward_nhwc_kernel(T* y, const T* x, std::int64_t planes, std::int64_t hw,
+                                               std::int64_t c) {
+  const std::int64_t warps = static_cast<std::int64_t>(blockDim.x) * gridDim.x / 32;
+  const int lane = threadIdx.x % 32;
+  for (std::int64_t p = (static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; p < planes;
+       p += warps) {
+    const T* xp = x + (p / c) * hw * c + p % c;
+    double s = 0.0;
+    for (std::int64_t i = lane; i < hw; i += 32) s += load(xp, i * c);
+    for (int off = 16; off > 0; off /= 2) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) store(y, p, hw > 0 ? static_cast<float>(s / static_cast<double>(hw)) : 0.0f);
+  }
+}
+
+template <class T>
+__global__ void global_avg_backward_nhwc_kernel(T* dx, const T* dy, std::int64_t total, std::int64_t hw,
+                                                std::int64_t c, float inv) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride)
+    store(dx, i, load(dy, (i / (hw * c)) * c + i % c) * inv);
+}
+
 template <class T>
 __global__ void global_avg_backward_kernel(T* dx, const T* dy, std::int64_t total, std::int64_t hw, float inv) {
   const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
@@ -157,7 +216,7 @@ Dims checked_dims(const PoolGeometry& g, const char* op) {
                       ", stride " + std::to_string(g.stride) + ", pad " + std::to_string(g.pad) + ")");
   const std::int64_t oh = g.h + 2 * g.pad >= g.kernel ? g.out_h() : 0;
   const std::int64_t ow = g.w + 2 * g.pad >= g.kernel ? g.out_w() : 0;
-  return Dims{g.h, g.w, oh, ow, g.kernel, g.stride, g.pad};
+  return Dims{g.h, g.w, oh, ow, g.kernel, g.stride, g.pad, g.c, g.nhwc};
 }
 
 template <bool Max>
@@ -224,6 +283,31 @@ void global_avg_pool2d_backward(const WorkerHandles& h, DType t, void* dx, const
     const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
     global_avg_backward_kernel<T><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(
         static_cast<T*>(dx), static_cast<const T*>(dy), total, hw, inv);
+    WEFT_LAUNCH_CHECK();
+  });
+}
+
+void global_avg_pool2d_forward_nhwc(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n,
+                                    std::int64_t hw, std::int64_t c) {
+  dispatch(t, "global_avg_pool2d_forward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const std::int64_t planes = n * c;
+    if (planes <= 0) return;
+    global_avg_forward_nhwc_kernel<T><<<blocks_for(planes * 32), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), planes, hw, c);
+    WEFT_LAUNCH_CHECK();
+  });
+}
+
+void global_avg_pool2d_backward_nhwc(const WorkerHandles& h, DType t, void* dx, const void* dy, std::int64_t n,
+                                     std::int64_t hw, std::int64_t c) {
+  dispatch(t, "global_avg_pool2d_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const std::int64_t total = n * hw * c;
+    if (total <= 0) return;
+    const float inv = static_cast<float>(1.0 / static_cast<double>(hw));
+    global_avg_backward_nhwc_kernel<T><<<blocks_for(total), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(dx), static_cast<const T*>(dy), total, hw, c, inv);
     WEFT_LAUNCH_CHECK();
   });
 }

@@ -138,6 +138,13 @@ std::vector<Buffer*> Layer::buffers() { return {}; }
 namespace {
 
 // t in `dtype` (itself when it already is).
+// A layer under channels_last converts a contiguous 4-D input (the model's
+// input, once: the ops keep the format after); otherwise x as it comes.
+Tensor in_layer_format(const Tensor& x, MemoryFormat layer) {
+  if (layer != MemoryFormat::channels_last || !x.defined() || x.shape().rank() != 4) return x;
+  return ops::to_memory_format(x, layer);
+}
+
 Tensor as_dtype(const Tensor& t, DType dtype) {
   return !t.defined() || t.dtype() == dtype ? t : ops::cast(t, dtype);
 }
@@ -264,8 +271,9 @@ Shape Conv2d::output_shape(const Shape& x) const {
   return Shape{x[0], out_, (h - kernel_) / params_.stride + 1, (w - kernel_) / params_.stride + 1};
 }
 
-Tensor Conv2d::forward(const Tensor& x) {
-  check_input(x, [&] { output_shape(x.shape()); });
+Tensor Conv2d::forward(const Tensor& x_in) {
+  check_input(x_in, [&] { output_shape(x_in.shape()); });
+  const Tensor x = in_layer_format(x_in, memory_format_);
   const DType dtype = compute_dtype(precision_);
   MathScope math(precision_);
   Tensor xc = as_dtype(x, dtype), wc = as_dtype(weight_.value, dtype);
@@ -344,7 +352,8 @@ void ReLU::restore_saved(std::any saved) { x_ = saved_as<Tensor>(saved, "ReLU");
 
 Shape AvgPool2d::output_shape(const Shape& x) const { return pool_output("AvgPool2d", x, params_); }
 
-Tensor AvgPool2d::forward(const Tensor& x) {
+Tensor AvgPool2d::forward(const Tensor& x_in) {
+  const Tensor x = in_layer_format(x_in, memory_format_);
   Tensor y = ops::avg_pool2d(x, params_);
   x_shape_ = x.shape();
   have_x_ = training_;
@@ -370,7 +379,8 @@ void AvgPool2d::restore_saved(std::any saved) {
 
 Shape MaxPool2d::output_shape(const Shape& x) const { return pool_output("MaxPool2d", x, params_); }
 
-Tensor MaxPool2d::forward(const Tensor& x) {
+Tensor MaxPool2d::forward(const Tensor& x_in) {
+  const Tensor x = in_layer_format(x_in, memory_format_);
   Tensor y = ops::max_pool2d(x, params_);
   x_ = training_ ? x : Tensor();
   return y;
@@ -406,8 +416,10 @@ Shape GlobalAvgPool2d::output_shape(const Shape& x) const {
 
 Tensor GlobalAvgPool2d::forward(const Tensor& x) {
   check_input(x, [&] { output_shape(x.shape()); });
-  Tensor y = ops::global_avg_pool2d(x);
+  const Tensor xf = in_layer_format(x, memory_format_);
+  Tensor y = ops::global_avg_pool2d(xf);
   x_shape_ = x.shape();
+  x_format_ = xf.memory_format();
   have_x_ = training_;
   return y;
 }
@@ -416,7 +428,7 @@ Tensor GlobalAvgPool2d::backward(const Tensor& dy) {
   if (!have_x_) no_forward("GlobalAvgPool2d");
   check_dy("GlobalAvgPool2d", dy, output_shape(x_shape_));
   have_x_ = false;
-  return ops::global_avg_pool2d_backward(dy, x_shape_);
+  return ops::global_avg_pool2d_backward(dy, x_shape_, x_format_);
 }
 
 // ---- BatchNorm ------------------------------------------------------------
@@ -443,8 +455,9 @@ Shape BatchNorm::output_shape(const Shape& x) const {
   return x;
 }
 
-Tensor BatchNorm::forward(const Tensor& x) {
-  check_input(x, [&] { output_shape(x.shape()); });
+Tensor BatchNorm::forward(const Tensor& x_in) {
+  check_input(x_in, [&] { output_shape(x_in.shape()); });
+  const Tensor x = in_layer_format(x_in, memory_format_);
   if (!training_) {
     x_ = save_mean_ = save_invstd_ = Tensor();
     return ops::batch_norm_infer(x, weight_.value, bias_.value, running_mean_.value, running_var_.value, params_);
@@ -616,6 +629,11 @@ void Residual::set_precision(Precision p) {
   for (Layer* l : children()) l->set_precision(p);
 }
 
+void Residual::set_memory_format(MemoryFormat f) {
+  memory_format_ = f;
+  for (Layer* l : children()) l->set_memory_format(f);
+}
+
 // ---- Bottleneck -----------------------------------------------------------
 
 Bottleneck::Bottleneck(Engine& engine, std::int64_t in_channels, std::int64_t width, std::int64_t stride,
@@ -749,6 +767,11 @@ void Bottleneck::set_precision(Precision p) {
   for (Layer* l : children()) l->set_precision(p);
 }
 
+void Bottleneck::set_memory_format(MemoryFormat f) {
+  memory_format_ = f;
+  for (Layer* l : children()) l->set_memory_format(f);
+}
+
 // ---- Flatten ------------------------------------------------------------
 
 Shape Flatten::output_shape(const Shape& x) const {
@@ -759,8 +782,12 @@ Shape Flatten::output_shape(const Shape& x) const {
 }
 
 Tensor Flatten::forward(const Tensor& x) {
-  Tensor y = x.reshape(output_shape(x.shape()));
+  const Shape& s = x.shape();
+  // A channels_last input whose NHWC order is not NCHW's is reordered first.
+  const bool reorder = x.defined() && x.memory_format() == MemoryFormat::channels_last && s[1] != 1 && s[2] * s[3] != 1;
+  Tensor y = (reorder ? ops::contiguous(x) : x).reshape(output_shape(x.shape()));
   x_shape_ = x.shape();
+  x_format_ = x.defined() ? x.memory_format() : MemoryFormat::contiguous;
   have_x_ = training_;
   return y;
 }
@@ -777,6 +804,8 @@ Tensor Flatten::backward(const Tensor& dy) {
   if (!have_x_) no_forward("Flatten");
   check_dy("Flatten", dy, output_shape(x_shape_));
   have_x_ = false;
+  if (x_format_ == MemoryFormat::channels_last)
+    return ops::to_memory_format(ops::contiguous(dy).reshape(x_shape_), MemoryFormat::channels_last);
   return dy.reshape(x_shape_);
 }
 

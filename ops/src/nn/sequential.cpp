@@ -25,6 +25,7 @@ Sequential& Sequential::add(std::unique_ptr<Layer> layer) {
   if (!layer) throw InvalidArgument("Sequential::add: null layer");
   layer->train(training_);
   layer->set_precision(precision_);
+  layer->set_memory_format(memory_format_);
   layers_.push_back(std::move(layer));
   return *this;
 }
@@ -89,6 +90,7 @@ void Sequential::recompute(int segments) {
     auto segment = std::make_unique<Sequential>();
     segment->train(training_);
     segment->set_precision(precision_);
+    segment->set_memory_format(memory_format_);
     for (std::size_t i = 0; i < count; ++i) segment->add(std::move(layers[next++]));
     layers_.push_back(std::make_unique<Recompute>(std::move(segment)));
   }
@@ -173,6 +175,11 @@ void Recompute::train(bool on) {
 void Recompute::set_precision(Precision p) {
   precision_ = p;
   segment_->set_precision(p);
+}
+
+void Recompute::set_memory_format(MemoryFormat f) {
+  memory_format_ = f;
+  segment_->set_memory_format(f);
 }
 
 namespace {
@@ -262,6 +269,15 @@ void Sequential::train(bool on) {
 void Sequential::set_precision(Precision p) {
   precision_ = p;
   for (auto& layer : layers_) layer->set_precision(p);
+}
+
+void Sequential::set_memory_format(MemoryFormat f) {
+  if (f == MemoryFormat::channels_last && have_input_shape_ && input_shape_.rank() != 4)
+    throw InvalidArgument("Sequential::set_memory_format: the model takes " + batch_shape(input_shape_) +
+                          " inputs (rank " + std::to_string(input_shape_.rank()) +
+                          "); channels_last needs 4-D [N, C, H, W] inputs");
+  memory_format_ = f;
+  for (auto& layer : layers_) layer->set_memory_format(f);
 }
 
 std::int64_t parameter_count(const std::vector<Parameter*>& params) {
