@@ -71,6 +71,28 @@ inline void check_bitwise(const std::vector<float>& got, const std::vector<float
     }
 }
 
+// A parameter after training steps in one format against the other: each
+// element within rtol of the parameters' scale, and the update (got -
+// initial against want - initial) within rtol_l2 in relative L2 norm. The
+// two formats round differently, and a ReLU whose input lies that close to
+// 0 passes a gradient in one and not in the other, so single elements of an
+// update may differ by a whole gradient element while the update as a whole
+// agrees.
+// `floor`: an rms difference per element always allowed (convolution biases
+// before batch norm get gradients of rounding noise only).
+inline void check_update(const std::vector<float>& got, const std::vector<float>& want,
+                         const std::vector<float>& initial, double rtol, double rtol_l2, double floor,
+                         const std::string& what) {
+  check_near(got, want, rtol, what);
+  double diff = 0, norm = 0;
+  for (std::size_t j = 0; j < want.size() && j < got.size() && j < initial.size(); ++j) {
+    diff += std::pow(static_cast<double>(got[j]) - want[j], 2);
+    norm += std::pow(static_cast<double>(want[j]) - initial[j], 2);
+  }
+  CHECK_MESSAGE(std::sqrt(diff) <= rtol_l2 * std::sqrt(norm) + floor * std::sqrt(static_cast<double>(want.size())),
+                what << ": the update differs by " << std::sqrt(diff) << " in L2, its norm is " << std::sqrt(norm));
+}
+
 struct ConvCase {
   std::int64_t n, c, h, w, o, k, stride, pad;
   bool bias;
@@ -82,11 +104,13 @@ struct ConvCase {
 };
 
 // Odd shapes: 3 channels, H != W, stride 2 with padding, a 1x1 filter (the
-// direct path), a filter as large as the padded input.
+// direct path), a 1x1 filter at stride 2 (ResNet's projection), a filter as
+// large as the padded input.
 inline const std::vector<ConvCase>& conv_cases() {
   static const std::vector<ConvCase> cases = {
       {2, 3, 5, 7, 4, 3, 2, 1, true},  {3, 3, 6, 4, 5, 1, 1, 0, false}, {2, 4, 7, 5, 3, 3, 1, 1, true},
-      {1, 2, 4, 4, 2, 2, 2, 0, false}, {2, 3, 3, 5, 2, 5, 1, 1, true},
+      {1, 2, 4, 4, 2, 2, 2, 0, false}, {2, 3, 3, 5, 2, 5, 1, 1, true},  {2, 4, 6, 5, 3, 1, 2, 0, false},
+      {4, 8, 8, 8, 16, 3, 1, 1, false},
   };
   return cases;
 }
