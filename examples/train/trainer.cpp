@@ -81,6 +81,7 @@ struct Options {
   std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
   bool overlap = true;
   bool hybridize = false;
+  bool channels_last = false;  // --channels-last: activations NHWC (nn::Layer::set_memory_format)
   bool gpu_graphs = false;
   std::size_t bulk = 0;  // 0: off
   std::string trace;
@@ -160,6 +161,9 @@ void usage(std::FILE* out, const ModelSpec& m) {
                "  --precision P    fp32 (strict IEEE), tf32 (TF32 GEMMs and convolutions), bf16 or fp16\n"
                "                   (mixed precision: float32 master weights, half compute; fp16 with dynamic\n"
                "                   loss scaling). Default: tf32 when a GPU trains, else fp32\n"
+               "  --channels-last  activations in the channels-last memory format (NHWC; PyTorch's\n"
+               "                   --channels-last): the model converts its input once, convolutions, batch\n"
+               "                   norm and pooling compute in NHWC (cuDNN's NHWC descriptors on a GPU)\n"
                "  --conv-algo A    GPU convolution algorithms: heuristic (cuDNN's ranking, the default),\n"
                "                   benchmark (time the candidates once per shape), deterministic, or\n"
                "                   benchmark+deterministic (EngineConfig::conv_algo)\n"
@@ -294,6 +298,9 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
       o.dist = true;
     } else if (arg == "--bucket-kb") {
       o.bucket_bytes = parse_int<std::size_t>(arg, take(), 0) * 1024;
+    } else if (arg == "--channels-last") {
+      if (args.has_inline_value()) throw UsageError{"--channels-last takes no value"};
+      o.channels_last = true;
     } else if (arg == "--hybridize") {
       if (args.has_inline_value()) throw UsageError{"--hybridize takes no value"};
       o.hybridize = true;
@@ -668,6 +675,13 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           [&](weft::Device d) {
             auto net = m.make(*engine, d, o.seed);
             net->set_precision(precision);
+            if (o.channels_last) {
+              try {
+                net->set_memory_format(weft::MemoryFormat::channels_last);
+              } catch (const weft::Error& e) {
+                throw weft::InvalidArgument(std::string("--channels-last: ") + m.model + ": " + e.what());
+              }
+            }
             if (o.recompute > 0) net->recompute(o.recompute);
             return net;
           },
@@ -715,12 +729,13 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     if (several) split.append(" split over ").append(std::to_string(dp.world_size())).append(" replicas");
     const std::string length = o.sim.on ? std::to_string(o.steps) + " measured steps" : std::to_string(o.epochs) + " epochs";
     say("%s on %s (%s engine, %d workers per device): %s, batch %lld%s, lr %g, seed %llu, "
-        "precision %s%s, conv algorithms %s\n",
+        "precision %s%s, conv algorithms %s%s\n",
         o.sim.on ? "predicting" : "training", where.c_str(), std::string(engine->kind()).c_str(),
         engine->workers(devices[0]), length.c_str(),
         static_cast<long long>(o.batch_size), split.c_str(), static_cast<double>(optimizer.lr),
         static_cast<unsigned long long>(seed), std::string(weft::to_string(precision)).c_str(),
-        weft::needs_loss_scaling(precision) ? " (dynamic loss scaling)" : "", engine->conv_algo().str().c_str());
+        weft::needs_loss_scaling(precision) ? " (dynamic loss scaling)" : "", engine->conv_algo().str().c_str(),
+        o.channels_last ? ", channels_last" : "");
     if (several)
       say("gradient buckets (%s, reduced %s):\n%s", o.bucket_bytes ? "--bucket-kb" : "default capacity",
           o.overlap ? "as soon as each is complete" : "after the whole backward", dp.describe_buckets().c_str());

@@ -1,6 +1,6 @@
 // The Fashion-MNIST trainer shared by weft-train-lenet and weft-train-resnet:
 // one set of flags (--devices, --dist, --batch-size, --lr, --epochs, --limit,
-// --precision, --conv-algo, --optimizer, --weight-decay, --lr-schedule,
+// --precision, --channels-last, --conv-algo, --optimizer, --weight-decay, --lr-schedule,
 // --max-grad-norm, --shard, --checkpoint, --checkpoint-every, --resume,
 // --bucket-kb, --no-overlap, --hybridize, --gpu-graphs, --bulk, --trace,
 // --data, --seed, --json; --sim-model [PROFILE|COST_TABLE],
