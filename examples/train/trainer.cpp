@@ -1028,7 +1028,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           "\"ms_per_step\":%.4f,\"hybridize\":%s,\"gpu_graphs\":%s,\"bulk\":%zu,\"peak_bytes\":{%s},"
           "\"precision\":\"%s\",\"conv_algo\":\"%s\",\"loss_scale\":%g,\"skipped_steps\":%lld,\"steps\":%lld,"
           "\"optimizer\":\"%s\",\"lr_schedule\":\"%s\",\"shard\":\"%s\",\"state_bytes\":%zu,\"resumed_at_step\":%lld,"
-          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\",\"optimizer_digest\":%s,\"offload\":%s,\"recompute\":%d}\n",
+          "\"total_steps\":%lld,\"weights_digest\":\"%016llx\",\"optimizer_digest\":%s,\"offload\":%s,\"recompute\":%d,\"channels_last\":%s}\n",
           m.json_name, test_acc, json_number(last.loss()).c_str(), last.acc(), sec_per_epoch, o.epochs,
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
@@ -1038,7 +1038,8 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps),
           o.optimizer.c_str(), schedule.str().c_str(), std::string(weft::parallel::to_string(o.shard)).c_str(),
           state_bytes, static_cast<long long>(resumed_at), static_cast<long long>(dp.steps()),
-          static_cast<unsigned long long>(digest), optimizer_digest.c_str(), o.offload ? "true" : "false", o.recompute);
+          static_cast<unsigned long long>(digest), optimizer_digest.c_str(), o.offload ? "true" : "false", o.recompute,
+          o.channels_last ? "true" : "false");
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::fprintf(stderr, "%s: training failed: %s\n", prog, e.what());
