@@ -722,7 +722,9 @@ PendingSave save(Engine& engine, const fs::path& dir, std::vector<Entry> entries
       // memory comes to page-locked host memory in one copy).
       // A channels_last tensor is written in its logical NCHW order, as
       // safetensors readers expect: converted first (one op on its device).
-      const Tensor t = ops::contiguous(r.entry->tensor);
+      const Tensor t = r.entry->tensor.memory_format() == MemoryFormat::channels_last
+                           ? ops::contiguous(r.entry->tensor)
+                           : r.entry->tensor;
       const Device to = t.device().is_gpu() ? Device::cpu_pinned(0) : t.device();
       Tensor snapshot = t.copy_to(to);
       reads.push_back(snapshot.var());

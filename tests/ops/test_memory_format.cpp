@@ -278,3 +278,38 @@ TEST_CASE("memory format: a ResNet-18 training step channels_last equals NCHW" *
     }
   }
 }
+
+TEST_CASE("memory format: conversions are ops named in traces, a channels_last model converts its input once" *
+          doctest::timeout(60)) {
+  auto e = Engine::create(EngineConfig{.kind = "threaded", .cpu_devices = 1, .workers_per_cpu_device = 2});
+  nn::Sequential net;
+  net.emplace<nn::Conv2d>(*e, 3, 4, 3, ops::Conv2dParams{1, 1});
+  net.emplace<nn::BatchNorm>(*e, 4);
+  net.emplace<nn::ReLU>();
+  net.emplace<nn::MaxPool2d>(ops::Pool2dParams{2, 2, 0});
+  net.emplace<nn::Flatten>();
+  net.emplace<nn::Dense>(*e, 4 * 3 * 2, 5);
+  net.set_memory_format(MemoryFormat::channels_last);
+  const Tensor x = Tensor::from_host(*e, Shape{2, 3, 6, 4}, host_values(2 * 3 * 6 * 4, 81)).set_name("images");
+  e->profiler().start();
+  const Tensor y = net.forward(x);
+  const Tensor dx = net.backward(Tensor::ones(*e, y.shape()));
+  e->wait_all();
+  e->profiler().stop();
+  CHECK(y.memory_format() == MemoryFormat::contiguous);
+  CHECK(dx.memory_format() == MemoryFormat::channels_last);
+  std::ostringstream trace;
+  e->profiler().write_trace(trace);
+  const std::string t = trace.str();
+  const auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = t.find(what); at != std::string::npos; at = t.find(what, at + 1)) ++n;
+    return n;
+  };
+  // to_channels_last: the input (once), the filter for the forward and for
+  // the data gradient, and Flatten's dx back to the model's format.
+  CHECK(count(R"("name":"to_channels_last")") == 4);
+  // to_contiguous: Flatten's forward, and the filter gradient (computed OHWI)
+  // to the contiguous weight's format.
+  CHECK(count(R"("name":"to_contiguous")") == 2);
+}
