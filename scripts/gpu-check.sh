@@ -33,7 +33,7 @@
 #                           float32, TF32 and bfloat16 (1024-8192^2)
 #               precision   ResNet-18, Weft beside PyTorch at fp32|tf32|bf16|fp16 (2
 #                           epochs of 12,800 images each), bf16 with benchmarked
-#                           convolutions, channels-last (PyTorch) and --hybridize
+#                           convolutions, channels-last (both) and --hybridize
 #                           --gpu-graphs (Weft), and benchmark mode's first-step cost
 #               accuracy    ResNet-18 10 full epochs in bf16, fp16 and fp32 (Weft)
 #               costtable   ResNet-18 (batch 256) traced on the GPU, its cost table
@@ -232,7 +232,7 @@ for s in "${steps[@]}"; do
       step "the GPU test suite on CUDA, by group (a hang costs one group)"
       for g in 'gpu backend*' 'gpu ops*' 'gpu copies*' 'gpu tensor op*' 'gpu engines*' 'gpu errors*' \
                'gpu streams*' 'gpu stream graphs*' 'gpu kvstore*' 'gpu data parallel*' 'gpu pipeline*' 'gpu resnet*' \
-               '*bfloat16*,*float16*,*precision*,*tf32*,*loss scal*,*conv algo*'; do
+               'gpu memory format*' '*bfloat16*,*float16*,*precision*,*tf32*,*loss scal*,*conv algo*'; do
         run 120 "$tests" -tc="$g" --duration=true --no-version --no-colors
       done
       ;;
@@ -293,8 +293,9 @@ sys.exit(1 if low or not rows else 0)' /tmp/weft-gpu-check-bandwidth.jsonl
         run 120 "$resnet" --device gpu:0 --precision "$p" "${few[@]}"
         peer 120 --model resnet18 --precision "$p" "${few[@]:0:4}"
       done
-      step "bf16 at its fastest: benchmarked convolutions; channels-last (PyTorch); hybridized with stream graphs (Weft)"
+      step "bf16 at its fastest: benchmarked convolutions; channels-last (both); hybridized with stream graphs (Weft)"
       run 120 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark "${few[@]}"
+      run 120 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --channels-last "${few[@]}"
       peer 120 --model resnet18 --precision bf16 --conv-algo benchmark --channels-last "${few[@]:0:4}"
       run 120 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --hybridize --gpu-graphs "${few[@]}"
       step "benchmark mode's first-step cost: 2 steps each way (the difference of the two times), the chosen algorithms"
