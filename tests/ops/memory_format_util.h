@@ -206,6 +206,21 @@ inline void check_pool_and_norm(weft::Engine& e, Device device, DType t, bool ex
   same(b1.dx, b0.dx, "batch_norm_backward dx");
   same(b1.dgamma, b0.dgamma, "dgamma");
   same(b1.dbeta, b0.dbeta, "dbeta");
+
+  // More channels than one block of the CPU's channels-last batch norm (64).
+  const Shape ws{2, 70, 3, 2};
+  const Tensor xw = Tensor::from_host(e, ws, host_values(ws.numel(), 27), device, t);
+  const Tensor gw = Tensor::from_host(e, Shape{70}, host_values(70, 28, 0.5f, 1.5f), device);
+  const Tensor bw = Tensor::from_host(e, Shape{70}, host_values(70, 29), device);
+  Tensor m0 = Tensor::zeros(e, Shape{70}, device), v0 = Tensor::ones(e, Shape{70}, device);
+  Tensor m1 = Tensor::zeros(e, Shape{70}, device), v1 = Tensor::ones(e, Shape{70}, device);
+  const ops::BatchNormTrain w0 = ops::batch_norm_train(xw, gw, bw, m0, v0);
+  const ops::BatchNormTrain w1 = ops::batch_norm_train(channels_last(xw), gw, bw, m1, v1);
+  same(w1.y, w0.y, "batch_norm_train y, 70 channels");
+  same(v1, v0, "running_var, 70 channels");
+  const Tensor wdy = Tensor::from_host(e, ws, host_values(ws.numel(), 30), device, t);
+  same(ops::batch_norm_backward(channels_last(xw), wdy, gw, w1.save_mean, w1.save_invstd).dx,
+       ops::batch_norm_backward(xw, wdy, gw, w0.save_mean, w0.save_invstd).dx, "batch_norm_backward dx, 70 channels");
 }
 
 }  // namespace weft_nhwc

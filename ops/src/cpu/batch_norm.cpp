@@ -1,6 +1,6 @@
-// Batch normalization over [N, C, HW] (or [N, HW, C] channels last, the same
-// arithmetic in the same order through BatchNormGeometry::base/step, so both
-// layouts give the same bits): statistics per channel. Channels are
+// Batch normalization over [N, C, HW] (or [N, HW, C] channels last: blocks of
+// channels walk the rows, each channel's arithmetic in the same order as
+// NCHW's, so both layouts give the same bits): statistics per channel. Channels are
 // the parallel axis; each channel's sums run in double over its values in
 // (image, position) order, so results do not depend on the thread count.
 // The conventions are cuDNN's (and PyTorch's): the batch variance that
@@ -8,7 +8,9 @@
 // variance is unbiased (divided by N * HW - 1), and
 //   running = (1 - momentum) * running + momentum * batch statistic.
 #include <cmath>
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "cpu/cpu_kernels.h"
 #include "cpu/parallel.h"
@@ -31,6 +33,123 @@ void parallel_channels(const BatchNormGeometry& g, const Body& body) {
   });
 }
 
+
+// Channels last, [N, HW, C]: a task takes a block of channels and walks the
+// rows in (image, position) order, so each channel's sums run in NCHW's
+// order (the same bits) while reading memory contiguously.
+constexpr std::int64_t kChannelBlock = 64;
+
+template <class Body>
+void parallel_channel_blocks(const BatchNormGeometry& g, const Body& body) {
+  const std::int64_t blocks = (g.c + kChannelBlock - 1) / kChannelBlock;
+  detail::parallel_for(blocks, detail::grain_for(4 * g.per_channel() * kChannelBlock),
+                       [&](std::int64_t lo, std::int64_t hi) {
+                         for (std::int64_t b = lo; b < hi; ++b)
+                           body(b * kChannelBlock, std::min(g.c, (b + 1) * kChannelBlock));
+                       });
+}
+
+// body(row pointer offset to channel c0) for every (image, position) in order.
+template <class Body>
+void for_rows(const BatchNormGeometry& g, std::int64_t c0, const Body& body) {
+  const std::int64_t rows = g.n * g.hw;
+  for (std::int64_t r = 0; r < rows; ++r) body(r * g.c + c0);
+}
+
+void forward_train_nhwc(float* y, float* save_mean, float* save_invstd, float* running_mean, float* running_var,
+                        const float* x, const float* gamma, const float* beta, const BatchNormGeometry& g, float eps,
+                        float momentum) {
+  const std::int64_t m = g.per_channel();
+  parallel_channel_blocks(g, [&](std::int64_t c0, std::int64_t c1) {
+    const std::int64_t nb = c1 - c0;
+    std::vector<double> s(static_cast<std::size_t>(nb), 0.0), ss(static_cast<std::size_t>(nb), 0.0);
+    for_rows(g, c0, [&](std::int64_t at) {
+      for (std::int64_t k = 0; k < nb; ++k) s[k] += x[at + k];
+    });
+    std::vector<double> mean(static_cast<std::size_t>(nb));
+    for (std::int64_t k = 0; k < nb; ++k) mean[k] = s[k] / static_cast<double>(m);
+    for_rows(g, c0, [&](std::int64_t at) {
+      for (std::int64_t k = 0; k < nb; ++k) {
+        const double d = x[at + k] - mean[k];
+        ss[k] += d * d;
+      }
+    });
+    std::vector<float> meanf(static_cast<std::size_t>(nb)), scale(static_cast<std::size_t>(nb)),
+        shift(static_cast<std::size_t>(nb));
+    for (std::int64_t k = 0; k < nb; ++k) {
+      const std::int64_t c = c0 + k;
+      const double var = ss[k] / static_cast<double>(m);
+      const double invstd = 1.0 / std::sqrt(var + static_cast<double>(eps));
+      meanf[k] = static_cast<float>(mean[k]);
+      scale[k] = static_cast<float>(gamma[c] * invstd);
+      shift[k] = beta[c];
+      save_mean[c] = static_cast<float>(mean[k]);
+      save_invstd[c] = static_cast<float>(invstd);
+      const double mo = momentum;
+      running_mean[c] = static_cast<float>((1.0 - mo) * running_mean[c] + mo * mean[k]);
+      running_var[c] = static_cast<float>((1.0 - mo) * running_var[c] + mo * ss[k] / static_cast<double>(m - 1));
+    }
+    for_rows(g, c0, [&](std::int64_t at) {
+      for (std::int64_t k = 0; k < nb; ++k) y[at + k] = (x[at + k] - meanf[k]) * scale[k] + shift[k];
+    });
+  });
+}
+
+void forward_infer_nhwc(float* y, const float* x, const float* gamma, const float* beta, const float* running_mean,
+                        const float* running_var, const BatchNormGeometry& g, float eps) {
+  parallel_channel_blocks(g, [&](std::int64_t c0, std::int64_t c1) {
+    const std::int64_t nb = c1 - c0;
+    std::vector<float> mean(static_cast<std::size_t>(nb)), scale(static_cast<std::size_t>(nb)),
+        shift(static_cast<std::size_t>(nb));
+    for (std::int64_t k = 0; k < nb; ++k) {
+      const std::int64_t c = c0 + k;
+      const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + static_cast<double>(eps));
+      mean[k] = running_mean[c];
+      scale[k] = static_cast<float>(gamma[c] * invstd);
+      shift[k] = beta[c];
+    }
+    for_rows(g, c0, [&](std::int64_t at) {
+      for (std::int64_t k = 0; k < nb; ++k) y[at + k] = (x[at + k] - mean[k]) * scale[k] + shift[k];
+    });
+  });
+}
+
+void backward_nhwc(float* dx, float* dgamma, float* dbeta, const float* x, const float* dy, const float* gamma,
+                   const float* save_mean, const float* save_invstd, const BatchNormGeometry& g) {
+  const std::int64_t m = g.per_channel();
+  parallel_channel_blocks(g, [&](std::int64_t c0, std::int64_t c1) {
+    const std::int64_t nb = c1 - c0;
+    std::vector<double> mean(static_cast<std::size_t>(nb)), sdy(static_cast<std::size_t>(nb), 0.0),
+        sdyx(static_cast<std::size_t>(nb), 0.0);
+    for (std::int64_t k = 0; k < nb; ++k) mean[k] = save_mean[c0 + k];
+    for_rows(g, c0, [&](std::int64_t at) {
+      for (std::int64_t k = 0; k < nb; ++k) {
+        sdy[k] += dy[at + k];
+        sdyx[k] += dy[at + k] * (x[at + k] - mean[k]);
+      }
+    });
+    std::vector<float> a(static_cast<std::size_t>(nb)), b(static_cast<std::size_t>(nb)),
+        kk(static_cast<std::size_t>(nb)), meanf(static_cast<std::size_t>(nb));
+    for (std::int64_t k = 0; k < nb; ++k) {
+      const std::int64_t c = c0 + k;
+      const double invstd = save_invstd[c];
+      dbeta[c] = static_cast<float>(sdy[k]);
+      dgamma[c] = static_cast<float>(sdyx[k] * invstd);
+      if (m == 0) continue;
+      const double inv_m = 1.0 / static_cast<double>(m);
+      const double gi = gamma[c] * invstd;
+      a[k] = static_cast<float>(gi);
+      b[k] = static_cast<float>(-gi * invstd * invstd * sdyx[k] * inv_m);
+      kk[k] = static_cast<float>(-gi * sdy[k] * inv_m);
+      meanf[k] = static_cast<float>(mean[k]);
+    }
+    if (m == 0) return;
+    for_rows(g, c0, [&](std::int64_t at) {
+      for (std::int64_t k = 0; k < nb; ++k) dx[at + k] = a[k] * dy[at + k] + b[k] * (x[at + k] - meanf[k]) + kk[k];
+    });
+  });
+}
+
 }  // namespace
 
 void batch_norm_forward_train(float* y, float* save_mean, float* save_invstd, float* running_mean,
@@ -39,6 +158,8 @@ void batch_norm_forward_train(float* y, float* save_mean, float* save_invstd, fl
   check(g, "batch_norm_forward_train");
   const std::int64_t m = g.per_channel();
   if (m < 2) throw Error("batch_norm_forward_train: training needs at least 2 values per channel, got " + std::to_string(m));
+  if (g.nhwc) return forward_train_nhwc(y, save_mean, save_invstd, running_mean, running_var, x, gamma, beta, g, eps,
+                                        momentum);
   parallel_channels(g, [&](std::int64_t c) {
     const std::int64_t st = g.step();
     double s = 0.0;
@@ -78,6 +199,7 @@ void batch_norm_forward_infer(float* y, const float* x, const float* gamma, cons
                               const float* running_mean, const float* running_var, const BatchNormGeometry& g,
                               float eps) {
   check(g, "batch_norm_forward_infer");
+  if (g.nhwc) return forward_infer_nhwc(y, x, gamma, beta, running_mean, running_var, g, eps);
   parallel_channels(g, [&](std::int64_t c) {
     const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + static_cast<double>(eps));
     const float mean = running_mean[c], scale = static_cast<float>(gamma[c] * invstd), shift = beta[c];
@@ -93,6 +215,7 @@ void batch_norm_forward_infer(float* y, const float* x, const float* gamma, cons
 void batch_norm_backward(float* dx, float* dgamma, float* dbeta, const float* x, const float* dy, const float* gamma,
                          const float* save_mean, const float* save_invstd, const BatchNormGeometry& g) {
   check(g, "batch_norm_backward");
+  if (g.nhwc) return backward_nhwc(dx, dgamma, dbeta, x, dy, gamma, save_mean, save_invstd, g);
   const std::int64_t m = g.per_channel();
   parallel_channels(g, [&](std::int64_t c) {
     const double mean = save_mean[c], invstd = save_invstd[c];
