@@ -34,39 +34,50 @@ void parallel_channels(const BatchNormGeometry& g, const Body& body) {
 }
 
 
-// Channels last, [N, HW, C]: a task takes a block of channels and walks the
-// rows in (image, position) order, so each channel's sums run in NCHW's
-// order (the same bits) while reading memory contiguously.
-constexpr std::int64_t kChannelBlock = 64;
+// Channels last, [N, HW, C]: the sums run per block of channels (a cache
+// line of floats), walking the rows in (image, position) order, so each
+// channel's sums run in NCHW's order (the same bits) while reading memory
+// contiguously; the elementwise pass then splits the rows.
+constexpr std::int64_t kChannelBlock = 16;
 
 template <class Body>
 void parallel_channel_blocks(const BatchNormGeometry& g, const Body& body) {
   const std::int64_t blocks = (g.c + kChannelBlock - 1) / kChannelBlock;
-  detail::parallel_for(blocks, detail::grain_for(4 * g.per_channel() * kChannelBlock),
+  detail::parallel_for(blocks, detail::grain_for(2 * g.per_channel() * kChannelBlock),
                        [&](std::int64_t lo, std::int64_t hi) {
                          for (std::int64_t b = lo; b < hi; ++b)
                            body(b * kChannelBlock, std::min(g.c, (b + 1) * kChannelBlock));
                        });
 }
 
-// body(row pointer offset to channel c0) for every (image, position) in order.
+// body(offset of the row's channel c0) for every (image, position), in order.
 template <class Body>
 void for_rows(const BatchNormGeometry& g, std::int64_t c0, const Body& body) {
   const std::int64_t rows = g.n * g.hw;
   for (std::int64_t r = 0; r < rows; ++r) body(r * g.c + c0);
 }
 
+// out[r, c] = f(r * C + c, c) for every row, the rows split over the threads.
+template <class F>
+void parallel_rows(const BatchNormGeometry& g, const F& f) {
+  detail::parallel_for(g.n * g.hw, detail::grain_for(g.c), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r)
+      for (std::int64_t c = 0; c < g.c; ++c) f(r * g.c + c, c);
+  });
+}
+
 void forward_train_nhwc(float* y, float* save_mean, float* save_invstd, float* running_mean, float* running_var,
                         const float* x, const float* gamma, const float* beta, const BatchNormGeometry& g, float eps,
                         float momentum) {
   const std::int64_t m = g.per_channel();
+  std::vector<float> meanf(static_cast<std::size_t>(g.c)), scale(static_cast<std::size_t>(g.c)),
+      shift(static_cast<std::size_t>(g.c));
   parallel_channel_blocks(g, [&](std::int64_t c0, std::int64_t c1) {
     const std::int64_t nb = c1 - c0;
-    std::vector<double> s(static_cast<std::size_t>(nb), 0.0), ss(static_cast<std::size_t>(nb), 0.0);
+    double s[kChannelBlock] = {}, ss[kChannelBlock] = {}, mean[kChannelBlock];
     for_rows(g, c0, [&](std::int64_t at) {
       for (std::int64_t k = 0; k < nb; ++k) s[k] += x[at + k];
     });
-    std::vector<double> mean(static_cast<std::size_t>(nb));
     for (std::int64_t k = 0; k < nb; ++k) mean[k] = s[k] / static_cast<double>(m);
     for_rows(g, c0, [&](std::int64_t at) {
       for (std::int64_t k = 0; k < nb; ++k) {
@@ -74,53 +85,40 @@ void forward_train_nhwc(float* y, float* save_mean, float* save_invstd, float* r
         ss[k] += d * d;
       }
     });
-    std::vector<float> meanf(static_cast<std::size_t>(nb)), scale(static_cast<std::size_t>(nb)),
-        shift(static_cast<std::size_t>(nb));
     for (std::int64_t k = 0; k < nb; ++k) {
       const std::int64_t c = c0 + k;
       const double var = ss[k] / static_cast<double>(m);
       const double invstd = 1.0 / std::sqrt(var + static_cast<double>(eps));
-      meanf[k] = static_cast<float>(mean[k]);
-      scale[k] = static_cast<float>(gamma[c] * invstd);
-      shift[k] = beta[c];
+      meanf[c] = static_cast<float>(mean[k]);
+      scale[c] = static_cast<float>(gamma[c] * invstd);
+      shift[c] = beta[c];
       save_mean[c] = static_cast<float>(mean[k]);
       save_invstd[c] = static_cast<float>(invstd);
       const double mo = momentum;
       running_mean[c] = static_cast<float>((1.0 - mo) * running_mean[c] + mo * mean[k]);
       running_var[c] = static_cast<float>((1.0 - mo) * running_var[c] + mo * ss[k] / static_cast<double>(m - 1));
     }
-    for_rows(g, c0, [&](std::int64_t at) {
-      for (std::int64_t k = 0; k < nb; ++k) y[at + k] = (x[at + k] - meanf[k]) * scale[k] + shift[k];
-    });
   });
+  parallel_rows(g, [&](std::int64_t i, std::int64_t c) { y[i] = (x[i] - meanf[c]) * scale[c] + shift[c]; });
 }
 
 void forward_infer_nhwc(float* y, const float* x, const float* gamma, const float* beta, const float* running_mean,
                         const float* running_var, const BatchNormGeometry& g, float eps) {
-  parallel_channel_blocks(g, [&](std::int64_t c0, std::int64_t c1) {
-    const std::int64_t nb = c1 - c0;
-    std::vector<float> mean(static_cast<std::size_t>(nb)), scale(static_cast<std::size_t>(nb)),
-        shift(static_cast<std::size_t>(nb));
-    for (std::int64_t k = 0; k < nb; ++k) {
-      const std::int64_t c = c0 + k;
-      const double invstd = 1.0 / std::sqrt(static_cast<double>(running_var[c]) + static_cast<double>(eps));
-      mean[k] = running_mean[c];
-      scale[k] = static_cast<float>(gamma[c] * invstd);
-      shift[k] = beta[c];
-    }
-    for_rows(g, c0, [&](std::int64_t at) {
-      for (std::int64_t k = 0; k < nb; ++k) y[at + k] = (x[at + k] - mean[k]) * scale[k] + shift[k];
-    });
-  });
+  std::vector<float> scale(static_cast<std::size_t>(g.c));
+  for (std::int64_t c = 0; c < g.c; ++c)
+    scale[c] = static_cast<float>(
+        gamma[c] * (1.0 / std::sqrt(static_cast<double>(running_var[c]) + static_cast<double>(eps))));
+  parallel_rows(g, [&](std::int64_t i, std::int64_t c) { y[i] = (x[i] - running_mean[c]) * scale[c] + beta[c]; });
 }
 
 void backward_nhwc(float* dx, float* dgamma, float* dbeta, const float* x, const float* dy, const float* gamma,
                    const float* save_mean, const float* save_invstd, const BatchNormGeometry& g) {
   const std::int64_t m = g.per_channel();
+  std::vector<float> a(static_cast<std::size_t>(g.c)), b(static_cast<std::size_t>(g.c)),
+      kk(static_cast<std::size_t>(g.c)), meanf(static_cast<std::size_t>(g.c));
   parallel_channel_blocks(g, [&](std::int64_t c0, std::int64_t c1) {
     const std::int64_t nb = c1 - c0;
-    std::vector<double> mean(static_cast<std::size_t>(nb)), sdy(static_cast<std::size_t>(nb), 0.0),
-        sdyx(static_cast<std::size_t>(nb), 0.0);
+    double mean[kChannelBlock], sdy[kChannelBlock] = {}, sdyx[kChannelBlock] = {};
     for (std::int64_t k = 0; k < nb; ++k) mean[k] = save_mean[c0 + k];
     for_rows(g, c0, [&](std::int64_t at) {
       for (std::int64_t k = 0; k < nb; ++k) {
@@ -128,8 +126,6 @@ void backward_nhwc(float* dx, float* dgamma, float* dbeta, const float* x, const
         sdyx[k] += dy[at + k] * (x[at + k] - mean[k]);
       }
     });
-    std::vector<float> a(static_cast<std::size_t>(nb)), b(static_cast<std::size_t>(nb)),
-        kk(static_cast<std::size_t>(nb)), meanf(static_cast<std::size_t>(nb));
     for (std::int64_t k = 0; k < nb; ++k) {
       const std::int64_t c = c0 + k;
       const double invstd = save_invstd[c];
@@ -138,16 +134,14 @@ void backward_nhwc(float* dx, float* dgamma, float* dbeta, const float* x, const
       if (m == 0) continue;
       const double inv_m = 1.0 / static_cast<double>(m);
       const double gi = gamma[c] * invstd;
-      a[k] = static_cast<float>(gi);
-      b[k] = static_cast<float>(-gi * invstd * invstd * sdyx[k] * inv_m);
-      kk[k] = static_cast<float>(-gi * sdy[k] * inv_m);
-      meanf[k] = static_cast<float>(mean[k]);
+      a[c] = static_cast<float>(gi);
+      b[c] = static_cast<float>(-gi * invstd * invstd * sdyx[k] * inv_m);
+      kk[c] = static_cast<float>(-gi * sdy[k] * inv_m);
+      meanf[c] = static_cast<float>(mean[k]);
     }
-    if (m == 0) return;
-    for_rows(g, c0, [&](std::int64_t at) {
-      for (std::int64_t k = 0; k < nb; ++k) dx[at + k] = a[k] * dy[at + k] + b[k] * (x[at + k] - meanf[k]) + kk[k];
-    });
   });
+  if (m == 0) return;
+  parallel_rows(g, [&](std::int64_t i, std::int64_t c) { dx[i] = a[c] * dy[i] + b[c] * (x[i] - meanf[c]) + kk[c]; });
 }
 
 }  // namespace
