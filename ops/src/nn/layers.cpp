@@ -137,7 +137,6 @@ std::vector<Buffer*> Layer::buffers() { return {}; }
 
 namespace {
 
-// t in `dtype` (itself when it already is).
 // A layer under channels_last converts a contiguous 4-D input (the model's
 // input, once: the ops keep the format after); otherwise x as it comes.
 Tensor in_layer_format(const Tensor& x, MemoryFormat layer) {
@@ -145,6 +144,7 @@ Tensor in_layer_format(const Tensor& x, MemoryFormat layer) {
   return ops::to_memory_format(x, layer);
 }
 
+// t in `dtype` (itself when it already is).
 Tensor as_dtype(const Tensor& t, DType dtype) {
   return !t.defined() || t.dtype() == dtype ? t : ops::cast(t, dtype);
 }
