@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weft/engine.h"
@@ -97,9 +98,14 @@ struct ConvCase {
   std::int64_t n, c, h, w, o, k, stride, pad;
   bool bias;
   std::string str() const {
-    return "n" + std::to_string(n) + " c" + std::to_string(c) + " h" + std::to_string(h) + " w" + std::to_string(w) +
-           " o" + std::to_string(o) + " k" + std::to_string(k) + " s" + std::to_string(stride) + " p" +
-           std::to_string(pad) + (bias ? " bias" : "");
+    std::string out;  // appended piece by piece (GCC 12 warns falsely on "n" + std::to_string)
+    for (const auto& [key, v] : {std::pair<const char*, std::int64_t>{"n", n}, {" c", c}, {" h", h}, {" w", w},
+                                 {" o", o}, {" k", k}, {" s", stride}, {" p", pad}}) {
+      out += key;
+      out += std::to_string(v);
+    }
+    if (bias) out += " bias";
+    return out;
   }
 };
 
