@@ -104,6 +104,33 @@ struct SoftmaxCrossEntropy {
 };
 SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& labels);
 
+// ---- transformer ops (docs/design/transformer-ops.md) ----------------------
+// Data tensors float32, bfloat16 or float16 (halves computed in float32,
+// outputs rounded); layer norm's weight, bias, mean, rstd and their
+// gradients float32. Softmax and layer norm work along the last dimension of
+// a contiguous tensor of any rank >= 1.
+// GELU, tanh form (GPT-2): y = x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor gelu(const Tensor& x);
+Tensor gelu_backward(const Tensor& x, const Tensor& dy);  // dx
+// y = softmax of each row along the last dimension; backward from y.
+Tensor softmax(const Tensor& x);
+Tensor softmax_backward(const Tensor& y, const Tensor& dy);  // dx
+// Layer normalization (Ba et al. 2016) over the last dimension (C):
+// y = (x - mean) / sqrt(var + eps) * weight + bias, weight and bias [C];
+// mean and rstd = 1 / sqrt(var + eps) [rows] in float32 (rows = numel / C).
+struct LayerNormParams {
+  float eps = 1e-5f;
+};
+struct LayerNormForward {
+  Tensor y, mean, rstd;
+};
+LayerNormForward layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, LayerNormParams p = {});
+struct LayerNormGrads {
+  Tensor dx, dweight, dbias;
+};
+LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd);
+
 // w -= lr * (g + weight_decay * w), in place (float32).
 void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay = 0.0f);
 // As above, skipped (w unchanged) when skip ([1], float32) is not zero when

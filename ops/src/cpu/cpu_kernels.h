@@ -114,6 +114,25 @@ void batch_norm_backward(float* dx, float* dgamma, float* dbeta, const float* x,
 void softmax_cross_entropy(float* loss, float* dlogits, const float* logits, const float* labels, std::int64_t rows,
                            std::int64_t cols);
 
+// ---- transformer (transformer.cpp) --------------------------------------
+// GELU, tanh form (GPT-2): y = x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 x^3)));
+// gelu_grad gives dx = dy * dy/dx.
+void gelu(float* y, const float* x, std::int64_t n);
+void gelu_grad(float* dx, const float* x, const float* dy, std::int64_t n);
+// Softmax of each row of a rows x cols matrix (shifted by the row max, the
+// sum in double); backward from the forward's output y:
+// dx = y * (dy - sum_j(dy * y)).
+void softmax_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols);
+void softmax_rows_backward(float* dx, const float* y, const float* dy, std::int64_t rows, std::int64_t cols);
+// Layer normalization of each row (cols >= 1) with per-column weight and
+// bias: y = (x - mean) * rstd * weight + bias, rstd = 1 / sqrt(var + eps)
+// (biased variance), mean and rstd [rows] saved for backward. Backward gives
+// dx, and dweight / dbias summed over the rows in row order.
+void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight, const float* bias,
+                        std::int64_t rows, std::int64_t cols, float eps);
+void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* x, const float* dy, const float* weight,
+                         const float* mean, const float* rstd, std::int64_t rows, std::int64_t cols);
+
 // w -= lr * (g + weight_decay * w); nothing when skip is not null and *skip != 0.
 void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay, const float* skip = nullptr);
 

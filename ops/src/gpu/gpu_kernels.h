@@ -109,6 +109,21 @@ void batch_norm_backward(const WorkerHandles& h, DType t, void* dx, float* dgamm
 void softmax_cross_entropy(const WorkerHandles& h, DType t, float* loss, void* dlogits, const void* logits,
                            const float* labels, std::int64_t rows, std::int64_t cols);
 
+// Transformer kernels (transformer.cu): x, y, dx, dy of dtype t; layer
+// norm's weight, bias, mean, rstd, dweight, dbias float32. One warp per row
+// (float32 arithmetic); dweight / dbias one thread per column summing the
+// rows in order (deterministic).
+void gelu(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n);
+void gelu_grad(const WorkerHandles& h, DType t, void* dx, const void* x, const void* dy, std::int64_t n);
+void softmax_rows(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t rows, std::int64_t cols);
+void softmax_rows_backward(const WorkerHandles& h, DType t, void* dx, const void* y, const void* dy,
+                           std::int64_t rows, std::int64_t cols);
+void layer_norm_forward(const WorkerHandles& h, DType t, void* y, float* mean, float* rstd, const void* x,
+                        const float* weight, const float* bias, std::int64_t rows, std::int64_t cols, float eps);
+void layer_norm_backward(const WorkerHandles& h, DType t, void* dx, float* dweight, float* dbias, const void* x,
+                         const void* dy, const float* weight, const float* mean, const float* rstd, std::int64_t rows,
+                         std::int64_t cols);
+
 // w -= lr * (g + weight_decay * w), all float32; skipped entirely (w
 // unchanged) when `skip` is not null and *skip != 0 (read on the device).
 void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay,

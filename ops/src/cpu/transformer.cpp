@@ -1,0 +1,127 @@
+// The transformer's pointwise and row-wise kernels: GELU (tanh form),
+// softmax over the last dimension and layer normalization over it, forward
+// and backward. Rows are independent and split across the arena; every sum
+// runs in a fixed order in double, so results never depend on the split.
+#include <cmath>
+
+#include "cpu/cpu_kernels.h"
+#include "cpu/parallel.h"
+
+namespace weft::kernels::cpu {
+namespace {
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+
+}  // namespace
+
+void gelu(float* y, const float* x, std::int64_t n) {
+  detail::parallel_for(n, detail::grain_for(16), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const float v = x[i];
+      const float u = static_cast<float>(kGeluC) * (v + static_cast<float>(kGeluA) * v * v * v);
+      y[i] = 0.5f * v * (1.0f + std::tanh(u));
+    }
+  });
+}
+
+void gelu_grad(float* dx, const float* x, const float* dy, std::int64_t n) {
+  detail::parallel_for(n, detail::grain_for(16), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const float v = x[i];
+      const float u = static_cast<float>(kGeluC) * (v + static_cast<float>(kGeluA) * v * v * v);
+      const float t = std::tanh(u);
+      const float du = static_cast<float>(kGeluC) * (1.0f + 3.0f * static_cast<float>(kGeluA) * v * v);
+      dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+  });
+}
+
+void softmax_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols) {
+  detail::parallel_for(rows, detail::grain_for(cols * 8), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      const float* z = x + r * cols;
+      float* out = y + r * cols;
+      float zmax = z[0];
+      for (std::int64_t j = 1; j < cols; ++j) zmax = zmax < z[j] ? z[j] : zmax;
+      double denom = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) denom += std::exp(static_cast<double>(z[j]) - zmax);
+      const double inv = 1.0 / denom;
+      for (std::int64_t j = 0; j < cols; ++j)
+        out[j] = static_cast<float>(std::exp(static_cast<double>(z[j]) - zmax) * inv);
+    }
+  });
+}
+
+void softmax_rows_backward(float* dx, const float* y, const float* dy, std::int64_t rows, std::int64_t cols) {
+  detail::parallel_for(rows, detail::grain_for(cols * 4), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      const float* p = y + r * cols;
+      const float* g = dy + r * cols;
+      double dot = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) dot += static_cast<double>(p[j]) * g[j];
+      float* out = dx + r * cols;
+      for (std::int64_t j = 0; j < cols; ++j)
+        out[j] = static_cast<float>(static_cast<double>(p[j]) * (static_cast<double>(g[j]) - dot));
+    }
+  });
+}
+
+void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, const float* weight, const float* bias,
+                        std::int64_t rows, std::int64_t cols, float eps) {
+  detail::parallel_for(rows, detail::grain_for(cols * 4), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      const float* v = x + r * cols;
+      double s = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) s += v[j];
+      const double m = s / static_cast<double>(cols);
+      double ss = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) ss += (v[j] - m) * (v[j] - m);
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(cols) + static_cast<double>(eps));
+      mean[r] = static_cast<float>(m);
+      rstd[r] = static_cast<float>(inv);
+      float* out = y + r * cols;
+      for (std::int64_t j = 0; j < cols; ++j)
+        out[j] = static_cast<float>((v[j] - m) * inv * weight[j] + bias[j]);
+    }
+  });
+}
+
+void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* x, const float* dy, const float* weight,
+                         const float* mean, const float* rstd, std::int64_t rows, std::int64_t cols) {
+  // dx per row: rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight.
+  detail::parallel_for(rows, detail::grain_for(cols * 6), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      const float* v = x + r * cols;
+      const float* d = dy + r * cols;
+      const double m = mean[r], inv = rstd[r];
+      double sg = 0.0, sgx = 0.0;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const double g = static_cast<double>(d[j]) * weight[j];
+        sg += g;
+        sgx += g * (v[j] - m) * inv;
+      }
+      const double mg = sg / static_cast<double>(cols), mgx = sgx / static_cast<double>(cols);
+      float* out = dx + r * cols;
+      for (std::int64_t j = 0; j < cols; ++j) {
+        const double g = static_cast<double>(d[j]) * weight[j];
+        out[j] = static_cast<float>(inv * (g - mg - (v[j] - m) * inv * mgx));
+      }
+    }
+  });
+  // dweight, dbias per column, the rows summed in order: deterministic.
+  detail::parallel_for(cols, detail::grain_for(rows * 2), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t j = lo; j < hi; ++j) {
+      double sw = 0.0, sb = 0.0;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const double g = dy[r * cols + j];
+        sw += g * (x[r * cols + j] - static_cast<double>(mean[r])) * rstd[r];
+        sb += g;
+      }
+      dweight[j] = static_cast<float>(sw);
+      dbias[j] = static_cast<float>(sb);
+    }
+  });
+}
+
+}  // namespace weft::kernels::cpu

@@ -1,0 +1,328 @@
+// The transformer's ops but attention (GELU, softmax, layer norm) on CPU
+// devices: forward against float64 references written here, backward against
+// float64 central finite differences of the scalar loss sum(out * r) for
+// fixed random r (which is the dy handed to the backward op), forward in
+// bfloat16 and float16 within their roundings, and the argument errors. Each
+// case runs on the naive engine and on the threaded one at every worker count
+// of test_workers.h.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tensor_test_util.h"
+#include "test_workers.h"
+#include "weft/engine.h"
+#include "weft/nn_ops.h"
+#include "weft/ops.h"
+
+namespace {
+
+using weft::DType;
+using weft::Engine;
+using weft_optest::close;
+using weft_optest::error_of;
+using weft_optest::has;
+using weft_optest::i64;
+using weft_optest::Rng;
+using weft_optest::sz;
+using weft_optest::Vec;
+namespace ops = weft::ops;
+using weft::Device;
+using weft::Shape;
+using weft::Tensor;
+
+// fn(engine) on the naive engine, then on the threaded one at each worker count.
+template <class F>
+void for_each_engine_and_workers(F&& fn) {
+  std::vector<std::pair<std::string, int>> configs{{"naive", 1}};
+  for (int w : weft_test::worker_counts()) configs.emplace_back("threaded", w);
+  for (const auto& [kind, workers] : configs) {
+    INFO("engine: " << kind << ", workers " << workers);
+    weft::EngineConfig c;
+    c.kind = kind;
+    c.cpu_devices = 2;
+    c.workers_per_cpu_device = workers;
+    auto engine = Engine::create(c);
+    fn(*engine);
+    engine->wait_all();
+  }
+}
+
+std::vector<float> random_floats(Rng& rng, i64 n, float lo, float hi) {
+  std::vector<float> v(sz(n));
+  for (float& x : v) x = rng.uniform(lo, hi);
+  return v;
+}
+Vec dbl(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+Vec dbl_rounded(const std::vector<float>& v, DType t) {
+  Vec out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    float f = v[i];
+    if (t == DType::bfloat16) f = weft::bfloat16_to_float(weft::float_to_bfloat16(f));
+    if (t == DType::float16) f = weft::float16_to_float(weft::float_to_float16(f));
+    out[i] = f;
+  }
+  return out;
+}
+// One unit in the last place at 1 of each dtype.
+double unit(DType t) { return t == DType::bfloat16 ? 0x1p-8 : t == DType::float16 ? 0x1p-11 : 0x1p-24; }
+
+// ---- float64 references ------------------------------------------------------
+
+constexpr double kC = 0.7978845608028654, kA = 0.044715;
+
+Vec ref_gelu(const Vec& x) {
+  Vec y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = 0.5 * x[i] * (1.0 + std::tanh(kC * (x[i] + kA * x[i] * x[i] * x[i])));
+  return y;
+}
+
+Vec ref_softmax(const Vec& x, i64 rows, i64 cols) {
+  Vec y(x.size());
+  for (i64 r = 0; r < rows; ++r) {
+    double m = x[sz(r * cols)];
+    for (i64 j = 1; j < cols; ++j) m = std::max(m, x[sz(r * cols + j)]);
+    double s = 0.0;
+    for (i64 j = 0; j < cols; ++j) s += std::exp(x[sz(r * cols + j)] - m);
+    for (i64 j = 0; j < cols; ++j) y[sz(r * cols + j)] = std::exp(x[sz(r * cols + j)] - m) / s;
+  }
+  return y;
+}
+
+struct RefLayerNorm {
+  Vec y, mean, rstd;
+};
+RefLayerNorm ref_layer_norm(const Vec& x, const Vec& w, const Vec& b, i64 rows, i64 cols, double eps) {
+  RefLayerNorm out{Vec(x.size()), Vec(sz(rows)), Vec(sz(rows))};
+  for (i64 r = 0; r < rows; ++r) {
+    double m = 0.0;
+    for (i64 j = 0; j < cols; ++j) m += x[sz(r * cols + j)];
+    m /= static_cast<double>(cols);
+    double v = 0.0;
+    for (i64 j = 0; j < cols; ++j) v += (x[sz(r * cols + j)] - m) * (x[sz(r * cols + j)] - m);
+    const double inv = 1.0 / std::sqrt(v / static_cast<double>(cols) + eps);
+    out.mean[sz(r)] = m;
+    out.rstd[sz(r)] = inv;
+    for (i64 j = 0; j < cols; ++j) out.y[sz(r * cols + j)] = (x[sz(r * cols + j)] - m) * inv * w[sz(j)] + b[sz(j)];
+  }
+  return out;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+// d/dp of loss(p) by central differences in float64, for every element of p.
+Vec finite_differences(Vec p, const std::function<double(const Vec&)>& loss) {
+  Vec g(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double keep = p[i];
+    const double h = 1e-6 * std::max(1.0, std::abs(keep));
+    p[i] = keep + h;
+    const double up = loss(p);
+    p[i] = keep - h;
+    const double down = loss(p);
+    p[i] = keep;
+    g[i] = (up - down) / (2.0 * h);
+  }
+  return g;
+}
+
+Tensor on(Engine& e, Shape s, const std::vector<float>& v, DType t = DType::float32) {
+  Tensor x = Tensor::from_host(e, std::move(s), v, Device::cpu(0));
+  return t == DType::float32 ? x : ops::cast(x, t);
+}
+std::vector<float> host(const Tensor& t) {
+  return t.dtype() == DType::float32 ? t.to_host() : ops::cast(t, DType::float32).to_host();
+}
+
+const Shape kSmall{3, 4, 7};    // 12 rows of 7
+const Shape kWide{96, 130};     // rows split across workers
+constexpr i64 kSmallRows = 12, kSmallCols = 7;
+
+}  // namespace
+
+TEST_CASE("transformer ops: gelu forward and backward against float64" * doctest::timeout(120)) {
+  Rng rng(61);
+  const i64 n = kSmall.numel();
+  const std::vector<float> x = random_floats(rng, n, -4.0f, 4.0f), r = random_floats(rng, n, -1.0f, 1.0f);
+  const Vec want_y = ref_gelu(dbl(x));
+  const Vec want_dx = finite_differences(dbl(x), [&](const Vec& p) { return dot(ref_gelu(p), dbl(r)); });
+  const std::vector<float> xw = random_floats(rng, kWide.numel(), -6.0f, 6.0f);
+  const Vec want_wide = ref_gelu(dbl(xw));
+  for_each_engine_and_workers([&](Engine& e) {
+    Tensor tx = on(e, kSmall, x);
+    close(ops::gelu(tx).to_host(), want_y, "gelu", 1e-6);
+    close(ops::gelu_backward(tx, on(e, kSmall, r)).to_host(), want_dx, "gelu_backward", 1e-6);
+    close(ops::gelu(on(e, kWide, xw)).to_host(), want_wide, "gelu wide", 1e-6);
+  });
+}
+
+TEST_CASE("transformer ops: softmax forward and backward against float64" * doctest::timeout(120)) {
+  Rng rng(62);
+  const i64 n = kSmall.numel();
+  // Large logits: the shift by the row max keeps exp finite.
+  std::vector<float> x = random_floats(rng, n, -3.0f, 3.0f);
+  x[5] = 80.0f, x[6] = 95.0f;
+  const std::vector<float> r = random_floats(rng, n, -1.0f, 1.0f);
+  const Vec want_y = ref_softmax(dbl(x), kSmallRows, kSmallCols);
+  const Vec want_dx = finite_differences(
+      dbl(x), [&](const Vec& p) { return dot(ref_softmax(p, kSmallRows, kSmallCols), dbl(r)); });
+  const std::vector<float> xw = random_floats(rng, kWide.numel(), -5.0f, 5.0f);
+  const std::vector<float> rw = random_floats(rng, kWide.numel(), -1.0f, 1.0f);
+  const Vec want_wide = ref_softmax(dbl(xw), kWide[0], kWide[1]);
+  // The wide backward's reference: dx = y (dy - sum(dy y)) in float64.
+  Vec want_wide_dx(want_wide.size());
+  for (i64 row = 0; row < kWide[0]; ++row) {
+    double s = 0.0;
+    for (i64 j = 0; j < kWide[1]; ++j) s += want_wide[sz(row * kWide[1] + j)] * rw[sz(row * kWide[1] + j)];
+    for (i64 j = 0; j < kWide[1]; ++j)
+      want_wide_dx[sz(row * kWide[1] + j)] = want_wide[sz(row * kWide[1] + j)] * (rw[sz(row * kWide[1] + j)] - s);
+  }
+  for_each_engine_and_workers([&](Engine& e) {
+    Tensor y = ops::softmax(on(e, kSmall, x));
+    CHECK(y.shape() == kSmall);
+    close(y.to_host(), want_y, "softmax", 1e-6);
+    close(ops::softmax_backward(y, on(e, kSmall, r)).to_host(), want_dx, "softmax_backward", 1e-5);
+    Tensor yw = ops::softmax(on(e, kWide, xw));
+    close(yw.to_host(), want_wide, "softmax wide", 1e-6);
+    close(ops::softmax_backward(yw, on(e, kWide, rw)).to_host(), want_wide_dx, "softmax_backward wide", 1e-5);
+    // A one-dimensional x is one row.
+    close(ops::softmax(on(e, Shape{kSmallCols}, std::vector<float>(x.begin(), x.begin() + kSmallCols))).to_host(),
+          Vec(want_y.begin(), want_y.begin() + kSmallCols), "softmax rank 1", 1e-6);
+  });
+}
+
+TEST_CASE("transformer ops: layer norm forward and backward against float64" * doctest::timeout(120)) {
+  Rng rng(63);
+  const i64 n = kSmall.numel();
+  const std::vector<float> x = random_floats(rng, n, -2.0f, 3.0f), r = random_floats(rng, n, -1.0f, 1.0f);
+  const std::vector<float> w = random_floats(rng, kSmallCols, 0.5f, 1.5f), b = random_floats(rng, kSmallCols, -0.5f, 0.5f);
+  const double eps = 1e-5;
+  const RefLayerNorm want = ref_layer_norm(dbl(x), dbl(w), dbl(b), kSmallRows, kSmallCols, eps);
+  const auto loss_x = [&](const Vec& p) {
+    return dot(ref_layer_norm(p, dbl(w), dbl(b), kSmallRows, kSmallCols, eps).y, dbl(r));
+  };
+  const auto loss_w = [&](const Vec& p) {
+    return dot(ref_layer_norm(dbl(x), p, dbl(b), kSmallRows, kSmallCols, eps).y, dbl(r));
+  };
+  const auto loss_b = [&](const Vec& p) {
+    return dot(ref_layer_norm(dbl(x), dbl(w), p, kSmallRows, kSmallCols, eps).y, dbl(r));
+  };
+  const Vec want_dx = finite_differences(dbl(x), loss_x), want_dw = finite_differences(dbl(w), loss_w),
+            want_db = finite_differences(dbl(b), loss_b);
+  // Wide: forward only against the reference, backward's dweight / dbias
+  // against their float64 sums (rows split across workers, summed in order).
+  const i64 wr = kWide[0], wc = kWide[1];
+  const std::vector<float> xw = random_floats(rng, kWide.numel(), -4.0f, 4.0f), rw = random_floats(rng, kWide.numel(), -1.0f, 1.0f);
+  const std::vector<float> ww = random_floats(rng, wc, 0.5f, 1.5f), bw = random_floats(rng, wc, -0.5f, 0.5f);
+  const RefLayerNorm want_w = ref_layer_norm(dbl(xw), dbl(ww), dbl(bw), wr, wc, eps);
+  Vec want_w_dw(sz(wc), 0.0), want_w_db(sz(wc), 0.0);
+  for (i64 i = 0; i < wr; ++i)
+    for (i64 j = 0; j < wc; ++j) {
+      const std::size_t k = sz(i * wc + j);
+      want_w_dw[sz(j)] += rw[k] * (xw[k] - want_w.mean[sz(i)]) * want_w.rstd[sz(i)];
+      want_w_db[sz(j)] += rw[k];
+    }
+  std::vector<float> first_dw;  // the same bits at every worker count
+  for_each_engine_and_workers([&](Engine& e) {
+    Tensor tx = on(e, kSmall, x), tw = on(e, Shape{kSmallCols}, w), tb = on(e, Shape{kSmallCols}, b);
+    ops::LayerNormForward f = ops::layer_norm(tx, tw, tb);
+    CHECK(f.y.shape() == kSmall);
+    CHECK(f.mean.shape() == Shape{kSmallRows});
+    CHECK(f.mean.dtype() == DType::float32);
+    close(f.y.to_host(), want.y, "layer_norm y", 1e-6);
+    close(f.mean.to_host(), want.mean, "layer_norm mean", 1e-6);
+    close(f.rstd.to_host(), want.rstd, "layer_norm rstd", 1e-6);
+    ops::LayerNormGrads g = ops::layer_norm_backward(tx, on(e, kSmall, r), tw, f.mean, f.rstd);
+    close(g.dx.to_host(), want_dx, "layer_norm dx", 1e-5);
+    close(g.dweight.to_host(), want_dw, "layer_norm dweight", 1e-5);
+    close(g.dbias.to_host(), want_db, "layer_norm dbias", 1e-5);
+
+    Tensor txw = on(e, kWide, xw), tww = on(e, Shape{wc}, ww);
+    ops::LayerNormForward fw = ops::layer_norm(txw, tww, on(e, Shape{wc}, bw));
+    close(fw.y.to_host(), want_w.y, "layer_norm wide y", 1e-6);
+    ops::LayerNormGrads gw = ops::layer_norm_backward(txw, on(e, kWide, rw), tww, fw.mean, fw.rstd);
+    close(gw.dweight.to_host(), want_w_dw, "layer_norm wide dweight", 1e-5);
+    close(gw.dbias.to_host(), want_w_db, "layer_norm wide dbias", 1e-5);
+    if (first_dw.empty()) first_dw = gw.dweight.to_host();
+    else CHECK(weft_optest::bitwise_equal(gw.dweight.to_host(), first_dw));
+  });
+}
+
+TEST_CASE("transformer ops: bfloat16 and float16 forward within the dtype's rounding" * doctest::timeout(120)) {
+  Rng rng(64);
+  const i64 n = kSmall.numel();
+  const std::vector<float> x = random_floats(rng, n, -3.0f, 3.0f), r = random_floats(rng, n, -1.0f, 1.0f);
+  const std::vector<float> w = random_floats(rng, kSmallCols, 0.5f, 1.5f), b = random_floats(rng, kSmallCols, -0.5f, 0.5f);
+  for (DType t : {DType::bfloat16, DType::float16}) {
+    INFO("dtype " << weft::to_string(t));
+    // References from the inputs as the dtype holds them; the output's one
+    // rounding (and float32 arithmetic) within 2 units of the largest value.
+    const Vec xr = dbl_rounded(x, t), rr = dbl_rounded(r, t);
+    const Vec want_gelu = ref_gelu(xr), want_soft = ref_softmax(xr, kSmallRows, kSmallCols);
+    const RefLayerNorm want_ln = ref_layer_norm(xr, dbl(w), dbl(b), kSmallRows, kSmallCols, 1e-5);
+    const Vec want_gelu_dx =
+        finite_differences(xr, [&](const Vec& p) { return dot(ref_gelu(p), rr); });
+    const double tol = 2.0 * unit(t);
+    for_each_engine_and_workers([&](Engine& e) {
+      Tensor tx = on(e, kSmall, x, t);
+      Tensor y = ops::gelu(tx);
+      CHECK(y.dtype() == t);
+      close(host(y), want_gelu, "gelu", tol);
+      close(host(ops::gelu_backward(tx, on(e, kSmall, r, t))), want_gelu_dx, "gelu_backward", tol);
+      Tensor s = ops::softmax(tx);
+      CHECK(s.dtype() == t);
+      close(host(s), want_soft, "softmax", tol);
+      ops::LayerNormForward f = ops::layer_norm(tx, on(e, Shape{kSmallCols}, w), on(e, Shape{kSmallCols}, b));
+      CHECK(f.y.dtype() == t);
+      CHECK(f.mean.dtype() == DType::float32);
+      close(host(f.y), want_ln.y, "layer_norm y", tol);
+      // The statistics stay float32: far closer than the dtype's unit.
+      close(f.mean.to_host(), want_ln.mean, "layer_norm mean", 1e-6, 1.0);
+      close(f.rstd.to_host(), want_ln.rstd, "layer_norm rstd", 1e-6);
+    });
+  }
+}
+
+TEST_CASE("transformer ops: bad arguments name the op, the tensor and the shape" * doctest::timeout(60)) {
+  auto engine = Engine::create(weft::EngineConfig{});
+  Engine& e = *engine;
+  Tensor x = Tensor::zeros(e, Shape{2, 3});
+  Tensor w3 = Tensor::ones(e, Shape{3}), b3 = Tensor::zeros(e, Shape{3});
+  std::string m = error_of([&] { ops::softmax(Tensor::zeros(e, Shape{})); });
+  CHECK_MESSAGE(has(m, "softmax: x "), m);
+  CHECK_MESSAGE(has(m, "scalar"), m);
+  m = error_of([&] { ops::softmax(Tensor::zeros(e, Shape{2, 0})); });
+  CHECK_MESSAGE(has(m, "empty last dimension"), m);
+  m = error_of([&] { ops::softmax_backward(x, Tensor::zeros(e, Shape{3, 2})); });
+  CHECK_MESSAGE(has(m, "softmax_backward: dy "), m);
+  CHECK_MESSAGE(has(m, "[3, 2]"), m);
+  m = error_of([&] { ops::gelu_backward(x, Tensor::zeros(e, Shape{2, 4})); });
+  CHECK_MESSAGE(has(m, "gelu_backward: dy "), m);
+  m = error_of([&] { ops::gelu_backward(x, ops::cast(x, DType::bfloat16)); });
+  CHECK_MESSAGE(has(m, "gelu_backward"), m);
+  CHECK_MESSAGE(has(m, "bfloat16"), m);
+  m = error_of([&] { ops::layer_norm(x, Tensor::ones(e, Shape{4}), b3); });
+  CHECK_MESSAGE(has(m, "layer_norm: weight "), m);
+  CHECK_MESSAGE(has(m, "want [3]"), m);
+  m = error_of([&] { ops::layer_norm(x, w3, ops::cast(b3, DType::float16)); });
+  CHECK_MESSAGE(has(m, "layer_norm"), m);
+  CHECK_MESSAGE(has(m, "bias"), m);
+  m = error_of([&] { ops::layer_norm(x, w3, b3, ops::LayerNormParams{0.0f}); });
+  CHECK_MESSAGE(has(m, "eps must be a positive number"), m);
+  ops::LayerNormForward f = ops::layer_norm(x, w3, b3);
+  m = error_of([&] { ops::layer_norm_backward(x, x, w3, f.rstd, Tensor::ones(e, Shape{3})); });
+  CHECK_MESSAGE(has(m, "layer_norm_backward: rstd "), m);
+  CHECK_MESSAGE(has(m, "one per row"), m);
+  Tensor nchw = Tensor::zeros(e, Shape{1, 2, 2, 2});
+  m = error_of([&] { ops::softmax(ops::to_memory_format(nchw, weft::MemoryFormat::channels_last)); });
+  CHECK_MESSAGE(has(m, "softmax"), m);
+  CHECK_MESSAGE(has(m, "channels_last"), m);
+  e.wait_all();
+}
