@@ -346,4 +346,42 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return c;
 }
 
+Tensor batched_matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  constexpr const char* op = "batched_matmul";
+  detail::check_floating(op, a, "a");
+  detail::check_floating(op, b, "b");
+  detail::check_same_device(op, a, b);
+  detail::check_same_dtype(op, a, "a", b, "b");
+  detail::check_rank(op, a, 3, "a");
+  detail::check_rank(op, b, 3, "b");
+  const Shape &sa = a.shape(), &sb = b.shape();
+  const auto shown = [&] {
+    return detail::describe(a) + (trans_a ? "^T" : "") + " x " + detail::describe(b) + (trans_b ? "^T" : "");
+  };
+  if (sa[0] != sb[0])
+    throw InvalidArgument(std::string(op) + ": batch sizes differ: " + shown() + " (" + std::to_string(sa[0]) +
+                          " vs " + std::to_string(sb[0]) + ")");
+  const std::int64_t batch = sa[0];
+  const std::int64_t m = trans_a ? sa[2] : sa[1], k = trans_a ? sa[1] : sa[2];
+  const std::int64_t kb = trans_b ? sb[2] : sb[1], n = trans_b ? sb[1] : sb[2];
+  if (k != kb)
+    throw InvalidArgument(std::string(op) + ": inner dimensions differ: " + shown() + " (" + std::to_string(k) +
+                          " vs " + std::to_string(kb) + ")");
+  Tensor c = detail::make_like(a, Shape{batch, m, n});
+  const std::int64_t lda = sa[2], ldb = sb[2], stride_a = sa[1] * sa[2], stride_b = sb[1] * sb[2], stride_c = m * n;
+  [[maybe_unused]] const DType t = a.dtype();
+  const bool tf32 = t == DType::float32 && AllowTf32::active();
+  const double d_b = static_cast<double>(batch), d_m = static_cast<double>(m), d_n = static_cast<double>(n);
+  launch(op, detail::exec_device(a.device()), {&a, &b}, {&c}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu)
+      WEFT_GPU_KERNEL(op, gemm_batched(*ctx.gpu, t, tf32, trans_a, trans_b, batch, m, n, k, 1.0f, io.in[0], lda,
+                                       stride_a, io.in[1], ldb, stride_b, 0.0f, io.out[0], n, stride_c));
+    else
+      cpu::gemm_batched(trans_a, trans_b, batch, m, n, k, 1.0f, io.i(0), lda, stride_a, io.i(1), ldb, stride_b, 0.0f,
+                        io.o(0), n, stride_c);
+  }, OpProperty::normal, 0, detail::Body::kernels, tf32,
+         detail::OpCost{2.0 * d_b * d_m * d_n * static_cast<double>(k), 0, d_b * d_m * d_n});
+  return c;
+}
+
 }  // namespace weft::ops

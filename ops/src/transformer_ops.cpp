@@ -1,8 +1,10 @@
 // The transformer's ops but attention: GELU, softmax and layer
-// normalization over the last dimension (docs/design/transformer-ops.md).
+// normalization over the last dimension, the embedding lookup (docs/design/transformer-ops.md).
 // Shape checks at push time, then one engine op calling the CPU or GPU kernel.
 #include <cmath>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "cpu/cpu_kernels.h"
 #include "launch.h"
@@ -159,6 +161,89 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& dy, const Tens
                                       r.cols);
          });
   return out;
+}
+
+}  // namespace weft::ops
+
+namespace weft::ops {
+namespace {
+
+// ids' position `at` (flat) as a multi-index, "[1, 2]".
+std::string position(const Shape& s, std::int64_t at) {
+  std::vector<std::int64_t> idx(s.rank());
+  for (std::size_t d = s.rank(); d-- > 0;) {
+    idx[d] = s[d] == 0 ? 0 : at % s[d];
+    at = s[d] == 0 ? 0 : at / s[d];
+  }
+  std::string out = "[";
+  for (std::size_t d = 0; d < idx.size(); ++d) out += (d ? ", " : "") + std::to_string(idx[d]);
+  return out + "]";
+}
+
+[[noreturn]] void bad_id(const char* op, const std::string& ids_shown, const Shape& ids_shape, const float* ids,
+                         std::int64_t at, const std::string& table_shown, std::int64_t vocab) {
+  std::ostringstream value;
+  value << ids[at];
+  throw InvalidArgument(std::string(op) + ": ids " + ids_shown + " hold " + value.str() + " at index " +
+                        position(ids_shape, at) + ", not a row of the vocabulary (" + table_shown + ": ids in [0, " +
+                        std::to_string(vocab) + "))");
+}
+
+}  // namespace
+
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  constexpr const char* op = "embedding";
+  detail::check_floating(op, weight, "weight");
+  detail::check_rank(op, weight, 2, "weight");
+  detail::check_float32(op, ids, "ids");
+  detail::check_same_device(op, weight, ids);
+  detail::check_not_channels_last(op, ids, "ids");
+  const std::int64_t vocab = weight.shape()[0], width = weight.shape()[1], n = ids.numel();
+  std::vector<std::int64_t> dims(ids.shape().dims().begin(), ids.shape().dims().end());
+  dims.push_back(width);
+  Tensor y = detail::make_like(weight, Shape(dims));
+  const std::string ids_shown = describe(ids), table_shown = "weight " + describe(weight);
+  const Shape ids_shape = ids.shape();
+  [[maybe_unused]] const DType t = weight.dtype();
+  launch(op, detail::exec_device(weight.device()), {&weight, &ids}, {&y}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu) {
+      WEFT_GPU_KERNEL(op, embedding_forward(*ctx.gpu, t, io.out[0], io.in[0], io.i(1), n, vocab, width));
+    } else if (const std::int64_t bad = cpu::embedding_forward(io.o(0), io.i(0), io.i(1), n, vocab, width); bad >= 0) {
+      bad_id(op, ids_shown, ids_shape, io.i(1), bad, table_shown, vocab);
+    }
+  });
+  return y;
+}
+
+Tensor embedding_backward(const Tensor& ids, const Tensor& dy, std::int64_t vocab) {
+  constexpr const char* op = "embedding_backward";
+  detail::check_float32(op, ids, "ids");
+  detail::check_floating(op, dy, "dy");
+  detail::check_same_device(op, dy, ids);
+  detail::check_not_channels_last(op, dy, "dy");
+  const Shape& s = dy.shape();
+  bool match = s.rank() == ids.shape().rank() + 1;
+  for (std::size_t d = 0; match && d < ids.shape().rank(); ++d) match = s[d] == ids.shape()[d];
+  if (!match)
+    throw InvalidArgument(std::string(op) + ": dy " + describe(dy) + " is not ids " + describe(ids) +
+                          "'s shape with one more (the width) dimension");
+  if (vocab < 1) throw InvalidArgument(std::string(op) + ": vocabulary size " + std::to_string(vocab) + " < 1");
+  const std::int64_t width = s[s.rank() - 1], n = ids.numel();
+  Tensor dweight = detail::make_like(dy, Shape{vocab, width}, DType::float32);
+  const std::string ids_shown = describe(ids), table_shown = "dweight [" + std::to_string(vocab) + ", " +
+                                                            std::to_string(width) + "]";
+  const Shape ids_shape = ids.shape();
+  [[maybe_unused]] const DType t = dy.dtype();
+  [[maybe_unused]] const bool deterministic = dy.engine().conv_algo().deterministic;
+  launch(op, detail::exec_device(dy.device()), {&ids, &dy}, {&dweight}, [=](RunContext& ctx, OpIO& io) {
+    if (ctx.gpu) {
+      WEFT_GPU_KERNEL(op, embedding_backward(*ctx.gpu, t, deterministic, io.o(0), io.i(0), io.in[1], n, vocab, width));
+    } else if (const std::int64_t bad = cpu::embedding_backward(io.o(0), io.i(0), io.i(1), n, vocab, width);
+               bad >= 0) {
+      bad_id(op, ids_shown, ids_shape, io.i(0), bad, table_shown, vocab);
+    }
+  });
+  return dweight;
 }
 
 }  // namespace weft::ops

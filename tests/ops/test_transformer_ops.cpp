@@ -326,3 +326,192 @@ TEST_CASE("transformer ops: bad arguments name the op, the tensor and the shape"
   CHECK_MESSAGE(has(m, "channels_last"), m);
   e.wait_all();
 }
+
+namespace {
+
+// y = weight's rows the ids name, in float64: [ids..., width].
+Vec ref_embedding(const Vec& w, const std::vector<float>& ids, i64 width) {
+  Vec y(ids.size() * sz(width));
+  for (std::size_t i = 0; i < ids.size(); ++i)
+    for (i64 j = 0; j < width; ++j) y[i * sz(width) + sz(j)] = w[sz(static_cast<i64>(ids[i]) * width + j)];
+  return y;
+}
+
+std::vector<float> random_ids(Rng& rng, i64 n, i64 vocab) {
+  std::vector<float> ids(sz(n));
+  for (float& v : ids) v = static_cast<float>(rng.integer(0, vocab - 1));
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("transformer ops: embedding lookup and its scatter-add backward against float64" * doctest::timeout(120)) {
+  Rng rng(65);
+  const i64 vocab = 11, width = 5;
+  const Shape ids_shape{2, 3};
+  std::vector<float> ids = random_ids(rng, ids_shape.numel(), vocab);
+  ids[4] = ids[1];  // a repeated id: its gradient rows add up
+  const std::vector<float> w = random_floats(rng, vocab * width, -1.0f, 1.0f);
+  const std::vector<float> r = random_floats(rng, ids_shape.numel() * width, -1.0f, 1.0f);
+  const Vec want_y = ref_embedding(dbl(w), ids, width);
+  const Vec want_dw = finite_differences(dbl(w), [&](const Vec& p) { return dot(ref_embedding(p, ids, width), dbl(r)); });
+  // Many ids over a small table: rows gather hundreds of additions each.
+  const i64 big_vocab = 40, big_width = 33, big_n = 3000;
+  const std::vector<float> big_ids = random_ids(rng, big_n, big_vocab);
+  const std::vector<float> big_dy = random_floats(rng, big_n * big_width, -1.0f, 1.0f);
+  Vec want_big(sz(big_vocab * big_width), 0.0);
+  for (i64 i = 0; i < big_n; ++i)
+    for (i64 j = 0; j < big_width; ++j)
+      want_big[sz(static_cast<i64>(big_ids[sz(i)]) * big_width + j)] += big_dy[sz(i * big_width + j)];
+  std::vector<float> first_big;  // the same bits at every worker count
+  for_each_engine_and_workers([&](Engine& e) {
+    Tensor tw = on(e, Shape{vocab, width}, w), tids = on(e, ids_shape, ids);
+    Tensor y = ops::embedding(tw, tids);
+    CHECK(y.shape() == Shape{2, 3, width});
+    close(y.to_host(), want_y, "embedding", 0.0);  // copies: exact
+    Tensor dw = ops::embedding_backward(tids, on(e, Shape{2, 3, width}, r), vocab);
+    CHECK(dw.shape() == Shape{vocab, width});
+    CHECK(dw.dtype() == DType::float32);
+    close(dw.to_host(), want_dw, "embedding_backward", 1e-6);
+    Tensor big = ops::embedding_backward(on(e, Shape{big_n}, big_ids), on(e, Shape{big_n, big_width}, big_dy), big_vocab);
+    const std::vector<float> got = big.to_host();
+    close(got, want_big, "embedding_backward, many ids", 1e-5);
+    if (first_big.empty()) first_big = got;
+    else CHECK(weft_optest::bitwise_equal(got, first_big));
+    // Half tables: the rows as stored, and a float32 gradient from half dy.
+    for (DType t : {DType::bfloat16, DType::float16}) {
+      INFO("dtype " << weft::to_string(t));
+      Tensor yh = ops::embedding(on(e, Shape{vocab, width}, w, t), tids);
+      CHECK(yh.dtype() == t);
+      close(host(yh), ref_embedding(dbl_rounded(w, t), ids, width), "embedding", 0.0);
+      const Vec rr = dbl_rounded(r, t);
+      close(ops::embedding_backward(tids, on(e, Shape{2, 3, width}, r, t), vocab).to_host(),
+            finite_differences(dbl(w), [&](const Vec& p) { return dot(ref_embedding(p, ids, width), rr); }),
+            "embedding_backward", 1e-6);
+    }
+  });
+}
+
+TEST_CASE("transformer ops: an id outside the vocabulary fails the op, naming ids, the index and the size" *
+          doctest::timeout(60)) {
+  for_each_engine_and_workers([](Engine& e) {
+    Tensor w = Tensor::ones(e, Shape{11, 4});
+    std::vector<float> ids{0, 1, 2, 3, 4, 5};
+    ids[5] = 11.0f;  // at [1, 2]
+    Tensor y = ops::embedding(w, on(e, Shape{2, 3}, ids));
+    std::string m = error_of([&] { (void)y.to_host(); });
+    CHECK_MESSAGE(has(m, "embedding: ids "), m);
+    CHECK_MESSAGE(has(m, "hold 11 at index [1, 2]"), m);
+    CHECK_MESSAGE(has(m, "ids in [0, 11)"), m);
+    CHECK_MESSAGE(has(m, "weight"), m);
+    CHECK_NOTHROW(e.wait_all());
+    // Negative and fractional ids too; the backward checks alike.
+    ids[5] = 3.0f;
+    ids[0] = -1.0f;
+    Tensor dw = ops::embedding_backward(on(e, Shape{6}, ids), Tensor::ones(e, Shape{6, 4}), 11);
+    m = error_of([&] { (void)dw.to_host(); });
+    CHECK_MESSAGE(has(m, "embedding_backward: ids"), m);
+    CHECK_MESSAGE(has(m, "hold -1 at index [0]"), m);
+    ids[0] = 0.5f;
+    m = error_of([&] { (void)ops::embedding(w, on(e, Shape{6}, ids)).to_host(); });
+    CHECK_MESSAGE(has(m, "hold 0.5 at index [0]"), m);
+    // The engine goes on.
+    ids[0] = 0.0f;
+    CHECK(ops::embedding(w, on(e, Shape{6}, ids)).to_host() == std::vector<float>(24, 1.0f));
+    // Shapes and dtypes at push time.
+    m = error_of([&] { ops::embedding(Tensor::ones(e, Shape{11}), on(e, Shape{6}, ids)); });
+    CHECK_MESSAGE(has(m, "embedding"), m);
+    CHECK_MESSAGE(has(m, "weight"), m);
+    m = error_of([&] { ops::embedding(w, ops::cast(on(e, Shape{6}, ids), DType::bfloat16)); });
+    CHECK_MESSAGE(has(m, "ids"), m);
+    m = error_of([&] { ops::embedding_backward(on(e, Shape{6}, ids), Tensor::ones(e, Shape{5, 4}), 11); });
+    CHECK_MESSAGE(has(m, "embedding_backward: dy "), m);
+    CHECK_MESSAGE(has(m, "[5, 4]"), m);
+  });
+}
+
+namespace {
+
+// C[b] = op(A[b]) op(B[b]) in float64; A stored [B, M, K] or [B, K, M].
+Vec ref_bmm(const Vec& a, const Vec& b, i64 batch, i64 m, i64 k, i64 n, bool ta, bool tb) {
+  Vec c(sz(batch * m * n), 0.0);
+  for (i64 q = 0; q < batch; ++q)
+    for (i64 i = 0; i < m; ++i)
+      for (i64 j = 0; j < n; ++j) {
+        double s = 0.0;
+        for (i64 p = 0; p < k; ++p)
+          s += a[sz(q * m * k + (ta ? p * m + i : i * k + p))] * b[sz(q * k * n + (tb ? j * k + p : p * n + j))];
+        c[sz(q * m * n + i * n + j)] = s;
+      }
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("transformer ops: batched matmul with transposes against float64, gradients by finite differences" *
+          doctest::timeout(120)) {
+  Rng rng(66);
+  const i64 batch = 3, m = 4, k = 6, n = 5;
+  const std::vector<float> a = random_floats(rng, batch * m * k, -1.0f, 1.0f);
+  const std::vector<float> b = random_floats(rng, batch * k * n, -1.0f, 1.0f);
+  const std::vector<float> r = random_floats(rng, batch * m * n, -1.0f, 1.0f);
+  // loss = sum(C * r), C = A B: dA = r B^T and dB = A^T r, as the op computes them.
+  const Vec want_da = finite_differences(
+      dbl(a), [&](const Vec& p) { return dot(ref_bmm(p, dbl(b), batch, m, k, n, false, false), dbl(r)); });
+  const Vec want_db = finite_differences(
+      dbl(b), [&](const Vec& p) { return dot(ref_bmm(dbl(a), p, batch, m, k, n, false, false), dbl(r)); });
+  // Wide enough that gemm splits its matrices and the batch spreads over threads.
+  const i64 wb = 6, wm = 70, wk = 96, wn = 130;
+  const std::vector<float> wa = random_floats(rng, wb * wm * wk, -1.0f, 1.0f);
+  const std::vector<float> wbv = random_floats(rng, wb * wk * wn, -1.0f, 1.0f);
+  const Vec want_wide = ref_bmm(dbl(wa), dbl(wbv), wb, wm, wk, wn, false, false);
+  std::vector<float> first_wide;
+  for_each_engine_and_workers([&](Engine& e) {
+    for (int flags = 0; flags < 4; ++flags) {
+      const bool ta = flags & 1, tb = flags & 2;
+      INFO("trans_a " << ta << " trans_b " << tb);
+      // The same values stored transposed when asked.
+      std::vector<float> as(a.size()), bs(b.size());
+      for (i64 q = 0; q < batch; ++q) {
+        for (i64 i = 0; i < m; ++i)
+          for (i64 p = 0; p < k; ++p) as[sz(q * m * k + (ta ? p * m + i : i * k + p))] = a[sz(q * m * k + i * k + p)];
+        for (i64 p = 0; p < k; ++p)
+          for (i64 j = 0; j < n; ++j) bs[sz(q * k * n + (tb ? j * k + p : p * n + j))] = b[sz(q * k * n + p * n + j)];
+      }
+      Tensor c = ops::batched_matmul(on(e, ta ? Shape{batch, k, m} : Shape{batch, m, k}, as),
+                                     on(e, tb ? Shape{batch, n, k} : Shape{batch, k, n}, bs), ta, tb);
+      CHECK(c.shape() == Shape{batch, m, n});
+      close(c.to_host(), ref_bmm(dbl(as), dbl(bs), batch, m, k, n, ta, tb), "batched_matmul", 1e-6);
+    }
+    Tensor ta = on(e, Shape{batch, m, k}, a), tb = on(e, Shape{batch, k, n}, b), tr = on(e, Shape{batch, m, n}, r);
+    close(ops::batched_matmul(tr, tb, false, true).to_host(), want_da, "dA = dC B^T", 1e-6);
+    close(ops::batched_matmul(ta, tr, true, false).to_host(), want_db, "dB = A^T dC", 1e-6);
+    const std::vector<float> got = ops::batched_matmul(on(e, Shape{wb, wm, wk}, wa), on(e, Shape{wb, wk, wn}, wbv)).to_host();
+    close(got, want_wide, "batched_matmul wide", 1e-5);
+    if (first_wide.empty()) first_wide = got;
+    else CHECK(weft_optest::bitwise_equal(got, first_wide));
+    for (DType t : {DType::bfloat16, DType::float16}) {
+      INFO("dtype " << weft::to_string(t));
+      Tensor ch = ops::batched_matmul(on(e, Shape{batch, m, k}, a, t), on(e, Shape{batch, k, n}, b, t));
+      CHECK(ch.dtype() == t);
+      // float32 accumulation of the rounded inputs, one rounding on store.
+      close(host(ch), ref_bmm(dbl_rounded(a, t), dbl_rounded(b, t), batch, m, k, n, false, false), "batched_matmul",
+            2.0 * unit(t));
+    }
+  });
+}
+
+TEST_CASE("transformer ops: batched matmul's shape errors name the operands" * doctest::timeout(60)) {
+  auto engine = Engine::create(weft::EngineConfig{});
+  Engine& e = *engine;
+  std::string m = error_of([&] { ops::batched_matmul(Tensor::zeros(e, Shape{2, 3, 4}), Tensor::zeros(e, Shape{3, 4, 5})); });
+  CHECK_MESSAGE(has(m, "batched_matmul: batch sizes differ"), m);
+  CHECK_MESSAGE(has(m, "[2, 3, 4]"), m);
+  m = error_of([&] { ops::batched_matmul(Tensor::zeros(e, Shape{2, 3, 4}), Tensor::zeros(e, Shape{2, 5, 4})); });
+  CHECK_MESSAGE(has(m, "batched_matmul: inner dimensions differ"), m);
+  CHECK_MESSAGE(has(m, "(4 vs 5)"), m);
+  m = error_of([&] { ops::batched_matmul(Tensor::zeros(e, Shape{3, 4}), Tensor::zeros(e, Shape{4, 5})); });
+  CHECK_MESSAGE(has(m, "batched_matmul"), m);
+  CHECK_MESSAGE(has(m, "a"), m);
+  e.wait_all();
+}

@@ -131,6 +131,16 @@ struct LayerNormGrads {
 LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& dy, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd);
 
+// Embedding lookup: weight [vocab, width], ids (row indices as float32, any
+// shape S) -> [S..., width] of weight's dtype. Backward: dweight [vocab,
+// width] float32, dy's rows added into the rows ids name (deterministic on
+// CPU devices and simulated GPUs; on CUDA under Engine::conv_algo()'s
+// deterministic, else with atomics). An id that is not an index in
+// [0, vocab) fails the op, naming ids, the index and the vocabulary (on a
+// CUDA GPU: NaN rows, the gradient leaves it out).
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+Tensor embedding_backward(const Tensor& ids, const Tensor& dy, std::int64_t vocab);
+
 // w -= lr * (g + weight_decay * w), in place (float32).
 void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay = 0.0f);
 // As above, skipped (w unchanged) when skip ([1], float32) is not zero when

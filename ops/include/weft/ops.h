@@ -131,5 +131,9 @@ Tensor argmax(const Tensor& x);  // x: [rows, cols] -> [rows], indices as float
 
 // a: [m, k] (or [k, m] with trans_a), b: [k, n] (or [n, k] with trans_b) -> [m, n].
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// a [B, M, K] (or [B, K, M] when trans_a) x b [B, K, N] (or [B, N, K]) ->
+// [B, M, N]: B matmuls in one op (cuBLAS strided-batched on GPUs). Its
+// backward is two more: da = dc b^T, db = a^T dc.
+Tensor batched_matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 
 }  // namespace weft::ops

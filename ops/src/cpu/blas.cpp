@@ -98,3 +98,22 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 }
 
 }  // namespace weft::kernels::cpu
+
+namespace weft::kernels::cpu {
+
+void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  float alpha, const float* a, std::int64_t lda, std::int64_t stride_a, const float* b,
+                  std::int64_t ldb, std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                  std::int64_t stride_c) {
+  // One gemm per matrix; gemm's own split depends only on its shape, so the
+  // bits never depend on how the batch is spread over the threads.
+  const double work = std::max(1.0, double(m) * double(n) * double(std::max<std::int64_t>(k, 1)));
+  detail::parallel_for(batch, static_cast<std::int64_t>(std::max(1.0, kSplitWork / work)),
+                       [&](std::int64_t lo, std::int64_t hi) {
+                         for (std::int64_t i = lo; i < hi; ++i)
+                           gemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta,
+                                c + i * stride_c, ldc);
+                       });
+}
+
+}  // namespace weft::kernels::cpu

@@ -54,6 +54,13 @@ void argmax_rows(float* y, const float* x, std::int64_t rows, std::int64_t cols)
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
+// `batch` gemms at once: matrix i of A, B, C starts stride_a / stride_b /
+// stride_c elements after matrix i - 1 (blas.cpp).
+void gemm_batched(bool trans_a, bool trans_b, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+                  float alpha, const float* a, std::int64_t lda, std::int64_t stride_a, const float* b,
+                  std::int64_t ldb, std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                  std::int64_t stride_c);
+
 // ---- layers ---------------------------------------------------------------
 // y[N, out] = x[N, in] * w[out, in]^T + b[out]   (b may be null)
 void dense_forward(float* y, const float* x, const float* w, const float* b, std::int64_t batch, std::int64_t in,
@@ -132,6 +139,16 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
                         std::int64_t rows, std::int64_t cols, float eps);
 void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* x, const float* dy, const float* weight,
                          const float* mean, const float* rstd, std::int64_t rows, std::int64_t cols);
+
+// Embedding lookup: y[i, :] = weight[ids[i], :] for n ids (row indices as
+// floats) of a [vocab, width] table; backward: dweight[v, :] = the sum of
+// dy[i, :] over the i with ids[i] == v, each row summed in increasing i
+// (deterministic), rows no id names zero. Both return the position of the
+// first id that is not an index in [0, vocab) and then write nothing, else -1.
+std::int64_t embedding_forward(float* y, const float* weight, const float* ids, std::int64_t n, std::int64_t vocab,
+                               std::int64_t width);
+std::int64_t embedding_backward(float* dweight, const float* ids, const float* dy, std::int64_t n, std::int64_t vocab,
+                                std::int64_t width);
 
 // w -= lr * (g + weight_decay * w); nothing when skip is not null and *skip != 0.
 void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay, const float* skip = nullptr);

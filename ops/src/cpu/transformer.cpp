@@ -1,8 +1,10 @@
-// The transformer's pointwise and row-wise kernels: GELU (tanh form),
-// softmax over the last dimension and layer normalization over it, forward
+// The transformer's kernels: GELU (tanh form), softmax over the last
+// dimension, layer normalization over it and the embedding lookup, forward
 // and backward. Rows are independent and split across the arena; every sum
 // runs in a fixed order in double, so results never depend on the split.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "cpu/cpu_kernels.h"
 #include "cpu/parallel.h"
@@ -122,6 +124,62 @@ void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* x
       dbias[j] = static_cast<float>(sb);
     }
   });
+}
+
+}  // namespace weft::kernels::cpu
+
+namespace weft::kernels::cpu {
+namespace {
+
+// The position of the first id that is not a row index in [0, vocab), or -1.
+std::int64_t first_bad_id(const float* ids, std::int64_t n, std::int64_t vocab) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float v = ids[i];
+    if (!(v >= 0.0f) || !(static_cast<double>(v) < static_cast<double>(vocab)) || std::floor(v) != v) return i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::int64_t embedding_forward(float* y, const float* weight, const float* ids, std::int64_t n, std::int64_t vocab,
+                               std::int64_t width) {
+  if (const std::int64_t bad = first_bad_id(ids, n, vocab); bad >= 0) return bad;
+  detail::parallel_for(n, detail::grain_for(width), [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      const float* row = weight + static_cast<std::int64_t>(ids[i]) * width;
+      float* out = y + i * width;
+      for (std::int64_t j = 0; j < width; ++j) out[j] = row[j];
+    }
+  });
+  return -1;
+}
+
+std::int64_t embedding_backward(float* dweight, const float* ids, const float* dy, std::int64_t n, std::int64_t vocab,
+                                std::int64_t width) {
+  if (const std::int64_t bad = first_bad_id(ids, n, vocab); bad >= 0) return bad;
+  // Counting sort of the positions by id (stable: each row's positions in
+  // increasing order), then each row sums its positions in that order.
+  std::vector<std::int64_t> start(static_cast<std::size_t>(vocab) + 1, 0), order(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) ++start[static_cast<std::size_t>(ids[i]) + 1];
+  for (std::int64_t v = 0; v < vocab; ++v) start[static_cast<std::size_t>(v) + 1] += start[static_cast<std::size_t>(v)];
+  {
+    std::vector<std::int64_t> next(start.begin(), start.end() - 1);
+    for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(next[static_cast<std::size_t>(ids[i])]++)] = i;
+  }
+  detail::parallel_for(vocab, detail::grain_for(width + 2 * n / std::max<std::int64_t>(vocab, 1)),
+                       [&](std::int64_t lo, std::int64_t hi) {
+                         for (std::int64_t v = lo; v < hi; ++v) {
+                           float* out = dweight + v * width;
+                           for (std::int64_t j = 0; j < width; ++j) out[j] = 0.0f;
+                           for (std::int64_t k = start[static_cast<std::size_t>(v)];
+                                k < start[static_cast<std::size_t>(v) + 1]; ++k) {
+                             const float* g = dy + order[static_cast<std::size_t>(k)] * width;
+                             for (std::int64_t j = 0; j < width; ++j) out[j] += g[j];
+                           }
+                         }
+                       });
+  return -1;
 }
 
 }  // namespace weft::kernels::cpu

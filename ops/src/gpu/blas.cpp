@@ -58,6 +58,36 @@ void gemm(const WorkerHandles& h, DType t, bool tf32, bool trans_a, bool trans_b
   gemm_impl(h, t, tf32, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, "gemm");
 }
 
+void gemm_batched(const WorkerHandles& h, DType t, bool tf32, bool trans_a, bool trans_b, std::int64_t batch,
+                  std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, std::int64_t lda,
+                  std::int64_t stride_a, const void* b, std::int64_t ldb, std::int64_t stride_b, float beta, void* c,
+                  std::int64_t ldc, std::int64_t stride_c) {
+  constexpr const char* op = "gemm_batched";
+  const cudaDataType_t type = cuda_type(t, op);
+  if (batch <= 0 || m <= 0 || n <= 0) return;
+  if (k <= 0 || alpha == 0.0f) {
+    // Empty products: C is beta C, one matrix after the other.
+    const std::size_t elem = dtype_size(t);
+    for (std::int64_t i = 0; i < batch; ++i)
+      detail::scale_matrix(h, t, static_cast<unsigned char*>(c) + static_cast<std::size_t>(i * stride_c) * elem, m, n,
+                           ldc, beta);
+    return;
+  }
+  WEFT_CUBLAS_CHECK(cublasSetStream(h.cublas, detail::cuda_stream(h)));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Row-major C^T = op(B)^T op(A)^T, as gemm_impl.
+  if (t == DType::float32 && !tf32) {
+    WEFT_CUBLAS_CHECK(cublasSgemmStridedBatched_64(h.cublas, op_b, op_a, n, m, k, &alpha, static_cast<const float*>(b),
+                                                   ldb, stride_b, static_cast<const float*>(a), lda, stride_a, &beta,
+                                                   static_cast<float*>(c), ldc, stride_c, batch));
+    return;
+  }
+  const cublasComputeType_t compute = t == DType::float32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  WEFT_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(h.cublas, op_b, op_a, n, m, k, &alpha, b, type, ldb, stride_b, a,
+                                                  type, lda, stride_a, &beta, c, type, ldc, stride_c, batch, compute,
+                                                  CUBLAS_GEMM_DEFAULT));
+}
+
 void dense_forward(const WorkerHandles& h, DType t, bool tf32, void* y, const void* x, const void* w, const void* b,
                    std::int64_t batch, std::int64_t in, std::int64_t out) {
   constexpr const char* op = "dense_forward";

@@ -61,6 +61,13 @@ void gemm(const WorkerHandles& h, DType t, bool tf32, bool trans_a, bool trans_b
           std::int64_t k, float alpha, const void* a, std::int64_t lda, const void* b, std::int64_t ldb, float beta,
           void* c, std::int64_t ldc);
 
+// cuBLAS strided-batched GEMM (cublasSgemmStridedBatched / GemmStridedBatchedEx),
+// row-major as gemm; matrix i of A, B, C at i * stride_a / stride_b / stride_c.
+void gemm_batched(const WorkerHandles& h, DType t, bool tf32, bool trans_a, bool trans_b, std::int64_t batch,
+                  std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a, std::int64_t lda,
+                  std::int64_t stride_a, const void* b, std::int64_t ldb, std::int64_t stride_b, float beta, void* c,
+                  std::int64_t ldc, std::int64_t stride_c);
+
 void dense_forward(const WorkerHandles& h, DType t, bool tf32, void* y, const void* x, const void* w, const void* b,
                    std::int64_t batch, std::int64_t in, std::int64_t out);
 void dense_backward(const WorkerHandles& h, DType t, bool tf32, void* dx, void* dw, void* db, const void* x,
@@ -123,6 +130,15 @@ void layer_norm_forward(const WorkerHandles& h, DType t, void* y, float* mean, f
 void layer_norm_backward(const WorkerHandles& h, DType t, void* dx, float* dweight, float* dbias, const void* x,
                          const void* dy, const float* weight, const float* mean, const float* rstd, std::int64_t rows,
                          std::int64_t cols);
+
+// Embedding (transformer.cu): weight and y of dtype t, ids float32; an id
+// outside [0, vocab) gives a NaN row (the CPU kernel's check cannot reach
+// the host from here). dweight float32 [vocab, width]: one thread per column
+// adding the ids' rows in order when `deterministic`, else atomics.
+void embedding_forward(const WorkerHandles& h, DType t, void* y, const void* weight, const float* ids, std::int64_t n,
+                       std::int64_t vocab, std::int64_t width);
+void embedding_backward(const WorkerHandles& h, DType t, bool deterministic, float* dweight, const float* ids,
+                        const void* dy, std::int64_t n, std::int64_t vocab, std::int64_t width);
 
 // w -= lr * (g + weight_decay * w), all float32; skipped entirely (w
 // unchanged) when `skip` is not null and *skip != 0 (read on the device).

@@ -1,9 +1,10 @@
-// GELU (tanh form), softmax over the last dimension and layer normalization
-// over it. Elementwise GELU runs in element.cuh's packs; the row kernels
-// give each row one warp (grid-stride over rows), load into float32, reduce
-// with warp shuffles in a fixed lane order and round on store. Layer norm's
-// dweight / dbias take one thread per column, summing the rows in order, so
-// every result is deterministic.
+// GELU (tanh form), softmax over the last dimension, layer normalization
+// over it and the embedding lookup. Elementwise GELU runs in element.cuh's
+// packs; the row kernels give each row one warp (grid-stride over rows), load
+// into float32, reduce with warp shuffles in a fixed lane order and round on
+// store. Layer norm's dweight / dbias take one thread per column, summing the
+// rows in order, so those results are deterministic; embedding's backward is
+// too when asked (one thread per column), else it adds with atomics.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -159,6 +160,46 @@ __global__ void layer_norm_params_kernel(float* dweight, float* dbias, const T* 
   }
 }
 
+__device__ inline bool valid_id(float v, std::int64_t vocab) {
+  return v >= 0.0f && static_cast<double>(v) < static_cast<double>(vocab) && floorf(v) == v;
+}
+
+template <class T>
+__global__ void embedding_kernel(T* y, const T* weight, const float* ids, std::int64_t n, std::int64_t vocab,
+                                 std::int64_t width) {
+  const std::int64_t total = n * width;
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const std::int64_t i = e / width, j = e % width;
+    const float v = ids[i];
+    store(y, e, valid_id(v, vocab) ? load(weight, static_cast<std::int64_t>(v) * width + j) : NAN);
+  }
+}
+
+// One thread per column, the ids in order: no two threads touch one element.
+template <class T>
+__global__ void embedding_backward_ordered(float* dweight, const float* ids, const T* dy, std::int64_t n,
+                                          std::int64_t vocab, std::int64_t width) {
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < width; j += stride)
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = ids[i];
+      if (valid_id(v, vocab)) dweight[static_cast<std::int64_t>(v) * width + j] += load(dy, i * width + j);
+    }
+}
+
+template <class T>
+__global__ void embedding_backward_atomic(float* dweight, const float* ids, const T* dy, std::int64_t n,
+                                         std::int64_t vocab, std::int64_t width) {
+  const std::int64_t total = n * width;
+  const std::int64_t stride = static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+  for (std::int64_t e = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride) {
+    const std::int64_t i = e / width, j = e % width;
+    const float v = ids[i];
+    if (valid_id(v, vocab)) atomicAdd(dweight + static_cast<std::int64_t>(v) * width + j, load(dy, e));
+  }
+}
+
 }  // namespace
 
 void gelu(const WorkerHandles& h, DType t, void* y, const void* x, std::int64_t n) {
@@ -222,6 +263,35 @@ void layer_norm_backward(const WorkerHandles& h, DType t, void* dx, float* dweig
     }
     layer_norm_params_kernel<T><<<blocks_for(cols), kThreads, 0, detail::cuda_stream(h)>>>(dweight, dbias, xt, dyt,
                                                                                            mean, rstd, rows, cols);
+    WEFT_LAUNCH_CHECK();
+  });
+}
+
+void embedding_forward(const WorkerHandles& h, DType t, void* y, const void* weight, const float* ids, std::int64_t n,
+                       std::int64_t vocab, std::int64_t width) {
+  if (n <= 0 || width <= 0) return;
+  dispatch(t, "embedding", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    embedding_kernel<T><<<blocks_for(n * width), kThreads, 0, detail::cuda_stream(h)>>>(
+        static_cast<T*>(y), static_cast<const T*>(weight), ids, n, vocab, width);
+    WEFT_LAUNCH_CHECK();
+  });
+}
+
+void embedding_backward(const WorkerHandles& h, DType t, bool deterministic, float* dweight, const float* ids,
+                        const void* dy, std::int64_t n, std::int64_t vocab, std::int64_t width) {
+  if (vocab <= 0 || width <= 0) return;
+  dispatch(t, "embedding_backward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    detail::zero(h, dweight, vocab * width);
+    if (n <= 0) return;
+    const auto* g = static_cast<const T*>(dy);
+    if (deterministic)
+      embedding_backward_ordered<T><<<blocks_for(width), kThreads, 0, detail::cuda_stream(h)>>>(dweight, ids, g, n,
+                                                                                              vocab, width);
+    else
+      embedding_backward_atomic<T><<<blocks_for(n * width), kThreads, 0, detail::cuda_stream(h)>>>(dweight, ids, g, n,
+                                                                                                 vocab, width);
     WEFT_LAUNCH_CHECK();
   });
 }
