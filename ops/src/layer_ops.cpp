@@ -1,4 +1,4 @@
-// Layer ops (dense, convolution, pooling, batch normalization, loss, SGD):
+// Layer ops (dense, convolution, pooling, batch normalization, loss, causal attention, SGD):
 // shape checks at push time, then one engine op calling the CPU or GPU kernel.
 #include <cmath>
 
@@ -492,6 +492,75 @@ SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& la
              cpu::softmax_cross_entropy(io.o(0), io.o(1), io.i(0), io.i(1), rows, cols);
          });
   return out;
+}
+
+namespace {
+
+// q, k, v (and, for backward, out and dout): [B, H, T, D], one shape, one
+// floating dtype, one device, contiguous; a finite scale; and a GPU that
+// runs CPU kernels (no CUDA kernel yet).
+void check_attention(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors,
+                     float scale) {
+  check_all(op, tensors);
+  const auto& [first, first_what] = *tensors.begin();
+  for (auto [t, what] : tensors) {
+    detail::check_rank(op, *t, 4, what);
+    detail::check_not_channels_last(op, *t, what);
+    if (t->shape() != first->shape())
+      throw Error(std::string(op) + ": " + what + " " + describe(*t) + " does not match " + first_what + " " +
+                  describe(*first) + " (want [B, H, T, D] alike)");
+  }
+  if (!std::isfinite(scale))
+    throw Error(std::string(op) + ": scale " + std::to_string(scale) + " is not finite");
+  if (first->device().is_gpu() && gpu::backend() != gpu::Backend::sim)
+    throw Error(std::string(op) + ": no CUDA kernel yet for " + first_what + " " + describe(*first) +
+                " (CPU devices and simulated GPUs only; docs/design/attention.md)");
+}
+
+// Multiply-adds of the causal products, counted twice: about half of T x T
+// scores, each a D-long dot product, and as many for the values.
+double attention_flops(const Shape& s) {
+  const double planes = static_cast<double>(s[0]) * static_cast<double>(s[1]);
+  const double t = static_cast<double>(s[2]), d = static_cast<double>(s[3]);
+  return 2.0 * planes * t * (t + 1.0) * d;
+}
+
+}  // namespace
+
+CausalAttention causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, float scale) {
+  constexpr const char* op = "causal_attention";
+  check_attention(op, {{&q, "q"}, {&k, "k"}, {&v, "v"}}, scale);
+  const Shape& s = q.shape();
+  const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
+  CausalAttention out{detail::make_like(q, s), detail::make_like(q, Shape{s[0], s[1], t}, DType::float32)};
+  launch(op, detail::exec_device(q.device()), {&q, &k, &v}, {&out.out, &out.lse},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu) detail::no_gpu_kernels(op);  // refused at push (check_attention)
+           cpu::causal_attention_forward(io.o(0), io.o(1), io.i(0), io.i(1), io.i(2), planes, t, d, scale);
+         }, OpProperty::normal, 0, detail::Body::kernels, false,
+         detail::OpCost{attention_flops(s), 0, static_cast<double>(planes) * static_cast<double>(t)});
+  return out;
+}
+
+CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                               const Tensor& dout, const Tensor& lse, float scale) {
+  constexpr const char* op = "causal_attention_backward";
+  check_attention(op, {{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&dout, "dout"}}, scale);
+  check_float32_beside(op, q, {{&lse, "lse"}});
+  const Shape& s = q.shape();
+  if (lse.shape() != Shape{s[0], s[1], s[2]})
+    throw Error(std::string(op) + ": lse " + describe(lse) + " does not match q " + describe(q) + " (want [" +
+                std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + "])");
+  const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
+  CausalAttentionGrads g{detail::make_like(q, s), detail::make_like(q, s), detail::make_like(q, s)};
+  launch(op, detail::exec_device(q.device()), {&q, &k, &v, &out, &dout, &lse}, {&g.dq, &g.dk, &g.dv},
+         [=](RunContext& ctx, OpIO& io) {
+           if (ctx.gpu) detail::no_gpu_kernels(op);  // refused at push (check_attention)
+           cpu::causal_attention_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), io.i(3), io.i(4),
+                                          io.i(5), planes, t, d, scale);
+         }, OpProperty::normal, 0, detail::Body::kernels, false,
+         detail::OpCost{2.5 * attention_flops(s), 0, static_cast<double>(planes) * static_cast<double>(t)});
+  return g;
 }
 
 void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay) {

@@ -1,6 +1,6 @@
 // The layer ops the nn building blocks push: dense, 2-D convolution, pooling,
-// batch normalization, softmax cross-entropy and SGD, forward and backward,
-// and dynamic loss scaling. Layouts: NCHW activations, OIHW filters, [out, in]
+// batch normalization, softmax cross-entropy, causal attention and SGD, forward
+// and backward, and dynamic loss scaling. Layouts: NCHW activations, OIHW filters, [out, in]
 // dense weights (y = x w^T + b), each 4-D tensor in either memory format
 // (weft/tensor.h): convolutions, pooling and batch norm compute in their data
 // input's format (x; dy for the ops without x) and give outputs in it; a
@@ -140,6 +140,24 @@ LayerNormGrads layer_norm_backward(const Tensor& x, const Tensor& dy, const Tens
 // CUDA GPU: NaN rows, the gradient leaves it out).
 Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor embedding_backward(const Tensor& ids, const Tensor& dy, std::int64_t vocab);
+// Causal scaled dot-product attention: q, k, v [B, H, T, D] (batch, heads,
+// sequence, head width; one floating dtype, one device) ->
+//   out_i = sum_{j <= i} softmax_j(scale * q_i . k_j) v_j   [B, H, T, D]
+// and lse [B, H, T] float32, each row's log-sum-exp of its scaled scores,
+// which backward takes instead of the scores. Half inputs compute in float32.
+// CPU (and simulated GPUs): blocked, FlashAttention-2's algorithm, never more
+// than one tile of scores per worker (docs/design/attention.md). No CUDA
+// kernel yet: pushing it on a CUDA GPU is a weft::Error naming the op.
+struct CausalAttention {
+  Tensor out, lse;
+};
+CausalAttention causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, float scale);
+struct CausalAttentionGrads {
+  Tensor dq, dk, dv;
+};
+// From the forward's out and lse, and dout (out's gradient).
+CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                               const Tensor& dout, const Tensor& lse, float scale);
 
 // w -= lr * (g + weight_decay * w), in place (float32).
 void sgd_update(Tensor& w, const Tensor& g, float lr, float weight_decay = 0.0f);

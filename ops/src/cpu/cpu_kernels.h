@@ -6,6 +6,7 @@
 // for the sizes it is given. Sizes may be 0.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "../conv_geometry.h"
@@ -149,6 +150,21 @@ std::int64_t embedding_forward(float* y, const float* weight, const float* ids, 
                                std::int64_t width);
 std::int64_t embedding_backward(float* dweight, const float* ids, const float* dy, std::int64_t n, std::int64_t vocab,
                                 std::int64_t width);
+// Causal scaled dot-product attention over `planes` (batch x heads) planes
+// of t rows of width d (q, k, v, out, dout, dq, dk, dv: [planes, t, d];
+// lse: [planes, t], each row's log-sum-exp of its scaled scores). Blocked
+// (attention.cpp, docs/design/attention.md): each piece of the work holds one
+// kAttentionBlock x kAttentionBlock tile of scores, never t x t.
+inline constexpr std::int64_t kAttentionBlock = 64;
+void causal_attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                              std::int64_t planes, std::int64_t t, std::int64_t d, float scale);
+void causal_attention_backward(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
+                               const float* out, const float* dout, const float* lse, std::int64_t planes,
+                               std::int64_t t, std::int64_t d, float scale);
+// The attention kernels' scratch: the high-water mark of the bytes all their
+// pieces held at once, since the last reset (for the memory test).
+std::size_t attention_scratch_peak_bytes() noexcept;
+void reset_attention_scratch_peak() noexcept;
 
 // w -= lr * (g + weight_decay * w); nothing when skip is not null and *skip != 0.
 void sgd_update(float* w, const float* g, std::int64_t n, float lr, float weight_decay, const float* skip = nullptr);
