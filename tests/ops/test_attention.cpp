@@ -2,7 +2,8 @@
 // backward) on CPU devices: the forward and the row log-sum-exp against a
 // naive float64 reference (the full masked softmax), in float32 and the half
 // dtypes; the gradients against float64 central finite differences; the
-// kernel's scratch not growing with T^2; and named shape errors. Each
+// kernel's scratch and the device allocator's peak not growing with T^2;
+// and named shape errors. Each
 // scenario on the naive engine and the threaded one at every worker count,
 // for sequence lengths that are not multiples of the block.
 #include <doctest/doctest.h>
@@ -19,6 +20,7 @@
 #include "cpu/cpu_kernels.h"
 #include "cpu/intra_op.h"
 #include "test_workers.h"
+#include "weft/allocator.h"
 #include "weft/dtype.h"
 #include "weft/engine.h"
 #include "weft/error.h"
@@ -238,7 +240,8 @@ TEST_CASE("causal_attention's scratch does not grow with T^2" * doctest::timeout
   // The kernel's scratch (every piece's buffers held at once) at T = 1024
   // against T = 256, with the same intra-op threads: a T x T score matrix
   // per plane would grow 16x; blocks of kAttentionBlock x kAttentionBlock do
-  // not grow at all, and never exceed one tile set per intra-op thread.
+  // not grow at all, and never exceed one tile set per intra-op thread. The
+  // device allocator's peak over the forward is its outputs (O(T D)).
   const Device cpu = Device::cpu(0);
   for (int threads : {1, 2}) {
     IntraOpThreads guard(threads);
@@ -255,11 +258,21 @@ TEST_CASE("causal_attention's scratch does not grow with T^2" * doctest::timeout
       kt.wait_to_read();
       v.wait_to_read();
       r.wait_to_read();
+      e->wait_all();
+      const std::size_t held = weft::memory_stats(*e, cpu).in_use;
+      e->allocator(cpu).reset_peak();
       k::reset_attention_scratch_peak();
       ops::CausalAttention a = ops::causal_attention(q, kt, v, 0.125f);
       a.out.wait_to_read();
       a.lse.wait_to_read();
       fwd_peak[which] = k::attention_scratch_peak_bytes();
+      // The device's allocator takes the outputs and nothing that grows with T^2.
+      const std::size_t outputs = a.out.nbytes() + a.lse.nbytes();
+      const std::size_t taken = weft::memory_stats(*e, cpu).peak_in_use - held;
+      CAPTURE(t);
+      CAPTURE(taken);
+      CHECK(taken >= outputs);
+      CHECK(taken <= 2 * outputs);
       k::reset_attention_scratch_peak();
       ops::CausalAttentionGrads g = ops::causal_attention_backward(q, kt, v, a.out, r, a.lse, 0.125f);
       g.dq.wait_to_read();
