@@ -124,6 +124,11 @@ void unpack(const Tensor& src, const std::vector<Tensor>& dsts);
 // x's memory format.
 Tensor slice_rows(const Tensor& x, std::int64_t begin, std::int64_t end);
 
+// Axes reordered: out.shape[i] = x.shape[dims[i]], a new contiguous tensor
+// (numpy.transpose / torch.permute(...).contiguous()). x contiguous, rank
+// 1..6, any dtype; dims a permutation of [0, rank). Trace name "permute".
+Tensor permute(const Tensor& x, std::vector<int> dims);
+
 // Reductions.
 Tensor sum(const Tensor& x);   // scalar (shape []), accumulated in double
 Tensor mean(const Tensor& x);  // scalar; NaN for an empty tensor

@@ -29,6 +29,13 @@ void cast(void* y, DType yt, const void* x, DType xt, std::int64_t n);
 // positions, elements of `elem` bytes, NCHW -> NHWC and NHWC -> NCHW.
 void to_channels_last(void* y, const void* x, std::int64_t n, std::int64_t c, std::int64_t hw, std::size_t elem);
 void to_channels_first(void* y, const void* x, std::int64_t n, std::int64_t c, std::int64_t hw, std::size_t elem);
+// Axis permutation (layout.cpp): y, contiguous of `rank` (1..6) axes of
+// extents extent[0..rank), takes at its element (i0, .., i{rank-1}) x's
+// element at sum(i[a] * src_stride[a]) (strides in elements); elements of
+// `elem` bytes. When src_stride[rank-1] == 1 each run of the last extent is
+// one memcpy.
+void permute(void* y, const void* x, int rank, const std::int64_t* extent, const std::int64_t* src_stride,
+             std::size_t elem);
 // y = x with each mantissa rounded to TF32's 10 bits (y may be x).
 void round_to_tf32(float* y, const float* x, std::int64_t n);
 

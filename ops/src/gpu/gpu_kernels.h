@@ -38,6 +38,10 @@ void to_channels_last(const WorkerHandles& h, void* y, const void* x, std::int64
                       std::size_t elem);
 void to_channels_first(const WorkerHandles& h, void* y, const void* x, std::int64_t n, std::int64_t c,
                        std::int64_t hw, std::size_t elem);
+// Axis permutation (layout.cu): as cpu::permute, elements of 1, 2, 4 or 8
+// bytes, rank 1..6.
+void permute(const WorkerHandles& h, void* y, const void* x, int rank, const std::int64_t* extent,
+             const std::int64_t* src_stride, std::size_t elem);
 
 void add(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
 void sub(const WorkerHandles& h, DType t, void* y, const void* a, const void* b, std::int64_t n);
