@@ -162,14 +162,22 @@ void axpy(float alpha, const Tensor& x_in, Tensor& y) {
 
 namespace {
 // The element count of a pack's srcs (or an unpack's dsts), checked against
-// `flat` (the packed tensor): same device, float32, counts adding up.
-std::int64_t check_runs(const char* op, const std::vector<Tensor>& runs, const char* what, const Tensor& flat) {
-  detail::check_float32(op, flat, "the packed tensor");
+// `flat` (the packed tensor): same device, float32 (or, with any_dtype,
+// one floating dtype), counts adding up.
+std::int64_t check_runs(const char* op, const std::vector<Tensor>& runs, const char* what, const Tensor& flat,
+                        bool any_dtype = false) {
+  if (any_dtype)
+    detail::check_floating(op, flat, "the packed tensor");
+  else
+    detail::check_float32(op, flat, "the packed tensor");
   if (runs.empty()) throw InvalidArgument(std::string(op) + ": no " + what + "s");
   std::int64_t total = 0;
   for (std::size_t k = 0; k < runs.size(); ++k) {
     const std::string name = std::string(what) + " " + std::to_string(k);
-    detail::check_float32(op, runs[k], name.c_str());
+    if (any_dtype)
+      detail::check_same_dtype(op, runs[k], name.c_str(), flat, "the packed tensor");
+    else
+      detail::check_float32(op, runs[k], name.c_str());
     detail::check_not_channels_last(op, runs[k], name.c_str());
     if (runs[k].device() != flat.device())
       throw InvalidArgument(std::string(op) + ": " + name + " " + detail::describe_on(runs[k]) + " is not on " +
@@ -192,9 +200,29 @@ std::vector<std::int64_t> run_sizes(const std::vector<Tensor>& runs) {
 }  // namespace
 
 void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha, bool accumulate) {
-  check_runs("pack", srcs, "src", dst);
+  const bool plain_copy = alpha == 1.0f && !accumulate;
+  check_runs("pack", srcs, "src", dst, plain_copy);
   std::vector<const Tensor*> inputs;
   for (const Tensor& t : srcs) inputs.push_back(&t);
+  if (plain_copy && dst.dtype() != DType::float32) {  // a byte copy, in any floating dtype
+    const DType t = dst.dtype();
+    launch("pack", detail::exec_device(dst.device()), inputs, {&dst},
+           [t, sizes = run_sizes(srcs)](RunContext& ctx, OpIO& io) {
+             std::int64_t offset = 0;
+             const std::size_t size = dtype_size(t);
+             for (std::size_t k = 0; k < sizes.size(); ++k) {
+               auto* y = static_cast<unsigned char*>(io.out[0]) + offset * static_cast<std::int64_t>(size);
+               const std::int64_t n = sizes[k];
+               offset += n;
+               if (n == 0) continue;
+               if (ctx.gpu)
+                 WEFT_GPU_KERNEL("pack", mul_scalar(*ctx.gpu, t, y, io.in[k], 1.0f, n));
+               else
+                 std::memcpy(y, io.in[k], static_cast<std::size_t>(n) * size);
+             }
+           }, OpProperty::normal, 0, detail::Body::bytes);
+    return;
+  }
   launch("pack", detail::exec_device(dst.device()), inputs, {&dst},
          [alpha, accumulate, sizes = run_sizes(srcs)](RunContext& ctx, OpIO& io) {
            std::int64_t offset = 0;

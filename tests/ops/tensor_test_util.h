@@ -15,10 +15,12 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "weft/engine.h"
 #include "test_rng.h"
+#include "test_workers.h"
+#include "weft/engine.h"
 #include "weft/error.h"
 #include "weft/tensor.h"
 
@@ -52,6 +54,23 @@ void for_each_engine(F&& fn) {
   for (const EngineSpec& spec : kEngines) {
     INFO("engine: " << spec.kind);
     auto engine = weft::Engine::create(spec.config());
+    fn(*engine);
+    engine->wait_all();
+  }
+}
+
+// fn(engine) on the naive engine, then on the threaded one at each worker count.
+template <class F>
+void for_each_engine_and_workers(F&& fn) {
+  std::vector<std::pair<std::string, int>> configs{{"naive", 1}};
+  for (int w : weft_test::worker_counts()) configs.emplace_back("threaded", w);
+  for (const auto& [kind, workers] : configs) {
+    INFO("engine: " << kind << ", workers " << workers);
+    weft::EngineConfig c;
+    c.kind = kind;
+    c.cpu_devices = 2;
+    c.workers_per_cpu_device = workers;
+    auto engine = weft::Engine::create(c);
     fn(*engine);
     engine->wait_all();
   }
@@ -106,6 +125,22 @@ std::string error_of(F&& f) {
 }
 
 inline bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// d/dp of loss(p) by central differences in float64, for every element of p.
+inline Vec finite_differences(Vec p, const std::function<double(const Vec&)>& loss) {
+  Vec g(p.size());
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double keep = p[i];
+    const double h = 1e-6 * std::max(1.0, std::abs(keep));
+    p[i] = keep + h;
+    const double up = loss(p);
+    p[i] = keep - h;
+    const double down = loss(p);
+    p[i] = keep;
+    g[i] = (up - down) / (2.0 * h);
+  }
+  return g;
+}
 
 // ---- float64 references ----------------------------------------------------
 

@@ -24,6 +24,8 @@ using weft::DType;
 using weft::Engine;
 using weft_optest::close;
 using weft_optest::error_of;
+using weft_optest::finite_differences;
+using weft_optest::for_each_engine_and_workers;
 using weft_optest::has;
 using weft_optest::i64;
 using weft_optest::Rng;
@@ -33,23 +35,6 @@ namespace ops = weft::ops;
 using weft::Device;
 using weft::Shape;
 using weft::Tensor;
-
-// fn(engine) on the naive engine, then on the threaded one at each worker count.
-template <class F>
-void for_each_engine_and_workers(F&& fn) {
-  std::vector<std::pair<std::string, int>> configs{{"naive", 1}};
-  for (int w : weft_test::worker_counts()) configs.emplace_back("threaded", w);
-  for (const auto& [kind, workers] : configs) {
-    INFO("engine: " << kind << ", workers " << workers);
-    weft::EngineConfig c;
-    c.kind = kind;
-    c.cpu_devices = 2;
-    c.workers_per_cpu_device = workers;
-    auto engine = Engine::create(c);
-    fn(*engine);
-    engine->wait_all();
-  }
-}
 
 std::vector<float> random_floats(Rng& rng, i64 n, float lo, float hi) {
   std::vector<float> v(sz(n));
@@ -115,22 +100,6 @@ double dot(const Vec& a, const Vec& b) {
   double s = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
   return s;
-}
-
-// d/dp of loss(p) by central differences in float64, for every element of p.
-Vec finite_differences(Vec p, const std::function<double(const Vec&)>& loss) {
-  Vec g(p.size());
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const double keep = p[i];
-    const double h = 1e-6 * std::max(1.0, std::abs(keep));
-    p[i] = keep + h;
-    const double up = loss(p);
-    p[i] = keep - h;
-    const double down = loss(p);
-    p[i] = keep;
-    g[i] = (up - down) / (2.0 * h);
-  }
-  return g;
 }
 
 Tensor on(Engine& e, Shape s, const std::vector<float>& v, DType t = DType::float32) {

@@ -81,6 +81,11 @@ class Layer {
   virtual std::vector<Parameter*> parameters();
   // Its buffers (running statistics), likewise.
   virtual std::vector<Buffer*> buffers();
+  // Weight tying: parameters another layer owns (lists in its parameters())
+  // that this one computes with too (LMHead and its Embedding). A
+  // data-parallel trainer gathers them for this layer as well (ZeRO stage
+  // 3); a pipeline refuses ties across processes. Default: none.
+  virtual std::vector<Parameter*> tied_parameters();
   // The output shape for an input shape, without pushing anything; throws
   // weft::Error when the input does not fit the layer.
   virtual Shape output_shape(const Shape& input) const = 0;
@@ -412,6 +417,7 @@ class Sequential : public Layer {
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override;
   std::vector<Buffer*> buffers() override;
+  std::vector<Parameter*> tied_parameters() override;
   Shape output_shape(const Shape& input) const override;
   // One line per layer, numbered, with its output shape when known (from the
   // last forward's input, or set_input_shape's if later), the batch extent
@@ -470,6 +476,7 @@ class Recompute : public Layer {
   void backward_weight() override;
   std::vector<Parameter*> parameters() override;
   std::vector<Buffer*> buffers() override;
+  std::vector<Parameter*> tied_parameters() override;
   Shape output_shape(const Shape& input) const override;
   std::string describe() const override;  // "Recompute(Dense(784 -> 512), ReLU, ...)"
   void train(bool on) override;
@@ -556,3 +563,5 @@ std::unique_ptr<Sequential> resnet50(Engine& engine, Device device = {}, std::ui
                                      ResNetOptions options = {});
 
 }  // namespace weft::nn
+
+#include "weft/nn_transformer.h"  // IWYU pragma: export

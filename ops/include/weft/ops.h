@@ -111,8 +111,9 @@ Tensor relu_grad(const Tensor& x, const Tensor& dy);  // dy where x > 0
 
 // Flat concatenation, for gradient buckets: `dst` (float32, numel = the sum
 // of the srcs' numel, on their device) becomes alpha * [src0, src1, ...], each
-// src flattened; with accumulate, dst += that instead. One op reading every
-// src and writing dst. Throws weft::Error naming the op and the src whose
+// src flattened; with accumulate, dst += that instead. A plain copy (alpha 1,
+// no accumulate) takes any floating dtype, the srcs' and dst's one. One op
+// reading every src and writing dst. Throws weft::Error naming the op and the src whose
 // device, dtype or size does not fit (or for no srcs).
 void pack(const std::vector<Tensor>& srcs, Tensor& dst, float alpha = 1.0f, bool accumulate = false);
 // The inverse: each dsts[k] becomes its run of `src` (the same layout as

@@ -1,4 +1,5 @@
 // Sequential and Recompute, SGD and the ready-made models (LeNet, MLP, ResNet-18, ResNet-50).
+#include <algorithm>
 #include <any>
 #include <sstream>
 #include <string>
@@ -158,6 +159,7 @@ void Recompute::backward_weight() {
 
 std::vector<Parameter*> Recompute::parameters() { return segment_->parameters(); }
 std::vector<Buffer*> Recompute::buffers() { return segment_->buffers(); }
+std::vector<Parameter*> Recompute::tied_parameters() { return segment_->tied_parameters(); }
 Shape Recompute::output_shape(const Shape& input) const { return segment_->output_shape(input); }
 
 std::string Recompute::describe() const {
@@ -217,6 +219,18 @@ std::vector<Parameter*> Sequential::parameters() {
     std::vector<Parameter*> p = layer->parameters();
     out.insert(out.end(), p.begin(), p.end());
   }
+  return out;
+}
+
+// The children's ties to parameters outside this container (a tie between
+// two of its children is its own business).
+std::vector<Parameter*> Sequential::tied_parameters() {
+  const std::vector<Parameter*> own = parameters();
+  std::vector<Parameter*> out;
+  for (auto& layer : layers_)
+    for (Parameter* p : layer->tied_parameters())
+      if (std::find(own.begin(), own.end(), p) == own.end() && std::find(out.begin(), out.end(), p) == out.end())
+        out.push_back(p);
   return out;
 }
 

@@ -99,6 +99,23 @@ void DataParallel::Impl::build_plan() {
   leaf_bucket.assign(n_leaves, -1);
   if (per_leaf)
     for (std::size_t b = 0; b < bucket_end.size(); ++b) leaf_bucket[order[bucket_end[b] - 1].first] = static_cast<int>(b);
+  // Ties: each tied parameter must be one of the model's; its bucket is
+  // used (stage 3: gathered) by the tied layer too.
+  leaf_uses.assign(n_leaves, {});
+  for (std::size_t l = 0; l < n_leaves; ++l) {
+    if (leaf_bucket[l] >= 0) leaf_uses[l].push_back(leaf_bucket[l]);
+    for (const nn::Parameter* tied : leaves[0][l]->tied_parameters()) {
+      std::size_t pos = 0;
+      while (pos < order.size() && &param(0, pos) != tied) ++pos;
+      if (pos == order.size())
+        throw InvalidArgument(label() + ": layer " + std::to_string(l) + " (" + leaves[0][l]->describe() +
+                              ") computes with parameter '" + tied->name + "', which no layer of the model owns");
+      std::size_t b = 0;
+      while (bucket_end[b] <= pos) ++b;
+      if (per_leaf && std::find(leaf_uses[l].begin(), leaf_uses[l].end(), static_cast<int>(b)) == leaf_uses[l].end())
+        leaf_uses[l].push_back(static_cast<int>(b));
+    }
+  }
   std::size_t begin = 0;
   for (std::size_t b = 0; b < bucket_end.size(); ++b) {
     GradientBucket bucket;
@@ -567,9 +584,11 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
   for (std::size_t l = m.leaves[0].size(); l-- > 0;) {
     const std::size_t n = m.params[0][l].size();
     // Stage 3: the layer's parameters gathered again (and the next layers'
-    // gathers pushed ahead).
-    const int gathered = m.shard() == Shard::parameters ? m.leaf_bucket[l] : -1;
-    if (gathered >= 0) m.begin_use(static_cast<std::size_t>(gathered), d);
+    // gathers pushed ahead), and those it is tied to.
+    const bool sharded = m.shard() == Shard::parameters;
+    const int gathered = sharded ? m.leaf_bucket[l] : -1;
+    if (sharded)
+      for (int b : m.leaf_uses[l]) m.begin_use(static_cast<std::size_t>(b), d);
     // Interleave the replicas layer by layer, so each bucket's gradients are
     // pushed on every replica before the next layer's backward. Stage 3 runs
     // the two halves apart: the input gradient (which reads the gathered
@@ -581,8 +600,9 @@ void DataParallel::backward(const std::vector<Tensor>& output_grads) {
       for (const nn::Parameter* p : m.params[r][l]) before[r].push_back(p->grad);
       d[r] = gathered >= 0 ? m.leaves[r][l]->backward_input(d[r]) : m.leaves[r][l]->backward(d[r]);
     }
+    if (sharded)
+      for (int b : m.leaf_uses[l]) m.end_use(static_cast<std::size_t>(b));
     if (gathered >= 0) {
-      m.end_use(static_cast<std::size_t>(gathered));
       for (std::size_t r = 0; r < m.devices.size(); ++r) {
         ops::WaitFor after_input_gradient(d[r].var());
         m.leaves[r][l]->backward_weight();

@@ -68,6 +68,9 @@ struct DataParallel::Impl {
   std::vector<GradientBucket> buckets;
   // Stage 3: the bucket of each leaf (-1: a leaf without parameters).
   std::vector<int> leaf_bucket;
+  // Stage 3: the buckets a leaf uses, in order: its own, then those of the
+  // parameters it is tied to (Layer::tied_parameters: gathered for it too).
+  std::vector<std::vector<int>> leaf_uses;
   // Stages none, 1 and 2: each bucket's parameters in one flat tensor per
   // replica ([bucket][replica]); the replica's p.value are views of it, and
   // the stages' all-gathers write it in place.

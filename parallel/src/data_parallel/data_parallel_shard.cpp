@@ -199,16 +199,13 @@ std::vector<Tensor> DataParallel::Impl::forward_sharded(const std::vector<Tensor
     for (std::size_t b = 0; b < buckets.size(); ++b) release(b);  // a forward that was never differentiated
   uses.clear();
   next_use = 0;
-  for (std::size_t l = 0; l < n_leaves; ++l)
-    if (leaf_bucket[l] >= 0) uses.push_back(leaf_bucket[l]);
+  for (std::size_t l = 0; l < n_leaves; ++l) uses.insert(uses.end(), leaf_uses[l].begin(), leaf_uses[l].end());
   if (replicas[0]->training())
-    for (std::size_t l = n_leaves; l-- > 0;)
-      if (leaf_bucket[l] >= 0) uses.push_back(leaf_bucket[l]);
+    for (std::size_t l = n_leaves; l-- > 0;) uses.insert(uses.end(), leaf_uses[l].begin(), leaf_uses[l].end());
   for (std::size_t l = 0; l < n_leaves; ++l) {
-    const int b = leaf_bucket[l];
-    if (b >= 0) begin_use(static_cast<std::size_t>(b), y);
+    for (int b : leaf_uses[l]) begin_use(static_cast<std::size_t>(b), y);
     for (std::size_t r = 0; r < replicas.size(); ++r) y[r] = leaves[r][l]->forward(y[r]);
-    if (b >= 0) end_use(static_cast<std::size_t>(b));
+    for (int b : leaf_uses[l]) end_use(static_cast<std::size_t>(b));
   }
   return y;
 }

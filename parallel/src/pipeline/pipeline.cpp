@@ -634,6 +634,26 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
     rank.device = rank_devices[static_cast<std::size_t>(r)];
     m.ranks.push_back(rank);
   }
+  // Weight tying (LMHead computing with the Embedding's weight): within a
+  // process the tied layer reads the owner's weight (copied to its device)
+  // and hands its gradient to the owner; across processes it cannot.
+  if (options.ranks) {
+    std::vector<int> rank_of_layer;
+    for (int k = 0; k < static_cast<int>(balance.size()); ++k)
+      rank_of_layer.insert(rank_of_layer.end(), static_cast<std::size_t>(balance[static_cast<std::size_t>(k)]),
+                           k % rank_count);
+    for (std::size_t i = 0; i < model.size(); ++i)
+      for (const nn::Parameter* tied : model[i].tied_parameters())
+        for (std::size_t j = 0; j < model.size(); ++j) {
+          const std::vector<nn::Parameter*> own = model[j].parameters();
+          if (std::find(own.begin(), own.end(), tied) != own.end() && rank_of_layer[i] != rank_of_layer[j])
+            throw InvalidArgument("Pipeline: layer " + std::to_string(i) + " (" + model[i].describe() + ", rank " +
+                                  std::to_string(rank_of_layer[i]) + ") computes with parameter '" + tied->name +
+                                  "' of layer " + std::to_string(j) + " (rank " + std::to_string(rank_of_layer[j]) +
+                                  "): weight tying across processes is not supported; build the model untied "
+                                  "(nn::GptConfig::tie_weights = false) or put both layers on one rank");
+        }
+  }
   int first = 0;
   for (int k = 0; k < static_cast<int>(balance.size()); ++k) {
     Stage s;
