@@ -74,7 +74,7 @@ struct Stage {
   std::vector<nn::Layer*> layers;
   std::vector<nn::Parameter*> params;  // local stages only
   std::vector<Tensor> grads;  // accumulated over the step's micro-batches, one per param
-  bool have_grads = false;
+  std::vector<bool> have;     // grads[i] holds a micro-batch's gradient already
   int weights_done = 0;  // weight gradients of this step so far
   std::optional<optim::Optimizer> optimizer;  // over params, on the stage's device
   std::vector<Micro> micro;
@@ -265,7 +265,12 @@ struct Pipeline::Impl {
       restore(s, m);
     }
     Tensor d = m.grad_out;
+    const std::vector<Tensor> before = current_grads(s);
     for (auto it = s.layers.rbegin(); it != s.layers.rend(); ++it) d = (*it)->backward_input(d);
+    // Layers whose gradients come from one op (layer norm, batch norm) set
+    // them here; another micro-batch's input gradient may come before this
+    // one's weight gradient, so they are taken now.
+    accumulate_new_grads(s, before);
     m.grad_in = d;
     m.output = Tensor();
     take(s, m);
@@ -275,24 +280,39 @@ struct Pipeline::Impl {
     Stage& s = stage(index);
     Micro& m = s.micro[static_cast<std::size_t>(mb)];
     restore(s, m);
+    const std::vector<Tensor> before = current_grads(s);
     for (auto it = s.layers.rbegin(); it != s.layers.rend(); ++it) (*it)->backward_weight();
     release(s, m);
-    // The step's gradient: the first micro-batch's becomes the accumulator,
-    // later ones are added to it.
-    for (std::size_t i = 0; i < s.params.size(); ++i) {
-      nn::Parameter& p = *s.params[i];
-      if (!p.grad.defined())
-        throw InvalidArgument("Pipeline: parameter '" + p.name + "' on stage " + std::to_string(index) +
+    for (std::size_t i = 0; i < s.params.size(); ++i)
+      if (!s.params[i]->grad.defined())
+        throw InvalidArgument("Pipeline: parameter '" + s.params[i]->name + "' on stage " + std::to_string(index) +
                               " got no gradient from its layer");
-      if (!s.have_grads) {
-        s.grads[i] = p.grad;
-      } else {
-        ops::axpy(1.0f, p.grad, s.grads[i]);
-      }
-    }
-    s.have_grads = true;
+    accumulate_new_grads(s, before);
     m.input = m.grad_out = Tensor();
     ++s.weights_done;
+  }
+
+  static std::vector<Tensor> current_grads(const Stage& s) {
+    std::vector<Tensor> out;
+    out.reserve(s.params.size());
+    for (const nn::Parameter* p : s.params) out.push_back(p->grad);
+    return out;
+  }
+
+  // The step's gradient: of each parameter, the first micro-batch's
+  // gradient becomes the accumulator, later ones are added to it. Only the
+  // gradients set since `before` (a new tensor) count.
+  static void accumulate_new_grads(Stage& s, const std::vector<Tensor>& before) {
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      const Tensor& g = s.params[i]->grad;
+      if (!g.defined() || g.storage() == before[i].storage()) continue;
+      if (!s.have[i]) {
+        s.grads[i] = g;
+        s.have[i] = true;
+      } else {
+        ops::axpy(1.0f, g, s.grads[i]);
+      }
+    }
   }
 
   // Data parallel: the stage's gradients averaged over its replicas, in
@@ -669,6 +689,7 @@ Pipeline::Pipeline(Engine& engine, nn::Sequential& model, PipelineOptions option
         for (nn::Parameter* p : model[static_cast<std::size_t>(i)].parameters()) s.params.push_back(p);
     }
     s.grads.resize(s.params.size());
+    s.have.assign(s.params.size(), false);
     if (s.local) {
       m.move_layers_to(s);
       if (!s.params.empty()) s.optimizer.emplace(s.params, options.optimizer);
@@ -723,7 +744,7 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
   if (rows < chunks)
     throw InvalidArgument("Pipeline::train_step: a batch of " + std::to_string(rows) + " rows cannot make " +
                           std::to_string(chunks) + " micro-batches (chunks); use a larger batch or fewer chunks");
-  if (labels.shape() != Shape{rows})
+  if (labels.shape().rank() == 0 || labels.shape()[0] != rows)
     throw InvalidArgument("Pipeline::train_step: labels " + labels.str() + " do not match the input's " +
                           std::to_string(rows) + " rows");
   Stage& first_stage = m.stages.front();
@@ -735,7 +756,7 @@ Tensor Pipeline::train_step(const Tensor& x, const Tensor& labels) {
   m.total_loss = Tensor();
   for (Stage& s : m.stages) {
     s.micro.assign(static_cast<std::size_t>(chunks), Micro{});
-    s.have_grads = false;
+    s.have.assign(s.params.size(), false);
     s.weights_done = 0;
   }
   for (Rank& r : m.ranks) r.saved_now = r.saved_peak = 0;

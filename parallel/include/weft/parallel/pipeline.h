@@ -225,7 +225,8 @@ class Pipeline {
   Pipeline& operator=(const Pipeline&) = delete;
 
   // Pushes one step over `x` (rows along dim 0, any device) and `labels`
-  // ([rows]): split into `chunks` micro-batches (rows as even as can be;
+  // ([rows], or [rows, ...] for a loss function that takes them, as
+  // nn::lm_loss's [rows, T] targets): split into `chunks` micro-batches (rows as even as can be;
   // throws when there are fewer rows than chunks), each micro-batch's loss
   // gradient weighted by its share of the rows, the schedule's actions in
   // order. Afterwards each parameter's grad holds the gradient of the whole
