@@ -46,7 +46,10 @@ namespace {
 
 std::string dims_str(const std::vector<int>& dims) {
   std::string out = "[";
-  for (std::size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  for (std::size_t i = 0; i < dims.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(dims[i]);
+  }
   return out + "]";
 }
 
