@@ -22,6 +22,7 @@
 #include "data_parallel/data_parallel_util.h"
 #include "test_workers.h"
 #include "weft/nn.h"
+#include "weft/op_graph.h"
 #include "weft/optim.h"
 #include "weft/parallel/data_parallel.h"
 #include "weft/parallel/pipeline.h"
@@ -188,5 +189,32 @@ TEST_CASE("gpt parallel: bf16 and fp16 (loss scaling) on two devices under ZeRO 
     expect_same_run(data_parallel_run(*e, cpus(2), par::Shard::parameters, 1, p), want,
                     name + ", 2 devices, shard parameters", 4e-3f);
     expect_same_run(pipeline_run(*e, "1f1b", {4, 4}, 1, p), want, name + ", pipeline 1f1b", 4e-3f);
+  }
+}
+
+TEST_CASE("gpt parallel: a captured training step replays the eager run's losses" * doctest::timeout(300)) {
+  const Run& want = reference();
+  for (const char* kind : {"naive", "threaded"}) {
+    INFO(kind);
+    auto e = Engine::create({.kind = kind, .cpu_devices = 1, .workers_per_cpu_device = 2});
+    par::DataParallelOptions options;
+    options.optimizer = adamw();
+    par::DataParallel dp(*e, {Device::cpu(0)}, [&](Device d) { return tiny(*e, d); }, options);
+    Tensor x = Tensor::empty(*e, Shape{kRows, kSeq}, Device::cpu(0));
+    Tensor y = Tensor::empty(*e, Shape{kRows, kSeq}, Device::cpu(0));
+    e->begin_capture();
+    const std::vector<Tensor> logits = dp.forward({x});
+    weft::ops::SoftmaxCrossEntropy l = nn::lm_loss(logits[0], y);
+    dp.backward({l.dlogits});
+    dp.step();
+    weft::OpGraph step = e->end_capture();
+    std::vector<float> losses;
+    for (const TextBatch& b : text_batches()) {
+      x.copy_from(Tensor::from_host(*e, Shape{kRows, kSeq}, b.ids, Device::cpu(0)));
+      y.copy_from(Tensor::from_host(*e, Shape{kRows, kSeq}, b.targets, Device::cpu(0)));
+      e->replay(step);
+      losses.push_back(l.loss.item());
+    }
+    expect_same_run(Run{losses}, want, std::string("captured, ") + kind);
   }
 }
