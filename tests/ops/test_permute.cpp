@@ -30,27 +30,11 @@ using weft::Engine;
 using weft::Shape;
 using weft::Tensor;
 using weft_optest::error_of;
+using weft_optest::for_each_engine_and_workers;
 using weft_optest::has;
 using weft_optest::i64;
 using weft_optest::Rng;
 namespace ops = weft::ops;
-
-// fn(engine) on the naive engine, then on the threaded one at each worker count.
-template <class F>
-void permute_engines(F&& fn) {
-  std::vector<std::pair<std::string, int>> configs{{"naive", 1}};
-  for (int w : weft_test::worker_counts()) configs.emplace_back("threaded", w);
-  for (const auto& [kind, workers] : configs) {
-    INFO("engine: " << kind << ", workers " << workers);
-    weft::EngineConfig c;
-    c.kind = kind;
-    c.cpu_devices = 2;
-    c.workers_per_cpu_device = workers;
-    auto engine = Engine::create(c);
-    fn(*engine);
-    engine->wait_all();
-  }
-}
 
 std::string dims_text(const std::vector<int>& dims) {
   std::string s = "{";
@@ -168,7 +152,7 @@ std::vector<int> inverse(const std::vector<int>& dims) {
 TEST_CASE("permute - every permutation of ranks 1 to 4 in every dtype against index arithmetic" *
           doctest::timeout(240)) {
   const std::vector<std::vector<i64>> shapes{{5}, {3, 4}, {2, 3, 5}, {2, 3, 4, 5}};
-  permute_engines([&](Engine& e) {
+  for_each_engine_and_workers([&](Engine& e) {
     Rng rng(101);
     for (const auto& shape : shapes) {
       std::vector<int> dims(shape.size());
@@ -181,7 +165,7 @@ TEST_CASE("permute - every permutation of ranks 1 to 4 in every dtype against in
 }
 
 TEST_CASE("permute - ranks 5 and 6, extents of 1, empty and large tensors" * doctest::timeout(240)) {
-  permute_engines([&](Engine& e) {
+  for_each_engine_and_workers([&](Engine& e) {
     Rng rng(102);
     for (DType t : kAllTypes) {
       check_permute(e, {2, 3, 4, 2, 3}, {4, 3, 2, 1, 0}, t, rng);
@@ -212,7 +196,7 @@ TEST_CASE("permute - ranks 5 and 6, extents of 1, empty and large tensors" * doc
 }
 
 TEST_CASE("permute - the GPT attention layer's permutations and an inverse round trip" * doctest::timeout(120)) {
-  permute_engines([&](Engine& e) {
+  for_each_engine_and_workers([&](Engine& e) {
     Rng rng(103);
     for (DType t : {DType::float32, DType::bfloat16, DType::float16}) {
       check_permute(e, {2, 5, 3, 4, 8}, {2, 0, 3, 1, 4}, t, rng);  // [B, T, 3, H, D] -> [3, B, H, T, D]
@@ -238,7 +222,7 @@ TEST_CASE("permute - the GPT attention layer's permutations and an inverse round
 }
 
 TEST_CASE("permute - a view at an offset reads its own elements only" * doctest::timeout(60)) {
-  permute_engines([&](Engine& e) {
+  for_each_engine_and_workers([&](Engine& e) {
     Rng rng(104);
     const std::vector<float> flat = rng.vec(200);
     const Tensor whole = Tensor::from_host(e, Shape{200}, flat, Device::cpu(0));
@@ -263,7 +247,7 @@ TEST_CASE("permute - a view at an offset reads its own elements only" * doctest:
 
 TEST_CASE("permute - bad dims, ranks and layouts are InvalidArgument naming the op, tensor, shape and dims" *
           doctest::timeout(60)) {
-  permute_engines([&](Engine& e) {
+  for_each_engine_and_workers([&](Engine& e) {
     Tensor x = Tensor::zeros(e, Shape{2, 3, 4});
     x.set_name("qkv");
     const auto invalid = [](auto&& f, std::vector<std::string> parts) {
