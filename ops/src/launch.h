@@ -242,6 +242,27 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
       exec, reads, writes, std::move(options));
 }
 
+// Device memory a GPU branch needs for its own work (attention's scores),
+// from the op's device's caching allocator on the op's stream, and freed when
+// the branch returns: stream-ordered, so later work on the stream may reuse
+// it and other streams only after it is done. Out of memory is the
+// allocator's weft::OutOfMemory. The allocator refuses while a stream graph
+// is captured, so such an op makes that capture fail and its segment run op
+// by op (docs/design/capture-replay.md).
+class GpuScratch {
+ public:
+  GpuScratch(const RunContext& ctx, std::size_t bytes)
+      : allocator_(&ctx.engine->allocator(ctx.device)), block_(allocator_->allocate(bytes, ctx.gpu->stream)) {}
+  ~GpuScratch() { allocator_->free(block_); }
+  GpuScratch(const GpuScratch&) = delete;
+  GpuScratch& operator=(const GpuScratch&) = delete;
+  float* floats() const noexcept { return static_cast<float*>(block_.ptr); }
+
+ private:
+  Allocator* allocator_;
+  Block block_;
+};
+
 // Argument checks shared by the ops; each throws weft::InvalidArgument naming
 // the op and the tensors (describe.h). `what` is the argument's role ("x", "dy").
 void check_defined(const char* op, const Tensor& t, const char* what);

@@ -497,8 +497,7 @@ SoftmaxCrossEntropy softmax_cross_entropy(const Tensor& logits, const Tensor& la
 namespace {
 
 // q, k, v (and, for backward, out and dout): [B, H, T, D], one shape, one
-// floating dtype, one device, contiguous; a finite scale; and a GPU that
-// runs CPU kernels (no CUDA kernel yet).
+// floating dtype, one device, contiguous; a finite scale.
 void check_attention(const char* op, std::initializer_list<std::pair<const Tensor*, const char*>> tensors,
                      float scale) {
   check_all(op, tensors);
@@ -512,9 +511,11 @@ void check_attention(const char* op, std::initializer_list<std::pair<const Tenso
   }
   if (!std::isfinite(scale))
     throw Error(std::string(op) + ": scale " + std::to_string(scale) + " is not finite");
-  if (first->device().is_gpu() && gpu::backend() != gpu::Backend::sim)
-    throw Error(std::string(op) + ": no CUDA kernel yet for " + first_what + " " + describe(*first) +
-                " (CPU devices and simulated GPUs only; docs/design/attention.md)");
+}
+
+// The CUDA kernels' float32 scores, [planes, t, t] (docs/design/attention.md).
+std::size_t attention_scores_bytes(std::int64_t planes, std::int64_t t) {
+  return static_cast<std::size_t>(planes) * static_cast<std::size_t>(t) * static_cast<std::size_t>(t) * sizeof(float);
 }
 
 // Multiply-adds of the causal products, counted twice: about half of T x T
@@ -533,9 +534,15 @@ CausalAttention causal_attention(const Tensor& q, const Tensor& k, const Tensor&
   const Shape& s = q.shape();
   const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
   CausalAttention out{detail::make_like(q, s), detail::make_like(q, Shape{s[0], s[1], t}, DType::float32)};
+  [[maybe_unused]] const DType dt = q.dtype();
   launch(op, detail::exec_device(q.device()), {&q, &k, &v}, {&out.out, &out.lse},
          [=](RunContext& ctx, OpIO& io) {
-           if (ctx.gpu) detail::no_gpu_kernels(op);  // refused at push (check_attention)
+           if (ctx.gpu) {
+             const detail::GpuScratch scores(ctx, attention_scores_bytes(planes, t));
+             WEFT_GPU_KERNEL(op, causal_attention_forward(*ctx.gpu, dt, io.out[0], io.o(1), io.in[0], io.in[1],
+                                                          io.in[2], planes, t, d, scale, scores.floats()));
+             return;
+           }
            cpu::causal_attention_forward(io.o(0), io.o(1), io.i(0), io.i(1), io.i(2), planes, t, d, scale);
          }, OpProperty::normal, 0, detail::Body::kernels, false,
          detail::OpCost{attention_flops(s), 0, static_cast<double>(planes) * static_cast<double>(t)});
@@ -553,9 +560,17 @@ CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k,
                 std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + "])");
   const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
   CausalAttentionGrads g{detail::make_like(q, s), detail::make_like(q, s), detail::make_like(q, s)};
+  [[maybe_unused]] const DType dt = q.dtype();
   launch(op, detail::exec_device(q.device()), {&q, &k, &v, &out, &dout, &lse}, {&g.dq, &g.dk, &g.dv},
          [=](RunContext& ctx, OpIO& io) {
-           if (ctx.gpu) detail::no_gpu_kernels(op);  // refused at push (check_attention)
+           if (ctx.gpu) {
+             // The scores and their gradients, one after the other.
+             const detail::GpuScratch scores(ctx, 2 * attention_scores_bytes(planes, t));
+             WEFT_GPU_KERNEL(op, causal_attention_backward(*ctx.gpu, dt, io.out[0], io.out[1], io.out[2], io.in[0],
+                                                           io.in[1], io.in[2], io.in[3], io.in[4], io.i(5), planes, t,
+                                                           d, scale, scores.floats()));
+             return;
+           }
            cpu::causal_attention_backward(io.o(0), io.o(1), io.o(2), io.i(0), io.i(1), io.i(2), io.i(3), io.i(4),
                                           io.i(5), planes, t, d, scale);
          }, OpProperty::normal, 0, detail::Body::kernels, false,

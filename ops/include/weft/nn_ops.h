@@ -146,8 +146,10 @@ Tensor embedding_backward(const Tensor& ids, const Tensor& dy, std::int64_t voca
 // and lse [B, H, T] float32, each row's log-sum-exp of its scaled scores,
 // which backward takes instead of the scores. Half inputs compute in float32.
 // CPU (and simulated GPUs): blocked, FlashAttention-2's algorithm, never more
-// than one tile of scores per worker (docs/design/attention.md). No CUDA
-// kernel yet: pushing it on a CUDA GPU is a weft::Error naming the op.
+// than one tile of scores per worker. CUDA: batched GEMMs and a masked
+// softmax over float32 scores the op holds while it runs, [B * H, T, T]
+// (twice that for backward) from the device's allocator
+// (docs/design/attention.md).
 struct CausalAttention {
   Tensor out, lse;
 };

@@ -88,6 +88,29 @@ void gemm_batched(const WorkerHandles& h, DType t, bool tf32, bool trans_a, bool
                                                   CUBLAS_GEMM_DEFAULT));
 }
 
+void detail::gemm_batched_float_out(const WorkerHandles& h, DType t, bool trans_a, bool trans_b, std::int64_t batch,
+                                    std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
+                                    std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
+                                    std::int64_t stride_b, float beta, float* c, std::int64_t ldc,
+                                    std::int64_t stride_c) {
+  if (t == DType::float32)
+    return gemm_batched(h, t, false, trans_a, trans_b, batch, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b,
+                        beta, c, ldc, stride_c);
+  constexpr const char* op = "gemm_batched_float_out";
+  const cudaDataType_t type = cuda_type(t, op);
+  if (batch <= 0 || m <= 0 || n <= 0) return;
+  if (k <= 0 || alpha == 0.0f) {
+    for (std::int64_t i = 0; i < batch; ++i) detail::scale_matrix(h, DType::float32, c + i * stride_c, m, n, ldc, beta);
+    return;
+  }
+  WEFT_CUBLAS_CHECK(cublasSetStream(h.cublas, detail::cuda_stream(h)));
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Row-major C^T = op(B)^T op(A)^T, as gemm_impl.
+  WEFT_CUBLAS_CHECK(cublasGemmStridedBatchedEx_64(h.cublas, op_b, op_a, n, m, k, &alpha, b, type, ldb, stride_b, a,
+                                                  type, lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c, batch,
+                                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
 void dense_forward(const WorkerHandles& h, DType t, bool tf32, void* y, const void* x, const void* w, const void* b,
                    std::int64_t batch, std::int64_t in, std::int64_t out) {
   constexpr const char* op = "dense_forward";

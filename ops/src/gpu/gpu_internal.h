@@ -58,6 +58,15 @@ void channel_sums(const WorkerHandles& h, DType t, void* db, const void* dy, std
 void scale_matrix(const WorkerHandles& h, DType t, void* c, std::int64_t m, std::int64_t n, std::int64_t ldc,
                   float beta);
 
+// Strided-batched row-major C = alpha op(A) op(B) + beta C as gemm_batched,
+// with A and B of dtype t and C float32 whatever t: strict float32 is
+// cublasSgemm; bfloat16 and float16 are cublasGemmStridedBatchedEx with half
+// inputs, a float32 output and float32 accumulation (attention's scores).
+void gemm_batched_float_out(const WorkerHandles& h, DType t, bool trans_a, bool trans_b, std::int64_t batch,
+                            std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const void* a,
+                            std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
+                            std::int64_t stride_b, float beta, float* c, std::int64_t ldc, std::int64_t stride_c);
+
 // Two-pass reductions keep one double partial per block in h.workspace; this
 // is how many fit (0 or 1 means: reduce in a single block instead, which is
 // slower for big inputs but needs no scratch at all).

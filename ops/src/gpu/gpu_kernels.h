@@ -144,6 +144,19 @@ void embedding_forward(const WorkerHandles& h, DType t, void* y, const void* wei
 void embedding_backward(const WorkerHandles& h, DType t, bool deterministic, float* dweight, const float* ids,
                         const void* dy, std::int64_t n, std::int64_t vocab, std::int64_t width);
 
+// Causal attention (attention.cu; docs/design/attention.md): q, k, v, out,
+// dout, dq, dk, dv [planes, t, d] of dtype t (dt), lse [planes, t] float32.
+// Batched GEMMs (cuBLAS strided batched, over row chunks of the causal
+// triangle) and one warp-per-row kernel. `scores` is the caller's device
+// memory of planes * t * t floats (forward) or twice that (backward),
+// written and read on h.stream only.
+void causal_attention_forward(const WorkerHandles& h, DType dt, void* out, float* lse, const void* q, const void* k,
+                              const void* v, std::int64_t planes, std::int64_t t, std::int64_t d, float scale,
+                              float* scores);
+void causal_attention_backward(const WorkerHandles& h, DType dt, void* dq, void* dk, void* dv, const void* q,
+                               const void* k, const void* v, const void* out, const void* dout, const float* lse,
+                               std::int64_t planes, std::int64_t t, std::int64_t d, float scale, float* scores);
+
 // w -= lr * (g + weight_decay * w), all float32; skipped entirely (w
 // unchanged) when `skip` is not null and *skip != 0 (read on the device).
 void sgd_update(const WorkerHandles& h, float* w, const float* g, std::int64_t n, float lr, float weight_decay,
