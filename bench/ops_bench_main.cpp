@@ -28,13 +28,26 @@
 // one op per parameter, same kernels, interleaved; ratio = per-parameter /
 // foreach time (above 1: the multi-tensor op is cheaper).
 //
+// attention_<pass>_<dtype>_<B>x<H>x<T>x<D>: ops::causal_attention (pass fwd)
+// and it with its backward (fwd_bwd) through the engine, as FLOP/s with the
+// causal count (forward 2 * 2 * B*H*T*T*D / 2; backward 2.5 times that, as
+// FlashAttention-2 counts), against a peer in the same run, interleaved: the
+// dense batched GEMM of the scores' shape ([B*H] products of T x D by D x T,
+// 2 * B*H*T*T*D FLOP) called directly (cuBLAS strided batched in the same
+// dtype on a GPU; OpenBLAS float32 sgemm per plane on the CPU); ratio =
+// attention FLOP/s / GEMM FLOP/s. On CPU devices the CPU kernel at small
+// shapes; on a CUDA GPU the batched-GEMM path at [8,12,1024,64] and
+// [4,16,2048,64].
+//
 // Output: a table, or with --json one line per case:
 //   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
 //   {"case":"adamw_step_resnet18", "tensors":..., "foreach_us":..., "per_parameter_us":..., "ratio":..., ...}
 //   {"case":"bw_add_bf16", "elements":..., "kernel_gbps":..., "copy_gbps":..., "ratio":..., ...}
+//   {"case":"attention_fwd_bf16_8x12x1024x64", "tflops":..., "gemm_tflops":..., "ratio":..., ...}
 #include <cblas.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -69,6 +82,7 @@ struct Options {
   bool json = false;
   bool quick = false;
   bool bandwidth_only = false;  // --bandwidth: the bw_* cases alone
+  bool attention_only = false;  // --attention: the attention_* cases alone
   int reps = 5;
 };
 
@@ -229,6 +243,110 @@ void cpu_cases(const Options& o, weft::Engine& engine, weft::Engine& serial, std
           openblas_set_num_threads(1);
           std::this_thread::sleep_for(std::chrono::milliseconds(300));
         }));
+  }
+}
+
+// Causal attention's FLOP rate (engine) against the dense batched GEMM of
+// its scores' shape (direct), both per call.
+struct AttentionRow {
+  std::string name, device;
+  double flops = 0, gemm_flops = 0;
+  weft_bench::Summary attention, gemm;  // ns per call
+};
+
+const char* short_dtype(weft::DType t) {
+  return t == weft::DType::bfloat16 ? "bf16" : t == weft::DType::float16 ? "fp16" : "fp32";
+}
+
+// One row per (shape, dtype, pass) on `device`; `gemm_peer(planes, t, d)`
+// runs the peer once (and synchronizes).
+void attention_cases(const Options& o, weft::Engine& engine, weft::Device device,
+                     const std::vector<weft::Shape>& shapes, const std::vector<weft::DType>& dtypes, std::int64_t calls,
+                     const std::function<void(weft::DType, std::int64_t, std::int64_t, std::int64_t)>& gemm_peer,
+                     const std::function<void()>& settle, std::vector<AttentionRow>& rows) {
+  namespace ops = weft::ops;
+  for (const weft::Shape& s : shapes) {
+    const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    const double fwd = 2.0 * 2.0 * static_cast<double>(planes) * static_cast<double>(t) * static_cast<double>(t) *
+                       static_cast<double>(d) / 2.0;
+    const double gemm = 2.0 * static_cast<double>(planes) * static_cast<double>(t) * static_cast<double>(t) *
+                        static_cast<double>(d);
+    for (weft::DType dt : dtypes) {
+      weft::Tensor in[4];
+      for (int x = 0; x < 4; ++x) {
+        in[x] = weft::Tensor::uniform(engine, s, -1, 1, 10 + static_cast<std::uint64_t>(x), device);
+        if (dt != weft::DType::float32) in[x] = ops::cast(in[x], dt);
+      }
+      engine.wait_all();
+      for (bool backward : {false, true}) {
+        const Row r = measure(
+            "", "", calls, o.reps,
+            [&] {
+              for (std::int64_t i = 0; i < calls; ++i) {
+                ops::CausalAttention a = ops::causal_attention(in[0], in[1], in[2], scale);
+                if (backward) ops::causal_attention_backward(in[0], in[1], in[2], a.out, in[3], a.lse, scale);
+              }
+              engine.wait_all();
+            },
+            [&] {
+              for (std::int64_t i = 0; i < calls; ++i) gemm_peer(dt, planes, t, d);
+            },
+            settle);
+        std::string name = std::string("attention_") + (backward ? "fwd_bwd_" : "fwd_") + short_dtype(dt) + "_" +
+                           std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(t) + "x" +
+                           std::to_string(d);
+        rows.push_back(AttentionRow{std::move(name), device.str(), backward ? 3.5 * fwd : fwd, gemm, r.engine,
+                                    r.direct});
+      }
+    }
+  }
+}
+
+void cpu_attention_cases(const Options& o, weft::Engine& engine, std::vector<AttentionRow>& rows) {
+  const int threads = static_cast<int>(std::thread::hardware_concurrency());
+  std::vector<float> a, b, c;
+  const std::vector<weft::Shape> shapes =
+      o.quick ? std::vector<weft::Shape>{{1, 2, 128, 64}} : std::vector<weft::Shape>{{2, 4, 256, 64}, {1, 4, 1024, 64}};
+  attention_cases(
+      o, engine, weft::Device::cpu(0), shapes, {weft::DType::float32, weft::DType::bfloat16, weft::DType::float16},
+      o.quick ? 1 : 2,
+      [&](weft::DType, std::int64_t planes, std::int64_t t, std::int64_t d) {
+        // float32 whatever the dtype (the CPU kernel computes halves in float32 too).
+        const auto n = static_cast<std::size_t>(planes * t * d);
+        if (a.size() != n) {
+          a.assign(n, 0.5f);
+          b.assign(n, 0.25f);
+          c.assign(static_cast<std::size_t>(planes * t * t), 0.0f);
+        }
+        openblas_set_num_threads(threads);
+        const int ft = static_cast<int>(t), fd = static_cast<int>(d);
+        for (std::int64_t p = 0; p < planes; ++p)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ft, ft, fd, 1.0f, a.data() + p * t * d, fd,
+                      b.data() + p * t * d, fd, 0.0f, c.data() + p * t * t, ft);
+      },
+      [] {
+        // OpenBLAS's spinning threads would steal the cores of the next engine run (as for matmul_N).
+        openblas_set_num_threads(1);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      },
+      rows);
+}
+
+void print_attention(const Options& o, const std::vector<AttentionRow>& rows) {
+  if (!o.json && !rows.empty())
+    std::printf("%-36s %-8s %12s %12s %12s %8s\n", "case", "device", "ms", "tflops", "gemm_tflops", "ratio");
+  for (const AttentionRow& r : rows) {
+    const double tf = r.flops / r.attention.median / 1e3, gtf = r.gemm_flops / r.gemm.median / 1e3;  // ns -> TFLOP/s
+    if (o.json)
+      std::printf(
+          "{\"case\":\"%s\",\"device\":\"%s\",\"flops\":%.4g,\"ms\":%.4f,\"tflops\":%.4f,\"gemm_flops\":%.4g,"
+          "\"gemm_ms\":%.4f,\"gemm_tflops\":%.4f,\"ratio\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"reps\":%d}\n",
+          r.name.c_str(), r.device.c_str(), r.flops, r.attention.median / 1e6, tf, r.gemm_flops, r.gemm.median / 1e6,
+          gtf, tf / gtf, r.attention.min / 1e6, r.attention.max / 1e6, o.reps);
+    else
+      std::printf("%-36s %-8s %12.3f %12.4f %12.4f %8.3f\n", r.name.c_str(), r.device.c_str(), r.attention.median / 1e6,
+                  tf, gtf, tf / gtf);
   }
 }
 
@@ -395,6 +513,40 @@ void gpu_cases(const Options& o, weft::Engine& engine, std::vector<Row>& rows) {
     }
   }
 }
+
+// On a CUDA GPU: the batched-GEMM path against cuBLAS's strided-batched GEMM
+// of the scores' shape in the same dtype on a stream of its own.
+void gpu_attention_cases(const Options& o, weft::Engine& engine, std::vector<AttentionRow>& rows) {
+  const weft::Device gpu = weft::Device::gpu(0);
+  weft::gpu::StreamResources direct(0, weft::gpu::StreamRole::compute, std::size_t{64} << 20);
+  const auto& h = direct.handles();
+  weft::Allocator& alloc = engine.allocator(gpu);
+  std::vector<weft::Block> held;
+  std::size_t held_bytes = 0;
+  const std::vector<weft::Shape> shapes =
+      o.quick ? std::vector<weft::Shape>{{8, 12, 1024, 64}} : std::vector<weft::Shape>{{8, 12, 1024, 64}, {4, 16, 2048, 64}};
+  attention_cases(
+      o, engine, gpu, shapes, {weft::DType::bfloat16, weft::DType::float16, weft::DType::float32}, o.quick ? 2 : 10,
+      [&](weft::DType dt, std::int64_t planes, std::int64_t t, std::int64_t d) {
+        const std::size_t in_bytes = static_cast<std::size_t>(planes * t * d) * weft::dtype_size(dt);
+        const std::size_t out_bytes = static_cast<std::size_t>(planes * t * t) * weft::dtype_size(dt);
+        if (held_bytes != 2 * in_bytes + out_bytes) {  // a new shape or dtype: new operands (zeros)
+          direct.synchronize();
+          for (weft::Block& blk : held) alloc.free(blk);
+          held = {alloc.allocate(in_bytes, h.stream), alloc.allocate(in_bytes, h.stream),
+                  alloc.allocate(out_bytes, h.stream)};
+          held_bytes = 2 * in_bytes + out_bytes;
+          weft::kernels::gpu::fill(h, dt, held[0].ptr, planes * t * d, 0.5f);
+          weft::kernels::gpu::fill(h, dt, held[1].ptr, planes * t * d, 0.25f);
+        }
+        weft::kernels::gpu::gemm_batched(h, dt, false, false, true, planes, t, t, d, 1.0f, held[0].ptr, d, t * d,
+                                         held[1].ptr, d, t * d, 0.0f, held[2].ptr, t, t * t);
+        direct.synchronize();
+      },
+      {}, rows);
+  direct.synchronize();
+  for (weft::Block& blk : held) alloc.free(blk);
+}
 #endif
 
 }  // namespace
@@ -406,6 +558,7 @@ int main(int argc, char** argv) {
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.quick = true, o.reps = 3;
     else if (a == "--bandwidth") o.bandwidth_only = true;
+    else if (a == "--attention") o.attention_only = true;
     else if (a == "--reps") {
       const std::optional<std::string> v = args.value();
       const auto n = v ? weft::examples::ArgCursor::parse_int(*v, 1, 1000) : std::nullopt;
@@ -416,14 +569,18 @@ int main(int argc, char** argv) {
       o.reps = static_cast<int>(*n);
     } else if (a == "--help" || a == "-h") {
       std::printf(
-          "weft-bench-ops [--json] [--quick] [--reps N] [--bandwidth]\n"
+          "weft-bench-ops [--json] [--quick] [--reps N] [--bandwidth | --attention]\n"
           "  Per-op dispatch cost of small ops through the engine vs calling the kernel directly, and\n"
           "  matmul through the engine vs the BLAS library called directly (ratio = direct/engine).\n"
           "  GPU cases (kernel launch; cuBLAS GEMM in float32, TF32 and bfloat16) run when a GPU answers.\n"
           "  adamw_step_<model>: an AdamW step as one foreach op vs one op per parameter (ratio = per-parameter\n"
           "  / foreach).\n"
           "  bw_<kernel>_<bf16|fp16> (GPU): the half kernels' bytes per second against a device-to-device copy\n"
-          "  measured in the same run (ratio = kernel / copy); --bandwidth runs these alone.\n");
+          "  measured in the same run (ratio = kernel / copy); --bandwidth runs these alone.\n"
+          "  attention_<fwd|fwd_bwd>_<dtype>_<BxHxTxD>: causal attention's FLOP/s (causal count) against the\n"
+          "  dense batched GEMM of its scores' shape called directly (ratio = attention / GEMM FLOP/s); CPU\n"
+          "  kernel at small shapes, and on a CUDA GPU [8,12,1024,64] and [4,16,2048,64]; --attention runs\n"
+          "  these alone.\n");
       return 0;
     } else {
       std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());
@@ -434,17 +591,30 @@ int main(int argc, char** argv) {
     auto engine = weft::Engine::create(weft::EngineConfig{.kind = "threaded"});
     auto serial = weft::Engine::create(weft::EngineConfig{.kind = "threaded", .workers_per_cpu_device = 1});
     std::vector<Row> rows;
-    if (!o.bandwidth_only) cpu_cases(o, *engine, *serial, rows);
+    if (o.bandwidth_only && o.attention_only) {
+      std::fprintf(stderr, "weft-bench-ops: --bandwidth and --attention each run one family alone; give one\n");
+      return 2;
+    }
+    const bool all = !o.bandwidth_only && !o.attention_only;
+    if (all) cpu_cases(o, *engine, *serial, rows);
     std::vector<BandwidthRow> bandwidth_rows;
 #if WEFT_HAVE_CUDA
-    if (!o.bandwidth_only && weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
-    if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated) {
+    if (all && weft::gpu::device_count() > 0) gpu_cases(o, *engine, rows);
+    if (!o.attention_only && weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated) {
       weft::gpu::StreamResources direct(0, weft::gpu::StreamRole::compute, std::size_t{64} << 20);
       bandwidth_cases(o, direct, engine->allocator(weft::Device::gpu(0)), bandwidth_rows);
     }
 #endif
-    std::vector<OptimizerRow> optimizer_rows;
+    std::vector<AttentionRow> attention_rows;
     if (!o.bandwidth_only) {
+      cpu_attention_cases(o, *serial, attention_rows);
+#if WEFT_HAVE_CUDA
+      if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated)
+        gpu_attention_cases(o, *engine, attention_rows);
+#endif
+    }
+    std::vector<OptimizerRow> optimizer_rows;
+    if (all) {
       optimizer_cases(o, *engine, weft::Device::cpu(0), optimizer_rows);
       if (weft::gpu::device_count() > 0 && !weft::gpu::properties(0).simulated)
         optimizer_cases(o, *engine, weft::Device::gpu(0), optimizer_rows);
@@ -455,6 +625,7 @@ int main(int argc, char** argv) {
     print(o, rows);
     print_optimizer(o, optimizer_rows);
     print_bandwidth(o, bandwidth_rows);
+    print_attention(o, attention_rows);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "weft-bench-ops: %s\n", e.what());
     return 1;
