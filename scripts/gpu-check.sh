@@ -26,11 +26,16 @@
 #                           with stream graphs (--hybridize --gpu-graphs) beside PyTorch
 #                           eager bf16; benchmark mode's first-step cost; a cost table
 #                           from a trace and the step it predicts; weft-bench-ops' half
-#                           elementwise and copy rows; NCCL point to point with one GPU
-#                           per process (check_nccl_p2p, where defined). Writes one
+#                           elementwise and copy rows; causal attention on CUDA (gpu
+#                           attention* and weft-bench-ops --attention); NCCL point to
+#                           point with one GPU per process (check_nccl_p2p, where
+#                           defined). Writes one
 #                           record row per section (command, machine, date, commit, result)
 #               gemm        weft-bench-ops: GEMM through the engine vs cuBLAS direct in
 #                           float32, TF32 and bfloat16 (1024-8192^2)
+#               attention   causal attention on CUDA: the gpu attention* cases (float64
+#                           references, two runs' bits), then weft-bench-ops --attention
+#                           (FLOP/s against cuBLAS's batched GEMM); under a minute
 #               precision   ResNet-18, Weft beside PyTorch at fp32|tf32|bf16|fp16 (2
 #                           epochs of 12,800 images each), bf16 with benchmarked
 #                           convolutions, channels-last (both) and --hybridize
@@ -204,6 +209,9 @@ for s in "${steps[@]}"; do
                  env WEFT_GPU_BACKEND=sim '$resnet' --sim-model /tmp/weft-never-run-costs.txt --batch-size 256 --limit 1536 --steps 5 --json"
       section "weft-bench-ops: half elementwise rows beside the copy bandwidth" 60 \
         bash -c "'$(find_bin weft-bench-ops)' --json --quick | tee /tmp/weft-never-run-ops.jsonl | grep -Ei 'bf16|fp16|half|copy' || { echo 'no half or copy rows in weft-bench-ops output'; exit 1; }"
+      section "causal attention on CUDA: float64 references and two runs' bits (gpu attention*), FLOP/s rows (weft-bench-ops --attention)" 45 \
+        bash -c "set -e; '$tests' -tc='gpu attention*' --no-version --no-colors;
+                 '$(find_bin weft-bench-ops)' --attention --json --reps 3 | tee /tmp/weft-never-run-attention.jsonl | grep '\"device\":\"gpu' || { echo 'no GPU attention rows in weft-bench-ops output'; exit 1; }"
       # NCCL point to point with one GPU per process: check_nccl_p2p is
       # defined in this file where that check is built.
       if declare -F check_nccl_p2p > /dev/null; then
@@ -280,6 +288,12 @@ for r in rows:
     print("%-22s %8.1f GB/s  copy %8.1f GB/s  ratio %.3f%s" % (r["case"], r["kernel_gbps"], r["copy_gbps"],
           r["ratio"], "  BELOW 0.8" if r["ratio"] < 0.8 else ""))
 sys.exit(1 if low or not rows else 0)' /tmp/weft-gpu-check-bandwidth.jsonl
+      ;;
+    attention)
+      step "causal attention on CUDA against float64 references, two runs' bits (gpu attention*)"
+      run 120 "$tests" -tc='gpu attention*' --no-version --no-colors
+      step "causal attention's FLOP/s against cuBLAS's batched GEMM of the scores' shape (attention_* rows)"
+      run 300 "$(find_bin weft-bench-ops)" --attention --json
       ;;
     gemm)
       step "GEMM through the engine vs cuBLAS direct: float32, TF32, bfloat16 (matmul_*, matmul_tf32_*, matmul_bf16_*)"
