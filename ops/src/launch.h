@@ -246,19 +246,29 @@ void launch(std::string name, Device exec, std::vector<const Tensor*> inputs, st
 // from the op's device's caching allocator on the op's stream, and freed when
 // the branch returns: stream-ordered, so later work on the stream may reuse
 // it and other streams only after it is done. Out of memory is the
-// allocator's weft::OutOfMemory. The allocator refuses while a stream graph
+// allocator's weft::OutOfMemory with `what` (the scratch, as "the [96, 1024,
+// 1024] float32 scores") in front. The allocator refuses while a stream graph
 // is captured, so such an op makes that capture fail and its segment run op
 // by op (docs/design/capture-replay.md).
 class GpuScratch {
  public:
-  GpuScratch(const RunContext& ctx, std::size_t bytes)
-      : allocator_(&ctx.engine->allocator(ctx.device)), block_(allocator_->allocate(bytes, ctx.gpu->stream)) {}
+  GpuScratch(const RunContext& ctx, std::size_t bytes, const std::string& what)
+      : allocator_(&ctx.engine->allocator(ctx.device)), block_(allocate(bytes, ctx, what)) {}
   ~GpuScratch() { allocator_->free(block_); }
   GpuScratch(const GpuScratch&) = delete;
   GpuScratch& operator=(const GpuScratch&) = delete;
   float* floats() const noexcept { return static_cast<float*>(block_.ptr); }
 
  private:
+  Block allocate(std::size_t bytes, const RunContext& ctx, const std::string& what) {
+    try {
+      return allocator_->allocate(bytes, ctx.gpu->stream);
+    } catch (const OutOfMemory& e) {
+      throw OutOfMemory(std::string(ctx.op_name) + ": " + what + ": " + e.what(), e.device(), e.requested(),
+                        e.free_bytes());
+    }
+  }
+
   Allocator* allocator_;
   Block block_;
 };

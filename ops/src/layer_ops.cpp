@@ -513,9 +513,15 @@ void check_attention(const char* op, std::initializer_list<std::pair<const Tenso
     throw Error(std::string(op) + ": scale " + std::to_string(scale) + " is not finite");
 }
 
-// The CUDA kernels' float32 scores, [planes, t, t] (docs/design/attention.md).
-std::size_t attention_scores_bytes(std::int64_t planes, std::int64_t t) {
-  return static_cast<std::size_t>(planes) * static_cast<std::size_t>(t) * static_cast<std::size_t>(t) * sizeof(float);
+// The CUDA kernels' float32 scores, [planes, t, t] (docs/design/attention.md),
+// `copies` of them, and how an error names them.
+std::size_t attention_scores_bytes(std::int64_t planes, std::int64_t t, int copies) {
+  return static_cast<std::size_t>(copies) * static_cast<std::size_t>(planes) * static_cast<std::size_t>(t) *
+         static_cast<std::size_t>(t) * sizeof(float);
+}
+std::string attention_scores_what(std::int64_t planes, std::int64_t t, int copies) {
+  const std::string shape = "[" + std::to_string(planes) + ", " + std::to_string(t) + ", " + std::to_string(t) + "]";
+  return copies == 1 ? "the " + shape + " float32 scores" : "the " + shape + " float32 scores and their gradients";
 }
 
 // Multiply-adds of the causal products, counted twice: about half of T x T
@@ -538,7 +544,8 @@ CausalAttention causal_attention(const Tensor& q, const Tensor& k, const Tensor&
   launch(op, detail::exec_device(q.device()), {&q, &k, &v}, {&out.out, &out.lse},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu) {
-             const detail::GpuScratch scores(ctx, attention_scores_bytes(planes, t));
+             const detail::GpuScratch scores(ctx, attention_scores_bytes(planes, t, 1),
+                                             attention_scores_what(planes, t, 1));
              WEFT_GPU_KERNEL(op, causal_attention_forward(*ctx.gpu, dt, io.out[0], io.o(1), io.in[0], io.in[1],
                                                           io.in[2], planes, t, d, scale, scores.floats()));
              return;
@@ -565,7 +572,8 @@ CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k,
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu) {
              // The scores and their gradients, one after the other.
-             const detail::GpuScratch scores(ctx, 2 * attention_scores_bytes(planes, t));
+             const detail::GpuScratch scores(ctx, attention_scores_bytes(planes, t, 2),
+                                             attention_scores_what(planes, t, 2));
              WEFT_GPU_KERNEL(op, causal_attention_backward(*ctx.gpu, dt, io.out[0], io.out[1], io.out[2], io.in[0],
                                                            io.in[1], io.in[2], io.in[3], io.in[4], io.i(5), planes, t,
                                                            d, scale, scores.floats()));
