@@ -102,8 +102,10 @@ TEST_CASE("gpu attention - causal attention on a GPU matches float64 references"
   WEFT_REQUIRE_GPU();
   const float scale = 0.25f;
   // [2, 2, 70, 16]: one row chunk of the CUDA path; [1, 2, 600, 64]: three
-  // (256, 256 and 88 rows), so the GEMMs' skipped keys and the chunks' edges count.
-  const std::vector<weft::Shape> shapes{{2, 2, 70, 16}, {1, 2, 600, 64}};
+  // (256, 256 and 88 rows), so the GEMMs' skipped keys and the chunks' edges
+  // count; [1, 3, 257, 5]: a last chunk of one row, and an odd head width
+  // (leading dimensions and offsets of no alignment for the half GEMMs).
+  const std::vector<weft::Shape> shapes{{2, 2, 70, 16}, {1, 2, 600, 64}, {1, 3, 257, 5}};
   // References per (shape, dtype): the inputs hold the dtype's values, the same on every engine.
   std::map<std::pair<std::size_t, DType>, std::vector<PlaneGrads>> refs;
   gputest::with_each_gpu_engine(1, [&](weft::Engine& e) {
