@@ -47,8 +47,9 @@ __device__ inline float attn_warp_sum(float v) {
   return v;
 }
 
-// One warp per row r (plane r / t, query i = r % t), grid-stride: the row's
-// scores s[0..i] give its max m, sum l of exp(s - m) and lse = m + log l;
+// One warp per row r (plane r / t, query i = r % t), grid-stride: one read
+// of the row's scores s[0..i] gives its max m and sum l of exp(s - m), then
+// lse = m + log l;
 // p_j = exp(s_j - m) / l for j <= i and 0 past the diagonal up to the end of
 // the row's chunk are stored as T over the row's own memory. Lanes read a
 // stretch of 32 scores before any lane stores over it (__syncwarp): a half
@@ -63,12 +64,20 @@ __global__ void attention_softmax_rows(float* s, float* lse, i64 rows, i64 t, i6
     const i64 chunk_end = (i / chunk + 1) * chunk;
     const i64 end = chunk_end < t ? chunk_end : t;
     float* z = s + r * t;
-    float m = -INFINITY;
-    for (i64 j = lane; j <= i; j += kAttnWarp) m = fmaxf(m, z[j]);
-    m = attn_warp_max(m);
-    float l = 0.0f;
-    for (i64 j = lane; j <= i; j += kAttnWarp) l += expf(z[j] - m);
-    l = attn_warp_sum(l);
+    // One pass for max and sum: each lane keeps its own running pair,
+    // rescaled when its max grows, and the warp combines them.
+    float lane_m = -INFINITY, lane_l = 0.0f;
+    for (i64 j = lane; j <= i; j += kAttnWarp) {
+      const float x = z[j];
+      if (x > lane_m) {
+        lane_l = lane_l * expf(lane_m - x) + 1.0f;
+        lane_m = x;
+      } else {
+        lane_l += expf(x - lane_m);
+      }
+    }
+    const float m = attn_warp_max(lane_m);
+    const float l = attn_warp_sum(lane_m == -INFINITY ? 0.0f : lane_l * expf(lane_m - m));
     if (lane == 0) lse[r] = m + logf(l);
     const float inv = 1.0f / l;
     T* p = reinterpret_cast<T*>(z);
