@@ -190,24 +190,24 @@ for s in "${steps[@]}"; do
       resnet=$(find_bin weft-train-resnet)
       few=(--batch-size 256 --epochs 1 --limit 2560 --json)
       peer_py=(env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" --model resnet18)
-      section "precision, optimizers and checkpoints of GPU tensors on CUDA (gpu precision*, gpu optim*, gpu checkpoint*)" 90 \
+      section "precision, optimizers and checkpoints of GPU tensors on CUDA (gpu precision*, gpu optim*, gpu checkpoint*)" 75 \
         "$tests" -tc='gpu precision*,gpu optim*,gpu checkpoint*' --no-version --no-colors
       for p in fp32 tf32 bf16 fp16; do
-        section "ResNet-18 batch 256 $p channels-last (Weft)" 25 "$resnet" --device gpu:0 --precision "$p" --channels-last "${few[@]}"
-        section "ResNet-18 batch 256 $p channels-last (PyTorch peer)" 25 "${peer_py[@]}" --precision "$p" --channels-last "${few[@]:0:6}"
+        section "ResNet-18 batch 256 $p channels-last (Weft)" 20 "$resnet" --device gpu:0 --precision "$p" --channels-last "${few[@]}"
+        section "ResNet-18 batch 256 $p channels-last (PyTorch peer)" 20 "${peer_py[@]}" --precision "$p" --channels-last "${few[@]:0:6}"
       done
-      section "ResNet-18 batch 256 bf16 channels-last replayed with stream graphs (--hybridize --gpu-graphs)" 30 \
+      section "ResNet-18 batch 256 bf16 channels-last replayed with stream graphs (--hybridize --gpu-graphs)" 25 \
         "$resnet" --device gpu:0 --precision bf16 --channels-last --hybridize --gpu-graphs "${few[@]}"
       section "cuDNN heuristic algorithms, 2 steps (bf16): the baseline of benchmark mode's first-step cost" 20 \
         "$resnet" --device gpu:0 --precision bf16 --batch-size 256 --epochs 1 --limit 512 --json
-      section "cuDNN benchmark mode's first-step cost (bf16, 2 steps: the difference from the heuristic run)" 30 \
+      section "cuDNN benchmark mode's first-step cost (bf16, 2 steps: the difference from the heuristic run)" 25 \
         env WEFT_PROFILE_SUMMARY=1 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --batch-size 256 \
         --epochs 1 --limit 512 --json
-      section "cost table from a trace of ResNet-18 on the GPU, and the step it predicts on simulated GPUs" 60 \
+      section "cost table from a trace of ResNet-18 on the GPU, and the step it predicts on simulated GPUs" 45 \
         bash -c "set -e; '$resnet' --device gpu:0 --batch-size 256 --limit 2560 --epochs 1 --trace /tmp/weft-never-run-trace.json --json;
                  python3 '$here/scripts/cost-table-from-trace' /tmp/weft-never-run-trace.json -o /tmp/weft-never-run-costs.txt;
                  env WEFT_GPU_BACKEND=sim '$resnet' --sim-model /tmp/weft-never-run-costs.txt --batch-size 256 --limit 1536 --steps 5 --json"
-      section "weft-bench-ops: half elementwise rows beside the copy bandwidth" 60 \
+      section "weft-bench-ops: half elementwise rows beside the copy bandwidth" 45 \
         bash -c "'$(find_bin weft-bench-ops)' --json --quick | tee /tmp/weft-never-run-ops.jsonl | grep -Ei 'bf16|fp16|half|copy' || { echo 'no half or copy rows in weft-bench-ops output'; exit 1; }"
       section "causal attention on CUDA: float64 references and two runs' bits (gpu attention*), FLOP/s rows (weft-bench-ops --attention)" 45 \
         bash -c "set -e; '$tests' -tc='gpu attention*' --no-version --no-colors;
@@ -215,7 +215,7 @@ for s in "${steps[@]}"; do
       # NCCL point to point with one GPU per process: check_nccl_p2p is
       # defined in this file where that check is built.
       if declare -F check_nccl_p2p > /dev/null; then
-        section "NCCL point to point, one GPU per process" 60 check_nccl_p2p
+        section "NCCL point to point, one GPU per process" 45 check_nccl_p2p
       elif ((dry)); then
         printf '\n--- section: NCCL point to point, one GPU per process\n  not built (check_nccl_p2p is not defined)\n'
       else
