@@ -9,6 +9,7 @@
 #include <random>
 #include <system_error>
 
+#include "bounded_draw.h"
 #include "weft/env.h"
 #include "weft/error.h"
 #include "weft/idx.h"
@@ -31,15 +32,6 @@ std::string find_file(const std::string& dir, const std::string& stem) {
 
 [[noreturn]] void dataset_fail(const std::string& path, const std::string& what) {
   throw Error("weft::load_mnist_split: " + path + ": " + what);
-}
-
-// Unbiased uniform draw in [0, n), n > 0: rejection of the low 2^64 mod n values.
-std::uint64_t bounded(std::mt19937_64& g, std::uint64_t n) {
-  const std::uint64_t threshold = (0 - n) % n;  // 2^64 mod n
-  for (;;) {
-    std::uint64_t r = g();
-    if (r >= threshold) return r % n;
-  }
 }
 
 }  // namespace
@@ -113,7 +105,7 @@ void MinibatchIterator::start_epoch(int epoch) {
   std::iota(order_.begin(), order_.end(), std::int64_t{0});
   if (!shuffle_ || order_.size() < 2) return;
   std::mt19937_64 gen(seed_ + static_cast<std::uint64_t>(static_cast<std::int64_t>(epoch)));
-  for (std::size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[bounded(gen, i + 1)]);
+  for (std::size_t i = order_.size() - 1; i > 0; --i) std::swap(order_[i], order_[detail::bounded_draw(gen, i + 1)]);
 }
 
 bool MinibatchIterator::next(std::vector<float>& images, std::vector<float>& labels, std::int64_t& batch) {
