@@ -43,7 +43,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +50,7 @@
 #include "arg_cursor.h"
 #include "device_list.h"
 #include "sim_mode.h"
+#include "train_common.h"
 #include "weft/checkpoint.h"
 #include "weft/dataset.h"
 #include "weft/engine.h"
@@ -67,44 +67,17 @@
 namespace weft::examples {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // Batches between pushing a batch and reading its loss/argmax back.
 constexpr std::size_t kLag = 8;
 
-struct Options {
+// The shared flags (train_common.h) and this trainer's own.
+struct Options : TrainFlags {
   int epochs = 10;
-  std::int64_t batch_size = 256;
-  float lr = 0.1f;
-  std::string devices = "cpu:0";
-  bool dist = false;
-  std::optional<std::size_t> bucket_bytes;  // unset: DataParallel's default
-  bool overlap = true;
-  bool hybridize = false;
   bool channels_last = false;  // --channels-last: activations NHWC (nn::Layer::set_memory_format)
   bool gpu_graphs = false;
-  std::size_t bulk = 0;  // 0: off
-  std::string trace;
   std::string data;
   std::int64_t limit = 0;
-  std::uint64_t seed = 0;
-  bool json = false;
-  std::optional<weft::Precision> precision;  // unset: tf32 with a GPU among the devices, else fp32
   std::string conv_algo = "heuristic";
-  bool lr_given = false;
-  std::string optimizer = "sgd";
-  std::optional<float> weight_decay;  // unset: the optimizer's default
-  std::string lr_schedule = "constant";
-  std::optional<float> max_grad_norm;
-  weft::parallel::Shard shard = weft::parallel::Shard::none;
-  bool offload = false;       // --offload: the optimizer on cpu_pinned(0)
-  int prefetch = 1;           // --prefetch: stage 3's prefetch_layers
-  int recompute = 0;          // --recompute: segments (0: off)
-  std::string checkpoint;             // run directory; empty: none
-  std::int64_t checkpoint_every = 0;  // steps; 0: at epoch ends only
-  int keep_checkpoints = 3;           // the newest kept in the run directory
-  std::string resume;                 // run or checkpoint directory; empty: a fresh start
-  bool devices_given = false;
   weft::examples::SimFlags sim;  // --sim-model: predict steps instead of training
   std::int64_t steps = 0;        // --steps: measured steps under --sim-model; 0: not given (3)
 };
@@ -200,24 +173,6 @@ void usage(std::FILE* out, const ModelSpec& m) {
                m.usage_note);
 }
 
-template <class T>
-T parse_int(std::string_view flag, std::string_view text, T min) {
-  T v{};
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (ec != std::errc() || end != text.data() + text.size())
-    throw UsageError{std::string(flag) + " wants an integer, got '" + std::string(text) + "'"};
-  if (v < min) throw UsageError{std::string(flag) + " must be at least " + std::to_string(min) + ", got " + std::string(text)};
-  return v;
-}
-
-float parse_float(std::string_view flag, const std::string& text) {
-  char* end = nullptr;
-  const float v = std::strtof(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v <= 0)
-    throw UsageError{std::string(flag) + " wants a positive number, got '" + text + "'"};
-  return v;
-}
-
 // Returns false when --help was given (usage already printed).
 bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
   o.lr = m.default_lr;
@@ -233,101 +188,19 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
     if (arg == "--help" || arg == "-h") {
       usage(stdout, m);
       return false;
-    } else if (arg == "--json") {
-      if (args.has_inline_value()) throw UsageError{"--json takes no value"};
-      o.json = true;
     } else if (arg == "--epochs") {
-      o.epochs = parse_int<int>(arg, take(), 1);
-    } else if (arg == "--batch-size") {
-      o.batch_size = parse_int<std::int64_t>(arg, take(), 1);
-    } else if (arg == "--lr") {
-      o.lr = parse_float(arg, take());
-      o.lr_given = true;
-    } else if (arg == "--optimizer") {
-      o.optimizer = take();
-      try {
-        (void)weft::optim::OptimizerOptions::parse(o.optimizer, 0.1f, "--optimizer");
-      } catch (const weft::Error& e) {
-        throw UsageError{e.what()};
-      }
-    } else if (arg == "--weight-decay") {
-      const std::string v = take();
-      char* end = nullptr;
-      const float wd = std::strtof(v.c_str(), &end);
-      if (v.empty() || end != v.c_str() + v.size() || !std::isfinite(wd) || wd < 0)
-        throw UsageError{"--weight-decay wants a number >= 0, got '" + v + "'"};
-      o.weight_decay = wd;
-    } else if (arg == "--lr-schedule") {
-      o.lr_schedule = take();
-      try {
-        (void)weft::optim::LrSchedule::parse(o.lr_schedule, "--lr-schedule");
-      } catch (const weft::Error& e) {
-        throw UsageError{e.what()};
-      }
-    } else if (arg == "--max-grad-norm") {
-      o.max_grad_norm = parse_float(arg, take());
-    } else if (arg == "--shard") {
-      try {
-        o.shard = weft::parallel::parse_shard(take(), "--shard");
-      } catch (const weft::Error& e) {
-        throw UsageError{e.what()};
-      }
-    } else if (arg == "--prefetch") {
-      o.prefetch = parse_int<int>(arg, take(), 0);
-    } else if (arg == "--offload") {
-      if (args.has_inline_value()) throw UsageError{"--offload takes no value"};
-      o.offload = true;
-    } else if (arg == "--recompute") {
-      o.recompute = parse_int<int>(arg, take(), 1);
-    } else if (arg == "--checkpoint") {
-      o.checkpoint = take();
-      if (o.checkpoint.empty()) throw UsageError{"--checkpoint needs a directory"};
-    } else if (arg == "--checkpoint-every") {
-      o.checkpoint_every = parse_int<std::int64_t>(arg, take(), 1);
-    } else if (arg == "--keep-checkpoints") {
-      o.keep_checkpoints = parse_int<int>(arg, take(), 1);
-    } else if (arg == "--resume") {
-      o.resume = take();
-      if (o.resume.empty()) throw UsageError{"--resume needs a directory"};
-    } else if (arg == "--devices" || arg == "--device") {
-      o.devices = take();
-      o.devices_given = true;
-      if (o.devices.empty()) throw UsageError{arg + " needs a device"};
-    } else if (arg == "--dist") {
-      if (args.has_inline_value()) throw UsageError{"--dist takes no value"};
-      o.dist = true;
-    } else if (arg == "--bucket-kb") {
-      o.bucket_bytes = parse_int<std::size_t>(arg, take(), 0) * 1024;
+      o.epochs = parse_int_flag<int>(arg, take(), 1);
     } else if (arg == "--channels-last") {
       if (args.has_inline_value()) throw UsageError{"--channels-last takes no value"};
       o.channels_last = true;
-    } else if (arg == "--hybridize") {
-      if (args.has_inline_value()) throw UsageError{"--hybridize takes no value"};
-      o.hybridize = true;
     } else if (arg == "--gpu-graphs") {
       if (args.has_inline_value()) throw UsageError{"--gpu-graphs takes no value"};
       o.gpu_graphs = true;
-    } else if (arg == "--bulk") {
-      o.bulk = parse_int<std::size_t>(arg, take(), 0);
-    } else if (arg == "--no-overlap") {
-      if (args.has_inline_value()) throw UsageError{"--no-overlap takes no value"};
-      o.overlap = false;
-    } else if (arg == "--trace") {
-      o.trace = take();
-      if (o.trace.empty()) throw UsageError{"--trace needs a file name"};
     } else if (arg == "--data") {
       o.data = take();
       if (o.data.empty()) throw UsageError{"--data needs a directory"};
     } else if (arg == "--limit") {
-      o.limit = parse_int<std::int64_t>(arg, take(), 0);
-    } else if (arg == "--seed") {
-      o.seed = parse_int<std::uint64_t>(arg, take(), 0);
-    } else if (arg == "--precision") {
-      try {
-        o.precision = weft::parse_precision(take(), "--precision");
-      } catch (const weft::Error& e) {
-        throw UsageError{e.what()};
-      }
+      o.limit = parse_int_flag<std::int64_t>(arg, take(), 0);
     } else if (arg == "--conv-algo") {
       o.conv_algo = take();
       try {
@@ -336,13 +209,12 @@ bool parse(int argc, char** argv, Options& o, const ModelSpec& m) {
         throw UsageError{e.what()};
       }
     } else if (arg == "--steps") {
-      o.steps = parse_int<std::int64_t>(arg, take(), 1);
-    } else if (!o.sim.parse(args)) {
+      o.steps = parse_int_flag<std::int64_t>(arg, take(), 1);
+    } else if (!parse_train_flag(args, o) && !o.sim.parse(args)) {
       throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
-  if (o.checkpoint_every > 0 && o.checkpoint.empty()) throw UsageError{"--checkpoint-every needs --checkpoint DIR"};
-  if (o.keep_checkpoints != 3 && o.checkpoint.empty()) throw UsageError{"--keep-checkpoints needs --checkpoint DIR"};
+  check_train_flags(o);
   o.sim.check();
   if (o.steps > 0 && !o.sim.on) throw UsageError{"--steps counts the steps --sim-model measures (training runs --epochs)"};
   if (o.sim.on) {
@@ -387,16 +259,6 @@ struct Tally {
   double acc() const { return examples ? static_cast<double>(correct) / static_cast<double>(examples) : 0.0; }
 };
 
-// JSON has no NaN or infinity: null for those.
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6f", v);
-  return buf;
-}
-
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
-
 // Test accuracy of `net` on `data`, in evaluation mode (the layers keep nothing).
 double evaluate(weft::Engine& engine, weft::nn::Sequential& net, const weft::Dataset& data, std::int64_t batch_size,
                 weft::Device device) {
@@ -418,25 +280,6 @@ double evaluate(weft::Engine& engine, weft::nn::Sequential& net, const weft::Dat
   for (const Pending& p : pending) tally.read(p);
   net.train(true);
   return tally.acc();
-}
-
-// "1.23 GiB", "456.7 MiB", "12.0 KiB".
-std::string bytes_str(std::size_t bytes) {
-  char buf[32];
-  const double b = static_cast<double>(bytes);
-  if (b >= 1024.0 * 1024 * 1024) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
-  else if (b >= 1024.0 * 1024) std::snprintf(buf, sizeof buf, "%.1f MiB", b / (1024.0 * 1024));
-  else std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
-  return buf;
-}
-
-// A device's peak and what held it: "412.0 MiB (parameters 40.1 MiB, gradients ..., ...)".
-std::string peak_str(const weft::MemoryStats& m) {
-  std::string out = bytes_str(m.peak_in_use) + " (";
-  for (std::size_t k = 0; k < weft::kMemoryRoles; ++k)
-    out += std::string(k ? ", " : "") + std::string(weft::to_string(static_cast<weft::MemoryRole>(k))) + " " +
-           bytes_str(m.peak_by_role[k]);
-  return out + ")";
 }
 
 // --sim-model: one warm-up step, then o.steps steps timed one by one on
@@ -572,12 +415,9 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
 
   try {
     // As many CPU devices as the list names (cpu:1 needs two).
-    weft::EngineConfig config;
-    for (weft::Device d : devices)
-      if (d.is_cpu()) config.cpu_devices = std::max(config.cpu_devices, d.index() + 1);
+    weft::EngineConfig config = engine_config(devices);
     config.conv_algo = o.conv_algo;
-    const bool any_gpu = std::any_of(devices.begin(), devices.end(), [](weft::Device d) { return d.is_gpu(); });
-    const weft::Precision precision = o.precision.value_or(any_gpu ? weft::Precision::tf32 : weft::Precision::fp32);
+    const weft::Precision precision = precision_of(o, devices);
     std::unique_ptr<weft::Engine> engine;
     try {
       if (o.sim.on) weft::examples::sim_prepare(devices, config, "--devices");
@@ -603,11 +443,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       }
     }
 
-    // The optimizer: adam and adamw start from lr 0.001 unless --lr says.
-    const bool adaptive = o.optimizer == "adam" || o.optimizer == "adamw";
-    weft::optim::OptimizerOptions optimizer =
-        weft::optim::OptimizerOptions::parse(o.optimizer, o.lr_given || !adaptive ? o.lr : 1e-3f, "--optimizer");
-    if (o.weight_decay) optimizer.weight_decay = *o.weight_decay;
+    const weft::optim::OptimizerOptions optimizer = optimizer_of(o);
     const weft::optim::LrSchedule schedule = weft::optim::LrSchedule::parse(o.lr_schedule, "--lr-schedule");
     if (o.hybridize && (schedule.kind() != weft::optim::LrSchedule::Kind::constant || !o.checkpoint.empty() ||
                         !o.resume.empty())) {
@@ -624,18 +460,8 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     std::uint64_t seed = o.seed;
     if (!o.resume.empty()) {
       try {
-        std::filesystem::path from = o.resume;
-        if (!std::filesystem::exists(from / "index.json") && !std::filesystem::is_regular_file(from))
-          from = weft::checkpoint::latest(from);
-        resume.emplace(weft::checkpoint::Reader::open(from));
-        const weft::checkpoint::Metadata& meta = resume->metadata();
-        auto field = [&](const char* key) -> std::string {
-          auto f = meta.find(key);
-          if (f == meta.end())
-            throw weft::InvalidArgument("checkpoint '" + resume->path().string() + "' has no '" + key +
-                                        "' in its metadata (not a checkpoint of this trainer)");
-          return f->second;
-        };
+        resume.emplace(open_resume(o.resume));
+        auto field = [&](const char* key) { return metadata_field(*resume, key); };
         if (field("weft.model") != m.json_name)
           throw weft::InvalidArgument("checkpoint '" + resume->path().string() + "' is of model '" +
                                       field("weft.model") + "', not " + m.json_name);
@@ -660,14 +486,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       }
     }
 
-    weft::parallel::DataParallelOptions dp_options{.bucket_bytes = o.bucket_bytes, .overlap = o.overlap,
-                                                   .distributed = o.dist};
-    if (weft::needs_loss_scaling(precision)) dp_options.loss_scaling = weft::parallel::LossScaling{};
-    dp_options.optimizer = optimizer;
-    dp_options.max_grad_norm = o.max_grad_norm;
-    dp_options.shard = o.shard;
-    dp_options.prefetch_layers = o.prefetch;
-    if (o.offload) dp_options.offload = weft::Device::cpu_pinned(0);
+    const weft::parallel::DataParallelOptions dp_options = data_parallel_options(o, precision, optimizer);
     std::optional<weft::parallel::DataParallel> dp_made;
     try {
       dp_made.emplace(
@@ -762,36 +581,30 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           static_cast<long long>(dp.steps()));
     }
     const std::int64_t resumed_at = dp.steps();
+    CheckpointSaver checkpoints(o);
     // --checkpoint: this job is its run directory's only writer (a lock
     // naming this host and pid; one left by a dead job is taken over).
     if (!o.checkpoint.empty() && main_rank) {
       try {
-        weft::checkpoint::lock_run(o.checkpoint);
+        checkpoints.lock();
       } catch (const weft::InvalidArgument& e) {
         std::fflush(stdout);
         std::fprintf(stderr, "%s: --checkpoint %s: %s\n", prog, o.checkpoint.c_str(), e.what());
         return 2;
       }
     }
-    // --checkpoint: one directory per save, DIR/step-<steps>; DIR/latest
-    // follows once a save is whole.
-    std::optional<weft::checkpoint::PendingSave> saving;
+    // --checkpoint: the training state with where the data order stands.
     auto save_checkpoint = [&](std::int64_t epoch, std::int64_t batch) {
-      if (o.checkpoint.empty()) return;
-      if (saving) saving->wait();  // the previous one (long done, as a rule)
-      char name[32];
-      std::snprintf(name, sizeof name, "step-%08lld", static_cast<long long>(dp.steps()));
-      const std::filesystem::path run_dir = o.checkpoint;
-      weft::checkpoint::Metadata meta{{"weft.model", m.json_name},
-                                      {"weft.epoch", std::to_string(epoch)},
-                                      {"weft.batch", std::to_string(batch)},
-                                      {"weft.seed", std::to_string(seed)},
-                                      {"weft.batch_size", std::to_string(o.batch_size)},
-                                      {"weft.train_examples", std::to_string(train.size)},
-                                      {"weft.optimizer", optimizer.str()},
-                                      {"weft.lr_schedule", schedule.str()},
-                                      {"weft.precision", std::string(weft::to_string(precision))}};
-      saving = dp.save_checkpoint(run_dir / name, std::move(meta), run_dir, o.keep_checkpoints);
+      if (!checkpoints.on()) return;
+      checkpoints.save(dp, {{"weft.model", m.json_name},
+                            {"weft.epoch", std::to_string(epoch)},
+                            {"weft.batch", std::to_string(batch)},
+                            {"weft.seed", std::to_string(seed)},
+                            {"weft.batch_size", std::to_string(o.batch_size)},
+                            {"weft.train_examples", std::to_string(train.size)},
+                            {"weft.optimizer", optimizer.str()},
+                            {"weft.lr_schedule", schedule.str()},
+                            {"weft.precision", std::string(weft::to_string(precision))}});
     };
     weft::MinibatchIterator it(train, o.batch_size, /*shuffle=*/true, seed);
     const std::int64_t batches = dp.agree_steps(it.batches_per_epoch());
@@ -951,49 +764,14 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       last = tally;
     }
 
-    if (saving) saving->wait();  // a failed write fails the run
+    checkpoints.wait();  // a failed write fails the run
     if (start_epoch == o.epochs) {  // resumed at the end: the loaded state's test accuracy
       const weft::parallel::DataParallel::FullParameters full = dp.full_parameters();
       if (main_rank) test_acc = evaluate(*engine, dp.replica(0), test, o.batch_size, devices[0]);
     }
-    // The weights, bit for bit: FNV-1a over replica 0's parameters (names
-    // and float32 bytes), to compare runs (a resumed one with an unbroken one).
-    std::uint64_t digest = 14695981039346656037ull;
-    auto mix = [&digest](const void* data, std::size_t n) {
-      const auto* b = static_cast<const unsigned char*>(data);
-      for (std::size_t i = 0; i < n; ++i) digest = (digest ^ b[i]) * 1099511628211ull;
-    };
-    {
-      const weft::parallel::DataParallel::FullParameters full = dp.full_parameters();
-      for (weft::nn::Parameter* p : dp.replica(0).parameters()) {
-        const std::vector<float> v = p->value.to_host();
-        mix(p->name.data(), p->name.size());
-        mix(v.data(), v.size() * sizeof(float));
-      }
-    }
-    // The optimizer state, bit for bit: FNV-1a over every tensor of the run
-    // directory's latest checkpoint (the state the run ended with: its last
-    // save comes after the last step) that is not a parameter (names and
-    // bytes, in name order): moments, step counts, the loss scaler.
-    std::string optimizer_digest = "null";
-    if (!o.checkpoint.empty() && main_rank) {
-      std::set<std::string> params;
-      for (weft::nn::Parameter* p : dp.replica(0).parameters()) params.insert(p->name);
-      const weft::checkpoint::Reader final_state =
-          weft::checkpoint::Reader::open(weft::checkpoint::latest(o.checkpoint));
-      std::uint64_t saved = digest;
-      digest = 14695981039346656037ull;
-      for (const std::string& name : final_state.names()) {
-        if (params.count(name)) continue;
-        const std::vector<std::byte> bytes = final_state.read(name);
-        mix(name.data(), name.size());
-        mix(bytes.data(), bytes.size());
-      }
-      char buf[24];
-      std::snprintf(buf, sizeof buf, "\"%016llx\"", static_cast<unsigned long long>(digest));
-      optimizer_digest = buf;
-      digest = saved;
-    }
+    const std::uint64_t digest = weights_digest(dp);
+    // (the state the run ended with: its last save comes after the last step)
+    const std::string optimizer_digest = main_rank ? weft::examples::optimizer_digest(dp, o.checkpoint) : "null";
     std::size_t state_bytes = 0;
     for (std::size_t b : dp.state_bytes()) state_bytes = std::max(state_bytes, b);
     const int epochs_run = o.epochs - static_cast<int>(start_epoch);
