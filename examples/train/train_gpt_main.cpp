@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <functional>
 #include <deque>
 #include <exception>
 #include <filesystem>
@@ -37,6 +39,7 @@
 #include "weft/optim.h"
 #include "weft/parallel/data_parallel.h"
 #include "weft/parallel/metrics.h"
+#include "weft/parallel/pipeline.h"
 #include "weft/precision.h"
 #include "weft/tensor.h"
 #include "weft/text_corpus.h"
@@ -57,6 +60,10 @@ struct Options : TrainFlags {
   std::int64_t eval_every = 50;
   std::int64_t eval_batches = 8;
   std::string data;
+  std::string pipeline;     // a schedule: pipelined over --devices instead of data-parallel
+  int chunks = 4;           // --chunks: micro-batches per step
+  int virtual_stages = 1;   // --virtual-stages: model chunks per device (interleaved-1f1b)
+  std::vector<int> balance; // --balance: layers per stage; empty: as even as they divide
 };
 
 weft::nn::GptConfig model_config(const std::string& name) {
@@ -104,6 +111,13 @@ void usage(std::FILE* out) {
                "  --devices D,...  the devices of this process: cpu:0 (default), cpu:0,cpu:1, gpu:0,gpu:1,\n"
                "                   a mix; --device D is the same for one device\n"
                "  --dist           data-parallel across the processes of an mpirun job too (rank 0 prints)\n"
+               "  --pipeline S     pipeline the model's layers over --devices (one stage per device, in\n"
+               "                   order) instead of data parallelism, with schedule S: gpipe, 1f1b, zb-h1 or\n"
+               "                   interleaved-1f1b (in this process; lm_head tied to wte across devices)\n"
+               "  --chunks M       with --pipeline: micro-batches per step (default 4)\n"
+               "  --virtual-stages V  with --pipeline: model chunks per device (interleaved-1f1b; default 1,\n"
+               "                   2 for interleaved-1f1b)\n"
+               "  --balance L,...  with --pipeline: layers per stage (default: as even as they divide)\n"
                "  --bucket-kb N    gradient bucket capacity in KiB (default 25 MiB, as PyTorch DDP;\n"
                "                   0: one bucket per parameter)\n"
                "  --no-overlap     reduce the buckets only after the whole backward\n"
@@ -128,6 +142,7 @@ void usage(std::FILE* out) {
 
 // Returns false when --help was given (usage already printed).
 bool parse(int argc, char** argv, Options& o) {
+  bool virtual_given = false;
   o.optimizer = "adamw";
   o.batch_size = 16;
   ArgCursor args(argc, argv);
@@ -157,11 +172,40 @@ bool parse(int argc, char** argv, Options& o) {
     } else if (arg == "--data") {
       o.data = take();
       if (o.data.empty()) throw UsageError{"--data needs a file"};
+    } else if (arg == "--pipeline") {
+      o.pipeline = take();
+    } else if (arg == "--chunks") {
+      o.chunks = parse_int_flag<int>(arg, take(), 1);
+    } else if (arg == "--virtual-stages") {
+      o.virtual_stages = parse_int_flag<int>(arg, take(), 1);
+      virtual_given = true;
+    } else if (arg == "--balance") {
+      const std::string text = take();
+      o.balance.clear();
+      for (std::size_t pos = 0; pos <= text.size();) {
+        const std::size_t comma = std::min(text.find(',', pos), text.size());
+        o.balance.push_back(parse_int_flag<int>(arg, text.substr(pos, comma - pos), 1));
+        pos = comma + 1;
+      }
     } else if (!parse_train_flag(args, o)) {
       throw UsageError{"unknown argument '" + arg + "'"};
     }
   }
   check_train_flags(o);
+  if (!o.pipeline.empty()) {
+    if (o.pipeline == "interleaved-1f1b" && !virtual_given) o.virtual_stages = 2;
+    // What the pipeline does not take (it trains in one process, its stages
+    // on --devices; weft-pipeline --dist pipelines across processes).
+    const std::pair<bool, const char*> refused[] = {
+        {o.dist, "--dist"}, {o.shard != weft::parallel::Shard::none, "--shard"}, {o.offload, "--offload"},
+        {o.recompute > 0, "--recompute"}, {o.hybridize, "--hybridize"}, {o.bulk > 1, "--bulk"},
+        {o.max_grad_norm.has_value(), "--max-grad-norm"}, {!o.checkpoint.empty(), "--checkpoint"},
+        {!o.resume.empty(), "--resume"}, {o.bucket_bytes.has_value(), "--bucket-kb"}};
+    for (const auto& [given, flag] : refused)
+      if (given) throw UsageError{std::string("--pipeline trains the stages in this process; it takes no ") + flag};
+  } else if (!o.balance.empty() || virtual_given) {
+    throw UsageError{"--balance and --virtual-stages need --pipeline"};
+  }
   const weft::nn::GptConfig config = model_config(o.model);
   if (o.context && *o.context > config.context)
     throw UsageError{"--context " + std::to_string(*o.context) + " is longer than the model's context " +
@@ -187,19 +231,19 @@ struct Tally {
   double loss() const { return tokens ? loss_sum / static_cast<double>(tokens) : 0.0; }
 };
 
-// The mean validation loss (nats per byte) of `net` over the fixed batches.
-double validation_loss(weft::Engine& engine, weft::nn::Sequential& net, const weft::TextCorpus& corpus,
-                       std::int64_t batches, std::int64_t batch, weft::Device device) {
-  net.train(false);
+// The mean validation loss (nats per byte) over the fixed batches, of
+// `forward` (an evaluation-mode forward: ids on `device` -> logits).
+double validation_loss(weft::Engine& engine, const std::function<weft::Tensor(const weft::Tensor&)>& forward,
+                       const weft::TextCorpus& corpus, std::int64_t batches, std::int64_t batch, weft::Device device) {
   const weft::Shape shape{batch, corpus.context()};
   std::deque<Pending> pending;
   Tally tally;
   std::vector<float> x, y;
   for (std::int64_t i = 0; i < batches; ++i) {
     corpus.validation_batch(i, batches, batch, x, y);
-    const weft::Tensor logits = net.forward(weft::Tensor::from_host(engine, shape, x, device));
+    const weft::Tensor logits = forward(weft::Tensor::from_host(engine, shape, x, device));
     const weft::ops::SoftmaxCrossEntropy sce =
-        weft::nn::lm_loss(logits, weft::Tensor::from_host(engine, shape, y, device));
+        weft::nn::lm_loss(logits, weft::Tensor::from_host(engine, shape, y, logits.device()));
     pending.push_back(Pending{{{sce.loss, batch * corpus.context()}}});
     if (pending.size() > kLag) {
       tally.read(pending.front());
@@ -207,8 +251,169 @@ double validation_loss(weft::Engine& engine, weft::nn::Sequential& net, const we
     }
   }
   for (const Pending& p : pending) tally.read(p);
-  net.train(true);
   return tally.loss();
+}
+
+double validation_loss(weft::Engine& engine, weft::nn::Sequential& net, const weft::TextCorpus& corpus,
+                       std::int64_t batches, std::int64_t batch, weft::Device device) {
+  net.train(false);
+  const double loss = validation_loss(
+      engine, [&](const weft::Tensor& x) { return net.forward(x); }, corpus, batches, batch, device);
+  net.train(true);
+  return loss;
+}
+
+// Layers per stage as even as they divide (the first and last stages' extra
+// layers, the embeddings and the head, are light: the remainder goes to the
+// middle stages first).
+std::vector<int> even_balance(int layers, int stages) {
+  std::vector<int> out(static_cast<std::size_t>(stages), layers / stages);
+  for (int k = 0; k < layers % stages; ++k) ++out[static_cast<std::size_t>((stages / 2 + k) % stages)];
+  return out;
+}
+
+// --pipeline: the model's layers in stages over the devices, trained by
+// weft::parallel::Pipeline under the schedule; the loss and report as the
+// data-parallel run's.
+int run_pipelined(const Options& o, weft::Engine& engine, const std::vector<weft::Device>& devices,
+                  const weft::nn::GptConfig& config, const weft::TextCorpus& corpus, const std::string& file,
+                  weft::Precision precision, const weft::optim::OptimizerOptions& optimizer,
+                  const weft::optim::LrSchedule& schedule) {
+  const std::int64_t context = corpus.context();
+  auto model = weft::nn::gpt(engine, config, devices[0], o.seed);
+  const int stages = static_cast<int>(devices.size()) * o.virtual_stages;
+  const std::vector<int> balance = o.balance.empty() ? even_balance(static_cast<int>(model->size()), stages) : o.balance;
+  std::size_t parameters = 0;
+  for (weft::nn::Parameter* p : model->parameters()) parameters += static_cast<std::size_t>(p->value.numel());
+  std::optional<weft::parallel::Pipeline> pipe_made;
+  try {
+    weft::parallel::PipelineOptions options{.balance = balance,
+                                            .devices = devices,
+                                            .chunks = o.chunks,
+                                            .virtual_stages = o.virtual_stages,
+                                            .schedule = o.pipeline,
+                                            .optimizer = optimizer,
+                                            .precision = precision};
+    if (weft::needs_loss_scaling(precision)) options.loss_scaling = weft::parallel::LossScaling{};
+    pipe_made.emplace(engine, *model, std::move(options), [](const weft::Tensor& logits, const weft::Tensor& targets) {
+      weft::ops::SoftmaxCrossEntropy l = weft::nn::lm_loss(logits, targets);
+      return weft::parallel::MicroBatchLoss{l.loss, l.dlogits};
+    });
+  } catch (const weft::InvalidArgument& e) {
+    std::fprintf(stderr, "%s: --pipeline %s: %s\n", kProgram, o.pipeline.c_str(), e.what());
+    return 2;
+  }
+  weft::parallel::Pipeline& pipe = *pipe_made;
+  std::string balance_text;
+  for (int b : balance) {
+    if (!balance_text.empty()) balance_text += ',';
+    balance_text += std::to_string(b);
+  }
+  std::printf("data: %s: %lld bytes, %lld training and %lld validation; context %lld\n", file.c_str(),
+              static_cast<long long>(corpus.size()), static_cast<long long>(corpus.train_size()),
+              static_cast<long long>(corpus.validation_size()), static_cast<long long>(context));
+  std::printf("model: GPT %s (%s), %zu parameters\n", o.model.c_str(), config.describe().c_str(), parameters);
+  std::printf("pipelined over %s (%s engine): schedule %s, %d stages (balance %s), %d micro-batches of %lld "
+              "sequences; %lld steps, lr %g, precision %s\n",
+              device_list_str(devices).c_str(), std::string(engine.kind()).c_str(), o.pipeline.c_str(), stages,
+              balance_text.c_str(), o.chunks, static_cast<long long>(o.batch_size / o.chunks),
+              static_cast<long long>(o.steps), static_cast<double>(optimizer.lr),
+              std::string(weft::to_string(precision)).c_str());
+  std::fflush(stdout);
+  for (weft::Device d : devices) engine.allocator(d).reset_peak();
+  weft::Profiler& profiler = engine.profiler();
+  engine.wait_all();
+  if (!o.trace.empty()) {
+    profiler.clear();
+    profiler.start();
+  }
+  const std::int64_t tokens_per_step = o.batch_size * context;
+  const weft::Shape shape{o.batch_size, context};
+  const auto begin = Clock::now();
+  auto t0 = begin;
+  double train_seconds = 0, since_report_seconds = 0, val_loss = NAN;
+  std::int64_t step = 0, report_steps = 0;
+  bool time_up = false;
+  std::deque<Pending> pending;
+  Tally tally, last;
+  auto evaluate = [&] {
+    for (; !pending.empty(); pending.pop_front()) tally.read(pending.front());
+    engine.wait_all();
+    const double secs = seconds_since(t0);
+    train_seconds += secs;
+    since_report_seconds += secs;
+    val_loss = validation_loss(
+        engine, [&](const weft::Tensor& x) { return pipe.forward(x); }, corpus, o.eval_batches, o.batch_size,
+        devices[0]);
+    const double tokens_per_s =
+        since_report_seconds > 0 ? static_cast<double>(report_steps * tokens_per_step) / since_report_seconds : 0.0;
+    std::printf("step %lld: train loss %.4f, val loss %.4f, %.0f tokens/s, %.1f s\n", static_cast<long long>(step),
+                tally.loss(), val_loss, tokens_per_s, seconds_since(begin));
+    if (o.json)
+      std::printf("{\"eval\":%lld,\"train_loss\":%s,\"val_loss\":%s,\"tokens_per_s\":%.1f,\"seconds\":%.3f}\n",
+                  static_cast<long long>(step), json_number(tally.loss()).c_str(), json_number(val_loss).c_str(),
+                  tokens_per_s, seconds_since(begin));
+    std::fflush(stdout);
+    last = tally;
+    tally = Tally{};
+    report_steps = 0;
+    since_report_seconds = 0;
+    t0 = Clock::now();
+  };
+  std::vector<float> x, y;
+  while (step < o.steps && !time_up) {
+    corpus.train_batch(o.seed, step, o.batch_size, x, y);
+    const weft::Tensor loss = pipe.train_step(weft::Tensor::from_host(engine, shape, x, devices.front()),
+                                              weft::Tensor::from_host(engine, shape, y, devices.back()));
+    pipe.step(schedule.lr(optimizer.lr, step));
+    pending.push_back(Pending{{{loss, tokens_per_step}}});
+    ++step;
+    ++report_steps;
+    if (pending.size() > kLag) {
+      tally.read(pending.front());
+      pending.pop_front();
+    }
+    if (o.minutes > 0) time_up = seconds_since(begin) >= o.minutes * 60.0;
+    if (step % o.eval_every == 0 || step == o.steps || time_up) evaluate();
+  }
+  if (!o.trace.empty()) {
+    profiler.stop();
+    profiler.dump(o.trace);
+  }
+  const double tokens_per_s =
+      train_seconds > 0 ? static_cast<double>(step * tokens_per_step) / train_seconds : 0.0;
+  std::uint64_t digest = 0xcbf29ce484222325ull;  // FNV-1a over the parameters' float32 bytes, in order
+  for (weft::nn::Parameter* p : model->parameters())
+    for (float v : p->value.to_host()) {
+      std::uint32_t bits = 0;
+      std::memcpy(&bits, &v, sizeof bits);
+      for (int k = 0; k < 4; ++k) digest = (digest ^ ((bits >> (8 * k)) & 0xffu)) * 0x100000001b3ull;
+    }
+  std::printf("done: %lld steps, train loss %.4f, val loss %.4f, %.0f tokens/s (training), %.1f s, schedule %s%s\n",
+              static_cast<long long>(step), last.loss(), val_loss, tokens_per_s, seconds_since(begin),
+              o.pipeline.c_str(), time_up ? " (--minutes reached)" : "");
+  std::string peaks, peaks_json;
+  for (weft::Device d : devices) {
+    const weft::MemoryStats stats = weft::memory_stats(engine, d);
+    peaks += (peaks.empty() ? "" : "; ") + d.str() + " " + peak_str(stats);
+    peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(stats.peak_in_use);
+  }
+  std::printf("peak memory allocated: %s\n", peaks.c_str());
+  if (o.json)
+    std::printf("{\"model\":\"gpt-%s\",\"steps\":%lld,\"tokens_per_s\":%.1f,\"val_loss\":%s,\"train_loss\":%s,"
+                "\"seconds\":%.3f,\"precision\":\"%s\",\"devices\":\"%s\",\"pipeline\":\"%s\",\"chunks\":%d,"
+                "\"virtual_stages\":%d,\"balance\":[%s],\"batch_size\":%lld,\"context\":%lld,\"parameters\":%zu,"
+                "\"lr\":%g,\"optimizer\":\"%s\",\"lr_schedule\":\"%s\",\"minutes_reached\":%s,\"loss_scale\":%g,"
+                "\"skipped_steps\":%lld,\"peak_bytes\":{%s},\"weights_digest\":\"%016llx\"}\n",
+                o.model.c_str(), static_cast<long long>(step), tokens_per_s, json_number(val_loss).c_str(),
+                json_number(last.loss()).c_str(), seconds_since(begin), std::string(weft::to_string(precision)).c_str(),
+                device_list_str(devices).c_str(), o.pipeline.c_str(), o.chunks, o.virtual_stages,
+                balance_text.c_str(), static_cast<long long>(o.batch_size), static_cast<long long>(context),
+                parameters, static_cast<double>(optimizer.lr), o.optimizer.c_str(), schedule.str().c_str(),
+                time_up ? "true" : "false", static_cast<double>(pipe.loss_scale()),
+                static_cast<long long>(pipe.skipped_steps()), peaks_json.c_str(),
+                static_cast<unsigned long long>(digest));
+  return 0;
 }
 
 int run(int argc, char** argv) {
@@ -293,6 +498,9 @@ int run(int argc, char** argv) {
         return 2;
       }
     }
+
+    if (!o.pipeline.empty())
+      return run_pipelined(o, *engine, devices, config, corpus, file, precision, optimizer, schedule);
 
     std::optional<weft::parallel::DataParallel> dp_made;
     try {

@@ -20,6 +20,11 @@ same on every run). Modes:
   empty TRAINER [ARGS...]   an empty text: exit 2, stderr names the file
   context TRAINER [ARGS...] --model tiny --context 129: exit 2 at parse time,
                             stderr names both contexts
+  pipeline TRAINER [ARGS...] --devices cpu:0,cpu:1 --pipeline S for gpipe,
+                            1f1b, zb-h1 and interleaved-1f1b: each
+                            validation loss within 1e-4 of one device's
+                            data-parallel run; --pipeline with --shard is
+                            refused naming --shard
 
 usage: check_gpt_train.py MODE [--expect KEY=VALUE]... TRAINER [ARGS...]
 """
@@ -77,7 +82,7 @@ def flag(args, name, default=None):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["run", "resume", "same", "empty", "context"])
+    ap.add_argument("mode", choices=["run", "resume", "same", "empty", "context", "pipeline"])
     ap.add_argument("--expect", action="append", default=[])
     ap.add_argument("trainer")
     ap.add_argument("args", nargs=argparse.REMAINDER)
@@ -148,6 +153,21 @@ def main():
                     if other[key] != ref[key]:
                         sys.exit(f"{' '.join(extra)}: {key} {other[key]}, plain training {ref[key]}")
             print(f"--hybridize, --bulk 8, --recompute 2: the same weights ({ref['weights_digest']}) as plain training")
+        elif o.mode == "pipeline":
+            _, ref = lines_of(run(base), base)
+            for schedule in ("gpipe", "1f1b", "zb-h1", "interleaved-1f1b"):
+                cmd = [*base, "--devices", "cpu:0,cpu:1", "--pipeline", schedule]
+                evals, got = lines_of(run(cmd), cmd)
+                if got["pipeline"] != schedule or got["steps"] != ref["steps"]:
+                    sys.exit(f"{schedule}: ran {got['pipeline']} for {got['steps']} steps, want {ref['steps']}")
+                if not abs(got["val_loss"] - ref["val_loss"]) <= 1e-4 * abs(ref["val_loss"]):
+                    sys.exit(f"{schedule}: val loss {got['val_loss']}, one device's data-parallel run {ref['val_loss']}")
+                print(f"{schedule} over 2 devices, balance {got['balance']}: val loss {got['val_loss']:.6f} "
+                      f"(one device {ref['val_loss']:.6f})")
+            proc = run([*base, "--devices", "cpu:0,cpu:1", "--pipeline", "1f1b", "--shard", "parameters"], expect=2)
+            if "--shard" not in proc.stderr:
+                sys.exit(f"--pipeline with --shard: stderr does not name --shard: {proc.stderr!r}")
+            print("pipelined under every schedule: the data-parallel run's validation loss")
         elif o.mode == "empty":
             empty = os.path.join(work, "empty.txt")
             open(empty, "w").close()
