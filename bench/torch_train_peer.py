@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch peer of weft-train-lenet / weft-train-resnet on one GPU.
+"""PyTorch peer of weft-train-lenet / weft-train-resnet on one GPU, and of weft-train-gpt.
 
 The same models (weft::nn::lenet: conv 1->20 3x3, ReLU, avg-pool, conv 20->50
 5x5, ReLU, avg-pool, dense 800->128, ReLU, dense 128->10; weft::nn::resnet18
@@ -18,12 +18,26 @@ deterministic | benchmark+deterministic; --channels-last for NHWC.
 
   python3 bench/torch_train_peer.py --model lenet --epochs 3 --data DIR
   python3 bench/torch_train_peer.py --model resnet18 --precision bf16 --conv-algo benchmark --channels-last
+
+--model gpt is the peer of weft-train-gpt (weft::nn::gpt, nanoGPT's layout)
+on the CPU or one GPU: a byte-level language model trained on a text file's
+bytes (default $WEFT_TEXT_CORPUS, else /usr/local/share/weft/kjv.txt), the
+same batches as weft::TextCorpus draws (seed_seq-seeded mt19937_64 per step,
+unbiased bounded draw), the same validation windows, AdamW (or SGD, Adam) as
+torch.optim computes them. It times --steps - --warmup training steps and
+prints a JSON line every --report-every steps and a summary line
+(tokens_per_s, step_ms median, val_loss, params, torch version, attention
+form). See bench/README.md, "The PyTorch peer of GPT".
+
+  python3 bench/torch_train_peer.py --model gpt --gpt tiny --context 128 --batch-size 16 --steps 20 --threads 2
 """
 import argparse
+import contextlib
 import gzip
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -86,25 +100,395 @@ def resnet18():
     return nn.Sequential(*layers)
 
 
+# ---------------------------------------------------------------------------
+# GPT: the peer of weft-train-gpt (weft::nn::gpt and weft::TextCorpus).
+
+GPT_CONFIGS = {
+    # weft::nn::GptConfig::tiny() and ::small()
+    "tiny": dict(vocab=256, context=128, layers=4, heads=4, width=128),
+    "small": dict(vocab=50257, context=1024, layers=12, heads=12, width=768),
+}
+
+
+def describe(cfg):
+    """GptConfig::describe()'s wording."""
+    return "layers {layers}, heads {heads}, width {width}, context {context}, vocab {vocab}".format(**cfg)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, width, heads, sdpa):
+        super().__init__()
+        self.heads, self.sdpa = heads, sdpa
+        self.c_attn = nn.Linear(width, 3 * width)
+        self.c_proj = nn.Linear(width, width)
+        self.register_buffer("mask", None, persistent=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)  # q, k, v in that order, as Weft's c_attn
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        if self.sdpa:
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            # PyTorch < 2: the explicit form, causal mask by -inf before a softmax over keys.
+            if self.mask is None or self.mask.shape[-1] < t or self.mask.device != x.device:
+                n = max(t, 1)
+                self.mask = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (k.shape[-1] ** 0.5))
+            att = att.masked_fill(~self.mask[:t, :t], float("-inf"))
+            y = torch.softmax(att, dim=-1) @ v
+        return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+class Mlp(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.c_fc = nn.Linear(width, 4 * width)
+        self.c_proj = nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads, eps, sdpa):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(width, eps=eps)
+        self.attn = CausalSelfAttention(width, heads, sdpa)
+        self.ln_2 = nn.LayerNorm(width, eps=eps)
+        self.mlp = Mlp(width)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Gpt(nn.Module):
+    """nanoGPT's GPT without dropout: wte + wpe, blocks h.0 .. h.{L-1}, ln_f, lm_head tied to wte."""
+
+    def __init__(self, cfg, sdpa, eps=1e-5):
+        super().__init__()
+        width = cfg["width"]
+        self.wte = nn.Embedding(cfg["vocab"], width)
+        self.wpe = nn.Embedding(cfg["context"], width)
+        self.h = nn.ModuleList(Block(width, cfg["heads"], eps, sdpa) for _ in range(cfg["layers"]))
+        self.ln_f = nn.LayerNorm(width, eps=eps)
+        self.lm_head = nn.Linear(width, cfg["vocab"], bias=False)
+        self.lm_head.weight = self.wte.weight
+        # GPT-2's initialization as nanoGPT writes it: N(0, 0.02) weights, zero
+        # biases, residual projections N(0, 0.02 / sqrt(2 L)).
+        for name, p in self.named_parameters():
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif name.startswith("ln") or ".ln_" in name:
+                nn.init.ones_(p)
+            elif name.endswith("c_proj.weight"):
+                nn.init.normal_(p, 0.0, 0.02 / (2 * cfg["layers"]) ** 0.5)
+            else:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx):
+        t = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(t, device=idx.device))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class SeedSeqMt64:
+    """std::mt19937_64 seeded by std::seed_seq{v...}, as the C++ standard
+    defines both ([rand.util.seedseq], [rand.eng.mers]): weft::TextCorpus's
+    generator, so this peer draws the same training windows."""
+
+    N, M, R = 312, 156, 31
+    A = 0xB5026F5AA96619E9
+    MASK = (1 << 64) - 1
+
+    def __init__(self, words):
+        n, s, m32 = 2 * self.N, len(words), 0xFFFFFFFF
+        a = [0x8B8B8B8B] * n
+        t = 11 if n >= 623 else 7 if n >= 68 else 5 if n >= 39 else 3 if n >= 7 else (n - 1) // 2
+        p = (n - t) // 2
+        q = p + t
+        m = max(s + 1, n)
+
+        def mix(x):
+            return x ^ (x >> 27)
+        for k in range(m):
+            r1 = (1664525 * mix(a[k % n] ^ a[(k + p) % n] ^ a[(k - 1) % n])) & m32
+            if k == 0:
+                r2 = (r1 + s) & m32
+            elif k <= s:
+                r2 = (r1 + k % n + words[k - 1]) & m32
+            else:
+                r2 = (r1 + k % n) & m32
+            a[(k + p) % n] = (a[(k + p) % n] + r1) & m32
+            a[(k + q) % n] = (a[(k + q) % n] + r2) & m32
+            a[k % n] = r2
+        for k in range(m, m + n):
+            r3 = (1566083941 * mix((a[k % n] + a[(k + p) % n] + a[(k - 1) % n]) & m32)) & m32
+            r4 = (r3 - k % n) & m32
+            a[(k + p) % n] ^= r3
+            a[(k + q) % n] ^= r4
+            a[k % n] = r4
+        self.x = [a[2 * i] | (a[2 * i + 1] << 32) for i in range(self.N)]
+        if self.x[0] >> self.R == 0 and not any(self.x[1:]):
+            self.x[0] = 1 << 63
+        self.i = self.N
+
+    def _twist(self):
+        x, n, upper, lower = self.x, self.N, (self.MASK << self.R) & self.MASK, (1 << self.R) - 1
+        for i in range(n):
+            y = (x[i] & upper) | (x[(i + 1) % n] & lower)
+            x[i] = x[(i + self.M) % n] ^ (y >> 1) ^ (self.A if y & 1 else 0)
+        self.i = 0
+
+    def __call__(self):
+        if self.i >= self.N:
+            self._twist()
+        y = self.x[self.i]
+        self.i += 1
+        y ^= (y >> 29) & 0x5555555555555555
+        y ^= (y << 17) & 0x71D67FFFEDA60000
+        y ^= (y << 37) & 0xFFF7EEE000000000
+        y ^= y >> 43
+        return y & self.MASK
+
+    def bounded(self, n):
+        """Uniform in [0, n): weft::detail::bounded_draw (rejection of the low 2^64 mod n values)."""
+        threshold = (1 << 64) % n
+        while True:
+            r = self()
+            if r >= threshold:
+                return r % n
+
+
+class TextCorpus:
+    """weft::TextCorpus: the file's bytes, the first 90% training, the rest validation."""
+
+    def __init__(self, path, context):
+        try:
+            with open(path, "rb") as f:
+                self.data = np.frombuffer(f.read(), dtype=np.uint8)
+        except OSError as e:
+            raise SystemExit(f"torch_train_peer: text corpus {path}: {e.strerror}")
+        self.path, self.context = path, context
+        self.train_size = len(self.data) * 9 // 10
+        need = context + 1
+        if self.train_size < need or len(self.data) - self.train_size < need:
+            raise SystemExit(f"torch_train_peer: text corpus {path}: {len(self.data)} bytes split into "
+                             f"{self.train_size} training and {len(self.data) - self.train_size} validation bytes; "
+                             f"each split needs at least one sequence of context + 1 = {need} bytes")
+
+    def train_offsets(self, seed, step, batch):
+        words = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, step & 0xFFFFFFFF, (step >> 32) & 0xFFFFFFFF]
+        gen = SeedSeqMt64(words)
+        starts = self.train_size - self.context
+        return np.array([gen.bounded(starts) for _ in range(batch)], dtype=np.int64)
+
+    def validation_offsets(self, index, count, batch):
+        sequences = count * batch
+        span = len(self.data) - self.train_size - self.context - 1
+        k = index * batch + np.arange(batch, dtype=np.int64)
+        return self.train_size + (np.zeros(batch, dtype=np.int64) if sequences == 1 else k * span // (sequences - 1))
+
+    def windows(self, offsets):
+        """inputs [B, T] and targets [B, T] (each input's next byte) as int64."""
+        w = self.data[offsets[:, None] + np.arange(self.context + 1)].astype(np.int64)
+        return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy())
+
+
+def gpt_optimizer(args, params):
+    wd = args.weight_decay
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=args.lr, weight_decay=wd or 0.0)
+    if args.optimizer == "momentum":
+        return torch.optim.SGD(params, lr=args.lr, momentum=0.9, weight_decay=wd or 0.0)
+    if args.optimizer == "adam":
+        return torch.optim.Adam(params, lr=args.lr, weight_decay=wd or 0.0)
+    # weft::optim::OptimizerOptions::adamw: betas (0.9, 0.999), eps 1e-8, decay 0.01 on every parameter.
+    return torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01 if wd is None else wd)
+
+
+def cpu_count():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def train_gpt(args):
+    cfg = dict(GPT_CONFIGS[args.gpt])
+    context = args.context or cfg["context"]
+    if not 0 < context <= cfg["context"]:
+        raise SystemExit(f"torch_train_peer: --context {context}: GPT {args.gpt} takes 1 to {cfg['context']} tokens")
+    if args.steps <= args.warmup:
+        raise SystemExit(f"torch_train_peer: --steps {args.steps} must exceed --warmup {args.warmup} "
+                         "(the timed steps are those after the warm-up)")
+    if args.batch_size <= 0 or args.eval_batches <= 0 or args.report_every <= 0:
+        raise SystemExit("torch_train_peer: --batch-size, --eval-batches and --report-every must be positive")
+    threads = args.threads or cpu_count()
+    torch.set_num_threads(threads)
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("torch_train_peer: --device cuda: PyTorch sees no GPU")
+        dev = torch.device("cuda:0")
+        device_name = torch.cuda.get_device_name(0)
+        torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+        torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
+    else:
+        dev = torch.device("cpu")
+        device_name = "cpu"
+    half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.precision)
+    if half is not None:
+        # PyTorch 1.13's CPU autocast knows bfloat16 only: with float16 it warns and turns itself off.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                with torch.autocast(dev.type, dtype=half):
+                    on = torch.is_autocast_cpu_enabled() if dev.type == "cpu" else torch.is_autocast_enabled()
+            except RuntimeError:
+                on = False
+        if not on:
+            raise SystemExit(f"torch_train_peer: --precision {args.precision} on --device {args.device}: "
+                             f"PyTorch {torch.__version__}'s autocast does not support {half} there")
+    sdpa = hasattr(nn.functional, "scaled_dot_product_attention")
+    if args.attention == "explicit":
+        sdpa = False
+    elif args.attention == "sdpa" and not sdpa:
+        raise SystemExit(f"torch_train_peer: --attention sdpa: PyTorch {torch.__version__} has no "
+                         "F.scaled_dot_product_attention (it came in 2.0)")
+    attention = "sdpa" if sdpa else "explicit"
+
+    corpus = TextCorpus(args.text, context)
+    torch.manual_seed(args.seed)
+    net = Gpt(cfg, sdpa).to(dev)
+    params = sum(p.numel() for p in net.parameters())  # the tied weight once
+    opt = gpt_optimizer(args, net.parameters())
+    enabled = args.precision == "fp16"
+    scaler = (torch.amp.GradScaler("cuda", enabled=enabled) if hasattr(torch.amp, "GradScaler")
+              else torch.cuda.amp.GradScaler(enabled=enabled))
+    b, t = args.batch_size, context
+
+    def loss_of(x, y):
+        with torch.autocast(dev.type, dtype=half) if half is not None else contextlib.nullcontext():
+            logits = net(x)
+        # weft::nn::lm_loss: mean cross-entropy in float32 over the B*T tokens, whatever the logits' dtype.
+        return nn.functional.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.view(-1))
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    # The batches' offsets are drawn before training (the pure-Python generator
+    # costs about a millisecond a step); assembling and moving them is timed.
+    offsets = [corpus.train_offsets(args.seed, s, b) for s in range(args.steps)]
+    load_start = os.getloadavg()
+    step_seconds, report_losses = [], []
+    window_start, window_steps = time.perf_counter(), 0
+    net.train()
+    for s in range(args.steps):
+        sync()
+        start = time.perf_counter()
+        x, y = corpus.windows(offsets[s])
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        loss = loss_of(x, y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        value = loss.item()  # waits for the step
+        seconds = time.perf_counter() - start
+        if s >= args.warmup:
+            step_seconds.append(seconds)
+        report_losses.append(value)
+        window_steps += 1
+        if (s + 1) % args.report_every == 0 or s + 1 == args.steps:
+            now = time.perf_counter()
+            print(json.dumps({"step": s + 1, "loss": sum(report_losses) / len(report_losses),
+                              "step_ms": 1e3 * seconds, "timed": s >= args.warmup,
+                              "tokens_per_s": window_steps * b * t / (now - window_start)}), flush=True)
+            report_losses, window_start, window_steps = [], now, 0
+    load_end = os.getloadavg()
+
+    net.eval()
+    val = 0.0
+    with torch.no_grad():
+        for i in range(args.eval_batches):
+            x, y = corpus.windows(corpus.validation_offsets(i, args.eval_batches, b))
+            val += float(loss_of(x.to(dev), y.to(dev)))
+    ordered = sorted(step_seconds)
+    median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] +
+                                                                  ordered[len(ordered) // 2]) / 2
+    print(json.dumps({
+        "impl": "pytorch", "model": "gpt", "gpt": args.gpt, "config": describe(dict(cfg, context=context)),
+        "torch": torch.__version__, "attention": attention, "device": device_name, "threads": threads,
+        "interop_threads": torch.get_num_interop_threads(), "precision": args.precision,
+        "optimizer": args.optimizer, "lr": args.lr, "weight_decay": opt.param_groups[0]["weight_decay"],
+        "batch_size": b, "context": t, "steps": args.steps, "warmup": args.warmup,
+        "timed_steps": len(step_seconds), "params": params,
+        "tokens_per_s": len(step_seconds) * b * t / sum(step_seconds),
+        "step_ms": 1e3 * median, "step_ms_min": 1e3 * ordered[0], "step_ms_max": 1e3 * ordered[-1],
+        "loss": value, "val_loss": val / args.eval_batches, "eval_batches": args.eval_batches,
+        "text": corpus.path, "text_bytes": int(len(corpus.data)),
+        "loadavg_start": load_start[0], "loadavg_end": load_end[0], "cpus": cpu_count()}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=["lenet", "resnet18"], default="lenet")
+    ap.add_argument("--model", choices=["lenet", "resnet18", "gpt"], default="lenet")
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=None, help="default: 0.3 (lenet), 0.1 (resnet18), as Weft's")
+    ap.add_argument("--batch-size", type=int, default=None, help="default: 256 (lenet, resnet18), 16 (gpt)")
+    ap.add_argument("--lr", type=float, default=None,
+                    help="default: 0.3 (lenet), 0.1 (resnet18), as Weft's; gpt: 0.001 with adam and adamw, else 0.1")
     ap.add_argument("--limit", type=int, default=0, help="only the first N training and test examples")
     ap.add_argument("--data", default=os.environ.get("WEFT_FASHION_MNIST", "/usr/share/datasets/fashion-mnist"))
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default="tf32",
-                    help="as the Weft trainers' --precision (default tf32: PyTorch's default for convolutions)")
+    ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
+                    help="as the Weft trainers' --precision (default tf32: PyTorch's default for convolutions; "
+                         "gpt: tf32 on cuda, fp32 on the CPU)")
     ap.add_argument("--conv-algo", default="heuristic",
                     choices=["heuristic", "benchmark", "deterministic", "benchmark+deterministic"])
     ap.add_argument("--channels-last", action="store_true", help="NHWC activations and weights")
     ap.add_argument("--fp32", action="store_true", help="the same as --precision fp32")
     ap.add_argument("--deterministic", action="store_true", help="the same as --conv-algo deterministic")
+    gpt = ap.add_argument_group("--model gpt")
+    gpt.add_argument("--gpt", choices=sorted(GPT_CONFIGS), default="tiny",
+                     help="GptConfig::tiny() (bytes, 4 layers of width 128) or ::small() (GPT-2 small)")
+    gpt.add_argument("--context", type=int, default=0, help="tokens per sequence T (default: the config's)")
+    gpt.add_argument("--steps", type=int, default=20, help="training steps, warm-up included (default 20)")
+    gpt.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing (default 3)")
+    gpt.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="adamw")
+    gpt.add_argument("--weight-decay", type=float, default=None, help="default: 0.01 (adamw), 0 (the others)")
+    gpt.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    gpt.add_argument("--threads", type=int, default=0,
+                     help="torch.set_num_threads (default: the CPUs this process may run on)")
+    gpt.add_argument("--text", default=os.environ.get("WEFT_TEXT_CORPUS") or "/usr/local/share/weft/kjv.txt",
+                     help="the corpus (default $WEFT_TEXT_CORPUS, else /usr/local/share/weft/kjv.txt)")
+    gpt.add_argument("--eval-batches", type=int, default=8, help="validation batches at the end (default 8)")
+    gpt.add_argument("--report-every", type=int, default=10, help="a JSON line every N steps (default 10)")
+    gpt.add_argument("--attention", choices=["auto", "sdpa", "explicit"], default="auto",
+                     help="auto: F.scaled_dot_product_attention where PyTorch has it (>= 2.0), else explicit")
     args = ap.parse_args()
     if args.fp32:
         args.precision = "fp32"
+    if args.model == "gpt":
+        if args.batch_size is None:
+            args.batch_size = 16
+        if args.precision is None:
+            args.precision = "tf32" if args.device == "cuda" else "fp32"
+        if args.lr is None:
+            args.lr = 0.001 if args.optimizer in ("adam", "adamw") else 0.1
+        if args.threads < 0:
+            raise SystemExit(f"torch_train_peer: --threads {args.threads} must be positive (0: every CPU)")
+        return train_gpt(args)
+    if args.optimizer != "adamw" or args.weight_decay is not None:
+        raise SystemExit(f"torch_train_peer: --optimizer and --weight-decay are --model gpt's; "
+                         f"{args.model} trains with plain SGD as Weft's trainer does by default")
+    if args.batch_size is None:
+        args.batch_size = 256
+    if args.precision is None:
+        args.precision = "tf32"
     if args.deterministic:
         args.conv_algo = "deterministic"
     if not torch.cuda.is_available():
