@@ -93,7 +93,7 @@ def run(name, cmd, env, verbose):
                 row = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if "tokens_per_s" in row and "step" not in row:
+            if "tokens_per_s" in row and "step" not in row and "eval" not in row:  # not a report line
                 summary = row
     if summary is None:
         fail(f"{name} printed no JSON summary with tokens_per_s: {shlex.join(cmd)}\n{proc.stdout.strip()[-2000:]}")
@@ -120,7 +120,12 @@ def main():
     ap.add_argument("--context", type=int, default=0, help="tokens per sequence (default: the config's)")
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20, help="training steps per run, warm-up included")
-    ap.add_argument("--warmup", type=int, default=3, help="first steps of each run left out of its timing")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="the peer's first steps left out of its timing (default 0: weft-train-gpt's tokens/s "
+                         "counts every training step, so 0 keeps the two figures alike)")
+    ap.add_argument("--eval-every", type=int, default=0,
+                    help="weft-train-gpt's --eval-every (default: --steps, one evaluation at the end, as the peer; "
+                         "an evaluation waits for every pushed step)")
     ap.add_argument("--precision", choices=["fp32", "tf32", "bf16", "fp16"], default=None,
                     help="default: fp32 on the CPU, tf32 on cuda (the trainers' default)")
     ap.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="adamw")
@@ -146,6 +151,8 @@ def main():
 
     if args.context < 0:
         fail(f"--context {args.context} must be positive (0: the config's)", 2)
+    if args.eval_every < 0:
+        fail(f"--eval-every {args.eval_every} must be positive (0: --steps)", 2)
     for flag in ("batch_size", "steps", "rounds"):
         if getattr(args, flag) <= 0:
             fail(f"--{flag.replace('_', '-')} {getattr(args, flag)} must be positive", 2)
@@ -157,25 +164,26 @@ def main():
     precision = args.precision or ("tf32" if args.device == "cuda" else "fp32")
     target = args.target if args.target is not None else (1.0 if args.device == "cuda" else 1.2)
 
-    common = ["--gpt", args.gpt] + (["--context", str(args.context)] if args.context else []) + [
-              "--batch-size", str(args.batch_size),
-              "--steps", str(args.steps), "--warmup", str(args.warmup), "--precision", precision,
-              "--optimizer", args.optimizer, "--seed", str(args.seed)]
+    # The flags both sides take under the same name, then each side's own:
+    # weft-train-gpt's --model and --data are the peer's --gpt and --text.
+    common = (["--context", str(args.context)] if args.context else []) + [
+        "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--precision", precision,
+        "--optimizer", args.optimizer, "--seed", str(args.seed)]
     if args.lr is not None:
         common += ["--lr", repr(args.lr)]
     if args.weight_decay is not None:
         common += ["--weight-decay", repr(args.weight_decay)]
-    if args.text is not None:
-        common += ["--text", args.text]
     if args.eval_batches is not None:
         common += ["--eval-batches", str(args.eval_batches)]
+    text = ["--text", args.text] if args.text is not None else []
 
-    weft_cmd = [args.weft] + common + ["--devices", "gpu:0" if args.device == "cuda" else "cpu:0", "--json"]
-    weft_cmd += args.weft_arg
+    weft_cmd = [args.weft, "--model", args.gpt] + common + (["--data", args.text] if args.text is not None else []) + [
+        "--eval-every", str(args.eval_every or args.steps),
+        "--devices", "gpu:0" if args.device == "cuda" else "cpu:0", "--json"] + args.weft_arg
     weft_env = dict(os.environ, WEFT_CPU_WORKERS=str(threads))
     python = python_with_torch(args.python)
-    peer_cmd = [python or "python3", args.peer, "--model", "gpt"] + common + [
-        "--device", args.device, "--threads", str(threads)] + args.peer_arg
+    peer_cmd = [python or "python3", args.peer, "--model", "gpt", "--gpt", args.gpt] + common + text + [
+        "--warmup", str(args.warmup), "--device", args.device, "--threads", str(threads)] + args.peer_arg
     peer_env = dict(os.environ)
 
     if args.dry_run:
@@ -195,6 +203,9 @@ def main():
             if not on:
                 continue
             out, machine = run("weft-train-gpt" if side == "weft" else "torch_train_peer.py", cmd, env, args.verbose)
+            if out.get("step_ms") is None and out.get("tokens_per_s"):
+                # weft-train-gpt reports tokens/s alone: its mean step (it does not wait per step).
+                out["step_ms"] = 1e3 * args.batch_size * out.get("context", args.context) / out["tokens_per_s"]
             last[side] = out
             row.update({f"{side}_tokens_per_s": out["tokens_per_s"], f"{side}_step_ms": out.get("step_ms"),
                         f"{side}_val_loss": out.get("val_loss"), f"{side}_wall_s": machine["wall_s"],
@@ -214,7 +225,7 @@ def main():
         if side in last:
             summary[f"{side}_tokens_per_s"] = median([r[f"{side}_tokens_per_s"] for r in rows])
             summary[f"{side}_step_ms"] = median([r[f"{side}_step_ms"] for r in rows])
-            summary[f"{side}_params"] = last[side].get("params")
+            summary[f"{side}_params"] = last[side].get("params", last[side].get("parameters"))
     if run_weft and run_torch:
         ratio = summary["torch_tokens_per_s"] / summary["weft_tokens_per_s"]
         summary.update({"ratio": ratio, "ratio_median_of_rounds": median([r["ratio"] for r in rows]),

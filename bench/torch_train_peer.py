@@ -384,12 +384,21 @@ def train_gpt(args):
     # costs about a millisecond a step); assembling and moving them is timed.
     offsets = [corpus.train_offsets(args.seed, s, b) for s in range(args.steps)]
     load_start = os.getloadavg()
-    step_seconds, report_losses = [], []
-    window_start, window_steps = time.perf_counter(), 0
+    # No wait per step: the losses are read at each report, so on a GPU the
+    # host runs ahead as it does in a training loop. The timed steps run from
+    # a synchronize after the warm-up to one after the last step; a step's own
+    # time is the host's time between step ends (the step's time once the
+    # GPU's queue is full; on the CPU, where ops finish as they return, the
+    # step itself).
+    step_seconds, losses, value = [], [], float("nan")
     net.train()
+    sync()
+    timed_start = window_start = previous = time.perf_counter()
+    window_steps = 0
     for s in range(args.steps):
-        sync()
-        start = time.perf_counter()
+        if s == args.warmup and s > 0:
+            sync()
+            timed_start = previous = time.perf_counter()
         x, y = corpus.windows(offsets[s])
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         loss = loss_of(x, y)
@@ -397,18 +406,24 @@ def train_gpt(args):
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
-        value = loss.item()  # waits for the step
-        seconds = time.perf_counter() - start
+        losses.append(loss.detach())
+        now = time.perf_counter()
         if s >= args.warmup:
-            step_seconds.append(seconds)
-        report_losses.append(value)
+            step_seconds.append(now - previous)
+        previous = now
         window_steps += 1
         if (s + 1) % args.report_every == 0 or s + 1 == args.steps:
+            values = [float(v) for v in losses]  # waits for the window's steps
+            value = values[-1]
             now = time.perf_counter()
-            print(json.dumps({"step": s + 1, "loss": sum(report_losses) / len(report_losses),
-                              "step_ms": 1e3 * seconds, "timed": s >= args.warmup,
+            print(json.dumps({"step": s + 1, "loss": sum(values) / len(values),
+                              "step_ms": 1e3 * step_seconds[-1] if s >= args.warmup else None,
+                              "timed": s >= args.warmup,
                               "tokens_per_s": window_steps * b * t / (now - window_start)}), flush=True)
-            report_losses, window_start, window_steps = [], now, 0
+            losses, window_start, window_steps = [], now, 0
+            previous = now
+    sync()
+    timed_seconds = time.perf_counter() - timed_start
     load_end = os.getloadavg()
 
     net.eval()
@@ -427,7 +442,7 @@ def train_gpt(args):
         "optimizer": args.optimizer, "lr": args.lr, "weight_decay": opt.param_groups[0]["weight_decay"],
         "batch_size": b, "context": t, "steps": args.steps, "warmup": args.warmup,
         "timed_steps": len(step_seconds), "params": params,
-        "tokens_per_s": len(step_seconds) * b * t / sum(step_seconds),
+        "tokens_per_s": len(step_seconds) * b * t / timed_seconds,
         "step_ms": 1e3 * median, "step_ms_min": 1e3 * ordered[0], "step_ms_max": 1e3 * ordered[-1],
         "loss": value, "val_loss": val / args.eval_batches, "eval_batches": args.eval_batches,
         "text": corpus.path, "text_bytes": int(len(corpus.data)),
