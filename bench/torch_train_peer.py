@@ -43,6 +43,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from text_batches import CorpusError, TextCorpus
+
 
 def read_idx(path):
     opener = gzip.open if path.endswith(".gz") else open
@@ -195,107 +197,10 @@ class Gpt(nn.Module):
         return self.lm_head(self.ln_f(x))
 
 
-class SeedSeqMt64:
-    """std::mt19937_64 seeded by std::seed_seq{v...}, as the C++ standard
-    defines both ([rand.util.seedseq], [rand.eng.mers]): weft::TextCorpus's
-    generator, so this peer draws the same training windows."""
-
-    N, M, R = 312, 156, 31
-    A = 0xB5026F5AA96619E9
-    MASK = (1 << 64) - 1
-
-    def __init__(self, words):
-        n, s, m32 = 2 * self.N, len(words), 0xFFFFFFFF
-        a = [0x8B8B8B8B] * n
-        t = 11 if n >= 623 else 7 if n >= 68 else 5 if n >= 39 else 3 if n >= 7 else (n - 1) // 2
-        p = (n - t) // 2
-        q = p + t
-        m = max(s + 1, n)
-
-        def mix(x):
-            return x ^ (x >> 27)
-        for k in range(m):
-            r1 = (1664525 * mix(a[k % n] ^ a[(k + p) % n] ^ a[(k - 1) % n])) & m32
-            if k == 0:
-                r2 = (r1 + s) & m32
-            elif k <= s:
-                r2 = (r1 + k % n + words[k - 1]) & m32
-            else:
-                r2 = (r1 + k % n) & m32
-            a[(k + p) % n] = (a[(k + p) % n] + r1) & m32
-            a[(k + q) % n] = (a[(k + q) % n] + r2) & m32
-            a[k % n] = r2
-        for k in range(m, m + n):
-            r3 = (1566083941 * mix((a[k % n] + a[(k + p) % n] + a[(k - 1) % n]) & m32)) & m32
-            r4 = (r3 - k % n) & m32
-            a[(k + p) % n] ^= r3
-            a[(k + q) % n] ^= r4
-            a[k % n] = r4
-        self.x = [a[2 * i] | (a[2 * i + 1] << 32) for i in range(self.N)]
-        if self.x[0] >> self.R == 0 and not any(self.x[1:]):
-            self.x[0] = 1 << 63
-        self.i = self.N
-
-    def _twist(self):
-        x, n, upper, lower = self.x, self.N, (self.MASK << self.R) & self.MASK, (1 << self.R) - 1
-        for i in range(n):
-            y = (x[i] & upper) | (x[(i + 1) % n] & lower)
-            x[i] = x[(i + self.M) % n] ^ (y >> 1) ^ (self.A if y & 1 else 0)
-        self.i = 0
-
-    def __call__(self):
-        if self.i >= self.N:
-            self._twist()
-        y = self.x[self.i]
-        self.i += 1
-        y ^= (y >> 29) & 0x5555555555555555
-        y ^= (y << 17) & 0x71D67FFFEDA60000
-        y ^= (y << 37) & 0xFFF7EEE000000000
-        y ^= y >> 43
-        return y & self.MASK
-
-    def bounded(self, n):
-        """Uniform in [0, n): weft::detail::bounded_draw (rejection of the low 2^64 mod n values)."""
-        threshold = (1 << 64) % n
-        while True:
-            r = self()
-            if r >= threshold:
-                return r % n
-
-
-class TextCorpus:
-    """weft::TextCorpus: the file's bytes, the first 90% training, the rest validation."""
-
-    def __init__(self, path, context):
-        try:
-            with open(path, "rb") as f:
-                self.data = np.frombuffer(f.read(), dtype=np.uint8)
-        except OSError as e:
-            raise SystemExit(f"torch_train_peer: text corpus {path}: {e.strerror}")
-        self.path, self.context = path, context
-        self.train_size = len(self.data) * 9 // 10
-        need = context + 1
-        if self.train_size < need or len(self.data) - self.train_size < need:
-            raise SystemExit(f"torch_train_peer: text corpus {path}: {len(self.data)} bytes split into "
-                             f"{self.train_size} training and {len(self.data) - self.train_size} validation bytes; "
-                             f"each split needs at least one sequence of context + 1 = {need} bytes")
-
-    def train_offsets(self, seed, step, batch):
-        words = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, step & 0xFFFFFFFF, (step >> 32) & 0xFFFFFFFF]
-        gen = SeedSeqMt64(words)
-        starts = self.train_size - self.context
-        return np.array([gen.bounded(starts) for _ in range(batch)], dtype=np.int64)
-
-    def validation_offsets(self, index, count, batch):
-        sequences = count * batch
-        span = len(self.data) - self.train_size - self.context - 1
-        k = index * batch + np.arange(batch, dtype=np.int64)
-        return self.train_size + (np.zeros(batch, dtype=np.int64) if sequences == 1 else k * span // (sequences - 1))
-
-    def windows(self, offsets):
-        """inputs [B, T] and targets [B, T] (each input's next byte) as int64."""
-        w = self.data[offsets[:, None] + np.arange(self.context + 1)].astype(np.int64)
-        return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy())
+def windows(corpus, offsets):
+    """inputs [B, T] and targets [B, T] (each input's next byte) as int64 tensors."""
+    w = corpus.array[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(corpus.context + 1)].astype(np.int64)
+    return torch.from_numpy(w[:, :-1].copy()), torch.from_numpy(w[:, 1:].copy())
 
 
 def gpt_optimizer(args, params):
@@ -360,7 +265,11 @@ def train_gpt(args):
                          "F.scaled_dot_product_attention (it came in 2.0)")
     attention = "sdpa" if sdpa else "explicit"
 
-    corpus = TextCorpus(args.text, context)
+    try:
+        corpus = TextCorpus(args.text, context)
+    except CorpusError as e:
+        raise SystemExit(f"torch_train_peer: {e}")
+    corpus.array = np.frombuffer(corpus.data, dtype=np.uint8)
     torch.manual_seed(args.seed)
     net = Gpt(cfg, sdpa).to(dev)
     params = sum(p.numel() for p in net.parameters())  # the tied weight once
@@ -399,7 +308,7 @@ def train_gpt(args):
         if s == args.warmup and s > 0:
             sync()
             timed_start = previous = time.perf_counter()
-        x, y = corpus.windows(offsets[s])
+        x, y = windows(corpus, offsets[s])
         x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
         loss = loss_of(x, y)
         opt.zero_grad(set_to_none=True)
@@ -430,7 +339,7 @@ def train_gpt(args):
     val = 0.0
     with torch.no_grad():
         for i in range(args.eval_batches):
-            x, y = corpus.windows(corpus.validation_offsets(i, args.eval_batches, b))
+            x, y = windows(corpus, corpus.validation_offsets(i, args.eval_batches, b))
             val += float(loss_of(x.to(dev), y.to(dev)))
     ordered = sorted(step_seconds)
     median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] +
