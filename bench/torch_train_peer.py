@@ -177,17 +177,17 @@ class Gpt(nn.Module):
         self.ln_f = nn.LayerNorm(width, eps=eps)
         self.lm_head = nn.Linear(width, cfg["vocab"], bias=False)
         self.lm_head.weight = self.wte.weight
-        # GPT-2's initialization as nanoGPT writes it: N(0, 0.02) weights, zero
-        # biases, residual projections N(0, 0.02 / sqrt(2 L)).
+        # weft::nn::gpt's initialization: GPT-2's standard deviations (0.02;
+        # the blocks' c_proj 0.02 / sqrt(2 L)) drawn as U(-a, a), a = stddev * sqrt(3);
+        # biases 0, layer norms 1 and 0.
         for name, p in self.named_parameters():
             if name.endswith("bias"):
                 nn.init.zeros_(p)
             elif name.startswith("ln") or ".ln_" in name:
                 nn.init.ones_(p)
-            elif name.endswith("c_proj.weight"):
-                nn.init.normal_(p, 0.0, 0.02 / (2 * cfg["layers"]) ** 0.5)
             else:
-                nn.init.normal_(p, 0.0, 0.02)
+                std = 0.02 / (2 * cfg["layers"]) ** 0.5 if name.endswith("c_proj.weight") else 0.02
+                nn.init.uniform_(p, -std * 3 ** 0.5, std * 3 ** 0.5)
 
     def forward(self, idx):
         t = idx.shape[1]
