@@ -345,7 +345,7 @@ def train_gpt(args):
     median = ordered[len(ordered) // 2] if len(ordered) % 2 else (ordered[len(ordered) // 2 - 1] +
                                                                   ordered[len(ordered) // 2]) / 2
     print(json.dumps({
-        "impl": "pytorch", "model": "gpt", "gpt": args.gpt, "config": describe(dict(cfg, context=context)),
+        "impl": "pytorch", "model": "gpt", "gpt": args.gpt, "config": describe(cfg),
         "torch": torch.__version__, "attention": attention, "device": device_name, "threads": threads,
         "interop_threads": torch.get_num_interop_threads(), "precision": args.precision,
         "optimizer": args.optimizer, "lr": args.lr, "weight_decay": opt.param_groups[0]["weight_decay"],
