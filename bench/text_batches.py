@@ -3,19 +3,20 @@ peer of weft-train-gpt (torch_train_peer.py --model gpt) trains on the same
 windows of the same bytes as Weft.
 
 The file's bytes split as nanoGPT splits them (the first 90% training, the
-rest validation); training batch `step` of a run with `seed` is B window
-offsets drawn by std::mt19937_64 seeded with std::seed_seq{seed low, seed
-high, step low, step high} (32-bit words) through the unbiased bounded draw
+rest validation); training batch `step` of a run with the value `run` (the
+trainers' --seed) is B window offsets drawn by std::mt19937_64, initialized
+by the standard's sequence mixer over {run low, run high, step low, step
+high} (32-bit words), through the unbiased bounded draw
 (weft::detail::bounded_draw); validation batch i of n is B windows at evenly
 spaced offsets of the validation split. Both generators are written out as
-the C++ standard defines them ([rand.util.seedseq], [rand.eng.mers]);
+the C++ standard defines them ([rand.util], [rand.eng.mers]);
 tests/scripts/check_torch_peer_batches.py compares them with weft::TextCorpus.
 """
 
 
-class SeedSeqMt64:
-    """std::mt19937_64 seeded by std::seed_seq{v...}, as the C++ standard
-    defines both ([rand.util.seedseq], [rand.eng.mers]): weft::TextCorpus's
+class MixedMt64:
+    """std::mt19937_64 initialized from the standard's sequence mixer over
+    `words`, as the C++ standard defines both ([rand.util], [rand.eng.mers]): weft::TextCorpus's
     generator, so this peer draws the same training windows."""
 
     N, M, R = 312, 156, 31
@@ -106,10 +107,10 @@ class TextCorpus:
                               f"{len(self.data) - self.train_size} validation bytes; each split needs at least one "
                               f"sequence of context + 1 = {need} bytes")
 
-    def train_offsets(self, seed, step, batch):
+    def train_offsets(self, run, step, batch):
         """The B window starts of training batch `step` (TextCorpus::train_batch)."""
-        words = [seed & 0xFFFFFFFF, (seed >> 32) & 0xFFFFFFFF, step & 0xFFFFFFFF, (step >> 32) & 0xFFFFFFFF]
-        gen = SeedSeqMt64(words)
+        words = [run & 0xFFFFFFFF, (run >> 32) & 0xFFFFFFFF, step & 0xFFFFFFFF, (step >> 32) & 0xFFFFFFFF]
+        gen = MixedMt64(words)
         starts = self.train_size - self.context
         return [gen.bounded(starts) for _ in range(batch)]
 

@@ -22,8 +22,8 @@ deterministic | benchmark+deterministic; --channels-last for NHWC.
 --model gpt is the peer of weft-train-gpt (weft::nn::gpt, nanoGPT's layout)
 on the CPU or one GPU: a byte-level language model trained on a text file's
 bytes (default $WEFT_TEXT_CORPUS, else /usr/local/share/weft/kjv.txt), the
-same batches as weft::TextCorpus draws (seed_seq-seeded mt19937_64 per step,
-unbiased bounded draw), the same validation windows, AdamW (or SGD, Adam) as
+same batches as weft::TextCorpus draws (an mt19937_64 per step, unbiased
+bounded draw), the same validation windows, AdamW (or SGD, Adam) as
 torch.optim computes them. It times --steps - --warmup training steps and
 prints a JSON line every --report-every steps and a summary line
 (tokens_per_s, step_ms median, val_loss, params, torch version, attention
