@@ -382,7 +382,8 @@ def main():
     gpt.add_argument("--context", type=int, default=0, help="tokens per sequence T (default: the config's)")
     gpt.add_argument("--steps", type=int, default=20, help="training steps, warm-up included (default 20)")
     gpt.add_argument("--warmup", type=int, default=3, help="first steps left out of the timing (default 3)")
-    gpt.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default="adamw")
+    gpt.add_argument("--optimizer", choices=["sgd", "momentum", "adam", "adamw"], default=None,
+                     help="default adamw (lenet and resnet18 train with plain SGD)")
     gpt.add_argument("--weight-decay", type=float, default=None, help="default: 0.01 (adamw), 0 (the others)")
     gpt.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     gpt.add_argument("--threads", type=int, default=0,
@@ -397,6 +398,8 @@ def main():
     if args.fp32:
         args.precision = "fp32"
     if args.model == "gpt":
+        if args.optimizer is None:
+            args.optimizer = "adamw"
         if args.batch_size is None:
             args.batch_size = 16
         if args.precision is None:
@@ -406,7 +409,7 @@ def main():
         if args.threads < 0:
             raise SystemExit(f"torch_train_peer: --threads {args.threads} must be positive (0: every CPU)")
         return train_gpt(args)
-    if args.optimizer != "adamw" or args.weight_decay is not None:
+    if args.optimizer is not None or args.weight_decay is not None:
         raise SystemExit(f"torch_train_peer: --optimizer and --weight-decay are --model gpt's; "
                          f"{args.model} trains with plain SGD as Weft's trainer does by default")
     if args.batch_size is None:
