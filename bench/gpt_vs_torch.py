@@ -234,6 +234,13 @@ def main():
         if not summary["same_params"]:
             print(f"gpt_vs_torch: the two models differ: weft has {summary['weft_params']} parameters, "
                   f"pytorch {summary['torch_params']}", file=sys.stderr)
+        # What each side says it ran, key by key.
+        differ = [k for k in ("steps", "batch_size", "context", "precision", "optimizer", "lr")
+                  if last["weft"].get(k) != last["torch"].get(k)]
+        summary["same_settings"] = not differ
+        for k in differ:
+            print(f"gpt_vs_torch: {k} differs: weft ran {last['weft'].get(k)!r}, pytorch {last['torch'].get(k)!r}",
+                  file=sys.stderr)
     if "torch" in last:
         summary.update({"torch": last["torch"].get("torch"), "attention": last["torch"].get("attention")})
     summary.update({"other_cores": median([r.get(f"{s}_other_cores") for r in rows for s in ("weft", "torch")]),
