@@ -143,6 +143,10 @@ def main():
                     help="the ratio pytorch / weft tokens/s to hold (default 1.2 on the CPU, 1.0 on cuda)")
     ap.add_argument("--weft-arg", action="append", default=[], help="one more argument for weft-train-gpt")
     ap.add_argument("--peer-arg", action="append", default=[], help="one more argument for the peer")
+    ap.add_argument("--weft-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more environment variable for weft-train-gpt")
+    ap.add_argument("--peer-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="one more environment variable for the peer (e.g. OMP_WAIT_POLICY=passive)")
     ap.add_argument("--only", choices=["weft", "pytorch"], default=None,
                     help="run one side alone (its rounds and medians, no ratio)")
     ap.add_argument("--dry-run", action="store_true", help="print the two command lines and stop")
@@ -180,15 +184,24 @@ def main():
     weft_cmd = [args.weft, "--model", args.gpt] + common + (["--data", args.text] if args.text is not None else []) + [
         "--eval-every", str(args.eval_every or args.steps),
         "--devices", "gpu:0" if args.device == "cuda" else "cpu:0", "--json"] + args.weft_arg
-    weft_env = dict(os.environ, WEFT_CPU_WORKERS=str(threads))
+    def env_of(pairs, flag, base):
+        env = dict(base)
+        for pair in pairs:
+            name, eq, value = pair.partition("=")
+            if not eq or not name:
+                fail(f"{flag} {pair!r}: want NAME=VALUE", 2)
+            env[name] = value
+        return env
+
+    weft_env = env_of(args.weft_env, "--weft-env", dict(os.environ, WEFT_CPU_WORKERS=str(threads)))
     python = python_with_torch(args.python)
     peer_cmd = [python or "python3", args.peer, "--model", "gpt", "--gpt", args.gpt] + common + text + [
         "--warmup", str(args.warmup), "--device", args.device, "--threads", str(threads)] + args.peer_arg
-    peer_env = dict(os.environ)
+    peer_env = env_of(args.peer_env, "--peer-env", os.environ)
 
     if args.dry_run:
-        print("weft:    " + shlex.join([f"WEFT_CPU_WORKERS={threads}"] + weft_cmd))
-        print("pytorch: " + shlex.join(peer_cmd))
+        print("weft:    " + shlex.join([f"WEFT_CPU_WORKERS={threads}"] + args.weft_env + weft_cmd))
+        print("pytorch: " + shlex.join(args.peer_env + peer_cmd))
         return 0
     run_weft, run_torch = args.only != "pytorch", args.only != "weft"
     if run_weft and not os.access(args.weft, os.X_OK):
@@ -244,7 +257,8 @@ def main():
     if "torch" in last:
         summary.update({"torch": last["torch"].get("torch"), "attention": last["torch"].get("attention")})
     summary.update({"other_cores": median([r.get(f"{s}_other_cores") for r in rows for s in ("weft", "torch")]),
-                    "cpus": cpus(), "weft": shlex.join(weft_cmd), "pytorch": shlex.join(peer_cmd)})
+                    "cpus": cpus(), "weft": shlex.join(args.weft_env + weft_cmd),
+                    "pytorch": shlex.join(args.peer_env + peer_cmd)})
     print(json.dumps(summary), flush=True)
     return 0
 
