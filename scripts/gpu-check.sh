@@ -190,8 +190,8 @@ for s in "${steps[@]}"; do
       resnet=$(find_bin weft-train-resnet)
       few=(--batch-size 256 --epochs 1 --limit 2560 --json)
       peer_py=(env -u LD_LIBRARY_PATH python3 "$here/bench/torch_train_peer.py" --data "$data" --model resnet18)
-      section "precision, optimizers and checkpoints of GPU tensors on CUDA (gpu precision*, gpu optim*, gpu checkpoint*)" 75 \
-        "$tests" -tc='gpu precision*,gpu optim*,gpu checkpoint*' --no-version --no-colors
+      section "precision, optimizers, checkpoints and the transformer ops and GPT on CUDA (gpu precision*, gpu optim*, gpu checkpoint*, gpu transformer*, gpu permute*, gpu gpt*)" 75 \
+        "$tests" -tc='gpu precision*,gpu optim*,gpu checkpoint*,gpu transformer*,gpu permute*,gpu gpt*' --no-version --no-colors
       for p in fp32 tf32 bf16 fp16; do
         section "ResNet-18 batch 256 $p channels-last (Weft)" 20 "$resnet" --device gpu:0 --precision "$p" --channels-last "${few[@]}"
         section "ResNet-18 batch 256 $p channels-last (PyTorch peer)" 20 "${peer_py[@]}" --precision "$p" --channels-last "${few[@]:0:6}"
@@ -212,6 +212,10 @@ for s in "${steps[@]}"; do
       section "causal attention on CUDA: float64 references and two runs' bits (gpu attention*), FLOP/s rows (weft-bench-ops --attention)" 45 \
         bash -c "set -e; '$tests' -tc='gpu attention*' --no-version --no-colors;
                  '$(find_bin weft-bench-ops)' --attention --json --reps 3 | tee /tmp/weft-never-run-attention.jsonl | grep '\"device\":\"gpu' || { echo 'no GPU attention rows in weft-bench-ops output'; exit 1; }"
+      section "GPT-2 small bf16 training step, Weft against PyTorch eager in the same call (bench/gpt_vs_torch.py)" 55 \
+        bash -c "set -e; cat '$here'/docs/*.md '$here'/docs/design/*.md > /tmp/weft-never-run-text.txt;
+                 python3 '$here/bench/gpt_vs_torch.py' --weft '$(find_bin weft-train-gpt)' --gpt small --device cuda \
+                   --precision bf16 --batch-size 8 --steps 12 --rounds 1 --text /tmp/weft-never-run-text.txt"
       # NCCL point to point with one GPU per process: check_nccl_p2p is
       # defined in this file where that check is built.
       if declare -F check_nccl_p2p > /dev/null; then
