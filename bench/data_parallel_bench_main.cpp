@@ -106,7 +106,7 @@ int usage(std::FILE* out, int rc) {
                "  peak over a pass) and state_bytes (its parameters, gradients and optimizer state between\n"
                "  steps); held_bytes: the allocator's bytes in use between steps (state and buffers);\n"
                "  max_weight_diff is from the unsharded one, the peer. --optimizer (default sgd) for all\n"
-               "  (adam, adamw: fewer than 0.1% of the weights may differ by more than 1e-5, their update\n"
+               "  (adam, adamw: fewer than 0.1%% of the weights may differ by more than 1e-5, their update\n"
                "  being ~lr * sign(g), flipped by rounding where g is near zero).\n"
                "  Memory per row: expected_bytes is ZeRO's accounting for the stage (parameters, gradients and\n"
                "  optimizer state; stage 3's two gathered layers; one bucket in flight, in stages 2 and 3 its\n"
