@@ -59,6 +59,7 @@
 #include "arg_cursor.h"
 #include "cpu/cpu_kernels.h"
 #include "cpu/intra_op.h"
+#include "gpt_step_bench.h"
 #include "measure.h"
 #include "weft/gpu.h"
 #include "weft/gpu_streams.h"
@@ -553,10 +554,30 @@ void gpu_attention_cases(const Options& o, weft::Engine& engine, std::vector<Att
 
 int main(int argc, char** argv) {
   Options o;
+  weft_bench::GptStepOptions gpt;
+  bool gpt_mode = false;
   for (weft::examples::ArgCursor args(argc, argv); args.next();) {
     const std::string& a = args.flag();
     if (a == "--json") o.json = true;
     else if (a == "--quick") o.quick = true, o.reps = 3;
+    else if (a == "--gpt") gpt_mode = true;
+    else if (a == "--gpt-no-profile") gpt.profile = false;
+    else if (a == "--gpt-model") {
+      const std::optional<std::string> v = args.value();
+      if (!v) {
+        std::fprintf(stderr, "weft-bench-ops: --gpt-model wants tiny, 6x384 or all (see --help)\n");
+        return 2;
+      }
+      gpt.model = *v;
+    } else if (a == "--gpt-batch") {
+      const std::optional<std::string> v = args.value();
+      const auto n = v ? weft::examples::ArgCursor::parse_int(*v, 1, 4096) : std::nullopt;
+      if (!n) {
+        std::fprintf(stderr, "weft-bench-ops: --gpt-batch wants a number from 1 to 4096 (see --help)\n");
+        return 2;
+      }
+      gpt.batch = static_cast<int>(*n);
+    }
     else if (a == "--bandwidth") o.bandwidth_only = true;
     else if (a == "--attention") o.attention_only = true;
     else if (a == "--reps") {
@@ -580,7 +601,10 @@ int main(int argc, char** argv) {
           "  attention_<fwd|fwd_bwd>_<dtype>_<BxHxTxD>: causal attention's FLOP/s (causal count) against the\n"
           "  dense batched GEMM of its scores' shape called directly (ratio = attention / GEMM FLOP/s); CPU\n"
           "  kernel at small shapes, and on a CUDA GPU [8,12,1024,64] and [4,16,2048,64]; --attention runs\n"
-          "  these alone.\n");
+          "  these alone.\n"
+          "  --gpt [--gpt-model tiny|6x384|all] [--gpt-batch N] [--gpt-no-profile]: a GPT training step\n"
+          "  (forward, lm_loss, backward, AdamW) on cpu(0): ms/step and tokens/s over --reps steps, then the\n"
+          "  profiler's per-op time per step (bench/gpt_cpu_step.py runs it beside PyTorch).\n");
       return 0;
     } else {
       std::fprintf(stderr, "weft-bench-ops: unknown argument '%s' (see --help)\n", a.c_str());
@@ -588,6 +612,11 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    if (gpt_mode) {
+      gpt.reps = o.reps;
+      gpt.json = o.json;
+      return weft_bench::run_gpt_step_bench(gpt);
+    }
     auto engine = weft::Engine::create(weft::EngineConfig{.kind = "threaded"});
     auto serial = weft::Engine::create(weft::EngineConfig{.kind = "threaded", .workers_per_cpu_device = 1});
     std::vector<Row> rows;
