@@ -41,22 +41,16 @@ class Scratch {
 };
 
 // s[i][j] = scale * q_i . k_j for rows [q0, q0 + nq) and keys [k0, k0 + nk)
-// of one (b, h) plane; keys past the diagonal (j > i) get -inf.
+// of one (b, h) plane, one sgemm (Q_tile K_tile^T); keys past the diagonal
+// (j > i) get -inf.
 void scores(float* s, const float* q, const float* k, std::int64_t q0, std::int64_t nq, std::int64_t k0,
             std::int64_t nk, std::int64_t d, float scale) {
+  gemm(false, true, nq, nk, d, scale, q + q0 * d, d, k + k0 * d, d, 0.0f, s, kBlockK);
+  if (k0 + nk - 1 <= q0) return;  // the whole tile is at or below the diagonal
   for (std::int64_t i = 0; i < nq; ++i) {
-    const float* qi = q + (q0 + i) * d;
     float* si = s + i * kBlockK;
-    for (std::int64_t j = 0; j < nk; ++j) {
-      if (k0 + j > q0 + i) {
-        si[j] = -std::numeric_limits<float>::infinity();
-        continue;
-      }
-      const float* kj = k + (k0 + j) * d;
-      float acc = 0.0f;
-      for (std::int64_t c = 0; c < d; ++c) acc += qi[c] * kj[c];
-      si[j] = acc * scale;
-    }
+    for (std::int64_t j = std::max<std::int64_t>(q0 + i - k0 + 1, 0); j < nk; ++j)
+      si[j] = -std::numeric_limits<float>::infinity();
   }
 }
 
@@ -69,23 +63,16 @@ void probabilities(float* s, const float* lse, std::int64_t q0, std::int64_t nq,
   }
 }
 
-// dp[i][j] = dout_i . v_j, then ds[i][j] = p[i][j] * (dp[i][j] - delta_i) in dp.
+// dp = dout_tile v_tile^T (one sgemm), then ds[i][j] = scale * p[i][j] *
+// (dp[i][j] - delta_i) in place: 0 wherever p is (past the diagonal).
 void score_grads(float* ds, const float* p, const float* dout, const float* v, const float* delta, std::int64_t q0,
-                 std::int64_t nq, std::int64_t k0, std::int64_t nk, std::int64_t d) {
+                 std::int64_t nq, std::int64_t k0, std::int64_t nk, std::int64_t d, float scale) {
+  gemm(false, true, nq, nk, d, 1.0f, dout + q0 * d, d, v + k0 * d, d, 0.0f, ds, kBlockK);
   for (std::int64_t i = 0; i < nq; ++i) {
-    const float* doi = dout + (q0 + i) * d;
     const float* pi = p + i * kBlockK;
     float* dsi = ds + i * kBlockK;
-    for (std::int64_t j = 0; j < nk; ++j) {
-      if (pi[j] == 0.0f) {
-        dsi[j] = 0.0f;
-        continue;
-      }
-      const float* vj = v + (k0 + j) * d;
-      float acc = 0.0f;
-      for (std::int64_t c = 0; c < d; ++c) acc += doi[c] * vj[c];
-      dsi[j] = pi[j] * (acc - delta[i]);
-    }
+    const float di = delta[i];
+    for (std::int64_t j = 0; j < nk; ++j) dsi[j] = pi[j] == 0.0f ? 0.0f : scale * (pi[j] * (dsi[j] - di));
   }
 }
 
@@ -134,7 +121,10 @@ void causal_attention_forward(float* out, float* lse, const float* q, const floa
           float* si = s + i * kBlockK;
           float block_max = -std::numeric_limits<float>::infinity();
           for (std::int64_t j = 0; j < nk; ++j) block_max = std::max(block_max, si[j]);
-          if (block_max == -std::numeric_limits<float>::infinity()) continue;  // all masked for this row
+          if (block_max == -std::numeric_limits<float>::infinity()) {  // all masked for this row
+            std::fill(si, si + nk, 0.0f);
+            continue;
+          }
           const float m_new = std::max(m[i], block_max);
           const float correction = std::exp(m[i] - m_new);  // exp(-inf) = 0 on the first block
           float sum = 0.0f;
@@ -146,13 +136,9 @@ void causal_attention_forward(float* out, float* lse, const float* q, const floa
           m[i] = m_new;
           float* ai = acc + i * d;
           for (std::int64_t c = 0; c < d; ++c) ai[c] *= correction;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const float p = si[j];
-            if (p == 0.0f) continue;
-            const float* vj = vp + (k0 + j) * d;
-            for (std::int64_t c = 0; c < d; ++c) ai[c] += p * vj[c];
-          }
         }
+        // acc += P_tile V_tile: one sgemm.
+        gemm(false, false, nq, d, nk, 1.0f, s, kBlockK, vp + k0 * d, d, 1.0f, acc, d);
       }
       // Every row sees key 0, so l > 0.
       float* op = out + off;
@@ -195,22 +181,10 @@ void causal_attention_backward(float* dq, float* dk, float* dv, const float* q, 
         scores(p, qp, kp, q0, nq, k0, nk, d, scale);
         probabilities(p, lp, q0, nq, nk);
         row_deltas(delta, op, dop, q0, nq, d);
-        score_grads(ds, p, dop, vp, delta, q0, nq, k0, nk, d);
-        for (std::int64_t i = 0; i < nq; ++i) {
-          const float* doi = dop + (q0 + i) * d;
-          const float* qi = qp + (q0 + i) * d;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const float pij = p[i * kBlockK + j];
-            const float dsij = ds[i * kBlockK + j] * scale;
-            if (pij == 0.0f && dsij == 0.0f) continue;
-            float* dvj = dvp + j * d;
-            float* dkj = dkp + j * d;
-            for (std::int64_t c = 0; c < d; ++c) {
-              dvj[c] += pij * doi[c];
-              dkj[c] += dsij * qi[c];
-            }
-          }
-        }
+        score_grads(ds, p, dop, vp, delta, q0, nq, k0, nk, d, scale);
+        // dv_tile += P^T dout_tile and dk_tile += dS^T q_tile: two sgemms.
+        gemm(true, false, nk, d, nq, 1.0f, p, kBlockK, dop + q0 * d, d, 1.0f, dvp, d);
+        gemm(true, false, nk, d, nq, 1.0f, ds, kBlockK, qp + q0 * d, d, 1.0f, dkp, d);
       }
     }
   });
@@ -236,16 +210,9 @@ void causal_attention_backward(float* dq, float* dk, float* dv, const float* q, 
         const std::int64_t nk = std::min(kBlockK, last_key + 1 - k0);
         scores(p, qp, kp, q0, nq, k0, nk, d, scale);
         probabilities(p, lp, q0, nq, nk);
-        score_grads(ds, p, dop, vp, delta, q0, nq, k0, nk, d);
-        for (std::int64_t i = 0; i < nq; ++i) {
-          float* dqi = dqp + i * d;
-          for (std::int64_t j = 0; j < nk; ++j) {
-            const float dsij = ds[i * kBlockK + j] * scale;
-            if (dsij == 0.0f) continue;
-            const float* kj = kp + (k0 + j) * d;
-            for (std::int64_t c = 0; c < d; ++c) dqi[c] += dsij * kj[c];
-          }
-        }
+        score_grads(ds, p, dop, vp, delta, q0, nq, k0, nk, d, scale);
+        // dq_tile += dS k_tile: one sgemm.
+        gemm(false, false, nq, d, nk, 1.0f, ds, kBlockK, kp + k0 * d, d, 1.0f, dqp, d);
       }
     }
   });
