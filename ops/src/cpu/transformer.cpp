@@ -3,7 +3,9 @@
 // and backward. Rows are independent and split across the arena; every sum
 // runs in a fixed order in double, so results never depend on the split.
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "cpu/cpu_kernels.h"
@@ -15,6 +17,50 @@ namespace {
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
 
+// tanh in float32 without a libm call, so that GELU's loops vectorize
+// (Cephes' tanhf: its error and std::tanh's against a float64 GELU are the
+// same): an odd polynomial for |u| < 0.625, else 1 - 2 / (exp(2|u|) + 1)
+// with exp by range reduction to [-ln2/2, ln2/2] and a degree-6 polynomial
+// (Cephes' expf). 2|u| is capped at 40, where tanh is 1 in float32, so 2^n
+// stays a normal number. NaN in gives NaN out. The selects are bit masks:
+// with -ftrapping-math GCC keeps `c ? a : b` on floats as a branch.
+inline float gelu_select(bool c, float a, float b) {
+  const std::uint32_t m = 0u - static_cast<std::uint32_t>(c);
+  return std::bit_cast<float>((std::bit_cast<std::uint32_t>(a) & m) | (std::bit_cast<std::uint32_t>(b) & ~m));
+}
+
+inline float gelu_exp(float x) {  // x in [0, 40]
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  const float z = r * r;
+  float y = 1.9875691500e-4f;
+  y = y * r + 1.3981999507e-3f;
+  y = y * r + 8.3334519073e-3f;
+  y = y * r + 4.1665795894e-2f;
+  y = y * r + 1.6666665459e-1f;
+  y = y * r + 5.0000001201e-1f;
+  y = y * z + r + 1.0f;
+  const float scale = std::bit_cast<float>((static_cast<std::int32_t>(n) + 127) << 23);
+  return y * scale;
+}
+
+inline float gelu_tanh(float u) {
+  const std::uint32_t sign = std::bit_cast<std::uint32_t>(u) & 0x80000000u;
+  const float a = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
+  const float z = u * u;
+  float small = -5.70498872745e-3f;
+  small = small * z + 2.06390887954e-2f;
+  small = small * z - 5.37397155531e-2f;
+  small = small * z + 1.33314422036e-1f;
+  small = small * z - 3.33332819422e-1f;
+  small = small * z * u + u;
+  const float e = gelu_exp(gelu_select(a < 20.0f, 2.0f * a, 40.0f));
+  const float large = std::bit_cast<float>(std::bit_cast<std::uint32_t>(1.0f - 2.0f / (e + 1.0f)) | sign);
+  return gelu_select(a < 0.625f, small, gelu_select(u == u, large, u));
+}
+
 }  // namespace
 
 void gelu(float* y, const float* x, std::int64_t n) {
@@ -22,7 +68,7 @@ void gelu(float* y, const float* x, std::int64_t n) {
     for (std::int64_t i = lo; i < hi; ++i) {
       const float v = x[i];
       const float u = static_cast<float>(kGeluC) * (v + static_cast<float>(kGeluA) * v * v * v);
-      y[i] = 0.5f * v * (1.0f + std::tanh(u));
+      y[i] = 0.5f * v * (1.0f + gelu_tanh(u));
     }
   });
 }
@@ -32,7 +78,7 @@ void gelu_grad(float* dx, const float* x, const float* dy, std::int64_t n) {
     for (std::int64_t i = lo; i < hi; ++i) {
       const float v = x[i];
       const float u = static_cast<float>(kGeluC) * (v + static_cast<float>(kGeluA) * v * v * v);
-      const float t = std::tanh(u);
+      const float t = gelu_tanh(u);
       const float du = static_cast<float>(kGeluC) * (1.0f + 3.0f * static_cast<float>(kGeluA) * v * v);
       dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
     }
@@ -92,33 +138,55 @@ void layer_norm_forward(float* y, float* mean, float* rstd, const float* x, cons
 void layer_norm_backward(float* dx, float* dweight, float* dbias, const float* x, const float* dy, const float* weight,
                          const float* mean, const float* rstd, std::int64_t rows, std::int64_t cols) {
   // dx per row: rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * weight.
-  detail::parallel_for(rows, detail::grain_for(cols * 6), [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r) {
-      const float* v = x + r * cols;
-      const float* d = dy + r * cols;
-      const double m = mean[r], inv = rstd[r];
-      double sg = 0.0, sgx = 0.0;
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const double g = static_cast<double>(d[j]) * weight[j];
-        sg += g;
-        sgx += g * (v[j] - m) * inv;
-      }
-      const double mg = sg / static_cast<double>(cols), mgx = sgx / static_cast<double>(cols);
-      float* out = dx + r * cols;
-      for (std::int64_t j = 0; j < cols; ++j) {
-        const double g = static_cast<double>(d[j]) * weight[j];
-        out[j] = static_cast<float>(inv * (g - mg - (v[j] - m) * inv * mgx));
+  // dweight and dbias: each fixed chunk of rows (its size depends on the
+  // shape only) sums its rows into its own partial row, in order, in double,
+  // while it walks them for dx; the partials are then added chunk by chunk, in
+  // order. The same bits for every thread count, and x and dy are read row by
+  // row once.
+  if (rows <= 0 || cols <= 0) {
+    std::fill(dweight, dweight + std::max<std::int64_t>(cols, 0), 0.0f);
+    std::fill(dbias, dbias + std::max<std::int64_t>(cols, 0), 0.0f);
+    return;
+  }
+  const std::int64_t chunk = std::max<std::int64_t>(64, (rows + 255) / 256);
+  const std::int64_t chunks = (rows + chunk - 1) / chunk;
+  std::vector<double> part_w(static_cast<std::size_t>(chunks * cols)), part_b(static_cast<std::size_t>(chunks * cols));
+  detail::parallel_for(chunks, detail::grain_for(chunk * cols * 8), [&](std::int64_t clo, std::int64_t chi) {
+    std::vector<double> g(static_cast<std::size_t>(cols)), xhat(static_cast<std::size_t>(cols));
+    for (std::int64_t c = clo; c < chi; ++c) {
+      double* pw = part_w.data() + c * cols;
+      double* pb = part_b.data() + c * cols;
+      std::fill(pw, pw + cols, 0.0);
+      std::fill(pb, pb + cols, 0.0);
+      for (std::int64_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
+        const float* v = x + r * cols;
+        const float* d = dy + r * cols;
+        const double m = mean[r], inv = rstd[r];
+        double sg = 0.0, sgx = 0.0;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const double dj = d[j];
+          const double h = (v[j] - m) * inv;
+          const double gj = dj * weight[j];
+          g[static_cast<std::size_t>(j)] = gj;
+          xhat[static_cast<std::size_t>(j)] = h;
+          sg += gj;
+          sgx += gj * h;
+          pw[j] += dj * h;
+          pb[j] += dj;
+        }
+        const double mg = sg / static_cast<double>(cols), mgx = sgx / static_cast<double>(cols);
+        float* out = dx + r * cols;
+        for (std::int64_t j = 0; j < cols; ++j)
+          out[j] = static_cast<float>(inv * (g[static_cast<std::size_t>(j)] - mg - xhat[static_cast<std::size_t>(j)] * mgx));
       }
     }
   });
-  // dweight, dbias per column, the rows summed in order: deterministic.
-  detail::parallel_for(cols, detail::grain_for(rows * 2), [&](std::int64_t lo, std::int64_t hi) {
+  detail::parallel_for(cols, detail::grain_for(chunks * 2), [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t j = lo; j < hi; ++j) {
       double sw = 0.0, sb = 0.0;
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const double g = dy[r * cols + j];
-        sw += g * (x[r * cols + j] - static_cast<double>(mean[r])) * rstd[r];
-        sb += g;
+      for (std::int64_t c = 0; c < chunks; ++c) {
+        sw += part_w[static_cast<std::size_t>(c * cols + j)];
+        sb += part_b[static_cast<std::size_t>(c * cols + j)];
       }
       dweight[j] = static_cast<float>(sw);
       dbias[j] = static_cast<float>(sb);
