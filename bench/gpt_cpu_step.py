@@ -6,7 +6,7 @@ Weft's GPT on cpu(0)) and the same step in PyTorch (a nanoGPT-style model
 with the same layers and shapes: wte, wpe, pre-norm blocks with c_attn,
 causal attention, c_proj, c_fc, tanh GELU, c_proj, ln_f, lm_head tied to
 wte; AdamW lr 1e-3, weight decay 0.01) with torch.set_num_threads equal to
-Weft's worker count. The two alternate for --rounds rounds, each timing
+Weft's worker count (--torch-threads to change it). The two alternate for --rounds rounds, each timing
 --reps steps, so that load from other processes lands on both. Prints JSON
 lines (bench/README.md): Weft's and PyTorch's per-round lines, then per model
 {"case":"gpt_cpu_step", "weft_tokens_per_s", "torch_tokens_per_s",
@@ -131,6 +131,8 @@ def main():
     p.add_argument("--reps", type=int, default=5, help="timed steps per round")
     p.add_argument("--profile", action="store_true", help="also print Weft's per-op breakdown (first round)")
     p.add_argument("--torch-only", action="store_true", help="PyTorch's step alone (no Weft binary)")
+    p.add_argument("--torch-threads", type=int, default=0,
+                   help="torch.set_num_threads (0: Weft's worker count, the same-call comparison)")
     args = p.parse_args()
     try:
         import torch
@@ -153,7 +155,8 @@ def main():
                     if line.get("case") == "gpt_step":
                         workers = line["workers"]
                         weft_ms.append(line["step_ms"])
-            threads = workers or int(os.environ.get("WEFT_CPU_WORKERS") or len(os.sched_getaffinity(0)))
+            threads = args.torch_threads or workers or int(os.environ.get("WEFT_CPU_WORKERS")
+                                                         or len(os.sched_getaffinity(0)))
             times, attention = torch_step_times(torch, name, batch, threads, args.reps)
             median = statistics.median(times)
             torch_ms.append(median)
