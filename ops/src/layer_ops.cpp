@@ -1,5 +1,6 @@
 // Layer ops (dense, convolution, pooling, batch normalization, loss, causal attention, SGD):
 // shape checks at push time, then one engine op calling the CPU or GPU kernel.
+#include <algorithm>
 #include <cmath>
 
 #include "cpu/cpu_kernels.h"
@@ -539,11 +540,23 @@ CausalAttention causal_attention(const Tensor& q, const Tensor& k, const Tensor&
   check_attention(op, {{&q, "q"}, {&k, "k"}, {&v, "v"}}, scale);
   const Shape& s = q.shape();
   const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
+  [[maybe_unused]] const std::int64_t s0 = s[0], s1 = s[1];
   CausalAttention out{detail::make_like(q, s), detail::make_like(q, Shape{s[0], s[1], t}, DType::float32)};
   [[maybe_unused]] const DType dt = q.dtype();
   launch(op, detail::exec_device(q.device()), {&q, &k, &v}, {&out.out, &out.lse},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu) {
+#if WEFT_HAVE_CUDA
+             namespace kg = ::weft::kernels::gpu;
+             if (const auto f = kg::fused_attention_plan(*ctx.gpu, dt, false, s0, s1, t, d, scale,
+                                                        kg::attention_impl_from_env())) {
+               const detail::GpuScratch ws(ctx, std::max<std::size_t>(f->workspace_bytes, 256),
+                                           "the fused attention's cuDNN workspace");
+               kg::causal_attention_fused_forward(*ctx.gpu, *f, io.out[0], io.o(1), io.in[0], io.in[1], io.in[2],
+                                                 scale, ws.floats());
+               return;
+             }
+#endif
              const detail::GpuScratch scores(ctx, attention_scores_bytes(planes, t, 1),
                                              attention_scores_what(planes, t, 1));
              WEFT_GPU_KERNEL(op, causal_attention_forward(*ctx.gpu, dt, io.out[0], io.o(1), io.in[0], io.in[1],
@@ -566,11 +579,24 @@ CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k,
     throw Error(std::string(op) + ": lse " + describe(lse) + " does not match q " + describe(q) + " (want [" +
                 std::to_string(s[0]) + ", " + std::to_string(s[1]) + ", " + std::to_string(s[2]) + "])");
   const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
+  [[maybe_unused]] const std::int64_t s0 = s[0], s1 = s[1];
   CausalAttentionGrads g{detail::make_like(q, s), detail::make_like(q, s), detail::make_like(q, s)};
   [[maybe_unused]] const DType dt = q.dtype();
   launch(op, detail::exec_device(q.device()), {&q, &k, &v, &out, &dout, &lse}, {&g.dq, &g.dk, &g.dv},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu) {
+#if WEFT_HAVE_CUDA
+             namespace kg = ::weft::kernels::gpu;
+             if (const auto f = kg::fused_attention_plan(*ctx.gpu, dt, true, s0, s1, t, d, scale,
+                                                        kg::attention_impl_from_env())) {
+               const detail::GpuScratch ws(ctx, std::max<std::size_t>(f->workspace_bytes, 256),
+                                           "the fused attention's cuDNN workspace");
+               kg::causal_attention_fused_backward(*ctx.gpu, *f, io.out[0], io.out[1], io.out[2], io.in[0], io.in[1],
+                                                  io.in[2], io.in[3], io.in[4], io.i(5), s0, s1, t, scale,
+                                                  ws.floats());
+               return;
+             }
+#endif
              // The scores and their gradients, one after the other.
              const detail::GpuScratch scores(ctx, attention_scores_bytes(planes, t, 2),
                                              attention_scores_what(planes, t, 2));

@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine_test_util.h"
 #include "gpu_test_util.h"
 #include "weft/dtype.h"
+#include "weft/error.h"
 #include "weft/nn_ops.h"
 
 namespace {
@@ -189,4 +191,87 @@ TEST_CASE("gpu attention - two runs of causal attention give the same bits") {
     // Not a constant: the outputs depend on the inputs.
     CHECK(gputest::max_abs(runs[0][0]) > 0.0);
   }
+}
+
+// CUDA only: both CUDA paths (WEFT_ATTENTION_IMPL=gemm and =fused, cuDNN's
+// scaled-dot-product attention graph) against the float64 references, and
+// against each other; `fused` on float32 (no fused path) is a weft::Error
+// naming the variable, the op and the dtype.
+TEST_CASE("gpu attention - fused cuDNN and batched-GEMM paths agree with float64 references") {
+  WEFT_REQUIRE_GPU();
+  if (gputest::simulated()) {
+    std::printf("[weft-skip] the fused cuDNN path is CUDA only (simulated GPUs run the CPU kernel)\n");
+    return;
+  }
+  const float scale = 0.125f;
+  // D = 16, 64, 128 (multiples of 8 up to the fused path's 128); T = 70
+  // (not a multiple of 64) and 600 (several of the GEMM path's row chunks).
+  const std::vector<weft::Shape> shapes{{2, 2, 70, 16}, {1, 2, 600, 64}, {1, 2, 192, 128}};
+  auto e = gputest::make_engine({.gpu_devices = 1});
+  const weft::Device g = weft::Device::gpu(0);
+  for (const weft::Shape& s : shapes) {
+    const i64 b = s[0], h = s[1], t = s[2], d = s[3];
+    const auto n = static_cast<std::size_t>(s.numel());
+    for (DType dt : {DType::bfloat16, DType::float16}) {
+      const std::string dtype_name(weft::to_string(dt)), shape_name = s.str();
+      CAPTURE(dtype_name);
+      CAPTURE(shape_name);
+      std::vector<float> host[4];
+      weft::Tensor in[4];
+      for (int x = 0; x < 4; ++x) {
+        in[x] = weft::Tensor::from_host(*e, s, gputest::random_values(n, 90 + static_cast<std::uint64_t>(x)), g, dt);
+        host[x] = in[x].to_host();
+      }
+      std::vector<PlaneGrads> r;
+      for (i64 p = 0; p < b * h; ++p) {
+        const i64 off = p * t * d;
+        r.push_back(reference(host[0].data() + off, host[1].data() + off, host[2].data() + off, host[3].data() + off,
+                              t, d, scale));
+      }
+      std::map<std::string, std::vector<std::vector<float>>> results;
+      for (const char* impl : {"gemm", "fused"}) {
+        CAPTURE(impl);
+        weft_test::EnvGuard env("WEFT_ATTENTION_IMPL", impl);
+        ops::CausalAttention a = ops::causal_attention(in[0], in[1], in[2], scale);
+        ops::CausalAttentionGrads gr = ops::causal_attention_backward(in[0], in[1], in[2], a.out, in[3], a.lse, scale);
+        std::vector<std::vector<float>> got{a.out.to_host(), a.lse.to_host(), gr.dq.to_host(), gr.dk.to_host(),
+                                            gr.dv.to_host()};
+        const double unit = roundoff(dt);
+        CHECK(worst_of_largest(got[0], r, &PlaneGrads::out) <= 4 * unit);
+        CHECK(worst_of_largest(got[1], r, &PlaneGrads::lse) <= 4 * 0x1p-20);
+        CHECK(worst_of_largest(got[2], r, &PlaneGrads::dq) <= 8 * unit);
+        CHECK(worst_of_largest(got[3], r, &PlaneGrads::dk) <= 8 * unit);
+        CHECK(worst_of_largest(got[4], r, &PlaneGrads::dv) <= 8 * unit);
+        CHECK(gputest::max_abs(got[0]) > 0.0);
+        results[impl] = std::move(got);
+      }
+      // Fused against GEMM, relative to each tensor's largest element: each
+      // is within its bound of the reference, so within twice of the other.
+      const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+      for (std::size_t x = 0; x < 5; ++x) {
+        CAPTURE(names[x]);
+        const std::vector<float>& fused = results["fused"][x];
+        const std::vector<float>& gemm = results["gemm"][x];
+        double diff = 0, largest = 0;
+        for (std::size_t i = 0; i < gemm.size(); ++i) {
+          diff = std::max(diff, static_cast<double>(std::abs(fused[i] - gemm[i])));
+          largest = std::max(largest, static_cast<double>(std::abs(gemm[i])));
+        }
+        const double bound = x == 1 ? 8 * 0x1p-20 : (x == 0 ? 8 : 16) * roundoff(dt);
+        CHECK(diff / std::max(largest, 1e-30) <= bound);
+      }
+    }
+  }
+  // fused where there is no fused path: float32.
+  weft_test::EnvGuard env("WEFT_ATTENTION_IMPL", "fused");
+  const weft::Shape s{1, 1, 8, 8};
+  weft::Tensor q = weft::Tensor::from_host(*e, s, gputest::random_values(64, 5), g, DType::float32);
+  const std::string msg = weft_test::error_of([&] {
+    ops::CausalAttention a = ops::causal_attention(q, q, q, scale);
+    (void)a.out.to_host();
+  });
+  CHECK(msg.find("causal_attention") != std::string::npos);
+  CHECK(msg.find("WEFT_ATTENTION_IMPL=fused") != std::string::npos);
+  CHECK(msg.find("float32") != std::string::npos);
+  CHECK(msg.find("[1, 1, 8, 8]") != std::string::npos);
 }

@@ -14,7 +14,11 @@
 // float32 GEMMs and convolutions use TF32 tensor cores (ignored for halves).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
 
 #include "../conv_geometry.h"
 #include "../optim_math.h"
@@ -156,6 +160,36 @@ void causal_attention_forward(const WorkerHandles& h, DType dt, void* out, float
 void causal_attention_backward(const WorkerHandles& h, DType dt, void* dq, void* dk, void* dv, const void* q,
                                const void* k, const void* v, const void* out, const void* dout, const float* lse,
                                std::int64_t planes, std::int64_t t, std::int64_t d, float scale, float* scores);
+
+// Causal attention's fused path (cudnn_attention.cpp; docs/design/attention.md,
+// "Fused path"): cuDNN's scaled-dot-product attention graph for bfloat16 and
+// float16. WEFT_ATTENTION_IMPL picks auto (fused where cuDNN builds a plan,
+// else the GEMM path), fused (a weft::Error naming the op, shape, dtype and
+// cuDNN's refusal when it cannot) or gemm.
+inline constexpr const char* kAttentionImplVariable = "WEFT_ATTENTION_IMPL";
+inline constexpr std::int64_t kFusedAttentionMaxHeadWidth = 128;
+enum class AttentionImpl { automatic, fused, gemm };
+AttentionImpl attention_impl_from_env();
+// Why the fused path cannot take (dtype, head width d); empty when it may.
+std::string fused_attention_unsupported(DType dt, std::int64_t d);
+// A finalized plan and the device memory it needs (cuDNN's workspace, then
+// backward's float32 row sums and dq accumulator).
+struct FusedAttention {
+  std::shared_ptr<void> plan;
+  std::size_t cudnn_workspace = 0;
+  std::size_t workspace_bytes = 0;
+};
+// The cached plan for the key, built on first use; empty when the GEMM path
+// is to run (impl gemm, or auto and cuDNN refused, remembered per key).
+std::optional<FusedAttention> fused_attention_plan(const WorkerHandles& h, DType dt, bool backward, std::int64_t b,
+                                                   std::int64_t heads, std::int64_t t, std::int64_t d, float scale,
+                                                   AttentionImpl impl);
+void causal_attention_fused_forward(const WorkerHandles& h, const FusedAttention& f, void* out, float* lse,
+                                    const void* q, const void* k, const void* v, float scale, void* workspace);
+void causal_attention_fused_backward(const WorkerHandles& h, const FusedAttention& f, void* dq, void* dk, void* dv,
+                                     const void* q, const void* k, const void* v, const void* out, const void* dout,
+                                     const float* lse, std::int64_t b, std::int64_t heads, std::int64_t t,
+                                     float scale, void* workspace);
 
 // w -= lr * (g + weight_decay * w), all float32; skipped entirely (w
 // unchanged) when `skip` is not null and *skip != 0 (read on the device).
