@@ -36,8 +36,15 @@
 // 2 * B*H*T*T*D FLOP) called directly (cuBLAS strided batched in the same
 // dtype on a GPU; OpenBLAS float32 sgemm per plane on the CPU); ratio =
 // attention FLOP/s / GEMM FLOP/s. On CPU devices the CPU kernel at small
-// shapes; on a CUDA GPU the batched-GEMM path at [8,12,1024,64] and
-// [4,16,2048,64].
+// shapes; on a CUDA GPU the default path (WEFT_ATTENTION_IMPL as set) at
+// [8,12,1024,64] and [4,16,2048,64], and for bfloat16 / float16 both CUDA
+// paths side by side in the same run, interleaved (WEFT_ATTENTION_IMPL=gemm
+// against =fused, cuDNN's fused graph): "path" says which path the default
+// ran (fused, gemm; cpu on CPU devices), fused_ms and gemm_path_ms their
+// times, gemm_over_fused = the GEMM path's FLOP/s / the fused path's and
+// default_over_fused = the default path's FLOP/s / the fused path's (1 by
+// construction when the fused path is the default's); "fused" says why
+// not when cuDNN refused the fused graph (then no path fields).
 //
 // Output: a table, or with --json one line per case:
 //   {"case":..., "engine_ns":..., "direct_ns":..., "ratio":..., ...}
@@ -49,6 +56,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -61,6 +69,7 @@
 #include "cpu/intra_op.h"
 #include "gpt_step_bench.h"
 #include "measure.h"
+#include "weft/error.h"
 #include "weft/gpu.h"
 #include "weft/gpu_streams.h"
 #include "weft/nn.h"
@@ -253,6 +262,32 @@ struct AttentionRow {
   std::string name, device;
   double flops = 0, gemm_flops = 0;
   weft_bench::Summary attention, gemm;  // ns per call
+  std::string path = "cpu";             // the path the default ran
+  bool paths = false;                   // gemm_path and fused were measured
+  weft_bench::Summary gemm_path, fused;  // ns per call, WEFT_ATTENTION_IMPL=gemm / =fused
+  std::string fused_refusal;            // why the fused path did not run (CUDA halves)
+};
+
+// Sets WEFT_ATTENTION_IMPL for a scope (the engine must be idle: its
+// workers read the variable when an attention op runs) and puts the
+// caller's value back.
+class AttentionImplScope {
+ public:
+  explicit AttentionImplScope(const char* impl) {
+    if (const char* old = std::getenv("WEFT_ATTENTION_IMPL")) old_ = std::string(old);
+    ::setenv("WEFT_ATTENTION_IMPL", impl, 1);
+  }
+  ~AttentionImplScope() {
+    if (old_)
+      ::setenv("WEFT_ATTENTION_IMPL", old_->c_str(), 1);
+    else
+      ::unsetenv("WEFT_ATTENTION_IMPL");
+  }
+  AttentionImplScope(const AttentionImplScope&) = delete;
+  AttentionImplScope& operator=(const AttentionImplScope&) = delete;
+
+ private:
+  std::optional<std::string> old_;
 };
 
 const char* short_dtype(weft::DType t) {
@@ -264,7 +299,8 @@ const char* short_dtype(weft::DType t) {
 void attention_cases(const Options& o, weft::Engine& engine, weft::Device device,
                      const std::vector<weft::Shape>& shapes, const std::vector<weft::DType>& dtypes, std::int64_t calls,
                      const std::function<void(weft::DType, std::int64_t, std::int64_t, std::int64_t)>& gemm_peer,
-                     const std::function<void()>& settle, std::vector<AttentionRow>& rows) {
+                     const std::function<void()>& settle, std::vector<AttentionRow>& rows,
+                     bool compare_cuda_paths = false) {
   namespace ops = weft::ops;
   for (const weft::Shape& s : shapes) {
     const std::int64_t planes = s[0] * s[1], t = s[2], d = s[3];
@@ -281,15 +317,46 @@ void attention_cases(const Options& o, weft::Engine& engine, weft::Device device
       }
       engine.wait_all();
       for (bool backward : {false, true}) {
+        const auto run = [&] {
+          for (std::int64_t i = 0; i < calls; ++i) {
+            ops::CausalAttention a = ops::causal_attention(in[0], in[1], in[2], scale);
+            if (backward) ops::causal_attention_backward(in[0], in[1], in[2], a.out, in[3], a.lse, scale);
+          }
+          engine.wait_all();
+        };
+        AttentionRow row;
+        if (compare_cuda_paths) {
+          row.path = "gemm";
+          if (dt != weft::DType::float32) {
+            try {
+              const AttentionImplScope fused("fused");
+              run();  // builds the plans; cuDNN's refusal is a weft::Error here
+              row.path = "fused";
+            } catch (const weft::Error& e) {
+              row.fused_refusal = e.what();
+            }
+          }
+          if (row.path == "fused") {
+            const Row p = measure(
+                "", "", calls, o.reps,
+                [&] {
+                  const AttentionImplScope gemm("gemm");
+                  run();
+                },
+                [&] {
+                  const AttentionImplScope fused("fused");
+                  run();
+                },
+                settle);
+            row.paths = true;
+            row.gemm_path = p.engine;
+            row.fused = p.direct;
+          }
+          // What the default picked: fused where it runs, unless the caller forced gemm.
+          if (const char* v = std::getenv("WEFT_ATTENTION_IMPL"); v && std::string(v) == "gemm") row.path = "gemm";
+        }
         const Row r = measure(
-            "", "", calls, o.reps,
-            [&] {
-              for (std::int64_t i = 0; i < calls; ++i) {
-                ops::CausalAttention a = ops::causal_attention(in[0], in[1], in[2], scale);
-                if (backward) ops::causal_attention_backward(in[0], in[1], in[2], a.out, in[3], a.lse, scale);
-              }
-              engine.wait_all();
-            },
+            "", "", calls, o.reps, run,
             [&] {
               for (std::int64_t i = 0; i < calls; ++i) gemm_peer(dt, planes, t, d);
             },
@@ -297,8 +364,13 @@ void attention_cases(const Options& o, weft::Engine& engine, weft::Device device
         std::string name = std::string("attention_") + (backward ? "fwd_bwd_" : "fwd_") + short_dtype(dt) + "_" +
                            std::to_string(s[0]) + "x" + std::to_string(s[1]) + "x" + std::to_string(t) + "x" +
                            std::to_string(d);
-        rows.push_back(AttentionRow{std::move(name), device.str(), backward ? 3.5 * fwd : fwd, gemm, r.engine,
-                                    r.direct});
+        row.name = std::move(name);
+        row.device = device.str();
+        row.flops = backward ? 3.5 * fwd : fwd;
+        row.gemm_flops = gemm;
+        row.attention = r.engine;
+        row.gemm = r.direct;
+        rows.push_back(std::move(row));
       }
     }
   }
@@ -336,18 +408,39 @@ void cpu_attention_cases(const Options& o, weft::Engine& engine, std::vector<Att
 
 void print_attention(const Options& o, const std::vector<AttentionRow>& rows) {
   if (!o.json && !rows.empty())
-    std::printf("%-36s %-8s %12s %12s %12s %8s\n", "case", "device", "ms", "tflops", "gemm_tflops", "ratio");
+    std::printf("%-36s %-8s %12s %12s %12s %8s  %s\n", "case", "device", "ms", "tflops", "gemm_tflops", "ratio",
+                "path");
   for (const AttentionRow& r : rows) {
     const double tf = r.flops / r.attention.median / 1e3, gtf = r.gemm_flops / r.gemm.median / 1e3;  // ns -> TFLOP/s
+    std::string paths;  // the JSON fields of the two CUDA paths
+    if (r.paths) {
+      char buf[256];
+      std::snprintf(buf, sizeof buf,
+                    ",\"fused_ms\":%.4f,\"gemm_path_ms\":%.4f,\"gemm_over_fused\":%.4f,\"default_over_fused\":%.4f",
+                    r.fused.median / 1e6, r.gemm_path.median / 1e6, r.fused.median / r.gemm_path.median,
+                    r.fused.median / r.attention.median);
+      paths = buf;
+    } else if (!r.fused_refusal.empty()) {
+      std::string text;
+      for (char c : r.fused_refusal) {
+        if (c == '"' || c == '\\') text.push_back('\\');
+        text.push_back(c == '\n' ? ' ' : c);
+      }
+      paths = ",\"fused\":\"" + text + "\"";
+    }
     if (o.json)
       std::printf(
-          "{\"case\":\"%s\",\"device\":\"%s\",\"flops\":%.4g,\"ms\":%.4f,\"tflops\":%.4f,\"gemm_flops\":%.4g,"
-          "\"gemm_ms\":%.4f,\"gemm_tflops\":%.4f,\"ratio\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f,\"reps\":%d}\n",
-          r.name.c_str(), r.device.c_str(), r.flops, r.attention.median / 1e6, tf, r.gemm_flops, r.gemm.median / 1e6,
-          gtf, tf / gtf, r.attention.min / 1e6, r.attention.max / 1e6, o.reps);
+          "{\"case\":\"%s\",\"device\":\"%s\",\"path\":\"%s\",\"flops\":%.4g,\"ms\":%.4f,\"tflops\":%.4f,"
+          "\"gemm_flops\":%.4g,\"gemm_ms\":%.4f,\"gemm_tflops\":%.4f,\"ratio\":%.4f,\"ms_min\":%.4f,\"ms_max\":%.4f%s,"
+          "\"reps\":%d}\n",
+          r.name.c_str(), r.device.c_str(), r.path.c_str(), r.flops, r.attention.median / 1e6, tf, r.gemm_flops,
+          r.gemm.median / 1e6, gtf, tf / gtf, r.attention.min / 1e6, r.attention.max / 1e6, paths.c_str(), o.reps);
+    else if (r.paths)
+      std::printf("%-36s %-8s %12.3f %12.4f %12.4f %8.3f  %s; gemm/fused %.3f\n", r.name.c_str(), r.device.c_str(),
+                  r.attention.median / 1e6, tf, gtf, tf / gtf, r.path.c_str(), r.fused.median / r.gemm_path.median);
     else
-      std::printf("%-36s %-8s %12.3f %12.4f %12.4f %8.3f\n", r.name.c_str(), r.device.c_str(), r.attention.median / 1e6,
-                  tf, gtf, tf / gtf);
+      std::printf("%-36s %-8s %12.3f %12.4f %12.4f %8.3f  %s\n", r.name.c_str(), r.device.c_str(),
+                  r.attention.median / 1e6, tf, gtf, tf / gtf, r.path.c_str());
   }
 }
 
@@ -544,7 +637,7 @@ void gpu_attention_cases(const Options& o, weft::Engine& engine, std::vector<Att
                                          held[1].ptr, d, t * d, 0.0f, held[2].ptr, t, t * t);
         direct.synchronize();
       },
-      {}, rows);
+      {}, rows, true);
   direct.synchronize();
   for (weft::Block& blk : held) alloc.free(blk);
 }

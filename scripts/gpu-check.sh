@@ -34,8 +34,10 @@
 #               gemm        weft-bench-ops: GEMM through the engine vs cuBLAS direct in
 #                           float32, TF32 and bfloat16 (1024-8192^2)
 #               attention   causal attention on CUDA: the gpu attention* cases (float64
-#                           references, two runs' bits), then weft-bench-ops --attention
-#                           (FLOP/s against cuBLAS's batched GEMM); under a minute
+#                           references, two runs' bits, the fused cuDNN path against the
+#                           batched-GEMM path), then weft-bench-ops --attention (FLOP/s
+#                           against cuBLAS's batched GEMM, the GEMM path against the
+#                           fused path); about a minute
 #               precision   ResNet-18, Weft beside PyTorch at fp32|tf32|bf16|fp16 (2
 #                           epochs of 12,800 images each), bf16 with benchmarked
 #                           convolutions, channels-last (both) and --hybridize
@@ -209,7 +211,7 @@ for s in "${steps[@]}"; do
                  env WEFT_GPU_BACKEND=sim '$resnet' --sim-model /tmp/weft-never-run-costs.txt --batch-size 256 --limit 1536 --steps 5 --json"
       section "weft-bench-ops: half elementwise rows beside the copy bandwidth" 45 \
         bash -c "'$(find_bin weft-bench-ops)' --json --quick | tee /tmp/weft-never-run-ops.jsonl | grep -Ei 'bf16|fp16|half|copy' || { echo 'no half or copy rows in weft-bench-ops output'; exit 1; }"
-      section "causal attention on CUDA: float64 references and two runs' bits (gpu attention*), FLOP/s rows (weft-bench-ops --attention)" 45 \
+      section "causal attention on CUDA: float64 references and two runs' bits (gpu attention*, the fused cuDNN and batched-GEMM paths), FLOP/s rows with both paths (weft-bench-ops --attention)" 60 \
         bash -c "set -e; '$tests' -tc='gpu attention*' --no-version --no-colors;
                  '$(find_bin weft-bench-ops)' --attention --json --reps 3 | tee /tmp/weft-never-run-attention.jsonl | grep '\"device\":\"gpu' || { echo 'no GPU attention rows in weft-bench-ops output'; exit 1; }"
       section "GPT-2 small bf16 training step, Weft against PyTorch eager in the same call (bench/gpt_vs_torch.py)" 55 \
@@ -294,9 +296,9 @@ for r in rows:
 sys.exit(1 if low or not rows else 0)' /tmp/weft-gpu-check-bandwidth.jsonl
       ;;
     attention)
-      step "causal attention on CUDA against float64 references, two runs' bits (gpu attention*)"
+      step "causal attention on CUDA against float64 references, two runs' bits, the fused cuDNN path against the batched-GEMM path (gpu attention*)"
       run 120 "$tests" -tc='gpu attention*' --no-version --no-colors
-      step "causal attention's FLOP/s against cuBLAS's batched GEMM of the scores' shape (attention_* rows)"
+      step "causal attention's FLOP/s against cuBLAS's batched GEMM of the scores' shape, and the GEMM path against the fused path (attention_* rows)"
       run 300 "$(find_bin weft-bench-ops)" --attention --json
       ;;
     gemm)
