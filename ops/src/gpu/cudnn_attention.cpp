@@ -1,7 +1,8 @@
 // Causal attention's fused CUDA path: cuDNN's scaled-dot-product attention
 // as a backend operation graph (docs/design/attention.md, "Fused path"),
-// bfloat16 and float16, [B, H, T, D] contiguous. The graph is the one the
-// fused engines recognize:
+// bfloat16 and float16, [B, H, T, D] contiguous. The graph is the one
+// cudnn-frontend's composite SDPA node lowers to (whether cuDNN's fused
+// engines accept it has not been seen on a GPU yet):
 //
 //   S = Q K^T (float32) -> * scale -> causal mask (row >= col, else -inf)
 //   -> m = max_j S, E = exp(S - m), l = sum_j E, stats = m + log l
@@ -9,7 +10,8 @@
 //
 // The stats are the op's lse (natural log-sum-exp of the scaled, masked
 // scores). Plans are finalized from heuristic mode A's engine configs (the
-// first one that finalizes wins) and kept in one cache per device, keyed by
+// first one that finalizes with a workspace under 16 GiB wins; every
+// descriptor it refers to is kept with it) in one cache per device, keyed by
 // shape, dtype, scale, direction and the worker's cuDNN handle (a plan is
 // finalized against a handle, and each worker runs its own); a key whose
 // graph or plan cuDNN refuses is remembered as refused, so it is tried once.
@@ -21,10 +23,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,8 +96,10 @@ enum Uid : i64 {
 };
 
 struct Graph {
-  std::vector<Backend> tensors;  // kept alive until the graph is finalized
-  std::vector<Backend> ops;
+  // Deques: the references tensor() and virt() hand out stay valid as more
+  // descriptors are added.
+  std::deque<Backend> tensors;
+  std::deque<Backend> ops;
   i64 next_uid = kUidVirtual;
 
   const Backend& tensor(i64 uid, cudnnDataType_t type, Dims dims, Dims strides, bool is_virtual,
@@ -296,12 +302,22 @@ void build_backward(Graph& g, const Geometry& s, cudnnDataType_t type) {
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, nullptr, nullptr, dq);
 }
 
+// Every descriptor of one plan, kept for the plan's lifetime: the graph's
+// tensors and operations, the operation graph, the heuristics' engine
+// configs and the execution plan (cuDNN is not relied on to have copied
+// what the plan refers to).
+struct Kept {
+  Graph graph;
+  std::optional<Backend> op_graph, heur, plan;
+  std::vector<Backend> configs;
+};
+
 // One finalized plan, or cuDNN's refusal.
 struct FusedPlan {
-  std::shared_ptr<Backend> plan;  // null when refused
-  i64 workspace = 0;              // cuDNN's own workspace, bytes
-  i64 extra = 0;                  // backward: softmax_sum and dq_accum, bytes (after cuDNN's, 256-aligned)
-  std::string refusal;            // why cuDNN refused (its status text)
+  std::shared_ptr<Kept> kept;  // null when refused
+  i64 workspace = 0;           // cuDNN's own workspace, bytes
+  i64 extra = 0;               // backward: softmax_sum and dq_accum, bytes (after cuDNN's, 256-aligned)
+  std::string refusal;         // why cuDNN refused (its status text)
 };
 
 // b, h, t, d, dtype, scale bits, direction, cuDNN handle.
@@ -321,22 +337,27 @@ cudnnDataType_t half_type(DType dt) { return dt == DType::bfloat16 ? CUDNN_DATA_
 
 i64 align256(i64 n) { return (n + 255) / 256 * 256; }
 
+// A plan wanting more workspace than this (16 GiB) is passed over: a
+// corrupt size must not reach the allocator as a huge request.
+constexpr i64 kFusedAttentionMaxWorkspace = i64{16} << 30;
+
 FusedPlan make_fused_plan(const WorkerHandles& h, DType dt, const Geometry& s, bool backward) {
   FusedPlan out;
   try {
-    Graph g;
+    auto kept = std::make_shared<Kept>();
+    Graph& g = kept->graph;
     if (backward)
       build_backward(g, s, half_type(dt));
     else
       build_forward(g, s, half_type(dt));
-    Backend graph(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
+    Backend& graph = kept->op_graph.emplace(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
     std::vector<cudnnBackendDescriptor_t> raw;
     raw.reserve(g.ops.size());
     for (const Backend& op : g.ops) raw.push_back(op.get());
     graph.set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, static_cast<i64>(raw.size()), raw.data());
     graph.finalize();
 
-    Backend heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
+    Backend& heur = kept->heur.emplace(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph);
     const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
     heur.set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
@@ -349,7 +370,7 @@ FusedPlan make_fused_plan(const WorkerHandles& h, DType dt, const Geometry& s, b
       out.refusal = "cuDNN's heuristics (mode A) offer no engine for the graph";
       return out;
     }
-    std::vector<Backend> configs;
+    std::vector<Backend>& configs = kept->configs;
     std::vector<cudnnBackendDescriptor_t> config_raw;
     for (i64 i = 0; i < count; ++i) {
       configs.emplace_back(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR);
@@ -361,24 +382,26 @@ FusedPlan make_fused_plan(const WorkerHandles& h, DType dt, const Geometry& s, b
     std::string last = "no engine config finalized";
     for (i64 i = 0; i < got && i < count; ++i) {
       try {
-        auto plan = std::make_shared<Backend>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
+        Backend& plan = kept->plan.emplace(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
         cudnnHandle_t handle = h.cudnn;
-        plan->set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-        plan->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[static_cast<std::size_t>(i)]);
-        plan->finalize();
+        plan.set(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+        plan.set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, configs[static_cast<std::size_t>(i)]);
+        plan.finalize();
         i64 ws = -1;
         i64 n = 0;
-        WEFT_CUDNN_CHECK(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+        WEFT_CUDNN_CHECK(cudnnBackendGetAttribute(plan.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                                   CUDNN_TYPE_INT64, 1, &n, &ws));
-        if (n != 1 || ws < 0) {
-          last = "engine config " + std::to_string(i) + " reports a workspace of " + std::to_string(ws) + " bytes";
+        if (n != 1 || ws < 0 || ws > kFusedAttentionMaxWorkspace) {
+          last = "engine config " + std::to_string(i) + " wants a workspace of " + std::to_string(ws) + " bytes";
+          kept->plan.reset();
           continue;
         }
-        out.plan = std::move(plan);
         out.workspace = ws;
         if (backward) out.extra = align256(s.b * s.h * s.t * 4) + align256(s.b * s.h * s.t * s.d * 4);
+        out.kept = std::move(kept);
         return out;
       } catch (const weft::Error& e) {
+        kept->plan.reset();
         last = e.what();
       }
     }
@@ -428,9 +451,9 @@ std::optional<FusedAttention> fused_attention_plan(const WorkerHandles& h, DType
     // Plans are finalized without trial runs, so capture changes nothing:
     // the same builder serves both ways.
     FusedPlan plan = fused_plans(h).get(key, false, build, build);
-    if (plan.plan) {
+    if (plan.kept) {
       FusedAttention f;
-      f.plan = std::shared_ptr<void>(plan.plan, plan.plan->get());
+      f.plan = std::shared_ptr<void>(plan.kept, plan.kept->plan->get());
       f.cudnn_workspace = static_cast<std::size_t>(plan.workspace);
       f.workspace_bytes = static_cast<std::size_t>(align256(plan.workspace) + plan.extra);
       return f;
@@ -481,7 +504,9 @@ void causal_attention_fused_backward(const WorkerHandles& h, const FusedAttentio
                                                    static_cast<std::size_t>(align256(b * heads * t * 4)),
                                   detail::cuda_stream(h)));
   float one = 1.0f;
-  execute(h, f, {kUidQ, kUidK, kUidV, kUidO, kUidDO, kUidStats, kUidDQ, kUidDK, kUidDV, kUidSoftmaxSum, kUidDQAccum, kUidScale, kUidNegInf, kUidOne},
+  execute(h, f,
+          {kUidQ, kUidK, kUidV, kUidO, kUidDO, kUidStats, kUidDQ, kUidDK, kUidDV, kUidSoftmaxSum, kUidDQAccum,
+           kUidScale, kUidNegInf, kUidOne},
           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(out),
            const_cast<void*>(dout), const_cast<float*>(lse), dq, dk, dv, softmax_sum, dq_accum, &scale_value,
            &neg_inf, &one},
