@@ -548,8 +548,9 @@ CausalAttention causal_attention(const Tensor& q, const Tensor& k, const Tensor&
            if (ctx.gpu) {
 #if WEFT_HAVE_CUDA
              namespace kg = ::weft::kernels::gpu;
-             if (const auto f = kg::fused_attention_plan(*ctx.gpu, dt, false, s0, s1, t, d, scale,
-                                                        kg::attention_impl_from_env())) {
+             if (const auto f = kg::fused_attention_plan(
+                     *ctx.gpu, dt, false, s0, s1, t, d, scale, kg::attention_impl_from_env(),
+                     kg::aligned16({io.out[0], io.o(1), io.in[0], io.in[1], io.in[2]}))) {
                const detail::GpuScratch ws(ctx, std::max<std::size_t>(f->workspace_bytes, 256),
                                            "the fused attention's cuDNN workspace");
                kg::causal_attention_fused_forward(*ctx.gpu, *f, io.out[0], io.o(1), io.in[0], io.in[1], io.in[2],
@@ -587,8 +588,10 @@ CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k,
            if (ctx.gpu) {
 #if WEFT_HAVE_CUDA
              namespace kg = ::weft::kernels::gpu;
-             if (const auto f = kg::fused_attention_plan(*ctx.gpu, dt, true, s0, s1, t, d, scale,
-                                                        kg::attention_impl_from_env())) {
+             if (const auto f = kg::fused_attention_plan(
+                     *ctx.gpu, dt, true, s0, s1, t, d, scale, kg::attention_impl_from_env(),
+                     kg::aligned16({io.out[0], io.out[1], io.out[2], io.in[0], io.in[1], io.in[2], io.in[3],
+                                    io.in[4], io.in[5]}))) {
                const detail::GpuScratch ws(ctx, std::max<std::size_t>(f->workspace_bytes, 256),
                                            "the fused attention's cuDNN workspace");
                kg::causal_attention_fused_backward(*ctx.gpu, *f, io.out[0], io.out[1], io.out[2], io.in[0], io.in[1],

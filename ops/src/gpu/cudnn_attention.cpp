@@ -435,12 +435,13 @@ std::string fused_attention_unsupported(DType dt, std::int64_t d) {
 
 std::optional<FusedAttention> fused_attention_plan(const WorkerHandles& h, DType dt, bool backward, std::int64_t b,
                                                    std::int64_t heads, std::int64_t t, std::int64_t d, float scale,
-                                                   AttentionImpl impl) {
+                                                   AttentionImpl impl, bool aligned) {
   const char* op = backward ? "causal_attention_backward" : "causal_attention";
   if (impl == AttentionImpl::gemm) return std::nullopt;
   const Geometry s{b, heads, t, d};
   std::string why = fused_attention_unsupported(dt, d);
   if (why.empty() && h.cudnn == nullptr) why = "no cuDNN handle on this worker";
+  if (why.empty() && !aligned) why = "a tensor whose address is not a multiple of 16 bytes (a view at an offset)";
   if (why.empty() && (b <= 0 || heads <= 0 || t <= 0)) why = "an empty tensor";
   if (why.empty()) {
     std::uint32_t bits = 0;

@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -181,9 +182,17 @@ struct FusedAttention {
 };
 // The cached plan for the key, built on first use; empty when the GEMM path
 // is to run (impl gemm, or auto and cuDNN refused, remembered per key).
+// `aligned`: every tensor's address is a multiple of 16 bytes (the graph's
+// tensors promise cuDNN that alignment; a view at an odd offset takes the
+// GEMM path, or is the error under fused).
 std::optional<FusedAttention> fused_attention_plan(const WorkerHandles& h, DType dt, bool backward, std::int64_t b,
                                                    std::int64_t heads, std::int64_t t, std::int64_t d, float scale,
-                                                   AttentionImpl impl);
+                                                   AttentionImpl impl, bool aligned);
+inline bool aligned16(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 void causal_attention_fused_forward(const WorkerHandles& h, const FusedAttention& f, void* out, float* lse,
                                     const void* q, const void* k, const void* v, float scale, void* workspace);
 void causal_attention_fused_backward(const WorkerHandles& h, const FusedAttention& f, void* dq, void* dk, void* dv,
