@@ -195,12 +195,12 @@ for s in "${steps[@]}"; do
       section "precision, optimizers, checkpoints and the transformer ops and GPT on CUDA (gpu precision*, gpu optim*, gpu checkpoint*, gpu transformer*, gpu permute*, gpu gpt*)" 75 \
         "$tests" -tc='gpu precision*,gpu optim*,gpu checkpoint*,gpu transformer*,gpu permute*,gpu gpt*' --no-version --no-colors
       for p in fp32 tf32 bf16 fp16; do
-        section "ResNet-18 batch 256 $p channels-last (Weft)" 20 "$resnet" --device gpu:0 --precision "$p" --channels-last "${few[@]}"
-        section "ResNet-18 batch 256 $p channels-last (PyTorch peer)" 20 "${peer_py[@]}" --precision "$p" --channels-last "${few[@]:0:6}"
+        section "ResNet-18 batch 256 $p channels-last (Weft)" 18 "$resnet" --device gpu:0 --precision "$p" --channels-last "${few[@]}"
+        section "ResNet-18 batch 256 $p channels-last (PyTorch peer)" 18 "${peer_py[@]}" --precision "$p" --channels-last "${few[@]:0:6}"
       done
       section "ResNet-18 batch 256 bf16 channels-last replayed with stream graphs (--hybridize --gpu-graphs)" 25 \
         "$resnet" --device gpu:0 --precision bf16 --channels-last --hybridize --gpu-graphs "${few[@]}"
-      section "cuDNN heuristic algorithms, 2 steps (bf16): the baseline of benchmark mode's first-step cost" 20 \
+      section "cuDNN heuristic algorithms, 2 steps (bf16): the baseline of benchmark mode's first-step cost" 15 \
         "$resnet" --device gpu:0 --precision bf16 --batch-size 256 --epochs 1 --limit 512 --json
       section "cuDNN benchmark mode's first-step cost (bf16, 2 steps: the difference from the heuristic run)" 25 \
         env WEFT_PROFILE_SUMMARY=1 "$resnet" --device gpu:0 --precision bf16 --conv-algo benchmark --batch-size 256 \

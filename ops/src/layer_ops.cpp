@@ -583,13 +583,18 @@ CausalAttentionGrads causal_attention_backward(const Tensor& q, const Tensor& k,
   [[maybe_unused]] const std::int64_t s0 = s[0], s1 = s[1];
   CausalAttentionGrads g{detail::make_like(q, s), detail::make_like(q, s), detail::make_like(q, s)};
   [[maybe_unused]] const DType dt = q.dtype();
+  // Deterministic (Engine::conv_algo()): the GEMM path, whose reductions
+  // have a fixed order, unless WEFT_ATTENTION_IMPL asks for the fused one.
+  [[maybe_unused]] const bool deterministic = q.engine().conv_algo().deterministic;
   launch(op, detail::exec_device(q.device()), {&q, &k, &v, &out, &dout, &lse}, {&g.dq, &g.dk, &g.dv},
          [=](RunContext& ctx, OpIO& io) {
            if (ctx.gpu) {
 #if WEFT_HAVE_CUDA
              namespace kg = ::weft::kernels::gpu;
+             kg::AttentionImpl impl = kg::attention_impl_from_env();
+             if (deterministic && impl == kg::AttentionImpl::automatic) impl = kg::AttentionImpl::gemm;
              if (const auto f = kg::fused_attention_plan(
-                     *ctx.gpu, dt, true, s0, s1, t, d, scale, kg::attention_impl_from_env(),
+                     *ctx.gpu, dt, true, s0, s1, t, d, scale, impl,
                      kg::aligned16({io.out[0], io.out[1], io.out[2], io.in[0], io.in[1], io.in[2], io.in[3],
                                     io.in[4], io.in[5]}))) {
                const detail::GpuScratch ws(ctx, std::max<std::size_t>(f->workspace_bytes, 256),

@@ -172,7 +172,9 @@ TEST_CASE("gpu attention - two runs of causal attention give the same bits") {
   const weft::Shape s{2, 3, 300, 32};  // two row chunks on CUDA
   const auto n = static_cast<std::size_t>(s.numel());
   const float scale = 0.2f;
-  auto e = gputest::make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 2});
+  // Deterministic: the backward takes the GEMM path even where cuDNN's
+  // fused one would run (its dq accumulates with atomics).
+  auto e = gputest::make_engine({.gpu_devices = 1, .compute_streams_per_gpu = 2, .conv_algo = "deterministic"});
   const weft::Device g = weft::Device::gpu(0);
   for (DType dt : {DType::float32, DType::bfloat16, DType::float16}) {
     const std::string dtype_name(weft::to_string(dt));
