@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 
+#include "device_list.h"
 #include "weft/error.h"
 #include "weft/nn.h"
 
@@ -208,6 +209,36 @@ std::string peak_str(const weft::MemoryStats& m) {
     out += std::string(k ? ", " : "") + std::string(weft::to_string(static_cast<weft::MemoryRole>(k))) + " " +
            bytes_str(m.peak_by_role[k]);
   return out + ")";
+}
+
+PeakReport peak_report(weft::Engine& engine, const std::vector<weft::Device>& devices) {
+  PeakReport r;
+  for (weft::Device d : devices) {
+    const weft::MemoryStats stats = weft::memory_stats(engine, d);
+    r.text += (r.text.empty() ? "" : "; ") + d.str() + " " + peak_str(stats);
+    r.json += (r.json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(stats.peak_in_use);
+  }
+  return r;
+}
+
+bool devices_available(const weft::Engine& engine, const std::vector<weft::Device>& devices, const char* program) {
+  const auto known = engine.devices();
+  for (weft::Device d : devices)
+    if (std::find(known.begin(), known.end(), d) == known.end()) {
+      std::fprintf(stderr, "%s: device %s is not available (this machine has: %s)\n", program, d.str().c_str(),
+                   device_list_str(known).c_str());
+      return false;
+    }
+  return true;
+}
+
+bool hybridize_allowed(const TrainFlags& o, const weft::optim::LrSchedule& schedule, const char* program) {
+  if (!o.hybridize ||
+      (schedule.kind() == weft::optim::LrSchedule::Kind::constant && o.checkpoint.empty() && o.resume.empty()))
+    return true;
+  std::fprintf(stderr, "%s: --hybridize replays one captured step: it takes no --lr-schedule, --checkpoint or "
+                       "--resume\n", program);
+  return false;
 }
 
 namespace {

@@ -128,6 +128,20 @@ double seconds_since(Clock::time_point t);
 std::string bytes_str(std::size_t bytes);
 // A device's peak and what held it: "412.0 MiB (parameters 40.1 MiB, gradients ..., ...)".
 std::string peak_str(const weft::MemoryStats& m);
+// Each device's allocator peak: text "cpu(0) 412.0 MiB (...); cpu(1) ..." and
+// JSON members "\"cpu(0)\":432013312,...".
+struct PeakReport {
+  std::string text, json;
+};
+PeakReport peak_report(weft::Engine& engine, const std::vector<weft::Device>& devices);
+// Whether the engine has every device; if not, says which it lacks on
+// stderr (naming the program and the devices it has).
+bool devices_available(const weft::Engine& engine, const std::vector<weft::Device>& devices, const char* program);
+// --hybridize replays one captured step: it holds its learning rate, and
+// replays do not pass through DataParallel::step, which counts the steps a
+// checkpoint saves. Says so on stderr and returns false for a schedule,
+// --checkpoint or --resume beside it.
+bool hybridize_allowed(const TrainFlags& o, const weft::optim::LrSchedule& schedule, const char* program);
 // The weights, bit for bit: FNV-1a over replica 0's parameters (names and
 // float32 bytes), gathered first when sharded (a collective: every rank calls it).
 std::uint64_t weights_digest(weft::parallel::DataParallel& dp);

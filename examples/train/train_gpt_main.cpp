@@ -392,13 +392,8 @@ int run_pipelined(const Options& o, weft::Engine& engine, const std::vector<weft
   std::printf("done: %lld steps, train loss %.4f, val loss %.4f, %.0f tokens/s (training), %.1f s, schedule %s%s\n",
               static_cast<long long>(step), last.loss(), val_loss, tokens_per_s, seconds_since(begin),
               o.pipeline.c_str(), time_up ? " (--minutes reached)" : "");
-  std::string peaks, peaks_json;
-  for (weft::Device d : devices) {
-    const weft::MemoryStats stats = weft::memory_stats(engine, d);
-    peaks += (peaks.empty() ? "" : "; ") + d.str() + " " + peak_str(stats);
-    peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(stats.peak_in_use);
-  }
-  std::printf("peak memory allocated: %s\n", peaks.c_str());
+  const PeakReport peaks = peak_report(engine, devices);
+  std::printf("peak memory allocated: %s\n", peaks.text.c_str());
   if (o.json)
     std::printf("{\"model\":\"gpt-%s\",\"steps\":%lld,\"tokens_per_s\":%.1f,\"val_loss\":%s,\"train_loss\":%s,"
                 "\"seconds\":%.3f,\"precision\":\"%s\",\"devices\":\"%s\",\"pipeline\":\"%s\",\"chunks\":%d,"
@@ -411,7 +406,7 @@ int run_pipelined(const Options& o, weft::Engine& engine, const std::vector<weft
                 balance_text.c_str(), static_cast<long long>(o.batch_size), static_cast<long long>(context),
                 parameters, static_cast<double>(optimizer.lr), o.optimizer.c_str(), schedule.str().c_str(),
                 time_up ? "true" : "false", static_cast<double>(pipe.loss_scale()),
-                static_cast<long long>(pipe.skipped_steps()), peaks_json.c_str(),
+                static_cast<long long>(pipe.skipped_steps()), peaks.json.c_str(),
                 static_cast<unsigned long long>(digest));
   return 0;
 }
@@ -452,21 +447,10 @@ int run(int argc, char** argv) {
   try {
     const weft::Precision precision = precision_of(o, devices);
     std::unique_ptr<weft::Engine> engine = weft::Engine::create(engine_config(devices));
-    const auto known = engine->devices();
-    for (weft::Device d : devices)
-      if (std::find(known.begin(), known.end(), d) == known.end()) {
-        std::fprintf(stderr, "%s: device %s is not available (this machine has: %s)\n", kProgram, d.str().c_str(),
-                     device_list_str(known).c_str());
-        return 2;
-      }
+    if (!devices_available(*engine, devices, kProgram)) return 2;
     const weft::optim::OptimizerOptions optimizer = optimizer_of(o);
     const weft::optim::LrSchedule schedule = weft::optim::LrSchedule::parse(o.lr_schedule, "--lr-schedule");
-    if (o.hybridize && (schedule.kind() != weft::optim::LrSchedule::Kind::constant || !o.checkpoint.empty() ||
-                        !o.resume.empty())) {
-      std::fprintf(stderr, "%s: --hybridize replays one captured step: it takes no --lr-schedule, --checkpoint or "
-                           "--resume\n", kProgram);
-      return 2;
-    }
+    if (!hybridize_allowed(o, schedule, kProgram)) return 2;
 
     // --resume: the checkpoint, opened and checked before anything is built.
     std::optional<weft::checkpoint::Reader> resume;
@@ -737,13 +721,8 @@ int run(int argc, char** argv) {
     say("done: %lld steps, train loss %.4f, val loss %.4f, %.0f tokens/s (training), %.1f s on %s%s\n",
         static_cast<long long>(step), last.loss(), val_loss, tokens_per_s, seconds, where.c_str(),
         time_up ? " (--minutes reached)" : "");
-    std::string peaks, peaks_json;
-    for (weft::Device d : devices) {
-      const weft::MemoryStats stats = weft::memory_stats(*engine, d);
-      peaks += (peaks.empty() ? "" : "; ") + d.str() + " " + peak_str(stats);
-      peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(stats.peak_in_use);
-    }
-    say("peak memory allocated: %s\n", peaks.c_str());
+    const PeakReport peaks = peak_report(*engine, devices);
+    say("peak memory allocated: %s\n", peaks.text.c_str());
     if (weft::needs_loss_scaling(precision))
       say("loss scale %g at the end, %lld of %lld steps skipped (Inf/NaN gradients)\n",
           static_cast<double>(dp.loss_scale()), static_cast<long long>(dp.skipped_steps()),
@@ -763,7 +742,7 @@ int run(int argc, char** argv) {
           parameters, static_cast<double>(optimizer.lr), o.optimizer.c_str(), schedule.str().c_str(),
           o.hybridize ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, time_up ? "true" : "false",
           static_cast<long long>(start_step), static_cast<long long>(trained_steps),
-          static_cast<double>(dp.loss_scale()), static_cast<long long>(dp.skipped_steps()), peaks_json.c_str(),
+          static_cast<double>(dp.loss_scale()), static_cast<long long>(dp.skipped_steps()), peaks.json.c_str(),
           static_cast<long long>(corpus.size()), static_cast<unsigned long long>(digest), opt_digest.c_str(),
           o.offload ? "true" : "false", o.recompute);
   } catch (const std::exception& e) {

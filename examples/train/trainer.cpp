@@ -427,13 +427,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
       std::fprintf(stderr, "%s: %s\n", prog, e.what());
       return 2;
     }
-    const auto known = engine->devices();
-    for (weft::Device d : devices)
-      if (std::find(known.begin(), known.end(), d) == known.end()) {
-        std::fprintf(stderr, "%s: device %s is not available (this machine has: %s)\n", prog, d.str().c_str(),
-                     device_list_str(known).c_str());
-        return 2;
-      }
+    if (!devices_available(*engine, devices, prog)) return 2;
     if (o.sim.on) {
       try {
         (void)weft::examples::sim_install(o.sim);
@@ -445,14 +439,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
 
     const weft::optim::OptimizerOptions optimizer = optimizer_of(o);
     const weft::optim::LrSchedule schedule = weft::optim::LrSchedule::parse(o.lr_schedule, "--lr-schedule");
-    if (o.hybridize && (schedule.kind() != weft::optim::LrSchedule::Kind::constant || !o.checkpoint.empty() ||
-                        !o.resume.empty())) {
-      // The captured step holds its learning rate, and replays do not pass
-      // through DataParallel::step, which counts the steps a checkpoint saves.
-      std::fprintf(stderr, "%s: --hybridize replays one captured step: it takes no --lr-schedule, --checkpoint or "
-                           "--resume\n", prog);
-      return 2;
-    }
+    if (!hybridize_allowed(o, schedule, prog)) return 2;
 
     // --resume: the checkpoint, opened and checked before anything is built.
     std::optional<weft::checkpoint::Reader> resume;
@@ -787,13 +774,8 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
     // Per device of this process (rank 0's with --dist): the peak of bytes
     // its allocator had handed out since training began (parameters,
     // activations, gradients, buckets, the test pass).
-    std::string peaks, peaks_json;
-    for (weft::Device d : devices) {
-      const weft::MemoryStats stats = weft::memory_stats(*engine, d);
-      peaks += (peaks.empty() ? "" : "; ") + d.str() + " " + peak_str(stats);
-      peaks_json += (peaks_json.empty() ? "\"" : ",\"") + d.str() + "\":" + std::to_string(stats.peak_in_use);
-    }
-    say("peak memory allocated: %s\n", peaks.c_str());
+    const PeakReport peaks = peak_report(*engine, devices);
+    say("peak memory allocated: %s\n", peaks.text.c_str());
     const float loss_scale = dp.loss_scale();
     const std::int64_t skipped = dp.skipped_steps();
     if (weft::needs_loss_scaling(precision))
@@ -811,7 +793,7 @@ int run_trainer(int argc, char** argv, const ModelSpec& m) {
           devices[0].str().c_str(), device_list_str(devices).c_str(), dp.processes(), dp.world_size(),
           dp.buckets().size(), several ? json_number(comm_overlap).c_str() : "null", comm_ms,
           static_cast<long long>(o.batch_size), static_cast<double>(optimizer.lr), static_cast<long long>(train.size),
-          ms_per_step, o.hybridize ? "true" : "false", o.gpu_graphs ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks_json.c_str(),
+          ms_per_step, o.hybridize ? "true" : "false", o.gpu_graphs ? "true" : "false", o.bulk > 1 ? o.bulk : std::size_t{0}, peaks.json.c_str(),
           std::string(weft::to_string(precision)).c_str(), engine->conv_algo().str().c_str(),
           static_cast<double>(loss_scale), static_cast<long long>(skipped), static_cast<long long>(steps),
           o.optimizer.c_str(), schedule.str().c_str(), std::string(weft::parallel::to_string(o.shard)).c_str(),
